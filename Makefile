@@ -1,0 +1,53 @@
+# Gyre — the two commands are `make demo` and `make test`; both run `setup` first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTO_STAMP := gyre/v1/.generated
+PROTOS := $(wildcard protos/gyre/v1/*.proto)
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: setup test demo lint bench protos up down clean npm
+
+setup: $(STAMP) $(PROTO_STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Reinstall only when the project metadata changes; the install is editable.
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[dev,mooncake]'
+	@touch $@
+
+protos: $(PROTO_STAMP)
+
+$(PROTO_STAMP): $(PROTOS) $(STAMP)
+	rm -rf gyre/v1
+	mkdir -p gyre/v1
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. \
+		--mypy_out=. --mypy_grpc_out=. $(PROTOS)
+	printf '"""Generated protobuf and gRPC code for protos/gyre/v1 (built by `make protos`)."""\n' > gyre/v1/__init__.py
+	@touch $@
+
+test: setup
+	$(PY) -m pytest -q tests
+
+demo: setup
+	$(VENV)/bin/gyre demo
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(VENV)/bin/gyre bench --list
+
+up: setup
+	$(VENV)/bin/gyre up --detach
+
+down:
+	$(VENV)/bin/gyre down
+
+clean:
+	rm -rf $(VENV) gyre/v1 runs .pytest_cache .mypy_cache .ruff_cache *.egg-info

