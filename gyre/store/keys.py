@@ -1,0 +1,60 @@
+"""The Redis key schema, in one place.
+
+Layout: `gyre:<run>:<kind>:{<entity>}:<part>`. The `{…}` hash tag groups the keys one Lua script
+touches into one Redis Cluster slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    run_id: str
+
+    def _k(self, kind: str, entity: str, part: str) -> str:
+        return f"gyre:{self.run_id}:{kind}:{{{entity}}}:{part}"
+
+    # -- scheduler counters d / p / f (one hash + per-counter dedup sets) --------------------------
+    def counters(self) -> str:
+        return self._k("counters", "dpf", "values")
+
+    def counter_seen(self, field: str) -> str:
+        return self._k("counters", "dpf", f"seen:{field}")
+
+    # -- reliable work queues ------------------------------------------------------------------
+    def queue(self, name: str, part: str) -> str:
+        return self._k("queue", name, part)
+
+    # -- executions, groups, evaluations, trees, batches ---------------------------------------------
+    def execution(self, execution_id: str) -> str:
+        return self._k("exec", execution_id, "record")
+
+    def group(self, group_id: str) -> str:
+        return self._k("group", group_id, "record")
+
+    def group_members(self, group_id: str) -> str:
+        return self._k("group", group_id, "resolved")
+
+    def evaluations(self, execution_id: str) -> str:
+        return self._k("eval", execution_id, "list")
+
+    def tree_nodes(self, execution_id: str) -> str:
+        return self._k("tree", execution_id, "nodes")
+
+    def tree_meta(self, execution_id: str) -> str:
+        return self._k("tree", execution_id, "meta")
+
+    def ready_groups(self) -> str:
+        return self._k("groups", "ready", "zset")
+
+    def batch(self, batch_id: str) -> str:
+        return self._k("batch", batch_id, "record")
+
+    def scheduler_state(self) -> str:
+        return self._k("scheduler", "state", "hash")
+
+    def pattern(self) -> str:
+        """Glob matching every key of the run (for cleanup)."""
+        return f"gyre:{self.run_id}:*"
