@@ -3,13 +3,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SYS_STAMP := $(VENV)/.system-deps
+NPM_STAMP := node_modules/.installed
 PROTO_STAMP := gyre/v1/.generated
 PROTOS := $(wildcard protos/gyre/v1/*.proto)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup test demo lint bench protos up down clean npm
 
-setup: $(STAMP) $(PROTO_STAMP)
+setup: $(SYS_STAMP) $(STAMP) $(PROTO_STAMP) $(NPM_STAMP)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +20,15 @@ $(VENV)/bin/python:
 # Reinstall only when the project metadata changes; the install is editable.
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[dev,mooncake]'
+	@touch $@
+
+$(SYS_STAMP): deploy/local/system-deps.sh | $(VENV)/bin/python
+	bash deploy/local/system-deps.sh
+	@touch $@
+
+# The real harness CLIs (Claude Code, Codex) that the proxy conformance tests drive.
+$(NPM_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 protos: $(PROTO_STAMP)

@@ -101,8 +101,10 @@ class EngineSection(Section):
 
 
 class CellAgentSection(Section):
-    port: int = 0
-    """gRPC port of the first cell agent; 0 picks free ports."""
+    ports: list[int] = Field(default_factory=list)
+    """gRPC port of each cell agent, index = cell; empty = free ports picked by `gyre up`."""
+    engine_ports: list[int] = Field(default_factory=list)
+    """HTTP port of each cell's rollout engine, index = cell; empty = free ports picked by `gyre up`."""
     engine: EngineSection = Field(default_factory=EngineSection)
     """The rollout engine hosted in the rollout role."""
     trainer: TrainerSection = Field(default_factory=TrainerSection)

@@ -1,0 +1,1 @@
+"""The runner service: harness executions in sandboxes, started from the JetStream work queue."""

@@ -1,0 +1,74 @@
+"""`gyre up`, `gyre down`, `gyre status`: the local stack on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from gyre.config import ConfigError, GyreConfig, load_config
+
+
+def _config(file: Path | None) -> GyreConfig:
+    try:
+        return load_config(file)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("up")
+    def up_cmd(
+        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
+        detach: bool = typer.Option(False, "--detach", "-d", help="Return once every service is SERVING."),
+        wait_s: float = typer.Option(30.0, "--wait", help="Seconds to wait for SERVING."),
+    ) -> None:
+        """Start nats-server, redis-server and every service; all bind 127.0.0.1."""
+        from gyre.stack.launcher import StackError, down_state, up
+
+        cfg = _config(config)
+        try:
+            state = up(cfg, wait_s=wait_s)
+        except StackError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(f"run {state.run_id} up: {len(state.processes)} processes; config {state.config_path}")
+        if detach:
+            return
+        typer.echo("Ctrl-C stops the stack.")
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            down_state(state)
+
+    @app.command("down")
+    def down_cmd(config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file.")) -> None:
+        """Stop every process of the run (services, then Redis and NATS)."""
+        from gyre.stack.launcher import down
+
+        cfg = _config(config)
+        typer.echo("stopped" if down(cfg.run.path) else f"nothing running for run {cfg.run.id!r}")
+
+    @app.command("status")
+    def status_cmd(
+        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Each process of the run: pid, health (grpc.health.v1) and ports; the scheduler's state."""
+        from gyre.stack.launcher import status
+
+        cfg = _config(config)
+        rows = status(cfg.run.path)
+        if as_json:
+            typer.echo(json.dumps(rows))
+            return
+        if not rows:
+            typer.echo(f"nothing running for run {cfg.run.id!r}")
+            raise typer.Exit(1)
+        for r in rows:
+            ports = f"grpc {r['grpc_port']}" if r["grpc_port"] else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())  # type: ignore[union-attr]
+            typer.echo(f"{r['name']:<14} pid {r['pid']:<8} {r['health']:<12} {ports}")

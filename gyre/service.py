@@ -1,0 +1,160 @@
+"""The shell every Gyre service shares: config → NATS + Redis + gRPC (with grpc.health.v1) → run.
+
+A service subclasses `GyreService`, registers its servicers and consumers in `setup()`, and is an
+async context manager with an idempotent, time-capped `stop()`. Shutdown order: health to
+NOT_SERVING → drain NATS → `server.stop(grace)` → `teardown()` → close Redis. Entry points are
+three lines:
+
+    def main() -> None:
+        run_service(SchedulerService)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import grpc
+import redis.asyncio as aioredis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from gyre.bus import EventBus
+from gyre.config import ConfigError, GyreConfig, load_config
+from gyre.lifecycle import Supervisor, install_signal_handlers
+from gyre.log import bind_context, configure_logging, get_logger
+from gyre.store import Keys, connect_redis
+
+
+class GyreService:
+    """Base of the six services; subclasses set `name` and override `setup`/`teardown`."""
+
+    name: ClassVar[str] = "service"
+
+    def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
+        self.config = config
+        self.instance = instance
+        self.instance_name = self.name if instance is None else f"{self.name}-{instance}"
+        self.log = get_logger(f"gyre.{self.name}")
+        self.keys = Keys(config.run.id)
+        self.redis: aioredis.Redis
+        self.bus: EventBus
+        self.server: grpc.aio.Server
+        self.health = HealthServicer()
+        self.grpc_port = 0
+        self._stopped = False
+        self._started = False
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def configured_port(self) -> int:
+        """The gRPC port from this service's config section (0 = pick a free one)."""
+        section = getattr(self.config, self.name)
+        return int(section.port)
+
+    async def setup(self) -> None:
+        """Register servicers on `self.server`, start consumers under `self.supervisor`."""
+
+    async def teardown(self) -> None:
+        """Release what `setup` acquired (called after the gRPC server stopped)."""
+
+    def endpoint_info(self) -> dict[str, Any]:
+        """Extra fields written to the service's endpoint file (e.g. an HTTP port)."""
+        return {}
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def __aenter__(self) -> GyreService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        bind_context(run=self.config.run.id, service=self.instance_name)
+        if not self.config.nats.url or not self.config.redis.url:
+            raise ConfigError("nats.url and redis.url must be set for a service (gyre up sets them)")
+        self.supervisor = Supervisor(self.instance_name)
+        self.redis = await connect_redis(self.config.redis.url)
+        self.bus = await EventBus.connect(self.config.nats.url, self.config.run.id, self.instance_name)
+        self.server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.setup()
+        self.grpc_port = self.server.add_insecure_port(f"{self.config.run.host}:{self.configured_port()}")
+        await self.server.start()
+        self._started = True
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._write_endpoint()
+        self.log.info("service_serving", grpc_port=self.grpc_port, **self.endpoint_info())
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set or a supervised task crashes (the crash is re-raised)."""
+        stop_wait = asyncio.create_task(stop.wait())
+        crash_wait = asyncio.create_task(self.supervisor.wait())
+        done, pending = await asyncio.wait({stop_wait, crash_wait}, return_when=asyncio.FIRST_COMPLETED)
+        for t in pending:
+            t.cancel()
+        if crash_wait in done:
+            crash_wait.result()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Health NOT_SERVING → drain NATS → stop gRPC → teardown → close Redis. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._started:
+            await self.health.enter_graceful_shutdown()
+        if hasattr(self, "supervisor"):
+            await self.supervisor.stop(timeout_s=grace_s)
+        if hasattr(self, "bus"):
+            await self.bus.close()
+        if self._started:
+            await self.server.stop(grace_s)
+        await asyncio.wait_for(self.teardown(), timeout=grace_s * 2)
+        if hasattr(self, "redis"):
+            await self.redis.aclose()
+        self._endpoint_file().unlink(missing_ok=True)
+        self.log.info("service_stopped")
+
+    # -- endpoint file (read by `gyre status`) -------------------------------------------------------
+    def _endpoint_file(self) -> Path:
+        return self.config.run.path / "services" / f"{self.instance_name}.json"
+
+    def _write_endpoint(self) -> None:
+        path = self._endpoint_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        info = {"name": self.instance_name, "pid": os.getpid(), "grpc_port": self.grpc_port, **self.endpoint_info()}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(path)
+
+
+def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
+    """Parse `--config F [--instance K]`, configure logging, serve until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(prog=f"python -m services.{cls.name}", description=cls.__doc__)
+    parser.add_argument("--config", type=Path, default=None, help="resolved YAML config (gyre up writes one)")
+    parser.add_argument("--instance", type=int, default=None, help="instance index (cell agents: the cell)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    configure_logging(config.log.format, config.log.level)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        install_signal_handlers(stop)
+        service = cls(config, args.instance)
+        try:
+            await service.start()
+            await service.serve(stop)
+        finally:
+            await service.stop()
+
+    asyncio.run(main())

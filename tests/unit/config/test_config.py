@@ -1,0 +1,66 @@
+"""The config tree: defaults, YAML, GYRE_* overrides, one-line errors naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gyre.config import ConfigError, GyreConfig, load_config
+
+
+def test_defaults_validate() -> None:
+    config = load_config(None, environ={})
+    assert isinstance(config, GyreConfig)
+    assert config.run.host == "127.0.0.1"
+
+
+def test_yaml_then_env_then_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("scheduler:\n  phi: 1.0\n  mu: 3\n")
+    config = load_config(f, environ={"GYRE_SCHEDULER__PHI": "1.5"}, overrides={"scheduler": {"mu": 4}})
+    assert (config.scheduler.phi, config.scheduler.mu) == (1.5, 4)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field", "hint"),
+    [
+        ("scheduler:\n  rho_min: 1.5\n", "scheduler.rho_min", "(0, 1]"),
+        ("run:\n  id: 'a.b'\n", "run.id", "NATS subject token"),
+        ("model:\n  d_model: 100\n  num_heads: 3\n", "model", "num_heads must divide d_model"),
+        ("scheduler:\n  no_such_field: 1\n", "scheduler.no_such_field", "Extra inputs"),
+        ("packer:\n  j_max: 0\n", "packer.j_max", "at least 1"),
+    ],
+)
+def test_bad_values_name_the_field(tmp_path: Path, yaml_text: str, field: str, hint: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml_text)
+    with pytest.raises(ConfigError) as info:
+        load_config(f, environ={})
+    message = str(info.value)
+    assert field in message and hint in message
+    assert "\n" not in message
+
+
+def test_not_yaml_and_not_a_mapping(tmp_path: Path) -> None:
+    f = tmp_path / "x.yaml"
+    f.write_text("scheduler: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(f, environ={})
+    f.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping of sections"):
+        load_config(f, environ={})
+
+
+def test_every_field_is_documented() -> None:
+    def walk(model: type) -> list[str]:
+        missing = []
+        for name, info in model.model_fields.items():  # type: ignore[attr-defined]
+            if not info.description:
+                missing.append(f"{model.__name__}.{name}")
+            ann = info.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                missing += walk(ann)
+        return missing
+
+    assert walk(GyreConfig) == []
