@@ -7,14 +7,18 @@ schema works on Redis Cluster. Works on Redis 6.2 and 7.x.
 from gyre.store.connection import connect_redis
 from gyre.store.counters import CounterInvariantError, Counters, CounterValues
 from gyre.store.keys import Keys
+from gyre.store.records import ExecutionRecord, GroupRecord, Records
 from gyre.store.workqueue import Claim, WorkQueue
 
 __all__ = [
     "Claim",
     "CounterInvariantError",
     "CounterValues",
+    "ExecutionRecord",
+    "GroupRecord",
     "Counters",
     "Keys",
+    "Records",
     "WorkQueue",
     "connect_redis",
 ]

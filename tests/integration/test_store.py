@@ -120,3 +120,17 @@ async def test_item_of_a_dead_consumer_is_reclaimed_and_processed_exactly_once(
     await asyncio.wait_for(asyncio.gather(survivor("s1"), survivor("s2")), timeout=30)
     assert sorted(processed) == [f"item-{i}" for i in range(5)]
     assert processed.count(doomed_item) == 1
+
+
+async def test_group_records_round_trip(redis: aioredis.Redis, keys: Keys) -> None:
+    from gyre.store import ExecutionRecord, GroupRecord, Records
+
+    records = Records(redis, keys)
+    executions = [ExecutionRecord(f"e{i}", "g1", i, "q1", "add-3", 30.0, 60.0) for i in range(2)]
+    group = GroupRecord("g1", "q1", "add-3", ("e0", "e1"), policy_version=2, burst=1, dispatched_at_ms=5)
+    await records.put_group(group, executions)
+    assert await records.get_group("g1") == group
+    assert await records.get_execution("e1") == executions[1]
+    assert await records.get_group("missing") is None
+    with pytest.raises(ValueError, match="must match"):
+        await records.put_group(group, executions[:1])
