@@ -57,7 +57,11 @@ class EventConsumer:
         self.name = name
 
     async def stop(self) -> None:
-        self.task.cancel()
+        # Python 3.11's asyncio.wait_for (inside nats-py and redis-py) can swallow a cancellation
+        # that races with a completing operation; cancel until the loop has really ended.
+        while not self.task.done():
+            self.task.cancel()
+            await asyncio.wait({self.task}, timeout=1.0)
         await asyncio.gather(self.task, return_exceptions=True)
 
 

@@ -5,9 +5,10 @@ A section grows with its service; keep every field documented and validated.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gyre.config.base import Section
 
@@ -23,13 +24,84 @@ class ProxySection(Section):
     """Harness profile used when an execution does not name one."""
 
 
+class SandboxSection(Section):
+    """How harness executions (runner) and verifier runs (evaluator) are sandboxed."""
+
+    isolation: Literal["auto", "isolated", "process"] = "auto"
+    """`isolated`: own uid per slot, rlimits, network namespace with only the proxy relayed (root
+    only); `process`: own process group, scrubbed env, rlimits; `auto`: isolated when root."""
+    uid_base: int = 120000
+    """First sandbox uid; slot k runs as uid_base + k (instance i of a service adds i * 1000)."""
+    cpu_s: int | None = 3600
+    """CPU seconds per process; None = unlimited."""
+    memory_mb: int | None = 4096
+    """Address space per process in MiB (RLIMIT_AS); None = unlimited (JS runtimes need that)."""
+    max_processes: int | None = 512
+    """Processes and threads of one sandbox (RLIMIT_NPROC on its uid)."""
+    file_size_mb: int | None = 1024
+    """Largest file a sandboxed process may write, MiB."""
+    open_files: int | None = 1024
+    """Open file descriptors per process."""
+    kill_grace_s: float = 5.0
+    """Seconds between SIGTERM and SIGKILL when a sandbox is stopped."""
+
+    @field_validator("uid_base")
+    @classmethod
+    def _uid_base(cls, v: int) -> int:
+        if not 1000 <= v <= 2**31 - 100_000:
+            raise ValueError(f"uid_base must be in [1000, 2^31 - 100000] (unused uids); got {v}")
+        return v
+
+    @field_validator("cpu_s", "memory_mb", "max_processes", "file_size_mb", "open_files")
+    @classmethod
+    def _limit(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"a sandbox limit must be at least 1, or null for unlimited; got {v}")
+        return v
+
+    @field_validator("kill_grace_s")
+    @classmethod
+    def _grace(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"kill_grace_s must be non-negative; got {v}")
+        return v
+
+
 class RunnerSection(Section):
     port: int = 0
     """gRPC port; 0 picks a free one."""
     max_concurrent: int = 32
     """Executions this runner keeps running at once."""
-    harness: Literal["demo", "claude_code", "codex"] = "demo"
-    """Which harness command the runner launches."""
+    harness: Literal["demo", "claude_code", "codex", "command"] = "demo"
+    """Which harness command the runner launches (`command` = the argv in `command`)."""
+    harness_args: list[str] = Field(default_factory=list)
+    """Extra arguments appended to the harness command (e.g. `--tool-latency-s 2` for the demo)."""
+    command: list[str] = Field(default_factory=list)
+    """argv of the `command` harness; `{prompt}`, `{task_id}`, `{execution_id}`, `{python}` are expanded."""
+    task_dirs: list[Path] = Field(default_factory=list)
+    """Directories of on-disk tasks (`<dir>/<name>/task.yaml`), besides the built-in suites."""
+    workspace_dir: Path | None = None
+    """Where workspaces are created; None = `<run dir>/workspaces`."""
+    sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    """Sandbox of harness executions."""
+    on_stop: Literal["cancel", "detach"] = "cancel"
+    """At shutdown: cancel running executions (terminated, CANCELLED) or leave them running for
+    the next incarnation of this runner to adopt."""
+    open_attempts: int = 3
+    """OpenExecution attempts on the proxy before a start fails as INFRA_FAILURE."""
+
+    @field_validator("max_concurrent", "open_attempts")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1; got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _command_given(self) -> RunnerSection:
+        if self.harness == "command" and not self.command:
+            raise ValueError("harness `command` needs runner.command (an argv, e.g. [bash, -c, '{prompt}'])")
+        return self
 
 
 class EvaluatorSection(Section):
@@ -39,6 +111,28 @@ class EvaluatorSection(Section):
     """Verifier attempts on one preserved workspace before the execution is excluded."""
     backoff_s: float = 0.5
     """First retry delay; doubles each attempt, bounded by the execution's overall budget."""
+    max_concurrent: int = 4
+    """Verifier runs at once."""
+    task_dirs: list[Path] = Field(default_factory=list)
+    """Directories of on-disk tasks; must match the runner's."""
+    work_dir: Path | None = None
+    """Where verifier attempts copy workspaces; None = `<run dir>/evaluations`."""
+    sandbox: SandboxSection = Field(default_factory=lambda: SandboxSection(uid_base=130000, cpu_s=600))
+    """Sandbox of verifier runs (network: none)."""
+
+    @field_validator("max_attempts", "max_concurrent")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1; got {v}")
+        return v
+
+    @field_validator("backoff_s")
+    @classmethod
+    def _backoff(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"backoff_s must be non-negative; got {v}")
+        return v
 
 
 class PackerSection(Section):

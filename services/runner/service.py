@@ -1,11 +1,151 @@
-"""The runner service shell: connects to NATS and Redis and serves gRPC with grpc.health.v1."""
+"""The runner service: harness executions in sandboxes, started from the JetStream work queue.
+
+    python -m services.runner --config runs/<run>/config.yaml
+
+All runner instances share one durable consumer of `ExecutionStartRequested` (a work queue: each
+request goes to one of them). A runner takes a request only when it has a free slot
+(`runner.max_concurrent`), so queued requests wait in JetStream, not in memory. At start it
+reconciles the executions it owned before a crash or restart (adopts running sandboxes,
+terminates the rest with a reason); at stop it cancels running executions (`on_stop: cancel`) or
+leaves them for the next incarnation (`detach`). The lifecycle of one execution is in
+`services/runner/execution.py`; sandboxes in `services/runner/sandbox/`.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import time
+from pathlib import Path
+
+import grpc
+
+from gyre.bus import Delivery, EventConsumer
+from gyre.config import GyreConfig
 from gyre.service import GyreService
+from gyre.store import Counters
+from gyre.v1 import common_pb2 as cm
+from gyre.v1 import events_pb2 as ev
+from gyre.v1 import runner_pb2, runner_pb2_grpc
+from harness.tasks import TaskRegistry
+from services.runner.execution import ExecutionController, Slots
+from services.runner.harnesses import make_harness
+from services.runner.ownership import Ownership
+from services.runner.proxy_client import ProxyClient
+from services.runner.sandbox import SandboxLimits, make_launcher
+
+#: Durable consumer shared by every runner instance (the work queue of start requests).
+START_CONSUMER = "runner"
 
 
 class RunnerService(GyreService):
     """runner service: harness executions in sandboxes, started from the JetStream work queue."""
 
     name = "runner"
+
+    def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
+        super().__init__(config, instance)
+        self.consumer: EventConsumer | None = None
+        self._drained = False
+
+    @property
+    def runner_id(self) -> str:
+        """Stable across restarts on one host, so a restarted runner finds what it owned."""
+        return f"{socket.gethostname()}:{self.instance_name}"
+
+    async def setup(self) -> None:
+        section = self.config.runner
+        box = section.sandbox
+        offset = 1000 * (self.instance or 0)
+        self.launcher = make_launcher(box.isolation, box.uid_base + offset, section.max_concurrent)
+        self.log.info("sandbox_enforced", **self.launcher.enforced())
+        run_dir = self.config.run.path.resolve()
+        self.proxy = ProxyClient(f"{self.config.run.host}:{self.config.proxy.port}", attempts=section.open_attempts)
+        self.slots = Slots(section.max_concurrent)
+        self.controller = ExecutionController(
+            runner_id=self.runner_id,
+            bus=self.bus,
+            counters=Counters(self.redis, self.keys),
+            ownership=Ownership(self.redis, self.keys, self.runner_id),
+            proxy=self.proxy,
+            launcher=self.launcher,
+            harness=make_harness(section),
+            registry=TaskRegistry(section.task_dirs),
+            workspace_root=(section.workspace_dir or run_dir / "workspaces").resolve(),
+            sandbox_root=run_dir / "sandboxes",
+            limits=SandboxLimits(box.cpu_s, box.memory_mb, box.max_processes, box.file_size_mb, box.open_files),
+            kill_grace_s=box.kill_grace_s,
+            slots=self.slots,
+            spawn=self.supervisor.spawn,
+        )
+        runner_pb2_grpc.add_RunnerServicer_to_server(RunnerServicer(self), self.server)
+        counts = await self.controller.reconcile()
+        self.log.info("runner_reconciled", runner_id=self.runner_id, **counts)
+        self.consumer = await self.bus.consume(
+            START_CONSUMER,
+            [ev.ExecutionStartRequested],
+            self._on_start,
+            batch=1,
+            max_ack_pending=self.config.nats.max_ack_pending,
+            ack_wait_s=self.config.nats.ack_wait_s,
+        )
+
+    async def _on_start(self, event: object, delivery: Delivery) -> None:
+        assert isinstance(event, ev.ExecutionStartRequested)
+        await self.slots.acquire()
+        try:
+            running = await self.controller.start(event)
+        except BaseException:
+            await self.slots.release()
+            raise
+        if not running:
+            await self.slots.release()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop taking requests, then cancel (or detach from) running executions, then the shell."""
+        if self.consumer is not None and not self._drained:
+            self._drained = True
+            await self.consumer.stop()
+            if self.config.runner.on_stop == "cancel" and self.controller.running:
+                tasks = list(self.controller.tasks.values())
+                self.log.info("runner_cancelling", executions=len(tasks))
+                self.controller.cancel(None)
+                _, pending = await asyncio.wait(tasks, timeout=self.config.runner.sandbox.kill_grace_s + 15.0)
+                if pending:
+                    self.log.error("runner_cancel_incomplete", executions=len(pending))
+        await super().stop(grace_s)
+
+    async def teardown(self) -> None:
+        if hasattr(self, "proxy"):
+            await self.proxy.close()
+
+
+class RunnerServicer(runner_pb2_grpc.RunnerServicer):
+    def __init__(self, service: RunnerService) -> None:
+        self.service = service
+
+    async def GetStatus(
+        self, request: runner_pb2.GetRunnerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> runner_pb2.RunnerStatus:
+        controller = self.service.controller
+        now = time.time()
+        running = [
+            runner_pb2.RunningExecution(
+                execution=cm.ExecutionRef(execution_id=r.owned.execution_id, group_id=r.owned.group_id,
+                                          index_in_group=r.owned.index_in_group, query_id=r.owned.query_id),
+                pid=r.handle.pid,
+                elapsed_s=now - r.owned.started_at_ms / 1000,
+                workspace_path=str(Path(r.owned.workspace)),
+            )
+            for r in controller.running.values()
+        ]
+        return runner_pb2.RunnerStatus(runner_id=self.service.runner_id, running=running,
+                                       max_concurrent=self.service.slots.size, started_total=controller.started_total)
+
+    async def CancelExecution(
+        self, request: runner_pb2.CancelExecutionRequest, context: grpc.aio.ServicerContext
+    ) -> runner_pb2.CancelExecutionResponse:
+        if not request.all and not request.execution_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give execution_id or all=true")
+        cancelled = self.service.controller.cancel(None if request.all else request.execution_id)
+        return runner_pb2.CancelExecutionResponse(cancelled=cancelled)

@@ -1,0 +1,324 @@
+"""One execution's lifecycle in the runner, from start request to termination report.
+
+    start request → claim (Redis) → workspace from the task template → proxy credentials
+    (OpenExecution) → sandbox → ExecutionStarted, counter p → wait under the harness deadline
+    (SIGTERM, grace, SIGKILL on timeout, cancel or overall budget) → sweep → preserve the workspace
+    (root-owned, content hash) → CloseExecution → ExecutionTerminated, counter f → forget
+
+A start that can never run (unknown task, workspace or sandbox failure, no proxy) terminates as
+INFRA_FAILURE with no workspace reference: the evaluator turns it into a placeholder. Every
+report is idempotent (event id `exec.terminated:<execution>`, counter tokens), so a runner that
+crashes mid-report and reconciles reports again without double counting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from gyre.bus import EventBus
+from gyre.log import bind_context, get_logger
+from gyre.store import CounterInvariantError, Counters
+from gyre.v1 import common_pb2 as cm
+from gyre.v1 import events_pb2 as ev
+from harness.tasks import Task, TaskRegistry, UnknownTaskError
+from services.runner.harnesses import HarnessCommand, Launch
+from services.runner.ownership import OwnedExecution, Ownership
+from services.runner.proxy_client import ProxyClient, ProxyUnavailableError
+from services.runner.sandbox import (
+    NetworkPolicy,
+    SandboxError,
+    SandboxHandle,
+    SandboxLauncher,
+    SandboxLimits,
+    SandboxOutcome,
+    SandboxSpec,
+    read_outcome,
+)
+from services.runner.workspace import content_hash, create_workspace, preserve
+
+log = get_logger("gyre.runner")
+Reason = cm.TerminationReason.ValueType
+Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[Any]"]
+
+
+class Slots:
+    """The concurrency bound: a start waits for a free slot; adopted executions take one regardless."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self._changed = asyncio.Condition()
+
+    async def acquire(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.used < self.size)
+            self.used += 1
+
+    def take(self) -> None:
+        self.used += 1
+
+    async def release(self) -> None:
+        async with self._changed:
+            self.used -= 1
+            assert self.used >= 0, "slot released twice"
+            self._changed.notify()
+
+
+@dataclass(slots=True)
+class RunningExecution:
+    owned: OwnedExecution
+    handle: SandboxHandle
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def reason_of(outcome: SandboxOutcome) -> Reason:
+    """How a harness that ended on its own ended (a stop by the runner has its own reason)."""
+    if not outcome.started:
+        return cm.TERMINATION_REASON_INFRA_FAILURE
+    return cm.TERMINATION_REASON_COMPLETED if outcome.exit_code == 0 else cm.TERMINATION_REASON_FAILED
+
+
+class ExecutionController:
+    """Starts, watches, adopts, cancels and reports executions of one runner."""
+
+    def __init__(
+        self,
+        *,
+        runner_id: str,
+        bus: EventBus,
+        counters: Counters,
+        ownership: Ownership,
+        proxy: ProxyClient,
+        launcher: SandboxLauncher,
+        harness: HarnessCommand,
+        registry: TaskRegistry,
+        workspace_root: Path,
+        sandbox_root: Path,
+        limits: SandboxLimits,
+        kill_grace_s: float,
+        slots: Slots,
+        spawn: Spawn,
+    ) -> None:
+        self.runner_id = runner_id
+        self.bus = bus
+        self.counters = counters
+        self.ownership = ownership
+        self.proxy = proxy
+        self.launcher = launcher
+        self.harness = harness
+        self.registry = registry
+        self.workspace_root = workspace_root
+        self.sandbox_root = sandbox_root
+        self.limits = limits
+        self.kill_grace_s = kill_grace_s
+        self.slots = slots
+        self._spawn = spawn
+        self.running: dict[str, RunningExecution] = {}
+        self.tasks: dict[str, asyncio.Task[Any]] = {}
+        self.started_total = 0
+
+    # -- start ---------------------------------------------------------------------------------
+    async def start(self, request: ev.ExecutionStartRequested) -> bool:
+        """Start one execution; True when it is running (it then holds the caller's slot)."""
+        ref = request.execution
+        eid = ref.execution_id
+        bind_context(execution=eid)
+        if not eid:
+            log.error("start_request_without_execution_id", task=request.task_id)
+            return False
+        if not await self.ownership.claim(eid):
+            log.info("start_request_skipped", holder=await self.ownership.holder(eid))
+            return False
+        now_ms = int(time.time() * 1000)
+        task: Task | None = None
+        try:
+            task = self.registry.get(request.task_id)
+        except UnknownTaskError as e:
+            error = str(e)
+        harness_s = request.harness_timeout_s or (task.harness_timeout_s if task else 0.0)
+        budget_s = request.overall_budget_s or (task.overall_budget_s if task else 0.0)
+        owned = OwnedExecution(
+            execution_id=eid, group_id=ref.group_id, index_in_group=ref.index_in_group, query_id=ref.query_id,
+            task_id=request.task_id, engine_id=request.engine_id, profile=request.profile or "generic",
+            started_at_ms=now_ms, harness_deadline_ms=now_ms + int(1000 * min(harness_s, budget_s)),
+            budget_deadline_ms=now_ms + int(1000 * budget_s), workspace=str(self.workspace_root / eid),
+        )
+        await self.ownership.record(owned)
+        if task is None:
+            await self._fail_before_start(owned, error)
+            return False
+        try:
+            await asyncio.to_thread(create_workspace, task, Path(owned.workspace))
+        except OSError as e:
+            await self._fail_before_start(owned, f"workspace: {e}")
+            return False
+        try:
+            creds = await self.proxy.open(ref, owned.profile, request.engine_id)
+        except ProxyUnavailableError as e:
+            await self._fail_before_start(owned, str(e))
+            return False
+        owned = replace(owned, proxy_opened=True)
+        await self.ownership.record(owned)
+        base_url, network = self._route(creds.base_url)
+        root = self.sandbox_root / eid
+        launch = Launch(task, eid, base_url, creds.api_key, root / "home")
+        spec = SandboxSpec(
+            name=eid, argv=self.harness.command(launch), cwd=Path(owned.workspace), env=self.harness.env(launch),
+            root=root, limits=self.harness.limits(self.limits), network=network, reveal=self.harness.reveal(),
+            home_files=self.harness.home_files(launch), writable=(Path(owned.workspace),),
+        )
+        try:
+            handle = await self.launcher.launch(spec)
+        except (SandboxError, OSError) as e:
+            await self._fail_before_start(owned, f"sandbox: {e}")
+            return False
+        owned = owned.with_sandbox(handle.state)
+        await self.ownership.record(owned)
+        await self.bus.publish(
+            ev.ExecutionStarted(execution=ref, runner_id=self.runner_id, engine_id=request.engine_id),
+            event_id=f"exec.started:{eid}",
+        )
+        await self._count("started", eid)
+        self.started_total += 1
+        log.info("execution_started", task=task.task_id, pid=handle.pid, uid=handle.state.uid)
+        self._watch(RunningExecution(owned, handle))
+        return True
+
+    def _route(self, base_url: str) -> tuple[str, NetworkPolicy]:
+        """The URL the harness uses and the network its sandbox gets."""
+        if not self.launcher.isolates_network:
+            return base_url, NetworkPolicy("host")
+        parts = urlsplit(base_url)
+        if parts.hostname is None:
+            raise ValueError(f"proxy base URL without a host: {base_url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        inside = urlunsplit((parts.scheme, f"127.0.0.1:{port}", parts.path, parts.query, parts.fragment))
+        return inside, NetworkPolicy.proxy(parts.hostname, port)
+
+    async def _fail_before_start(self, owned: OwnedExecution, detail: str) -> None:
+        log.error("execution_never_started", detail=detail)
+        await self._report(owned, cm.TERMINATION_REASON_INFRA_FAILURE, 0, cm.WorkspaceRef(), 0.0,
+                           f"sandbox never started: {detail}")
+
+    # -- watch ---------------------------------------------------------------------------------
+    def _watch(self, running: RunningExecution) -> None:
+        eid = running.owned.execution_id
+        self.running[eid] = running
+        self.tasks[eid] = self._spawn(self._supervise(running), f"execution/{eid}")
+
+    async def _supervise(self, running: RunningExecution) -> None:
+        owned, handle = running.owned, running.handle
+        bind_context(execution=owned.execution_id)
+        left_s = max(0.0, owned.harness_deadline_ms / 1000 - time.time())
+        exited = asyncio.ensure_future(handle.wait())
+        cancelled = asyncio.ensure_future(running.cancel.wait())
+        try:
+            done, _ = await asyncio.wait({exited, cancelled}, timeout=left_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancelled.cancel()
+        if exited in done:
+            outcome = exited.result()
+            reason = reason_of(outcome)
+        else:
+            exited.cancel()
+            if running.cancel.is_set():
+                reason = cm.TERMINATION_REASON_CANCELLED
+            elif owned.harness_deadline_ms >= owned.budget_deadline_ms:
+                reason = cm.TERMINATION_REASON_OVERALL_TIMEOUT
+            else:
+                reason = cm.TERMINATION_REASON_HARNESS_TIMEOUT
+            log.info("execution_stopping", reason=cm.TerminationReason.Name(reason))
+            outcome = await handle.stop(self.kill_grace_s)
+        await self._finish(owned, handle, outcome, reason)
+
+    async def _finish(self, owned: OwnedExecution, handle: SandboxHandle, outcome: SandboxOutcome,
+                      reason: Reason, note: str = "") -> None:
+        survivors = await handle.release()
+        detail = outcome.describe()
+        if reason == cm.TERMINATION_REASON_HARNESS_TIMEOUT:
+            detail = f"harness timeout after {(owned.harness_deadline_ms - owned.started_at_ms) / 1000:.0f} s; {detail}"
+        if note:
+            detail = f"{note}; {detail}"
+        if survivors:
+            detail += f"; {len(survivors)} sandbox processes survived the sweep"
+            log.error("sandbox_sweep_incomplete", pids=survivors[:10])
+        workspace = cm.WorkspaceRef()
+        if outcome.started and Path(owned.workspace).is_dir():
+            await asyncio.to_thread(preserve, Path(owned.workspace))
+            digest = await asyncio.to_thread(content_hash, Path(owned.workspace))
+            workspace = cm.WorkspaceRef(path=owned.workspace, content_hash=digest)
+        exit_code = outcome.exit_code if outcome.exit_code is not None else -(outcome.signal or 0)
+        duration_s = max(0.0, time.time() - owned.started_at_ms / 1000)
+        await self._report(owned, reason, exit_code, workspace, duration_s, detail)
+        if self.running.pop(owned.execution_id, None) is not None:
+            self.tasks.pop(owned.execution_id, None)
+            await self.slots.release()
+
+    async def _report(self, owned: OwnedExecution, reason: Reason, exit_code: int, workspace: cm.WorkspaceRef,
+                      duration_s: float, detail: str) -> None:
+        eid = owned.execution_id
+        if owned.proxy_opened:
+            await self.proxy.close_execution(eid)
+        ref = cm.ExecutionRef(execution_id=eid, group_id=owned.group_id, index_in_group=owned.index_in_group,
+                              query_id=owned.query_id)
+        await self._count("started", eid)
+        await self._count("finished", eid)
+        await self.bus.publish(
+            ev.ExecutionTerminated(
+                execution=ref, reason=reason, exit_code=exit_code, workspace=workspace, duration_s=duration_s,
+                detail=detail[:1000], task_id=owned.task_id, budget_deadline_ms=owned.budget_deadline_ms,
+            ),
+            event_id=f"exec.terminated:{eid}",
+        )
+        await self.ownership.forget(eid)
+        log.info("execution_terminated", execution=eid, reason=cm.TerminationReason.Name(reason), exit_code=exit_code,
+                 detail=detail[:200])
+
+    async def _count(self, counter: str, eid: str) -> None:
+        try:
+            await self.counters.add(counter, 1, token=eid)  # type: ignore[arg-type]
+        except CounterInvariantError as e:
+            log.error("counter_invariant_broken", counter=counter, execution=eid, error=str(e))
+
+    # -- restart and control -------------------------------------------------------------------
+    async def reconcile(self) -> dict[str, int]:
+        """Adopt owned executions whose sandbox still runs; terminate the others with a reason."""
+        counts = {"adopted": 0, "terminated": 0}
+        for owned in await self.ownership.owned():
+            bind_context(execution=owned.execution_id)
+            if owned.sandbox is None:
+                await self._report(owned, cm.TERMINATION_REASON_INFRA_FAILURE, 0, cm.WorkspaceRef(), 0.0,
+                                   "sandbox never started: the runner stopped before launching it")
+                counts["terminated"] += 1
+                continue
+            handle = self.launcher.attach(owned.sandbox)
+            if handle.running():
+                self.slots.take()
+                self._watch(RunningExecution(owned, handle))
+                log.info("execution_adopted", pid=handle.pid)
+                counts["adopted"] += 1
+                continue
+            outcome = read_outcome(handle.control_dir)
+            if outcome is None:
+                outcome = SandboxOutcome(None, None, started=True, error="no exit status recorded")
+                reason: Reason = cm.TERMINATION_REASON_INFRA_FAILURE
+            else:
+                reason = reason_of(outcome)
+            await self._finish(owned, handle, outcome, reason, note="runner lost the process while it was down")
+            counts["terminated"] += 1
+        return counts
+
+    def cancel(self, execution_id: str | None) -> int:
+        """Stop one running execution (or all with None); each terminates as CANCELLED."""
+        targets = list(self.running.values()) if execution_id is None else (
+            [self.running[execution_id]] if execution_id in self.running else []
+        )
+        for running in targets:
+            running.cancel.set()
+        return len(targets)

@@ -1,0 +1,179 @@
+"""Harness commands: how the runner turns (task, proxy credentials) into argv + environment.
+
+    harness = make_harness(section)          # from RunnerSection.harness
+    argv = harness.argv(launch)
+    env = harness.env(launch)                # only these variables reach the sandbox
+
+- `demo`: `python -m harness --task ID --prompt TEXT` (this repository's agent loop).
+- `claude_code`: `claude -p TEXT --output-format json --dangerously-skip-permissions`, offline
+  (telemetry, error reporting, auto-update and non-essential traffic off; `IS_SANDBOX=1`, which
+  Claude Code needs to skip permissions as root).
+- `codex`: `codex exec … --json TEXT` with a `CODEX_HOME/config.toml` that points its
+  `responses` provider at the proxy (`OPENAI_BASE_URL` is ignored by Codex).
+- `command`: any argv with `{prompt}`, `{task_id}`, `{execution_id}`, `{python}` expanded (a
+  deterministic stand-in agent in tests, a custom harness elsewhere).
+
+Adding one: subclass `HarnessCommand`, set `name`, implement `argv` (and `env`/`prepare` when
+needed), add it to `HARNESSES` and to `RunnerSection.harness`; the contract test in
+tests/unit/runner/test_harnesses.py checks every entry.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import ClassVar
+
+from gyre.config.services import RunnerSection
+from harness.tasks import Task
+from services.runner.sandbox import SandboxLimits
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What a harness command is built from."""
+
+    task: Task
+    execution_id: str
+    base_url: str
+    """The proxy as the harness reaches it (inside the sandbox)."""
+    api_key: str
+    home: Path
+
+
+class HarnessCommand(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, extra_args: list[str] | None = None) -> None:
+        self.extra_args = list(extra_args or [])
+
+    @abstractmethod
+    def argv(self, launch: Launch) -> list[str]:
+        """The command line (extra args appended by the caller through `command`)."""
+
+    def env(self, launch: Launch) -> dict[str, str]:
+        """Environment of the harness: nothing else from the runner's environment is passed."""
+        return {
+            "PATH": BASE_PATH,
+            "LANG": "C.UTF-8",
+            "ANTHROPIC_BASE_URL": launch.base_url,
+            "ANTHROPIC_API_KEY": launch.api_key,
+        }
+
+    def home_files(self, launch: Launch) -> dict[str, str]:
+        """Files (relative to HOME) the harness needs before it starts."""
+        return {}
+
+    def limits(self, limits: SandboxLimits) -> SandboxLimits:
+        """Adjust the sandbox limits for this harness."""
+        return limits
+
+    def reveal(self) -> tuple[Path, ...]:
+        """Paths the harness needs besides its workspace and the Python installation."""
+        return (REPO_ROOT,)
+
+    def command(self, launch: Launch) -> list[str]:
+        return [*self.argv(launch), *self.extra_args]
+
+
+class DemoHarness(HarnessCommand):
+    name = "demo"
+
+    def argv(self, launch: Launch) -> list[str]:
+        return [sys.executable, "-m", "harness", "--task", launch.task.task_id, "--prompt", launch.task.prompt]
+
+    def env(self, launch: Launch) -> dict[str, str]:
+        return {**super().env(launch), "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1"}
+
+
+def _node_binary(name: str) -> str:
+    local = REPO_ROOT / "node_modules" / ".bin" / name
+    return str(local) if local.exists() else (shutil.which(name) or name)
+
+
+class ClaudeCodeHarness(HarnessCommand):
+    name = "claude_code"
+
+    def argv(self, launch: Launch) -> list[str]:
+        return [_node_binary("claude"), "-p", launch.task.prompt, "--output-format", "json",
+                "--dangerously-skip-permissions"]
+
+    def env(self, launch: Launch) -> dict[str, str]:
+        return {
+            **super().env(launch),
+            "PATH": f"{REPO_ROOT / 'node_modules' / '.bin'}:{BASE_PATH}",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "IS_SANDBOX": "1",
+        }
+
+    def limits(self, limits: SandboxLimits) -> SandboxLimits:
+        return replace(limits, memory_mb=None)  # JS runtimes reserve far more address space than they use
+
+
+class CodexHarness(HarnessCommand):
+    name = "codex"
+
+    def argv(self, launch: Launch) -> list[str]:
+        return [_node_binary("codex"), "exec", "--skip-git-repo-check", "-s", "danger-full-access", "--json",
+                launch.task.prompt]
+
+    def env(self, launch: Launch) -> dict[str, str]:
+        return {
+            "PATH": f"{REPO_ROOT / 'node_modules' / '.bin'}:{BASE_PATH}",
+            "LANG": "C.UTF-8",
+            "OPENAI_API_KEY": launch.api_key,
+            "CODEX_HOME": str(launch.home / ".codex"),
+        }
+
+    def home_files(self, launch: Launch) -> dict[str, str]:
+        return {
+            ".codex/config.toml": 'model_provider = "gyre"\n\n[model_providers.gyre]\nname = "gyre"\n'
+            f'base_url = "{launch.base_url.rstrip("/")}/v1"\nenv_key = "OPENAI_API_KEY"\nwire_api = "responses"\n'
+        }
+
+    def limits(self, limits: SandboxLimits) -> SandboxLimits:
+        return replace(limits, memory_mb=None)
+
+
+class CommandHarness(HarnessCommand):
+    name = "command"
+
+    def __init__(self, template: list[str], extra_args: list[str] | None = None) -> None:
+        super().__init__(extra_args)
+        if not template:
+            raise ValueError("the command harness needs a non-empty argv template")
+        self.template = list(template)
+
+    def argv(self, launch: Launch) -> list[str]:
+        values = {"{prompt}": launch.task.prompt, "{task_id}": launch.task.task_id,
+                  "{execution_id}": launch.execution_id, "{python}": sys.executable}
+        out = []
+        for arg in self.template:
+            for key, value in values.items():
+                arg = arg.replace(key, value)
+            out.append(arg)
+        return out
+
+
+HARNESSES: dict[str, type[HarnessCommand]] = {
+    DemoHarness.name: DemoHarness,
+    ClaudeCodeHarness.name: ClaudeCodeHarness,
+    CodexHarness.name: CodexHarness,
+    CommandHarness.name: CommandHarness,
+}
+
+
+def make_harness(section: RunnerSection) -> HarnessCommand:
+    if section.harness == CommandHarness.name:
+        return CommandHarness(section.command, section.harness_args)
+    return HARNESSES[section.harness](section.harness_args)

@@ -1,0 +1,53 @@
+"""The runner's view of the proxy: per-execution credentials through the Proxy gRPC API only
+(OpenExecution / CloseExecution), so the real proxy and the test stub are interchangeable."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from gyre.log import get_logger
+from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
+
+log = get_logger("gyre.runner.proxy")
+
+
+class ProxyUnavailableError(RuntimeError):
+    """OpenExecution failed on every attempt."""
+
+
+class ProxyClient:
+    def __init__(self, address: str, attempts: int = 3, timeout_s: float = 10.0) -> None:
+        self.address = address
+        self.attempts = attempts
+        self.timeout_s = timeout_s
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = proxy_pb2_grpc.ProxyStub(self._channel)
+
+    async def open(
+        self, execution: common_pb2.ExecutionRef, profile: str, engine_id: str
+    ) -> proxy_pb2.OpenExecutionResponse:
+        """Credentials for one execution; retries transient failures, then `ProxyUnavailableError`."""
+        request = proxy_pb2.OpenExecutionRequest(execution=execution, profile=profile, engine_id=engine_id)
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return await self._stub.OpenExecution(request, timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as e:
+                if attempt == self.attempts or e.code() not in (
+                    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED
+                ):
+                    raise ProxyUnavailableError(f"OpenExecution at {self.address}: {e.code().name}: {e.details()}") from e
+                await asyncio.sleep(0.5 * attempt)
+        raise AssertionError("unreachable")
+
+    async def close_execution(self, execution_id: str) -> None:
+        """Freeze the execution's tree; a failure is logged (the termination is reported anyway)."""
+        try:
+            await self._stub.CloseExecution(proxy_pb2.CloseExecutionRequest(execution_id=execution_id),
+                                            timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as e:
+            log.warning("proxy_close_failed", execution=execution_id, code=e.code().name, details=e.details())
+
+    async def close(self) -> None:
+        await self._channel.close()

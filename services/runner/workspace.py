@@ -1,0 +1,75 @@
+"""Workspaces: created from a task's template, owned by the sandbox while the harness runs,
+preserved afterwards and identified by a content hash.
+
+The content hash (sha256 hex) covers every regular file and symlink under the workspace, in
+sorted relative-path order: for each, its path, its kind and its content (a symlink's target, not
+what it points to). Directories and file modes are not part of it. An evaluation is bound to
+(execution, content hash), so the hash must be computed after the last writer stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from harness.tasks import Task, check_relative
+from services.runner.sandbox.launcher import chown_tree
+
+_CHUNK = 1 << 20
+
+
+def create_workspace(task: Task, path: Path) -> Path:
+    """A fresh workspace at `path` holding the task's template (the launcher hands it to the sandbox)."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if task.template_dir is not None:
+        shutil.copytree(task.template_dir, path, symlinks=True)
+    else:
+        path.mkdir()
+    for rel, content in task.files.items():
+        target = path / check_relative(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+    os.chmod(path, 0o755)
+    return path
+
+
+def preserve(path: Path) -> None:
+    """Hand a finished workspace back to root so no later sandbox (same uid) can change it."""
+    if path.exists():
+        chown_tree(path, 0, 0)
+
+
+def content_hash(path: Path) -> str:
+    """sha256 hex over sorted relative paths, kinds and contents of files and symlinks."""
+    entries: list[tuple[str, Path]] = []
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in dirs + files:
+            full = Path(root, name)
+            if name in files or full.is_symlink():
+                entries.append((full.relative_to(path).as_posix(), full))
+    digest = hashlib.sha256()
+    for rel, full in sorted(entries):
+        digest.update(rel.encode("utf-8", "surrogateescape") + b"\0")
+        if full.is_symlink():
+            digest.update(b"L" + os.readlink(full).encode("utf-8", "surrogateescape") + b"\0")
+        elif full.is_file():
+            file_digest = hashlib.sha256()
+            with full.open("rb") as f:
+                while chunk := f.read(_CHUNK):
+                    file_digest.update(chunk)
+            digest.update(b"F" + file_digest.digest())
+        else:
+            digest.update(b"S")  # socket, fifo, device: present but not readable content
+    return digest.hexdigest()
+
+
+def copy_workspace(source: Path, target: Path) -> None:
+    """A copy of a preserved workspace for one verifier attempt (the original stays untouched)."""
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target, symlinks=True)
