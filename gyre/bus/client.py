@@ -15,6 +15,7 @@ silently).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -52,9 +53,10 @@ Handler = Callable[[Message, Delivery], Awaitable[None]]
 class EventConsumer:
     """A running durable pull consumer; `stop()` ends its loop, unacked messages are redelivered."""
 
-    def __init__(self, task: asyncio.Task[None], name: str) -> None:
+    def __init__(self, task: asyncio.Task[None], name: str, psub: JetStreamContext.PullSubscription | None = None) -> None:
         self.task = task
         self.name = name
+        self._psub = psub
 
     async def stop(self) -> None:
         # Python 3.11's asyncio.wait_for (inside nats-py and redis-py) can swallow a cancellation
@@ -63,6 +65,11 @@ class EventConsumer:
             self.task.cancel()
             await asyncio.wait({self.task}, timeout=1.0)
         await asyncio.gather(self.task, return_exceptions=True)
+        if self._psub is not None:
+            # Leftover pull replies (e.g. expired-request statuses) would stall a later drain.
+            with contextlib.suppress(nats.errors.Error):
+                await self._psub.unsubscribe()
+            self._psub = None
 
 
 class EventBus:
@@ -166,7 +173,7 @@ class EventBus:
         task = asyncio.create_task(
             self._consume_loop(psub, handler, durable, batch, confirm_ack, max_deliver), name=f"consumer/{durable}"
         )
-        consumer = EventConsumer(task, durable)
+        consumer = EventConsumer(task, durable, psub)
         self._consumers.append(consumer)
         return consumer
 
@@ -182,7 +189,7 @@ class EventBus:
         while True:
             try:
                 msgs = await psub.fetch(batch=batch, timeout=1.0)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats' own TimeoutError, or a bare asyncio one from nats-py's fetch
                 continue
             for msg in msgs:
                 await self._handle(msg, handler, durable, confirm_ack, max_deliver)

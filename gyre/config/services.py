@@ -67,6 +67,23 @@ class SandboxSection(Section):
         return v
 
 
+class RunnerSandboxSection(SandboxSection):
+    """Sandbox of harness executions."""
+
+    uid_base: int = 120000
+    """First sandbox uid; slot k runs as uid_base + k (instance i adds i * 1000). Keep the runner's and
+    the evaluator's ranges apart."""
+
+
+class VerifierSandboxSection(SandboxSection):
+    """Sandbox of verifier runs (no network at all, whatever `isolation` says about the proxy)."""
+
+    uid_base: int = 130000
+    """First verifier uid; slot k runs as uid_base + k (instance i adds i * 1000)."""
+    cpu_s: int | None = 600
+    """CPU seconds per verifier process; None = unlimited."""
+
+
 class RunnerSection(Section):
     port: int = 0
     """gRPC port; 0 picks a free one."""
@@ -82,7 +99,7 @@ class RunnerSection(Section):
     """Directories of on-disk tasks (`<dir>/<name>/task.yaml`), besides the built-in suites."""
     workspace_dir: Path | None = None
     """Where workspaces are created; None = `<run dir>/workspaces`."""
-    sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    sandbox: RunnerSandboxSection = Field(default_factory=RunnerSandboxSection)
     """Sandbox of harness executions."""
     on_stop: Literal["cancel", "detach"] = "cancel"
     """At shutdown: cancel running executions (terminated, CANCELLED) or leave them running for
@@ -117,7 +134,7 @@ class EvaluatorSection(Section):
     """Directories of on-disk tasks; must match the runner's."""
     work_dir: Path | None = None
     """Where verifier attempts copy workspaces; None = `<run dir>/evaluations`."""
-    sandbox: SandboxSection = Field(default_factory=lambda: SandboxSection(uid_base=130000, cpu_s=600))
+    sandbox: VerifierSandboxSection = Field(default_factory=VerifierSandboxSection)
     """Sandbox of verifier runs (network: none)."""
 
     @field_validator("max_attempts", "max_concurrent")

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 
 from gyre.bus import Delivery, EventConsumer
-from gyre.config import GyreConfig
+from gyre.config import ConfigError, GyreConfig
 from gyre.service import GyreService
 from gyre.store import Counters
 from gyre.v1 import common_pb2 as cm
@@ -32,7 +32,7 @@ from services.runner.execution import ExecutionController, Slots
 from services.runner.harnesses import make_harness
 from services.runner.ownership import Ownership
 from services.runner.proxy_client import ProxyClient
-from services.runner.sandbox import SandboxLimits, make_launcher
+from services.runner.sandbox import SandboxLimits, check_disjoint, make_launcher, uid_range
 
 #: Durable consumer shared by every runner instance (the work queue of start requests).
 START_CONSUMER = "runner"
@@ -56,8 +56,9 @@ class RunnerService(GyreService):
     async def setup(self) -> None:
         section = self.config.runner
         box = section.sandbox
-        offset = 1000 * (self.instance or 0)
-        self.launcher = make_launcher(box.isolation, box.uid_base + offset, section.max_concurrent)
+        uids = uid_range(box.uid_base, self.instance, section.max_concurrent)
+        check_sandbox_uids(self.config, runner=uids)
+        self.launcher = make_launcher(box.isolation, uids.start, len(uids))
         self.log.info("sandbox_enforced", **self.launcher.enforced())
         run_dir = self.config.run.path.resolve()
         self.proxy = ProxyClient(f"{self.config.run.host}:{self.config.proxy.port}", attempts=section.open_attempts)
@@ -89,6 +90,7 @@ class RunnerService(GyreService):
             max_ack_pending=self.config.nats.max_ack_pending,
             ack_wait_s=self.config.nats.ack_wait_s,
         )
+        self.supervisor.spawn(watch_consumer(self.consumer), "consumer-watch")
 
     async def _on_start(self, event: object, delivery: Delivery) -> None:
         assert isinstance(event, ev.ExecutionStartRequested)
@@ -118,6 +120,25 @@ class RunnerService(GyreService):
     async def teardown(self) -> None:
         if hasattr(self, "proxy"):
             await self.proxy.close()
+
+
+async def watch_consumer(consumer: EventConsumer) -> None:
+    """Turn a consume loop that died into a supervised crash instead of a silent stop."""
+    await asyncio.shield(consumer.task)
+    raise RuntimeError(f"consumer {consumer.name!r} stopped on its own")
+
+
+def check_sandbox_uids(config: GyreConfig, **mine: range) -> None:
+    """Refuse to start when this instance's sandbox uids overlap the other service's first ones."""
+    ranges = {
+        "runner": uid_range(config.runner.sandbox.uid_base, 0, config.runner.max_concurrent),
+        "evaluator": uid_range(config.evaluator.sandbox.uid_base, 0, config.evaluator.max_concurrent),
+        **mine,
+    }
+    try:
+        check_disjoint(**ranges)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 class RunnerServicer(runner_pb2_grpc.RunnerServicer):

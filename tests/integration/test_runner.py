@@ -72,7 +72,7 @@ async def test_a_start_that_cannot_run_terminates_as_infra_failure(
     events = await EventLog.attach(bus)
     config = config_for(run_id, tmp_path, nats_server, redis_server, proxy)
     async with RunnerService(config):
-        (eid,) = await dispatch_group(bus, redis, keys, "g1", "nope/1", 1)
+        (_eid,) = await dispatch_group(bus, redis, keys, "g1", "nope/1", 1)
         (term,) = await events.wait_for(ev.ExecutionTerminated)
     assert term.reason == cm.TERMINATION_REASON_INFRA_FAILURE
     assert term.workspace.path == "" and "unknown task" in term.detail

@@ -5,6 +5,7 @@ requests)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -65,10 +66,8 @@ class EventLog:
             if left <= 0:
                 raise TimeoutError(f"{len(found)}/{count} {kind.__name__} events after {timeout_s} s: {found}")
             self._changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=min(left, 0.5))
-            except TimeoutError:
-                pass
         return found
 
 
@@ -94,3 +93,40 @@ async def dispatch_group(
                 event_id=f"exec.start:{eid}",
             )
     return eids
+
+
+def write_task(root: Path, name: str, prompt: str, verifier: list[str], harness_timeout_s: float = 30.0,
+               overall_budget_s: float = 60.0, files: dict[str, str] | None = None) -> str:
+    """An on-disk task under `root` (a task directory); returns its id `<root name>/<name>`."""
+    import yaml
+
+    task_dir = root / name
+    task_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"prompt": prompt, "verifier": verifier, "harness_timeout_s": harness_timeout_s,
+            "overall_budget_s": overall_budget_s, "files": files or {}}
+    (task_dir / "task.yaml").write_text(yaml.safe_dump(spec))
+    return f"{root.name}/{name}"
+
+
+async def stream_events(bus: EventBus, kind: type[Message]) -> list[Any]:
+    """Every event of `kind` stored in the run's stream (duplicates JetStream dropped are absent)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    from gyre.bus import event_stream, subject_for
+
+    subject = subject_for(bus.run_id, kind)
+    psub = await bus.js.pull_subscribe(
+        subject, stream=event_stream(bus.run_id).name,
+        config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+    )
+    found: list[Any] = []
+    try:
+        while True:
+            try:
+                msgs = await psub.fetch(batch=100, timeout=0.5)
+            except Exception:  # nats TimeoutError: the stream holds no more
+                break
+            found += [decode_event((m.headers or {}).get(TYPE_HEADER, ""), m.data) for m in msgs]
+    finally:
+        await psub.unsubscribe()
+    return found

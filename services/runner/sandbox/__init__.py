@@ -9,8 +9,10 @@ from services.runner.sandbox.launcher import (
     SandboxOutcome,
     SandboxSpec,
     SandboxState,
+    check_disjoint,
     make_launcher,
     read_outcome,
+    uid_range,
 )
 from services.runner.sandbox.limits import SandboxLimits
 
@@ -24,6 +26,8 @@ __all__ = [
     "SandboxOutcome",
     "SandboxSpec",
     "SandboxState",
+    "check_disjoint",
     "make_launcher",
     "read_outcome",
+    "uid_range",
 ]

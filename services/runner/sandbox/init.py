@@ -9,7 +9,8 @@ so it starts fast and imports nothing of the repository. Three processes:
     netns child  (modes `proxy` and `none`) a new network namespace with only loopback up; for
                  `proxy` listens on 127.0.0.1:PORT and relays to proxy.sock; forks the command,
                  waits for it and writes CONTROL_DIR/status.json (exit code or signal, rusage).
-    command      in a private mount namespace, reveals the paths it needs that sit under
+    command      in its own process group (the runner signals that group: the supervisor
+                 survives to record the outcome); in a private mount namespace, reveals the paths it needs that sit under
                  directories closed to other users (see `reveal`); drops to the sandbox uid/gid
                  (no supplementary groups), applies the rlimits,
                  resets SIGPIPE/SIGXFSZ, chdirs into the workspace and execs with the given env;
@@ -180,8 +181,9 @@ def exec_command(spec, report_fd, listener):
     try:
         if listener is not None:
             listener.close()
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        os.setpgid(0, 0)  # the command's own group: stopping it leaves the supervisor to report
         control = spec["control_dir"]
         stdin = os.open(os.devnull, os.O_RDONLY)
         out = os.open(os.path.join(control, "stdout.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -216,6 +218,9 @@ def run_command(spec, listener):
         os.close(read_fd)
         exec_command(spec, write_fd, listener)
     os.close(write_fd)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # also from the parent, so the group exists before anyone signals it
+    write_json(os.path.join(spec["control_dir"], "command.json"), {"pid": pid})
     if listener is not None:
         relay(listener, lambda: _unix_connect(spec["network"]["socket"]))
     with os.fdopen(read_fd, "rb") as r:

@@ -13,9 +13,11 @@ What each launcher enforces (`launcher.enforced()` says it at run time):
   RLIMIT_NPROC bounds the sandbox and a sweep kills every process it left, even ones that called
   setsid), no supplementary groups, and a network namespace with only loopback: the proxy is
   reachable at 127.0.0.1:<its port> through a relay (`proxy`), or nothing is (`none`).
-- `process`: its own session and process group, a scrubbed environment (exactly `spec.env`),
+- `process`: its own session; the command in its own process group (stopped with SIGTERM, grace,
+  SIGKILL to that group), a scrubbed environment (exactly `spec.env` plus HOME and TMPDIR),
   rlimits (CPU, address space, file size, open files; RLIMIT_NPROC is ignored for root), stdin
-  from /dev/null, stdout/stderr to files. No network isolation; no sweep beyond the group.
+  from /dev/null, stdout/stderr to files. No network isolation; processes that leave the group
+  (setsid) are not reached.
 
 Adding a launcher (e.g. a Kubernetes pod): subclass `SandboxLauncher`, implement `launch`,
 `attach` and `enforced`, add it to `LAUNCHERS`; tests/unit/runner/test_sandbox_contract.py runs
@@ -25,13 +27,14 @@ the contract over every launcher the machine supports.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
 import signal
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -199,9 +202,20 @@ class SandboxHandle:
             return SandboxOutcome(None, None, started=True, error="sandbox supervisor vanished without a status")
         return outcome
 
+    def command_group(self) -> int | None:
+        """Process group of the command (its pid), once the supervisor has started it."""
+        try:
+            return int(json.loads((self.control_dir / "command.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+
     async def signal(self, sig: int) -> None:
-        """Signal the sandbox's process group and, under its own uid, every process of that uid."""
-        procs.signal_group(self.state.pid, sig)
+        """Signal the command's process group and, under its own uid, every process of that uid."""
+        group = self.command_group()
+        if group is not None:
+            procs.signal_group(group, sig)
+        elif sig == signal.SIGKILL:
+            procs.signal_group(self.state.pid, sig)  # not started yet: take the supervisor down too
         if self.state.uid is not None:
             await procs.signal_uid(self.state.uid, sig)
 
@@ -212,6 +226,7 @@ class SandboxHandle:
             return await asyncio.wait_for(asyncio.shield(self.wait()), timeout=grace_s)
         except TimeoutError:
             pass
+        await self.signal(signal.SIGKILL)
         await self.sweep()
         try:
             return await asyncio.wait_for(self.wait(), timeout=10.0)
@@ -224,6 +239,9 @@ class SandboxHandle:
         survivors: list[int] = []
         if self.state.uid is not None:
             survivors = await procs.kill_uid(self.state.uid)
+        group = self.command_group()
+        if group is not None:
+            procs.signal_group(group, signal.SIGKILL)
         if not self.running():
             procs.signal_group(self.state.pid, signal.SIGKILL)
         return survivors
@@ -411,5 +429,17 @@ def make_launcher(isolation: str, uid_base: int, num_slots: int) -> SandboxLaunc
     raise ValueError(f"unknown sandbox isolation {isolation!r}; choose auto, {', '.join(LAUNCHERS)}")
 
 
-def state_dict(state: SandboxState) -> dict[str, Any]:
-    return asdict(state)
+def uid_range(uid_base: int, instance: int | None, num_slots: int) -> range:
+    """The sandbox uids of one service instance: instance i uses uid_base + 1000 i + [0, num_slots)."""
+    start = uid_base + 1000 * (instance or 0)
+    return range(start, start + num_slots)
+
+
+def check_disjoint(**ranges: range) -> None:
+    """`ValueError` naming the fix when two services' sandbox uid ranges overlap (they would kill
+    each other's sandboxes: a sweep kills every process of a uid)."""
+    items = sorted(ranges.items(), key=lambda kv: kv[1].start)
+    for (name_a, a), (name_b, b) in itertools.pairwise(items):
+        if a.stop > b.start:
+            raise ValueError(f"sandbox uids of {name_a} ({a.start}..{a.stop - 1}) and {name_b} ({b.start}..{b.stop - 1}) "
+                             "overlap; move one of the sandbox.uid_base values")

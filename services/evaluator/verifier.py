@@ -1,0 +1,153 @@
+"""Scoring one terminated execution: the task's verifier on its preserved workspace, in the same
+kind of sandbox as the harness (no network at all), with retries inside the overall budget.
+
+Outcome classes (shared/DESIGN.md, "Outcomes"; the paper's "Partial scoring"):
+
+- **valid**: the verifier printed `{"score": x}` with x in [0, 1] as its last stdout line. This
+  holds after any termination, timeouts included: partial work scores what it is worth.
+- **pending**: an attempt failed (non-zero exit, no JSON, a score out of range, a verifier
+  timeout). The attempt is retried with exponential backoff on a fresh copy of the same preserved
+  state, while the execution's overall budget lasts and attempts remain.
+- **excluded**: the budget or the attempts ran out without a valid score (not a zero), or the
+  task has no verifier.
+- **placeholder**: nothing is evaluable (the sandbox never started, no or a vanished
+  workspace): reward 0, so the group still counts N members.
+
+The reward is the verifier's score and nothing else: never time, length or termination reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre.log import get_logger
+from gyre.v1 import events_pb2 as ev
+from harness.tasks import Task, TaskRegistry, UnknownTaskError
+from services.evaluator.store import Evaluation
+from services.runner.harnesses import BASE_PATH, REPO_ROOT
+from services.runner.sandbox import NetworkPolicy, SandboxError, SandboxLauncher, SandboxLimits, SandboxSpec
+from services.runner.workspace import content_hash, copy_workspace
+
+log = get_logger("gyre.evaluator")
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    score: float | None
+    detail: str
+
+
+def parse_score(stdout: str) -> tuple[float | None, str]:
+    """The score from the verifier's last non-empty stdout line, or (None, why not)."""
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        return None, "verifier printed nothing"
+    try:
+        data = json.loads(lines[-1])
+    except ValueError:
+        return None, f"last line is not JSON: {lines[-1][:100]!r}"
+    score = data.get("score") if isinstance(data, dict) else None
+    if isinstance(score, bool) or not isinstance(score, int | float) or not 0.0 <= float(score) <= 1.0:
+        return None, f"no score in [0, 1] in {lines[-1][:100]!r}"
+    return float(score), lines[-1][:300]
+
+
+class VerifierRunner:
+    """Evaluates preserved workspaces; one instance per evaluator process."""
+
+    def __init__(
+        self,
+        *,
+        registry: TaskRegistry,
+        launcher: SandboxLauncher,
+        work_root: Path,
+        limits: SandboxLimits,
+        max_attempts: int,
+        backoff_s: float,
+        kill_grace_s: float,
+    ) -> None:
+        self.registry = registry
+        self.launcher = launcher
+        self.work_root = work_root
+        self.limits = limits
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.kill_grace_s = kill_grace_s
+
+    async def evaluate(self, term: ev.ExecutionTerminated) -> Evaluation:
+        eid = term.execution.execution_id
+        path = term.workspace.path
+
+        def outcome(status: str, reward: float, digest: str, attempts: int, detail: str) -> Evaluation:
+            return Evaluation(eid, status, reward, path, digest, attempts, detail[:1000])  # type: ignore[arg-type]
+
+        if not path or not Path(path).is_dir():
+            why = term.detail or "no workspace"
+            return outcome("placeholder", 0.0, "", 0, f"nothing evaluable: {why}")
+        try:
+            task = self.registry.get(term.task_id)
+        except UnknownTaskError as e:
+            return outcome("excluded", 0.0, "", 0, f"cannot evaluate: {e}")
+        digest = await asyncio.to_thread(content_hash, Path(path))
+        if term.workspace.content_hash and digest != term.workspace.content_hash:
+            log.warning("workspace_changed_after_termination", execution=eid)
+        if not task.verifier:
+            return outcome("excluded", 0.0, digest, 0, "the task has no verifier")
+        deadline_s = term.budget_deadline_ms / 1000 if term.budget_deadline_ms else time.time() + task.overall_budget_s
+        failures: list[str] = []
+        for attempt in range(1, self.max_attempts + 1):
+            left_s = deadline_s - time.time()
+            if left_s <= 0:
+                break
+            result = await self._attempt(task, eid, Path(path), attempt, min(task.verifier_timeout_s, left_s))
+            if result.score is not None:
+                return outcome("valid", result.score, digest, attempt, result.detail)
+            failures.append(f"attempt {attempt}: {result.detail}")
+            log.warning("verifier_attempt_failed", execution=eid, attempt=attempt, detail=result.detail)
+            delay_s = self.backoff_s * 2 ** (attempt - 1)
+            if attempt == self.max_attempts or time.time() + delay_s >= deadline_s:
+                break
+            await asyncio.sleep(delay_s)
+        why = "; ".join(failures[-3:]) or "the overall budget was spent before evaluation"
+        return outcome("excluded", 0.0, digest, len(failures), f"no valid score within the budget: {why}")
+
+    async def _attempt(self, task: Task, eid: str, workspace: Path, attempt: int, timeout_s: float) -> Attempt:
+        root = self.work_root / eid / str(attempt)
+        copy = root / "workspace"
+        await asyncio.to_thread(copy_workspace, workspace, copy)
+        spec = SandboxSpec(
+            name=f"{eid}/{attempt}",
+            argv=task.verifier_argv(sys.executable),
+            cwd=copy,
+            env={"PATH": BASE_PATH, "LANG": "C.UTF-8", "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
+            root=root / "sandbox",
+            limits=self.limits,
+            network=NetworkPolicy("none"),
+            reveal=tuple(p for p in (REPO_ROOT, task.task_dir) if p is not None),
+            writable=(copy,),
+        )
+        try:
+            handle = await self.launcher.launch(spec)
+        except (SandboxError, OSError) as e:
+            return Attempt(None, f"verifier sandbox: {e}")
+        try:
+            try:
+                result = await asyncio.wait_for(asyncio.shield(handle.wait()), timeout=timeout_s)
+            except TimeoutError:
+                await handle.stop(self.kill_grace_s)
+                return Attempt(None, f"verifier timed out after {timeout_s:.1f} s")
+        finally:
+            await handle.release()
+            await asyncio.to_thread(shutil.rmtree, copy, True)
+        if not result.started:
+            return Attempt(None, f"verifier sandbox never started: {result.error}")
+        stdout = (handle.control_dir / "stdout.log").read_text(errors="replace")
+        if result.exit_code != 0:
+            return Attempt(None, f"verifier failed ({result.describe()})")
+        return Attempt(*parse_score(stdout))

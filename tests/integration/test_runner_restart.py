@@ -1,0 +1,132 @@
+"""A runner killed with SIGKILL mid-execution and restarted: every execution it owned ends with
+a termination event and none stays running (sandboxes that survived are adopted and held to
+their deadline; sandboxes that died meanwhile are reported with what is known of them)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+import yaml
+
+from gyre.bus import EventBus
+from gyre.config import GyreConfig
+from gyre.stack.servers import ServerProcess
+from gyre.store import Counters, Keys
+from gyre.v1 import common_pb2 as cm
+from gyre.v1 import events_pb2 as ev
+from services.runner.ownership import Ownership
+from services.runner.sandbox import procs
+from tests.support.proxy_stub import ProxyStub
+from tests.support.runner_env import EventLog, dispatch_group, run_config, write_task
+from tests.support.scripted_anthropic import ScriptedAnthropic, text
+
+UID_BASE = 160000
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[ProxyStub]:
+    with ScriptedAnthropic(lambda request: text("hi")) as api:
+        async with ProxyStub(api.base_url) as stub:
+            yield stub
+
+
+class RunnerProcess:
+    """`python -m services.runner` as a separate process (so it can be SIGKILLed)."""
+
+    def __init__(self, config: GyreConfig, run_dir: Path) -> None:
+        self.config_path = run_dir / "runner.yaml"
+        self.config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+        self.log = run_dir / "runner.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.runner", "--config", str(self.config_path)],
+                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def runner_process(tmp_path: Path) -> Iterator[list[RunnerProcess]]:
+    started: list[RunnerProcess] = []
+    yield started
+    for runner in started:
+        runner.stop()
+
+
+async def test_sigkilled_runner_reconciles_every_execution_on_restart(
+    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
+    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, runner_process: list[RunnerProcess],
+) -> None:
+    tasks = tmp_path / "tasks"
+    survives = write_task(tasks, "survives", "echo started > s.txt; sleep 600", ["true"], harness_timeout_s=6)
+    dies = write_task(tasks, "dies", "echo started > s.txt; sleep 600", ["true"], harness_timeout_s=60)
+    finishes = write_task(tasks, "finishes", "while [ ! -e go ]; do sleep 0.05; done; echo done > out.txt", ["true"])
+    config = run_config(run_id, tmp_path / "runs", nats_server.url, redis_server.url, proxy.port, runner={
+        "harness": "command", "command": ["bash", "-c", "{prompt}"], "task_dirs": [str(tasks)], "max_concurrent": 4,
+        "sandbox": {"uid_base": UID_BASE, "kill_grace_s": 1.0},
+    })
+    runner = RunnerProcess(config, tmp_path)
+    runner_process.append(runner)
+    events = await EventLog.attach(bus)
+    runner.start()
+    for group, task in (("survives", survives), ("dies", dies), ("finishes", finishes)):
+        await dispatch_group(bus, redis, keys, group, task, 1)
+    await events.wait_for(ev.ExecutionStarted, 3, timeout_s=60)
+    ownership = Ownership(redis, keys, f"{socket.gethostname()}:runner")
+    owned = {o.group_id: o for o in await ownership.owned()}
+    assert set(owned) == {"survives", "dies", "finishes"}
+
+    runner.kill()
+    assert not events.of(ev.ExecutionTerminated)
+    # While the runner is down: one sandbox dies outright, one harness finishes on its own.
+    dead = owned["dies"].sandbox
+    assert dead is not None
+    os.killpg(dead.pid, signal.SIGKILL)
+    (Path(owned["finishes"].workspace) / "go").touch()
+    while procs.alive(owned["finishes"].sandbox.pid, owned["finishes"].sandbox.started):  # type: ignore[union-attr]
+        await asyncio.sleep(0.05)
+
+    runner.start()
+    terms = {e.execution.group_id: e for e in await events.wait_for(ev.ExecutionTerminated, 3, timeout_s=60)}
+    assert terms["finishes"].reason == cm.TERMINATION_REASON_COMPLETED
+    assert (Path(terms["finishes"].workspace.path) / "out.txt").read_text() == "done\n"
+    assert terms["dies"].reason == cm.TERMINATION_REASON_INFRA_FAILURE
+    assert "runner lost the process" in terms["dies"].detail and terms["dies"].workspace.content_hash
+    assert terms["survives"].reason == cm.TERMINATION_REASON_HARNESS_TIMEOUT  # adopted, held to its deadline
+    assert (Path(terms["survives"].workspace.path) / "s.txt").read_text() == "started\n"
+    for _ in range(100):  # the record is dropped right after the termination is published
+        if not await ownership.owned():
+            break
+        await asyncio.sleep(0.05)
+    assert await ownership.owned() == []
+    assert [p for uid in range(UID_BASE, UID_BASE + 4) for p in procs.pids_of_uid(uid)] == []
+    for record in owned.values():
+        assert record.sandbox is not None and not procs.alive(record.sandbox.pid, record.sandbox.started)
+    counters = await Counters(redis, keys).get()
+    assert (counters.started, counters.finished) == (3, 3)
