@@ -23,7 +23,9 @@ import torch.nn.functional as F
 def _check_cu_seqlens(cu_seqlens: torch.Tensor, num_tokens: int) -> list[int]:
     bounds: list[int] = [int(b) for b in cu_seqlens.tolist()]
     if not bounds or bounds[0] != 0 or bounds[-1] != num_tokens:
-        raise ValueError(f"cu_seqlens must start at 0 and end at the token count {num_tokens}; got {bounds[:4]}...")
+        raise ValueError(
+            f"cu_seqlens must start at 0 and end at the token count {num_tokens}; got {bounds[:4]}..."
+        )
     if any(b <= a for a, b in itertools.pairwise(bounds)):
         raise ValueError("cu_seqlens must be strictly increasing (no empty rows)")
     return bounds
@@ -69,7 +71,11 @@ def block_causal_attention(
         return q.new_empty(0, num_heads, v.shape[2])
     parts = [
         F.scaled_dot_product_attention(
-            q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=True, scale=scale
+            q[a:b].transpose(0, 1),
+            k[a:b].transpose(0, 1),
+            v[a:b].transpose(0, 1),
+            is_causal=True,
+            scale=scale,
         ).transpose(0, 1)
         for a, b in itertools.pairwise(bounds)
     ]

@@ -38,7 +38,12 @@ MAGIC = b"GYMS"
 _PREAMBLE = struct.Struct("<4sHHI")
 _ALIGN = 8
 
-_DTYPES: dict[str, np.dtype[Any]] = {"i4": np.dtype("<i4"), "u1": np.dtype("<u1"), "f4": np.dtype("<f4"), "f8": np.dtype("<f8")}
+_DTYPES: dict[str, np.dtype[Any]] = {
+    "i4": np.dtype("<i4"),
+    "u1": np.dtype("<u1"),
+    "f4": np.dtype("<f4"),
+    "f8": np.dtype("<f8"),
+}
 
 
 class CodecError(ValueError):
@@ -127,12 +132,21 @@ def decode_microstep(blob: bytes) -> MicroStep:
         advantages = arrays["advantages"].astype(np.float64)
         execution_num_targets = arrays["execution_num_targets"].astype(np.int32)
         execution_ids = tuple(str(x) for x in header["execution_ids"])
-        scalars = (str(header["batch_id"]), int(header["step"]), int(header["index"]), int(header["token_budget"]))
+        scalars = (
+            str(header["batch_id"]),
+            int(header["step"]),
+            int(header["index"]),
+            int(header["token_budget"]),
+        )
     except (KeyError, TypeError) as e:
         raise CodecError(f"micro-step header is missing or mistypes a field: {e}") from e
     if len(input_ids) != num_tokens or len(bits) != (num_tokens + 7) // 8:
         raise CodecError("micro-step arrays disagree with the token count")
-    if len(cu_seqlens) != len(row_execution) + 1 or np.any(np.diff(cu_seqlens) <= 0) or cu_seqlens[-1] != num_tokens:
+    if (
+        len(cu_seqlens) != len(row_execution) + 1
+        or np.any(np.diff(cu_seqlens) <= 0)
+        or cu_seqlens[-1] != num_tokens
+    ):
         raise CodecError("micro-step row boundaries are inconsistent")
     mask = np.unpackbits(bits, count=num_tokens, bitorder="little").astype(np.bool_)
     num_targets = int(mask.sum())

@@ -136,7 +136,9 @@ def execution_log_seq_ratios(
         return sums / counts.clamp(min=1).to(sums.dtype), counts
 
 
-def clip_mask(advantages: torch.Tensor, log_seq_ratio: torch.Tensor, objective: ObjectiveParams) -> torch.Tensor:
+def clip_mask(
+    advantages: torch.Tensor, log_seq_ratio: torch.Tensor, objective: ObjectiveParams
+) -> torch.Tensor:
     """m_i as a bool tensor: False where the execution is clipped (see the module docstring)."""
     over = (advantages > 0) & (log_seq_ratio > math.log(objective.clip_high))
     under = (advantages < 0) & (log_seq_ratio < math.log(objective.clip_low))
@@ -144,7 +146,10 @@ def clip_mask(advantages: torch.Tensor, log_seq_ratio: torch.Tensor, objective: 
 
 
 def sequence_metrics(
-    advantages: torch.Tensor, log_seq_ratio: torch.Tensor, num_targets: torch.Tensor, objective: ObjectiveParams
+    advantages: torch.Tensor,
+    log_seq_ratio: torch.Tensor,
+    num_targets: torch.Tensor,
+    objective: ObjectiveParams,
 ) -> LossMetrics:
     """The execution-level fields of `LossMetrics` (executions with num_targets > 0 only)."""
     with torch.no_grad():
@@ -191,7 +196,9 @@ def gspo_loss(
     """
     num_targets = logprobs.shape[0]
     if not (behaviour_logprobs.shape[0] == execution_index.shape[0] == coefficients.shape[0] == num_targets):
-        raise ValueError("logprobs, behaviour_logprobs, execution_index and coefficients need one entry per target")
+        raise ValueError(
+            "logprobs, behaviour_logprobs, execution_index and coefficients need one entry per target"
+        )
     num_executions = advantages.shape[0]
     execution_index = execution_index.long()
     dtype = logprobs.dtype

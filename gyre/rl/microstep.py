@@ -76,7 +76,9 @@ class MicroStep:
             raise ValueError("the first token of a row cannot be a target")
         counts = np.bincount(self.execution_index[self.target_mask], minlength=e)
         if not np.array_equal(counts, self.execution_num_targets):
-            raise ValueError("execution_num_targets must count every target of each execution in this micro-step")
+            raise ValueError(
+                "execution_num_targets must count every target of each execution in this micro-step"
+            )
 
     @property
     def num_tokens(self) -> int:

@@ -141,9 +141,7 @@ def build_microstep(
     cu_seqlens = np.zeros(len(rows) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu_seqlens[1:])
     num_tokens = int(cu_seqlens[-1])
-    row_execution = np.repeat(
-        np.arange(len(executions), dtype=np.int32), [len(e.rows) for e in executions]
-    )
+    row_execution = np.repeat(np.arange(len(executions), dtype=np.int32), [len(e.rows) for e in executions])
     target_mask = np.concatenate([r.target_mask for r in rows]) if rows else np.zeros(0, np.bool_)
     coefficient = np.array(
         [token_coefficient(e.num_targets, num_batch_executions) for e in executions], dtype=np.float64
@@ -154,7 +152,9 @@ def build_microstep(
         step=step,
         index=index,
         token_budget=token_budget,
-        input_ids=np.concatenate([r.token_ids for r in rows]).astype(np.int32) if rows else np.zeros(0, np.int32),
+        input_ids=np.concatenate([r.token_ids for r in rows]).astype(np.int32)
+        if rows
+        else np.zeros(0, np.int32),
         position_ids=(np.arange(num_tokens) - np.repeat(cu_seqlens[:-1], lengths)).astype(np.int32),
         cu_seqlens=cu_seqlens,
         target_mask=target_mask,

@@ -87,7 +87,9 @@ def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
     )
 
 
-def target_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, target_positions: torch.Tensor) -> torch.Tensor:
+def target_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, target_positions: torch.Tensor
+) -> torch.Tensor:
     """log π(y_t | tokens before t) for each target position t, from the logits at t - 1.
 
     Low-precision logits are promoted to float32 first; only the target rows are normalized.
@@ -120,7 +122,9 @@ def _target_slice(t: _Tensors, row_start: int, row_end: int) -> slice:
     return slice(int(lo), int(hi))
 
 
-def _chunk_logprobs(t: _Tensors, logits_fn: LogitsFn, row_start: int, row_end: int) -> tuple[torch.Tensor, slice]:
+def _chunk_logprobs(
+    t: _Tensors, logits_fn: LogitsFn, row_start: int, row_end: int
+) -> tuple[torch.Tensor, slice]:
     """Log-probs of the targets of rows [row_start, row_end) and their slice in the per-target arrays."""
     a, b = t.cu_host[row_start], t.cu_host[row_end]
     sl = _target_slice(t, row_start, row_end)
@@ -141,7 +145,9 @@ def microstep_loss(
     return _whole_loss(_tensors(step, device), logits_fn, objective)
 
 
-def _whole_loss(t: _Tensors, logits_fn: LogitsFn, objective: ObjectiveParams) -> tuple[torch.Tensor, LossMetrics]:
+def _whole_loss(
+    t: _Tensors, logits_fn: LogitsFn, objective: ObjectiveParams
+) -> tuple[torch.Tensor, LossMetrics]:
     logprobs, _ = _chunk_logprobs(t, logits_fn, 0, len(t.cu_host) - 1)
     return gspo_loss(
         logprobs, t.behaviour_logprobs, t.advantages, t.target_execution, t.coefficients, objective=objective

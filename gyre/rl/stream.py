@@ -66,11 +66,15 @@ class StreamPacker:
     def add(self, rows: Sequence[TrajectoryRow], advantages: Mapping[str, float]) -> list[MicroStep]:
         """Take one group's rows (and the advantages of its members); return the micro-steps now full."""
         if self._closed:
-            raise ValueError(f"stream of batch {self.batch_id!r} is closed; open a new one for the next batch")
+            raise ValueError(
+                f"stream of batch {self.batch_id!r} is closed; open a new one for the next batch"
+            )
         executions = group_rows(rows, advantages)
         for e in executions:
             if e.execution_id in self._seen:
-                raise ValueError(f"execution {e.execution_id!r} was already packed in batch {self.batch_id!r}")
+                raise ValueError(
+                    f"execution {e.execution_id!r} was already packed in batch {self.batch_id!r}"
+                )
         self._seen.update(e.execution_id for e in executions)
         self._buffer.extend(e for e in executions if e.num_targets > 0)
         return self._emit(final=False)

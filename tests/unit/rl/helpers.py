@@ -18,8 +18,16 @@ VOCAB = 24
 class TinyLM(nn.Module):
     """Two pre-norm transformer blocks over learned positions; deterministic (no dropout)."""
 
-    def __init__(self, *, d_model: int = 16, num_heads: int = 2, num_layers: int = 2, max_positions: int = 256,
-                 dtype: torch.dtype = torch.float64, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        d_model: int = 16,
+        num_heads: int = 2,
+        num_layers: int = 2,
+        max_positions: int = 256,
+        dtype: torch.dtype = torch.float64,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
         self.num_heads = num_heads
@@ -27,14 +35,16 @@ class TinyLM(nn.Module):
         self.positions = nn.Embedding(max_positions, d_model, dtype=dtype)
         self.blocks = nn.ModuleList()
         for _ in range(num_layers):
-            block = nn.ModuleDict({
-                "norm1": nn.LayerNorm(d_model, dtype=dtype),
-                "qkv": nn.Linear(d_model, 3 * d_model, dtype=dtype),
-                "out": nn.Linear(d_model, d_model, dtype=dtype),
-                "norm2": nn.LayerNorm(d_model, dtype=dtype),
-                "up": nn.Linear(d_model, 2 * d_model, dtype=dtype),
-                "down": nn.Linear(2 * d_model, d_model, dtype=dtype),
-            })
+            block = nn.ModuleDict(
+                {
+                    "norm1": nn.LayerNorm(d_model, dtype=dtype),
+                    "qkv": nn.Linear(d_model, 3 * d_model, dtype=dtype),
+                    "out": nn.Linear(d_model, d_model, dtype=dtype),
+                    "norm2": nn.LayerNorm(d_model, dtype=dtype),
+                    "up": nn.Linear(d_model, 2 * d_model, dtype=dtype),
+                    "down": nn.Linear(2 * d_model, d_model, dtype=dtype),
+                }
+            )
             self.blocks.append(block)
         self.norm = nn.LayerNorm(d_model, dtype=dtype)
         self.head = nn.Linear(d_model, VOCAB, dtype=dtype)
@@ -42,7 +52,9 @@ class TinyLM(nn.Module):
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=dtype) * 0.3)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor
+    ) -> torch.Tensor:
         x = self.embed(input_ids) + self.positions(position_ids)
         t, d = x.shape
         for block in self.blocks:
@@ -62,8 +74,9 @@ def logprobs_alone(model: TinyLM, tokens: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], lp.numpy()])
 
 
-def make_row(execution_id: str, index: int, tokens: np.ndarray, targets: np.ndarray,
-             behaviour: np.ndarray) -> TrajectoryRow:
+def make_row(
+    execution_id: str, index: int, tokens: np.ndarray, targets: np.ndarray, behaviour: np.ndarray
+) -> TrajectoryRow:
     return TrajectoryRow(
         execution_id=execution_id,
         trajectory_index=index,
@@ -75,8 +88,15 @@ def make_row(execution_id: str, index: int, tokens: np.ndarray, targets: np.ndar
     )
 
 
-def execution_rows(rng: np.random.Generator, model: TinyLM, execution_id: str, *, max_rows: int = 3,
-                   max_len: int = 30, noise: float = 0.02) -> list[TrajectoryRow]:
+def execution_rows(
+    rng: np.random.Generator,
+    model: TinyLM,
+    execution_id: str,
+    *,
+    max_rows: int = 3,
+    max_len: int = 30,
+    noise: float = 0.02,
+) -> list[TrajectoryRow]:
     """Rows of one execution shaped like admitted paths of a tree: later rows share a prefix of the
     first and carry targets only after it (a shared target is trained once)."""
     first = rng.integers(0, VOCAB, size=int(rng.integers(4, max_len + 1)))
@@ -86,7 +106,9 @@ def execution_rows(rng: np.random.Generator, model: TinyLM, execution_id: str, *
             tokens, shared = first, 1
         else:
             shared = int(rng.integers(1, len(first)))
-            tokens = np.concatenate([first[:shared], rng.integers(0, VOCAB, size=int(rng.integers(2, max_len)))])
+            tokens = np.concatenate(
+                [first[:shared], rng.integers(0, VOCAB, size=int(rng.integers(2, max_len)))]
+            )
         targets = rng.random(len(tokens)) < 0.6
         targets[:shared] = False
         targets[0] = False
@@ -95,8 +117,15 @@ def execution_rows(rng: np.random.Generator, model: TinyLM, execution_id: str, *
     return rows
 
 
-def random_batch(rng: np.random.Generator, model: TinyLM, *, num_groups: int = 3, group_size: int = 4,
-                 max_rows: int = 3, max_len: int = 30) -> tuple[list[TrajectoryRow], dict[str, float], int]:
+def random_batch(
+    rng: np.random.Generator,
+    model: TinyLM,
+    *,
+    num_groups: int = 3,
+    group_size: int = 4,
+    max_rows: int = 3,
+    max_len: int = 30,
+) -> tuple[list[TrajectoryRow], dict[str, float], int]:
     """(rows, advantages, B·N) of a batch with valid, placeholder and excluded members."""
     rows: list[TrajectoryRow] = []
     advantages: dict[str, float] = {}

@@ -10,7 +10,9 @@ V, P, X = MemberStatus.VALID, MemberStatus.PLACEHOLDER, MemberStatus.EXCLUDED
 
 
 def test_reward_minus_mean():
-    result = group_advantages([MemberOutcome("a", V, 1.0), MemberOutcome("b", V, 0.0), MemberOutcome("c", V, 0.5)])
+    result = group_advantages(
+        [MemberOutcome("a", V, 1.0), MemberOutcome("b", V, 0.0), MemberOutcome("c", V, 0.5)]
+    )
     assert result.advantages == pytest.approx({"a": 0.5, "b": -0.5, "c": 0.0})
     assert result.metrics.reward_mean == pytest.approx(0.5)
     assert not result.metrics.zero_variance
@@ -45,7 +47,11 @@ def test_excluded_member_gets_no_advantage_but_counts_in_the_denominator():
     assert "x" not in result.advantages
     assert result.advantages == pytest.approx({"a": 0.5, "b": -0.5})
     assert result.num_members == 3
-    assert (result.metrics.num_valid, result.metrics.num_placeholder, result.metrics.num_excluded) == (2, 0, 1)
+    assert (result.metrics.num_valid, result.metrics.num_placeholder, result.metrics.num_excluded) == (
+        2,
+        0,
+        1,
+    )
 
 
 def test_only_excluded_members():

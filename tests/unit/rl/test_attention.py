@@ -51,7 +51,9 @@ def test_grouped_query_attention_repeats_kv_heads():
     q = torch.randn(7, 4, 8, generator=gen, dtype=torch.float64)
     k, v = (torch.randn(7, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
     out = block_causal_attention(q, k, v, cu)
-    full = naive_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), block_causal_mask(cu))
+    full = naive_attention(
+        q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), block_causal_mask(cu)
+    )
     assert torch.allclose(out, full, atol=1e-12)
 
 

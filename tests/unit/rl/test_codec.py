@@ -12,8 +12,15 @@ from tests.unit.rl.test_packing import random_rows
 
 def steps(seed=0, budget=80):
     rows, advantages = random_rows(seed, 6)
-    return pack(rows, advantages, num_batch_executions=24, token_budget=budget, batch_id="batch-9", step=9,
-                first_index=4)
+    return pack(
+        rows,
+        advantages,
+        num_batch_executions=24,
+        token_budget=budget,
+        batch_id="batch-9",
+        step=9,
+        first_index=4,
+    )
 
 
 def assert_same(a, b):
@@ -38,10 +45,16 @@ def test_round_trip_of_an_empty_microstep():
     step = steps()[0]
     blank = dataclasses.replace(
         step,
-        input_ids=np.zeros(0, np.int32), position_ids=np.zeros(0, np.int32), cu_seqlens=np.zeros(1, np.int32),
-        target_mask=np.zeros(0, bool), behaviour_logprobs=np.zeros(0, np.float32),
-        coefficients=np.zeros(0), execution_index=np.zeros(0, np.int32), execution_ids=(),
-        advantages=np.zeros(0), execution_num_targets=np.zeros(0, np.int32),
+        input_ids=np.zeros(0, np.int32),
+        position_ids=np.zeros(0, np.int32),
+        cu_seqlens=np.zeros(1, np.int32),
+        target_mask=np.zeros(0, bool),
+        behaviour_logprobs=np.zeros(0, np.float32),
+        coefficients=np.zeros(0),
+        execution_index=np.zeros(0, np.int32),
+        execution_ids=(),
+        advantages=np.zeros(0),
+        execution_num_targets=np.zeros(0, np.int32),
     )
     assert_same(decode_microstep(encode_microstep(blank)), blank)
 

@@ -45,7 +45,20 @@ def execution(draw):
     noise_b = draw(st.lists(noise, min_size=len(suffix_b), max_size=len(suffix_b)))
     advantage = draw(st.sampled_from([-1.3, -0.2, 0.0, 0.4, 2.0]))
     swap = draw(st.booleans())
-    return prefix, suffix_a, suffix_b, shared, own_a, own_b, on_b, prefix_noise, noise_a, noise_b, advantage, swap
+    return (
+        prefix,
+        suffix_a,
+        suffix_b,
+        shared,
+        own_a,
+        own_b,
+        on_b,
+        prefix_noise,
+        noise_a,
+        noise_b,
+        advantage,
+        swap,
+    )
 
 
 def build(prefix, suffix, shared_here, own, prefix_noise, noise, index):
@@ -58,7 +71,20 @@ def build(prefix, suffix, shared_here, own, prefix_noise, noise, index):
 @settings(max_examples=40, deadline=None)
 @given(case=execution())
 def test_moving_a_shared_target_between_paths_changes_nothing(case):
-    prefix, suffix_a, suffix_b, shared, own_a, own_b, on_b, prefix_noise, noise_a, noise_b, advantage, swap = case
+    (
+        prefix,
+        suffix_a,
+        suffix_b,
+        shared,
+        own_a,
+        own_b,
+        on_b,
+        prefix_noise,
+        noise_a,
+        noise_b,
+        advantage,
+        swap,
+    ) = case
     assume(any(shared) or any(own_a) or any(own_b))  # L_i = 0 is covered by the loss tests
 
     def rows(assign_to_b):

@@ -41,6 +41,12 @@ def test_importing_gyre_rl_pulls_in_no_service_dependency_and_packer_modules_no_
         "assert not bad, bad\n"
     )
     root = RL_DIR.parent.parent
-    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False,
-                            env={"PYTHONPATH": str(root), "PATH": ""})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PYTHONPATH": str(root), "PATH": ""},
+    )
     assert result.returncode == 0, result.stderr

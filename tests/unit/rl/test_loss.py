@@ -14,7 +14,9 @@ def t(values, dtype=F64):
 
 def run(logprobs, behaviour, advantages, index, coefficients, **kwargs):
     lp = t(logprobs).requires_grad_(True)
-    loss, metrics = gspo_loss(lp, t(behaviour), t(advantages), t(index, torch.int64), t(coefficients), **kwargs)
+    loss, metrics = gspo_loss(
+        lp, t(behaviour), t(advantages), t(index, torch.int64), t(coefficients), **kwargs
+    )
     if loss.requires_grad:
         loss.backward()
         grad = lp.grad
@@ -151,7 +153,13 @@ def test_mismatched_lengths_are_rejected():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"clip_low": 1.1}, {"clip_high": 0.9}, {"clip_low": 0.0}, {"token_ratio_cap": 0.0}, {"token_loss_cap": -1.0}],
+    [
+        {"clip_low": 1.1},
+        {"clip_high": 0.9},
+        {"clip_low": 0.0},
+        {"token_ratio_cap": 0.0},
+        {"token_loss_cap": -1.0},
+    ],
 )
 def test_objective_params_are_validated(kwargs):
     with pytest.raises(ValueError):
@@ -165,7 +173,13 @@ def test_objective_params_build_from_the_config_section():
 
 
 def test_metrics_merge_is_the_metrics_of_the_union():
-    args = ([-1.0, -2.0, -0.5, -3.0], [-1.2, -1.9, -0.6, -3.0], [1.0, -1.0], [0, 0, 1, 1], [0.25, 0.25, 0.25, 0.25])
+    args = (
+        [-1.0, -2.0, -0.5, -3.0],
+        [-1.2, -1.9, -0.6, -3.0],
+        [1.0, -1.0],
+        [0, 0, 1, 1],
+        [0.25, 0.25, 0.25, 0.25],
+    )
     _, whole, _ = run(*args)
     _, first, _ = run(args[0][:2], args[1][:2], [1.0], [0, 0], args[4][:2])
     _, second, _ = run(args[0][2:], args[1][2:], [-1.0], [0, 0], args[4][2:])

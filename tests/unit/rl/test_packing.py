@@ -65,8 +65,9 @@ def check_packing(rows, advantages, steps, budget, num_batch_executions):
                 assert np.array_equal(step.input_ids[a:b], row.token_ids)
                 assert np.array_equal(step.position_ids[a:b], np.arange(b - a))
                 assert np.array_equal(step.target_mask[a:b], row.target_mask)
-                assert np.array_equal(step.behaviour_logprobs[a:b][row.target_mask],
-                                      row.behaviour_logprobs[row.target_mask])
+                assert np.array_equal(
+                    step.behaviour_logprobs[a:b][row.target_mask], row.behaviour_logprobs[row.target_mask]
+                )
             num_targets = sum(r.num_targets for r in expected_rows)
             assert step.execution_num_targets[i] == num_targets
             assert step.advantages[i] == advantages[eid]

@@ -26,9 +26,9 @@ def model64() -> TinyLM:
 
 
 def flat_grad(model):
-    return torch.cat([
-        (p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()
-    ])
+    return torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()]
+    )
 
 
 def gradient_of(steps, model, **kwargs):
@@ -59,7 +59,9 @@ def test_packed_microstep_gives_each_rows_own_logprobs():
     ids = torch.as_tensor(step.input_ids, dtype=torch.int64)
     positions = torch.as_tensor(np.setdiff1d(np.arange(step.num_tokens), step.cu_seqlens[:-1]))
     with torch.no_grad():
-        logits = model(ids, torch.as_tensor(step.position_ids, dtype=torch.int64), torch.as_tensor(step.cu_seqlens))
+        logits = model(
+            ids, torch.as_tensor(step.position_ids, dtype=torch.int64), torch.as_tensor(step.cu_seqlens)
+        )
         packed = target_logprobs(logits, ids, positions).numpy()
     bounds = list(zip(step.cu_seqlens, step.cu_seqlens[1:], strict=False))
     alone_full = np.concatenate([logprobs_alone(model, step.input_ids[a:b]) for a, b in bounds])
@@ -106,7 +108,9 @@ def test_gradient_is_the_same_for_any_split_across_cells(seed, budget, num_cells
     merged = None
     for cell in range(num_cells):
         # each micro-step travels through the queue codec, as between processes
-        mine = [decode_microstep(encode_microstep(s)) for s, c in zip(steps, cell_of, strict=True) if c == cell]
+        mine = [
+            decode_microstep(encode_microstep(s)) for s, c in zip(steps, cell_of, strict=True) if c == cell
+        ]
         grad, metrics = gradient_of(mine, model)
         total += grad
         if metrics is not None:

@@ -20,7 +20,9 @@ def groups(seed, num_groups=5, group_size=4):
 @pytest.mark.parametrize("seed", range(4))
 def test_stream_emits_only_full_microsteps_until_closed(seed):
     budget, min_fill = 120, 0.8
-    stream = StreamPacker(batch_id="b", step=1, num_batch_executions=20, token_budget=budget, min_fill=min_fill)
+    stream = StreamPacker(
+        batch_id="b", step=1, num_batch_executions=20, token_budget=budget, min_fill=min_fill
+    )
     emitted = []
     for rows, advantages in groups(seed):
         new = stream.add(rows, advantages)
