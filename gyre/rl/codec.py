@@ -13,10 +13,12 @@ Layout (all integers little-endian):
     padding             to a multiple of 8
     data                the arrays, raw little-endian, each starting on an 8-byte boundary
 
-Only what cannot be derived is stored: token ids (int32), row boundaries, the execution of each
-row, the target mask as a bit set, and behaviour log-prob (float32) and coefficient (float64) at
-targets only. Position ids and per-token execution indices are rebuilt on decode. A typical agent
-row, where most tokens are tool output and prompts, costs a little over 4 bytes per token.
+Only what cannot be derived is stored: token ids (uint16 when every id fits, else int32), row
+boundaries, the execution of each row, the target mask as a bit set, the behaviour log-prob
+(float32) at targets only, and the coefficient once per execution (float64; per target only if a
+micro-step ever carries coefficients that vary inside an execution). Position ids and per-token
+execution indices are rebuilt on decode. With the byte tokenizer and a quarter of the tokens being
+targets, that is about 3 bytes per token.
 
     blob = encode_microstep(step)
     same = decode_microstep(blob)
@@ -40,6 +42,7 @@ _ALIGN = 8
 
 _DTYPES: dict[str, np.dtype[Any]] = {
     "i4": np.dtype("<i4"),
+    "u2": np.dtype("<u2"),
     "u1": np.dtype("<u1"),
     "f4": np.dtype("<f4"),
     "f8": np.dtype("<f8"),
@@ -57,13 +60,26 @@ def _pad(n: int) -> int:
 def encode_microstep(step: MicroStep) -> bytes:
     """Serialize a micro-step (see the module docstring for the layout)."""
     mask = step.target_mask
+    ids_code = (
+        "u2"
+        if step.num_tokens == 0 or (step.input_ids.min() >= 0 and step.input_ids.max() < 1 << 16)
+        else "i4"
+    )
+    target_coefficients = step.coefficients[mask]
+    target_execution = step.execution_index[mask]
+    per_execution = np.zeros(step.num_executions, dtype=np.float64)
+    per_execution[target_execution] = target_coefficients
+    if np.array_equal(per_execution[target_execution], target_coefficients):
+        coefficients = ("execution_coefficients", "f8", per_execution)
+    else:
+        coefficients = ("target_coefficients", "f8", target_coefficients)
     arrays: list[tuple[str, str, npt.NDArray[Any]]] = [
-        ("input_ids", "i4", step.input_ids),
+        ("input_ids", ids_code, step.input_ids),
         ("cu_seqlens", "i4", step.cu_seqlens),
         ("row_execution", "i4", step.row_execution),
         ("target_bits", "u1", np.packbits(mask, bitorder="little")),
         ("target_behaviour_logprobs", "f4", step.behaviour_logprobs[mask]),
-        ("target_coefficients", "f8", step.coefficients[mask]),
+        coefficients,
         ("advantages", "f8", step.advantages),
         ("execution_num_targets", "i4", step.execution_num_targets),
     ]
@@ -128,7 +144,6 @@ def decode_microstep(blob: bytes) -> MicroStep:
         row_execution = arrays["row_execution"].astype(np.int32)
         bits = arrays["target_bits"]
         behaviour = arrays["target_behaviour_logprobs"]
-        coefficients = arrays["target_coefficients"]
         advantages = arrays["advantages"].astype(np.float64)
         execution_num_targets = arrays["execution_num_targets"].astype(np.int32)
         execution_ids = tuple(str(x) for x in header["execution_ids"])
@@ -150,13 +165,21 @@ def decode_microstep(blob: bytes) -> MicroStep:
         raise CodecError("micro-step row boundaries are inconsistent")
     mask = np.unpackbits(bits, count=num_tokens, bitorder="little").astype(np.bool_)
     num_targets = int(mask.sum())
-    if len(behaviour) != num_targets or len(coefficients) != num_targets:
-        raise CodecError("micro-step target arrays disagree with the target mask")
+    if len(behaviour) != num_targets:
+        raise CodecError("micro-step behaviour log-probs disagree with the target mask")
     lengths = np.diff(cu_seqlens)
+    execution_index = np.repeat(row_execution, lengths).astype(np.int32)
+    if np.any(row_execution < 0) or np.any(row_execution >= len(execution_ids)):
+        raise CodecError("micro-step rows refer to executions it does not list")
     full_behaviour = np.zeros(num_tokens, dtype=np.float32)
     full_behaviour[mask] = behaviour
     full_coefficients = np.zeros(num_tokens, dtype=np.float64)
-    full_coefficients[mask] = coefficients
+    if "execution_coefficients" in arrays and len(arrays["execution_coefficients"]) == len(execution_ids):
+        full_coefficients[mask] = arrays["execution_coefficients"][execution_index[mask]]
+    elif "target_coefficients" in arrays and len(arrays["target_coefficients"]) == num_targets:
+        full_coefficients[mask] = arrays["target_coefficients"]
+    else:
+        raise CodecError("micro-step coefficients are missing or have the wrong length")
     batch_id, step, index, token_budget = scalars
     try:
         return MicroStep(
@@ -170,7 +193,7 @@ def decode_microstep(blob: bytes) -> MicroStep:
             target_mask=mask,
             behaviour_logprobs=full_behaviour,
             coefficients=full_coefficients,
-            execution_index=np.repeat(row_execution, lengths).astype(np.int32),
+            execution_index=execution_index,
             execution_ids=execution_ids,
             advantages=advantages,
             execution_num_targets=execution_num_targets,

@@ -47,6 +47,8 @@ class LossMetrics:
     token_ratio_sum: float = 0.0
     token_ratio_min: float = math.inf
     token_ratio_max: float = -math.inf
+    token_kl_sum: float = 0.0
+    """Σ (ρ_u − 1 − log ρ_u): the k3 estimate of KL(behaviour ‖ current policy), summed over targets."""
     num_executions: int = 0
     """Executions with at least one target."""
     num_clipped_executions: int = 0
@@ -65,6 +67,7 @@ class LossMetrics:
             token_ratio_sum=self.token_ratio_sum + other.token_ratio_sum,
             token_ratio_min=min(self.token_ratio_min, other.token_ratio_min),
             token_ratio_max=max(self.token_ratio_max, other.token_ratio_max),
+            token_kl_sum=self.token_kl_sum + other.token_kl_sum,
             num_executions=self.num_executions + other.num_executions,
             num_clipped_executions=self.num_clipped_executions + other.num_clipped_executions,
             seq_ratio_sum=self.seq_ratio_sum + other.seq_ratio_sum,
@@ -88,6 +91,7 @@ class LossMetrics:
             "token_ratio_mean": self.token_ratio_sum / t if t else nan,
             "token_ratio_min": self.token_ratio_min if t else nan,
             "token_ratio_max": self.token_ratio_max if t else nan,
+            "token_kl_mean": self.token_kl_sum / t if t else nan,
             "num_ratio_capped_tokens": float(self.num_ratio_capped_tokens),
             "num_loss_capped_tokens": float(self.num_loss_capped_tokens),
         }
@@ -233,6 +237,7 @@ def gspo_loss(
                 ratio64.sum(),
                 ratio64.min() if num_targets else inf,
                 ratio64.max() if num_targets else -inf,
+                (ratio64 - 1.0 - log_ratio.double()).sum(),
             ]
         ).tolist()
     metrics = LossMetrics(
@@ -244,6 +249,7 @@ def gspo_loss(
         token_ratio_sum=stats[4],
         token_ratio_min=stats[5],
         token_ratio_max=stats[6],
+        token_kl_sum=stats[7],
     )
     if execution_metrics:
         metrics = metrics.merge(sequence_metrics(advantages, log_s, counts, objective))

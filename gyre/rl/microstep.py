@@ -10,6 +10,9 @@ Per token: the target mask, the recorded behaviour log-prob, the coefficient `1/
 targets) and the index of the token's execution. Per execution: its id, advantage and number of
 targets L_i. Alignment follows `gyre.trajectory.row`: a target at token t is predicted by the
 logits at t - 1 of the same row, so the first token of a row is never a target.
+
+`row_chunks` splits a micro-step's rows into consecutive chunks under a token limit: how a cell
+trains a micro-step that exceeds its budget (see `gyre.rl.step_loss`).
 """
 
 from __future__ import annotations
@@ -109,3 +112,19 @@ class MicroStep:
     def row_execution(self) -> npt.NDArray[np.int32]:
         """[S] execution index of each row."""
         return self.execution_index[self.cu_seqlens[:-1]]
+
+
+def row_chunks(cu_seqlens: npt.NDArray[np.int32], chunk_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges [r0, r1) of at most `chunk_tokens` tokens (a longer row is alone)."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1; got {chunk_tokens}")
+    chunks: list[tuple[int, int]] = []
+    start = 0
+    num_rows = len(cu_seqlens) - 1
+    for r in range(1, num_rows + 1):
+        if r > start + 1 and int(cu_seqlens[r]) - int(cu_seqlens[start]) > chunk_tokens:
+            chunks.append((start, r - 1))
+            start = r - 1
+    if num_rows:
+        chunks.append((start, num_rows))
+    return chunks

@@ -34,7 +34,7 @@ import numpy.typing as npt
 import torch
 
 from gyre.rl.loss import DEFAULT_OBJECTIVE, LossMetrics, ObjectiveParams, gspo_loss, sequence_metrics
-from gyre.rl.microstep import MicroStep
+from gyre.rl.microstep import MicroStep, row_chunks
 
 LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """`logits_fn(input_ids, position_ids, cu_seqlens) -> logits [T, V]` (see the module docstring)."""
@@ -98,22 +98,6 @@ def target_logprobs(
     rows = rows.to(torch.promote_types(rows.dtype, torch.float32))
     picked = rows.gather(1, input_ids.index_select(0, target_positions).unsqueeze(1)).squeeze(1)
     return picked - torch.logsumexp(rows, dim=-1)
-
-
-def row_chunks(cu_seqlens: npt.NDArray[np.int32], chunk_tokens: int) -> list[tuple[int, int]]:
-    """Consecutive row ranges [r0, r1) of at most `chunk_tokens` tokens (a longer row is alone)."""
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be at least 1; got {chunk_tokens}")
-    chunks: list[tuple[int, int]] = []
-    start = 0
-    num_rows = len(cu_seqlens) - 1
-    for r in range(1, num_rows + 1):
-        if r > start + 1 and int(cu_seqlens[r]) - int(cu_seqlens[start]) > chunk_tokens:
-            chunks.append((start, r - 1))
-            start = r - 1
-    if num_rows:
-        chunks.append((start, num_rows))
-    return chunks
 
 
 def _target_slice(t: _Tensors, row_start: int, row_end: int) -> slice:

@@ -62,9 +62,25 @@ def test_round_trip_of_an_empty_microstep():
 def test_encoding_is_compact():
     for step in steps(1, budget=400):
         size = len(encode_microstep(step))
-        payload = 4 * step.num_tokens + step.num_tokens / 8 + 12 * step.num_targets
+        # 2-byte ids (they fit), 1 mask bit per token, a float32 per target, the rest per row/execution
+        payload = 2 * step.num_tokens + step.num_tokens / 8 + 4 * step.num_targets
         index_bytes = 8 * (step.num_rows + 1) + 24 * step.num_executions
         assert size <= payload + index_bytes + 1024  # 1 KiB for preamble, header and alignment
+
+
+def test_large_token_ids_round_trip():
+    step = steps()[0]
+    big = dataclasses.replace(step, input_ids=step.input_ids + 150_000)
+    decoded = decode_microstep(encode_microstep(big))
+    assert_same(decoded, big)
+    assert len(encode_microstep(big)) > len(encode_microstep(step))
+
+
+def test_coefficients_that_vary_inside_an_execution_round_trip():
+    step = steps()[0]
+    varied = step.coefficients * np.linspace(1.0, 2.0, step.num_tokens)
+    odd = dataclasses.replace(step, coefficients=varied)
+    assert_same(decode_microstep(encode_microstep(odd)), odd)
 
 
 def test_wrong_version_is_refused():

@@ -43,6 +43,8 @@ def test_matches_the_formula_on_a_hand_computed_example():
     assert metrics.num_clipped_executions == 0
     assert metrics.seq_ratio_min == pytest.approx(1.0)
     assert metrics.seq_ratio_max == pytest.approx(math.exp(0.002))
+    kl = sum(r - 1 - math.log(r) for r in rho)
+    assert metrics.summary()["token_kl_mean"] == pytest.approx(kl / 3, rel=1e-6)
 
 
 def test_execution_with_no_targets_contributes_nothing():

@@ -3,6 +3,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from gyre.rl.microstep import row_chunks
 from gyre.rl.packing import pack
 from tests.unit.rl.test_packing import random_rows
 
@@ -66,3 +67,12 @@ def test_target_counts_must_match(step):
 def test_execution_ids_are_distinct(step):
     broken(step, execution_ids=(step.execution_ids[0],) * step.num_executions)
     broken(step, advantages=step.advantages[:-1])
+
+
+def test_row_chunks():
+    cu = np.array([0, 5, 10, 15, 40, 42])
+    assert row_chunks(cu, 10) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert row_chunks(cu, 100) == [(0, 5)]
+    assert row_chunks(np.array([0]), 10) == []
+    with pytest.raises(ValueError):
+        row_chunks(cu, 0)
