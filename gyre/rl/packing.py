@@ -15,7 +15,10 @@ execution without targets (L_i = 0, e.g. a placeholder) contributes zero loss an
     steps = pack(rows, advantages, num_batch_executions=B * N, token_budget=8192, batch_id="b7", step=7)
 
 The record (`MicroStep`) and its bytes codec live in `gyre.rl.microstep` and `gyre.rl.codec`; they
-are re-exported here so a packer needs only this module.
+are re-exported here so a packer needs only this module. The cell side, a micro-step's loss given a
+logits function (chunked for oversize executions), is `gyre.rl.step_loss`: it needs torch, which
+this module and the packer do not. The stream buffer that feeds groups in one at a time is
+`gyre.rl.stream.StreamPacker`.
 """
 
 from __future__ import annotations

@@ -142,3 +142,25 @@ def test_bad_budget_or_denominator_is_rejected():
         pack(rows, advantages, num_batch_executions=2, token_budget=0)
     with pytest.raises(ValueError, match="B·N"):
         pack(rows, advantages, num_batch_executions=0, token_budget=10)
+
+
+def test_group_members_through_advantages_and_packing():
+    from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
+
+    rng = np.random.default_rng(5)
+    members = [
+        MemberOutcome("a", MemberStatus.VALID, 1.0),
+        MemberOutcome("b", MemberStatus.VALID, 0.0),
+        MemberOutcome("p", MemberStatus.PLACEHOLDER),
+        MemberOutcome("x", MemberStatus.EXCLUDED),
+    ]
+    group = group_advantages(members)
+    rows = rows_of(rng, "a", [12, 7]) + rows_of(rng, "b", [9])
+    (step,) = pack(rows, group.advantages, num_batch_executions=group.num_members, token_budget=100)
+    # the placeholder has an advantage but no rows, so it adds nothing; the excluded member still
+    # counts in B·N = 4: each execution's coefficients sum to 1/4, not 1/3
+    assert step.execution_ids == ("a", "b")
+    for i in range(2):
+        assert step.coefficients[step.execution_index == i].sum() == pytest.approx(1 / 4)
+    with pytest.raises(ValueError, match="no advantage"):
+        pack(rows_of(rng, "x", [5]), group.advantages, num_batch_executions=4, token_budget=100)
