@@ -153,7 +153,9 @@ def decode_microstep(blob: bytes) -> MicroStep:
             int(header["index"]),
             int(header["token_budget"]),
         )
-    except (KeyError, TypeError) as e:
+    except CodecError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
         raise CodecError(f"micro-step header is missing or mistypes a field: {e}") from e
     if len(input_ids) != num_tokens or len(bits) != (num_tokens + 7) // 8:
         raise CodecError("micro-step arrays disagree with the token count")

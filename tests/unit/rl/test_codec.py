@@ -130,6 +130,8 @@ def test_rewrite_header_without_edit_still_decodes():
         lambda h: h["arrays"][0].update(count=10**9),  # runs past the end
         lambda h: h["arrays"][0].update(dtype="q8"),  # unknown dtype
         lambda h: h.pop("step"),
+        lambda h: h.update(num_tokens="many"),
+        lambda h: h.update(arrays=7),
         lambda h: h["arrays"].pop(),  # a missing array
     ],
 )
