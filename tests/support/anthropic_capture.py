@@ -34,6 +34,8 @@ class Reply:
     tool_calls: tuple[tuple[str, Mapping[str, Any]], ...] = ()
     input_tokens: int = 100
     """Reported `usage.input_tokens` (a huge value makes Claude Code compact)."""
+    content: tuple[dict[str, Any], ...] | None = None
+    """Complete content blocks to send before `text` and `tool_calls` (e.g. from a recording proxy)."""
 
 
 Responder = Callable[[Mapping[str, Any], Mapping[str, str]], Reply]
@@ -139,7 +141,7 @@ class CaptureServer:
 
     def _message(self, reply: Reply, body: Mapping[str, Any]) -> dict[str, Any]:
         n = next(self._ids)
-        content: list[dict[str, Any]] = []
+        content: list[dict[str, Any]] = [dict(block) for block in reply.content or ()]
         if reply.text:
             content.append({"type": "text", "text": reply.text})
         for i, (name, tool_input) in enumerate(reply.tool_calls):
@@ -152,7 +154,7 @@ class CaptureServer:
             "role": "assistant",
             "model": body.get("model", "capture"),
             "content": content,
-            "stop_reason": "tool_use" if reply.tool_calls else "end_turn",
+            "stop_reason": "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn",
             "stop_sequence": None,
             "usage": {"input_tokens": reply.input_tokens, "output_tokens": 10},
         }
@@ -165,55 +167,34 @@ def _sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         ("message_start", {"type": "message_start", "message": start}),
         ("ping", {"type": "ping"}),
     ]
-    for index, block in enumerate(message["content"]):
-        if block["type"] == "text":
+
+    def block_events(index: int, empty: dict[str, Any], deltas: list[dict[str, Any]]) -> None:
+        events.append(
+            ("content_block_start", {"type": "content_block_start", "index": index, "content_block": empty})
+        )
+        for delta in deltas:
             events.append(
-                (
-                    "content_block_start",
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "text", "text": ""},
-                    },
-                )
-            )
-            events.append(
-                (
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "text_delta", "text": block["text"]},
-                    },
-                )
-            )
-        else:
-            events.append(
-                (
-                    "content_block_start",
-                    {"type": "content_block_start", "index": index, "content_block": dict(block, input={})},
-                )
-            )
-            events.append(
-                (
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
-                    },
-                )
+                ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
             )
         events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
-    events.append(
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                "usage": {"output_tokens": message["usage"]["output_tokens"]},
-            },
-        )
-    )
+
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            block_events(index, {"type": "text", "text": ""}, [{"type": "text_delta", "text": block["text"]}])
+        elif block["type"] == "thinking":
+            block_events(
+                index,
+                {"type": "thinking", "thinking": ""},
+                [
+                    {"type": "thinking_delta", "thinking": block["thinking"]},
+                    {"type": "signature_delta", "signature": block["signature"]},
+                ],
+            )
+        else:
+            partial = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            block_events(index, dict(block, input={}), [partial])
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    usage = {"output_tokens": message["usage"]["output_tokens"]}
+    events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
     events.append(("message_stop", {"type": "message_stop"}))
     return events

@@ -76,7 +76,8 @@ class EmbeddedTemplate(ChatTemplate):
         texts: list[str] = []
         for block in message.blocks:
             if isinstance(block, ToolResultBlock):
-                self._flush(ids, message.role, texts)
+                if texts:
+                    self._flush(ids, message.role, texts)
                 header = "tool error\n" if block.is_error else "tool\n"
                 ids += [self.im_start, *_bytes(header + block.content), self.im_end]
             elif isinstance(block, TextBlock):
