@@ -352,26 +352,15 @@ class TrajectoryTree:
         return node
 
     def _match_hot(self, root: Node, digests: list[bytes]) -> list[Node]:
-        """Longest hot-path prefix of the request's digests under `root` (C-level comparisons)."""
+        """Longest hot-path prefix of the request's digests under `root`."""
         best: list[Node] = []
-        for hot_digests, hot_nodes in self._hot:
-            if hot_nodes[0].parent is not root:
-                continue
-            n = min(len(hot_digests), len(digests))
-            if n <= len(best):
-                continue
-            if digests[:n] == hot_digests[:n]:
-                best = hot_nodes[:n]
-                continue
-            lo, hi = 0, n  # invariant: digests[:lo] matches, digests[:hi] does not
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if digests[:mid] == hot_digests[:mid]:
-                    lo = mid
-                else:
-                    hi = mid
-            if lo > len(best):
-                best = hot_nodes[:lo]
+        for hot_digests, hot_nodes in self._hot:  # most recent first
+            if hot_nodes[0].parent is root:
+                k = _common_prefix(digests, hot_digests, len(best))
+                if k > len(best):
+                    best = hot_nodes[:k]
+                if len(best) >= len(digests) - 2:
+                    break  # the dictionary walk finishes the last steps
         return best
 
     def _remember_hot(self, prepared: PreparedCall, chain: list[Node], output: Message, leaf: Node) -> None:
@@ -380,3 +369,23 @@ class TrajectoryTree:
         entry = ([*prepared.digests, output.digest], nodes)
         keep = [h for h in self._hot if not (len(h[1]) <= len(nodes) and nodes[len(h[1]) - 1] is h[1][-1])]
         self._hot = [entry, *keep[: _NUM_HOT_PATHS - 1]]
+
+
+def _common_prefix(a: list[bytes], b: list[bytes], floor: int) -> int:
+    """Length of the common prefix of `a` and `b` when it exceeds `floor` (else any value ≤ floor),
+    by C-level slice comparisons: the whole length, then one or two shorter (a new tool result
+    after the echo of the recorded output, which the dictionary walk restores), then bisection."""
+    n = min(len(a), len(b))
+    for k in (n, n - 1, n - 2):
+        if k <= floor:
+            return 0
+        if a[k - 1] == b[k - 1] and a[:k] == b[:k]:
+            return k
+    lo, hi = 0, n - 2  # a[:lo] matches, a[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

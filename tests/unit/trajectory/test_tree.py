@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gyre.trajectory import (
     CallMeta,
@@ -21,6 +23,7 @@ from gyre.trajectory import (
 from gyre.trajectory.anthropic import to_anthropic_content
 from gyre.trajectory.node import NodeKind
 from gyre.trajectory.stats import tree_stats
+from gyre.trajectory.tree import _common_prefix
 
 from .harness_sim import CALL_END, CALL_START, IM_END, TOOLS, run_script
 
@@ -238,3 +241,14 @@ def test_codec_round_trip_rebuilds_an_equivalent_tree() -> None:
     sim.tree = rebuilt  # the rebuilt tree keeps restoring and matching: no new branch
     sim.step()
     assert len(rebuilt.nodes) == sim.expected_nodes()
+
+
+@given(
+    a=st.lists(st.sampled_from([b"x", b"y", b"z"]), max_size=12),
+    b=st.lists(st.sampled_from([b"x", b"y", b"z"]), max_size=12),
+    floor=st.integers(0, 4),
+)
+def test_common_prefix_of_hot_paths(a: list[bytes], b: list[bytes], floor: int) -> None:
+    true = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    got = _common_prefix(a, b, floor)
+    assert got == true if true > floor else got <= floor
