@@ -99,7 +99,7 @@ class Message:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise RequestError(f"unknown role {self.role!r}; expected one of {sorted(ROLES)}", "role")
-        object.__setattr__(self, "digest", _digest(canonical_form(self)))
+        object.__setattr__(self, "digest", _digest_form(canonical_form(self)))
 
     @classmethod
     def text(cls, role: Role, text: str) -> Message:
@@ -189,7 +189,10 @@ def canonical_form(message: Message) -> list[Any]:
 
 def root_digest(system: str, tools: tuple[ToolSpec, ...]) -> bytes:
     """Key of a root child: the (volatile-free) system prompt and the tool definitions."""
-    return _digest(["root", system, [t.canonical() for t in tools]])
+    tools_json = json.dumps(
+        [t.canonical() for t in tools], ensure_ascii=False, sort_keys=True, separators=(",", ":")
+    )
+    return _digest_form(["root", system, tools_json])
 
 
 def chain_digest(parent: bytes, digest: bytes) -> bytes:
@@ -197,8 +200,24 @@ def chain_digest(parent: bytes, digest: bytes) -> bytes:
     return hashlib.blake2b(parent + digest, digest_size=DIGEST_SIZE).digest()
 
 
-def _digest(form: list[Any]) -> bytes:
-    data = json.dumps(form, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode(
-        "utf-8", "surrogatepass"
-    )
-    return hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest()
+def _digest_form(form: list[Any]) -> bytes:
+    """Hash a canonical form of strings, booleans and nested lists with length-prefixed framing
+    (no JSON pass over large texts: a history is hashed at memory speed)."""
+    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    _feed(h, form)
+    return h.digest()
+
+
+def _feed(h: Any, item: Any) -> None:
+    if isinstance(item, str):
+        data = item.encode("utf-8", "surrogatepass")
+        h.update(b"s" + len(data).to_bytes(8, "little"))
+        h.update(data)
+    elif isinstance(item, bool):
+        h.update(b"t" if item else b"f")
+    elif isinstance(item, list):
+        h.update(b"l" + len(item).to_bytes(8, "little"))
+        for x in item:
+            _feed(h, x)
+    else:
+        raise TypeError(f"cannot hash {type(item).__name__} in a canonical form")

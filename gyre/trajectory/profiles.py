@@ -230,13 +230,26 @@ GENERIC = HarnessProfile.from_dict(
     }
 )
 
+# Codex: the compaction prompt and the prefix of the post-compaction summary are strings found in
+# the Codex 0.171.0 binary; that it sends the first as the last user message of a summary request
+# to a custom provider is an assumption, not an observation. Sub-agents (`spawn_agent`) carry no
+# known marker, so they need the generic labels.
 CODEX = HarnessProfile.from_dict(
     {
         "name": "codex",
-        "description": "Codex CLI (OpenAI Responses API; system prompt as `instructions` or a developer message). "
-        "Calls are main/task unless labelled with the generic x-gyre-* headers.",
+        "description": "Codex CLI (OpenAI Responses API; system prompt as `instructions` or a developer message).",
         "apis": ["openai_responses"],
-        "rules": _LABEL_HEADER_RULES,
+        "rules": [
+            *_LABEL_HEADER_RULES,
+            {
+                "when": [{"last_user_startswith": "You are performing a CONTEXT CHECKPOINT COMPACTION"}],
+                "request_kind": "summary",
+            },
+            {
+                "when": [{"first_user_startswith": "Another language model started to solve this problem"}],
+                "tag": "post_compaction",
+            },
+        ],
     }
 )
 

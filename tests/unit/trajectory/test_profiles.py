@@ -121,6 +121,23 @@ def test_generic_headers_and_codex() -> None:
         )
     )
     assert codex.leaf_class is LeafClass.MAIN and codex.system == "Codex prompt"
+    compaction = from_openai_responses(
+        {
+            "input": [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "input_text",
+                            "text": "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary.",
+                        }
+                    ],
+                },
+            ]
+        }
+    )
+    assert get_profile("codex").classify(compaction).leaf_class is LeafClass.MAIN_SUMMARY
     with pytest.raises(ValueError, match="unknown harness profile"):
         get_profile("nope")
 
