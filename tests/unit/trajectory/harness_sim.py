@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profile, make_template
+from gyre.trajectory import CallMeta, PreparedCall, TrajectoryTree, from_anthropic, get_profile, make_template
 from gyre.trajectory.anthropic import to_anthropic_content
 
 CALL_START, CALL_END, IM_END = 259, 260, 258
@@ -130,12 +130,28 @@ class SimulatedExecution:
         agent.keys = [self._key("task")]
         return agent
 
+    def parallel_step(self, agents: list[Agent]) -> None:
+        """Calls of several agents in flight at once: all prepared first, committed in reverse order."""
+        prepared = [
+            self.tree.prepare(from_anthropic(self._body(a, a.messages), self._headers(a))) for a in agents
+        ]
+        done = [
+            self._call(a, a.messages, prepared=p)
+            for a, p in reversed(list(zip(agents, prepared, strict=True)))
+        ]
+        for agent, (output_key, content) in zip(reversed(agents), done, strict=True):
+            self._continue(agent, output_key, content)
+
     def _call(
-        self, agent: Agent, messages: list[dict[str, Any]], keys: list[str] | None = None
+        self,
+        agent: Agent,
+        messages: list[dict[str, Any]],
+        keys: list[str] | None = None,
+        prepared: PreparedCall | None = None,
     ) -> tuple[str, list[dict[str, Any]]]:
         self.num_requests += 1
-        request = from_anthropic(self._body(agent, messages), self._headers(agent))
-        prepared = self.tree.prepare(request)
+        if prepared is None:
+            prepared = self.tree.prepare(from_anthropic(self._body(agent, messages), self._headers(agent)))
         ids = self._sample()
         logprobs = [-self.rng.random() for _ in ids]
         result = self.tree.commit(
@@ -230,7 +246,7 @@ def _echo(block: dict[str, Any]) -> dict[str, Any]:
 
 def run_script(seed: int, actions: list[str]) -> SimulatedExecution:
     """Run a list of actions: step, retry, abandon, compact, sub (starts or advances a sub-agent),
-    sub_compact, sub_end."""
+    parallel (a main and a sub-agent call in flight together), sub_compact, sub_end."""
     sim = SimulatedExecution(seed)
     sub: Agent | None = None
     for action in actions:
@@ -246,6 +262,10 @@ def run_script(seed: int, actions: list[str]) -> SimulatedExecution:
             if sub is None:
                 sub = sim.delegate()
             sim.step(sub)
+        elif action == "parallel":
+            if sub is None:
+                sub = sim.delegate()
+            sim.parallel_step([sim.main, sub])
         elif action == "sub_compact" and sub is not None:
             sim.compact(sub)
         elif action == "sub_end" and sub is not None:

@@ -22,7 +22,7 @@ ACTIONS = st.lists(
     min_size=1,
     max_size=24,
 )
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
