@@ -11,7 +11,9 @@ did not match; a rejected or failed call therefore changes nothing. `commit` app
 message nodes and the output node, and stays correct when other calls of the same execution
 committed in between (sub-agents run in parallel with the main agent): it re-checks each new
 message against the children present at commit time and reuses what another call added. An
-output identical to a sibling output (same digest) is not stored twice.
+output identical to a sibling (same digest, e.g. a retry that sampled the same text) is not stored
+twice: the commit returns the existing node with `deduplicated=True`, and the first sample's
+log-probs and metadata stay the record.
 
 A recently extended path is kept as a "hot path" (digest list + nodes): a harness that resends
 its history plus one message matches it with one C-level list comparison instead of a Python
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from gyre.trajectory.codec import decode_node
 from gyre.trajectory.messages import Api, Message, ModelRequest, RequestError, chain_digest, root_digest
 from gyre.trajectory.node import CallMeta, Node, NodeKind
 from gyre.trajectory.output import AssistantOutput
@@ -292,9 +295,8 @@ class TrajectoryTree:
         blobs: Iterable[bytes],
         closed: bool = False,
     ) -> TrajectoryTree:
-        """Rebuild a tree from `encode_node` bytes of all its nodes, in any order."""
-        from gyre.trajectory.codec import decode_node
-
+        """Rebuild a tree from `encode_node` bytes of all its nodes, in any order. `closed` is kept
+        by the caller with the tree (the proxy stores it next to the nodes)."""
         tree = cls(execution_id, template, profile)
         for node, parent_id in sorted((decode_node(b) for b in blobs), key=lambda d: d[0].node_id):
             tree._adopt(node, parent_id)
