@@ -198,6 +198,7 @@ def test_pods_meet_the_restricted_pod_security_profile(rendered: dict[str, list[
         pod = workload["spec"]["template"]["spec"]
         for host_field in ("hostNetwork", "hostPID", "hostIPC"):
             assert not pod.get(host_field, False), f"{name}: {host_field}"
+        assert pod["automountServiceAccountToken"] is False, f"{name}: no pod needs a Kubernetes API token yet"
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         assert pod["securityContext"]["runAsUser"] > 0, name
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
