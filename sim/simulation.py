@@ -408,7 +408,9 @@ class Simulation:
             steps=self._steps,
             total_s=now,
             step_end_s=list(self._step_end_s),
-            staleness=list(s.staleness),
+            staleness=[
+                r for r in s.staleness if r.train_version < self._steps
+            ],  # not the next, untrained batch
             expected_staleness=self.params.expected_staleness,
             rollout_utilization=self._running_area / self._capacity_area if self._capacity_area else 0.0,
             training_utilization=usage.area_s[TRAINING_BUSY] / training_time if training_time else 0.0,

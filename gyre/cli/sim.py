@@ -22,13 +22,26 @@ sim_app = typer.Typer(
 )
 
 
-def _preset(name: str) -> Any:
+def _preset(name: str, node_tokens_per_s: float | None = None) -> Any:
+    from dataclasses import replace
+
     from sim.presets import PRESETS
 
     if name not in PRESETS:
         typer.echo(f"error: unknown preset {name!r}; choose one of: {', '.join(PRESETS)}", err=True)
         raise typer.Exit(2)
-    return PRESETS[name]
+    preset = PRESETS[name]
+    if node_tokens_per_s is not None:
+        if node_tokens_per_s <= 0:
+            typer.echo(f"error: --node-tokens-per-s must be > 0; got {node_tokens_per_s}", err=True)
+            raise typer.Exit(2)
+        preset = replace(preset, training=replace(preset.training, node_tokens_per_s=node_tokens_per_s))
+    return preset
+
+
+_THROUGHPUT_HELP = (
+    "Override the preset's training throughput (trained tokens/s per node): its least certain number."
+)
 
 
 @sim_app.command("run")
@@ -52,6 +65,9 @@ def run(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the role timeline PNG here.")] = None,
+    node_tokens_per_s: Annotated[
+        float | None, typer.Option("--node-tokens-per-s", help=_THROUGHPUT_HELP)
+    ] = None,
 ) -> None:
     """Simulate one configuration: total time, per-step times, staleness, utilization, timeline."""
     from dataclasses import replace
@@ -60,7 +76,7 @@ def run(
     from sim.layout import Layout
     from sim.simulation import Simulation
 
-    p = _preset(preset)
+    p = _preset(preset, node_tokens_per_s)
     try:
         layout = Layout.default(p, Mode(mode), phi=phi, mu=mu, streaming=streaming)
         if cells is not None or cell_nodes is not None or pool_nodes or training_cells is not None:
@@ -128,11 +144,14 @@ def ablation(
     ] = 12,
     seed: Annotated[int, typer.Option("--seed", help="Workload seed, shared by all configurations.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line.")] = False,
+    node_tokens_per_s: Annotated[
+        float | None, typer.Option("--node-tokens-per-s", help=_THROUGHPUT_HELP)
+    ] = None,
 ) -> None:
     """Run the paper's Table 2 configurations; print each total, its ratio to E0 and the paper's."""
     from sim.ablation import run_ablation
 
-    p = _preset(preset)
+    p = _preset(preset, node_tokens_per_s)
     started = time.perf_counter()
     try:
         outcomes = run_ablation(p, steps=steps, seed=seed)
@@ -167,6 +186,7 @@ def ablation(
                     "steps": steps,
                     "seed": seed,
                     "fastest": fastest,
+                    "node_tokens_per_s": p.training.node_tokens_per_s,
                     "configs": configs,
                     "wall_s": round(wall_s, 2),
                 }
