@@ -172,7 +172,7 @@ def ablation(
             "ratio_vs_e0": round(o.ratio_vs_e0, 3),
             "paper_total_h": o.row.paper_total_h,
             "paper_ratio_vs_e0": o.row.paper_ratio_vs_e0,
-            "mean_staleness": round(o.result.mean_staleness() or 0.0, 3),
+            "mean_staleness_all_steps": round(o.result.mean_staleness() or 0.0, 3),
             "rollout_utilization": round(o.result.rollout_utilization, 3),
             "training_utilization": round(o.result.training_utilization, 3),
         }

@@ -213,9 +213,11 @@ class Policy:
 
     def _on_weights_published(self, e: WeightsPublished, out: list[Action]) -> None:
         s = self._s
-        if not s.publishing or e.version != s.burst_start_version:
-            raise ValueError(f"weights of version {e.version} published, but none was pending")
-        s.publishing = False
+        if not s.pending_publications or e.version != s.pending_publications[0]:
+            raise ValueError(
+                f"weights of version {e.version} published, but {s.pending_publications} were pending"
+            )
+        s.pending_publications.pop(0)
         s.published_version = e.version
         s.burst += 1
         self._dispatch(self.params.burst_dispatch_groups, out)
@@ -286,7 +288,7 @@ class Policy:
     def _maybe_join(self, out: list[Action]) -> None:
         """Waterlevel control: the next unit joins when Eq. 2 holds and supply held for τ."""
         s, p = self._s, self.params
-        if p.mode is Mode.ASYNC or s.publishing or s.batch_step is None:
+        if p.mode is Mode.ASYNC or s.pending_publications or s.batch_step is None:
             return
         if any(r in IN_TRANSITION for r in s.roles):  # transitions are serial
             return
@@ -333,7 +335,7 @@ class Policy:
                 leaves = cell > 0 or not stays
                 if role is Role.TRAINING and (leaves if p.mode is Mode.ELASTIC else not stays):
                     self._begin_transition(cell, Role.ROLLOUT, out)
-        s.publishing = True
+        s.pending_publications.append(s.version)
         s.burst_start_version = s.version
         out.append(PublishWeights(s.version))
         self._open_batch(out)

@@ -47,8 +47,9 @@ class PolicyState:
     burst: int = 0
     """Bursts completed (weight publications)."""
     run_started: bool = False
-    publishing: bool = False
-    """Between the end of a burst and WeightsPublished: no dispatch, no joins."""
+    pending_publications: list[int] = field(default_factory=list)
+    """Versions sent to PublishWeights and not yet published, oldest first. While one is pending no
+    cell joins, and its WeightsPublished brings the next boundary dispatch."""
     batch_step: int | None = None
     """Step of the open batch (None between StepCompleted and OpenBatch)."""
     batch_packed: int = 0

@@ -35,7 +35,7 @@ def _started() -> Scenario:
         (ExecutionStarted(10.0, "late", 0), "without a reservation"),
         (StepCompleted(10.0, 2), "expected 1"),
         (TransitionCompleted(10.0, 1, Role.TRAINING), "while rollout"),
-        (WeightsPublished(10.0, 0), "none was pending"),
+        (WeightsPublished(10.0, 0), r"but \[\] were pending"),
     ],
 )
 def test_contradicting_events_raise(event, message):

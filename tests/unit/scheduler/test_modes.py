@@ -107,3 +107,28 @@ def test_expected_staleness_is_phi_plus_half_mu_minus_one(mode, phi, mu, expecte
     assert sc.params.expected_staleness == expected
     assert sc.params.initial_dispatch_groups == round((phi + mu) * 4)
     assert sc.params.burst_dispatch_groups == mu * 4
+
+
+def test_publications_may_complete_after_the_next_step_and_each_brings_its_dispatch():
+    # Async, μ = 1: the core trains batch 1 before the weights of version 1 reach the engines.
+    sc = Scenario(
+        mode=Mode.ASYNC,
+        num_cells=2,
+        async_training_cells=1,
+        cell_capacity=4,
+        group_size=1,
+        batch_groups=1,
+        phi=1.0,
+        mu=1,
+    )
+    sc.start()
+    sc.transitioned(0, Role.TRAINING)
+    sc.finish_group("g0")
+    sc.finish_group("g1")
+    assert PublishWeights(1) in sc.train_batch(0, ["g0"])
+    assert PublishWeights(2) in sc.train_batch(1, ["g1"])
+    with pytest.raises(ValueError, match=r"\[1, 2\] were pending"):
+        sc.published(2)
+    assert DispatchGroups(num_groups=1, group_size=1, policy_version=1) in sc.published(1)
+    assert DispatchGroups(num_groups=1, group_size=1, policy_version=2) in sc.published(2)
+    assert sc.snapshot.published_version == 2 and sc.snapshot.burst == 2
