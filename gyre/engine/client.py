@@ -330,7 +330,8 @@ class EngineClient:
 
     async def get_weight_version(self) -> str | None:
         info = orjson.loads((await self._call("GET", "/get_weight_version")).content)
-        return info.get("weight_version")
+        version = info.get("weight_version")
+        return None if version is None else str(version)
 
     # ---- KV migration (embedded engine only) -------------------------------------------------
 

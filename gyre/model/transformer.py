@@ -103,7 +103,8 @@ class Attention(nn.Module):
             if end > start:
                 qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
                 out[start:end] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).transpose(0, 1)
-        return self.o_proj(out.reshape(x.shape))
+        projected: torch.Tensor = self.o_proj(out.reshape(x.shape))
+        return projected
 
     def forward_paged(
         self,
@@ -130,7 +131,8 @@ class Attention(nn.Module):
             values.transpose(1, 2).to(q.dtype),
             attn_mask=batch.mask,
         )
-        return self.o_proj(out.transpose(1, 2).reshape(x.shape))
+        projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(x.shape))
+        return projected
 
 
 class MLP(nn.Module):
@@ -141,7 +143,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.ffn_hidden, config.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class Block(nn.Module):
@@ -208,7 +211,8 @@ class GyreLM(nn.Module):
             assert isinstance(layer, Block)
             h = h + layer.attn(layer.attn_norm(h), position_ids, bounds, self.rotary)
             h = h + layer.mlp(layer.mlp_norm(h))
-        return self.lm_head(self.norm(h))
+        logits: torch.Tensor = self.lm_head(self.norm(h))
+        return logits
 
     def forward_paged(
         self,
@@ -229,7 +233,8 @@ class GyreLM(nn.Module):
             h = h + layer.mlp(layer.mlp_norm(h))
         if last_index is not None:
             h = h[torch.arange(h.shape[0]), last_index]
-        return self.lm_head(self.norm(h))
+        logits: torch.Tensor = self.lm_head(self.norm(h))
+        return logits
 
 
 def build_model(config: ModelConfig, seed: int = 0) -> GyreLM:

@@ -13,6 +13,10 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gyre.config import EngineSection, ModelSection
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,8 +27,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=None, help="override cell_agent.engine.port")
     args = parser.parse_args(argv)
 
+    import structlog
+
     from gyre.config import load_config
 
+    # stdout carries the one machine-readable line; logs go to stderr.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     config = load_config(args.config)
     section = config.cell_agent.engine
     if args.port is not None:
@@ -32,14 +40,14 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(_serve(section, config.model))
 
 
-async def _serve(section: object, model_section: object) -> None:
+async def _serve(section: EngineSection, model_section: ModelSection) -> None:
     from services.cell_agent.engine.server import EngineServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with EngineServer(section, model_section=model_section) as engine:  # type: ignore[arg-type]
+    async with EngineServer(section, model_section=model_section) as engine:
         sys.stdout.write(json.dumps({"url": engine.url}) + "\n")
         sys.stdout.flush()
         await stop.wait()

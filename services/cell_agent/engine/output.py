@@ -68,7 +68,7 @@ class OutputBuilder:
                 text = text[: pos + len(matched)] if params.no_stop_trim else text[:pos]
         return text
 
-    def _meta(self, first: int) -> dict[str, Any]:
+    def _meta(self, first: int, weight_version: str) -> dict[str, Any]:
         state = self._state
         meta: dict[str, Any] = {
             "id": state.rid,
@@ -76,7 +76,7 @@ class OutputBuilder:
             "prompt_tokens": state.num_prompt,
             "completion_tokens": state.num_output,
             "cached_tokens": max(state.num_cached, 0),
-            "weight_version": None,
+            "weight_version": weight_version,
             "e2e_latency": (state.finish_s or time.monotonic()) - state.arrival_s,
         }
         if state.request.return_logprob:
@@ -100,15 +100,16 @@ class OutputBuilder:
         out = {
             "text": text[len(self._sent_text) :] if self._incremental else text,
             "output_ids": ids[first:],
-            "meta_info": self._meta(first),
+            "meta_info": self._meta(first, weight_version),
         }
-        out["meta_info"]["weight_version"] = weight_version
         self._sent_ids = len(ids)
         self._sent_text = text
         return out
 
     def final(self, weight_version: str) -> dict[str, Any]:
         """The non-streaming response."""
-        out = {"text": self.final_text(), "output_ids": self._state.output_ids, "meta_info": self._meta(0)}
-        out["meta_info"]["weight_version"] = weight_version
-        return out
+        return {
+            "text": self.final_text(),
+            "output_ids": self._state.output_ids,
+            "meta_info": self._meta(0, weight_version),
+        }
