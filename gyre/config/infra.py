@@ -23,9 +23,7 @@ class RunSection(Section):
     @classmethod
     def _id_is_token(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", v):
-            raise ValueError(
-                f"run id must be 1-64 letters, digits, '_' or '-' (it is a NATS subject token); got {v!r}"
-            )
+            raise ValueError(f"run id must be 1-64 letters, digits, '_' or '-' (it is a NATS subject token); got {v!r}")
         return v
 
     @property

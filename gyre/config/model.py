@@ -32,7 +32,5 @@ class ModelSection(Section):
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSection:
         if self.d_model % self.num_heads:
-            raise ValueError(
-                f"num_heads must divide d_model; got d_model={self.d_model}, num_heads={self.num_heads}"
-            )
+            raise ValueError(f"num_heads must divide d_model; got d_model={self.d_model}, num_heads={self.num_heads}")
         return self
