@@ -74,6 +74,8 @@ class EngineCore:
     def submit(self, request: GenerateRequest, notify: Callable[[], None]) -> RequestState:
         if self.failed is not None:
             raise RequestError(f"the engine loop has failed: {self.failed}", 500)
+        if self._stopping:
+            raise RequestError("the engine is shutting down", 503)
         if request.rid in self._by_rid:
             raise RequestError(f"Duplicate request ID {request.rid!r}: a request with this rid is in flight")
         for t in request.input_ids:
@@ -90,6 +92,8 @@ class EngineCore:
         """Run `fn` on the loop between two steps and return its result (or raise its error)."""
         if self.failed is not None:
             raise BackendError(f"the engine loop has failed: {self.failed}", 500)
+        if self._stopping:
+            raise BackendError("the engine is shutting down", 503)
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._commands.append((fn, future))
         self._wake.set()
@@ -144,7 +148,9 @@ class EngineCore:
                 self.backend.commit(plan)
                 self._process(sampled)
                 self.num_steps += 1
-        except BaseException as e:
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
             self.failed = e
             self._fail_everything(e)
             raise

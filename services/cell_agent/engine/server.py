@@ -114,7 +114,9 @@ class EngineServer:
             seed=self.section.seed,
         )
         self._core_task = asyncio.create_task(self._core.run(), name="engine-core")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+        # and without it small responses wait ~40 ms on Nagle + delayed ACK.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.section.host, self.section.port))
         sock.listen(128)
@@ -139,9 +141,19 @@ class EngineServer:
         return self
 
     async def stop(self, timeout_s: float = 5.0) -> None:
+        """Health goes 503, in-flight requests end with an abort (503), then HTTP closes."""
         if self._stopped:
             return
         self._stopped = True
+        error: BaseException | None = None
+        if self._core is not None and self._core_task is not None:
+            self._core.stop()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._core_task), timeout=timeout_s)
+            except TimeoutError:
+                self._core_task.cancel()
+            except Exception as e:  # the loop's own failure, raised below once cleanup is done
+                error = e
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             try:
@@ -151,15 +163,6 @@ class EngineServer:
                 self._http_task.cancel()
         if self._socket is not None:
             self._socket.close()
-        error: BaseException | None = None
-        if self._core is not None and self._core_task is not None:
-            self._core.stop()
-            try:
-                await asyncio.wait_for(self._core_task, timeout=timeout_s)
-            except TimeoutError:
-                self._core_task.cancel()
-            except Exception as e:  # the loop's own failure, raised below once cleanup is done
-                error = e
         log.info("engine_stopped", url=self.url)
         if error is not None:
             raise error

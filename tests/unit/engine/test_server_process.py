@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gyre.engine import EngineClient, EngineServerError
 from services.cell_agent.engine import EngineServer
-from tests.unit.engine.helpers import engine_section
+from tests.unit.engine.helpers import engine_section, small_model
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -53,3 +54,21 @@ async def test_an_unknown_output_source_names_the_choices() -> None:
 def test_the_embedded_server_refuses_the_sglang_backend() -> None:
     with pytest.raises(ValueError, match="embedded"):
         EngineServer(engine_section(backend="sglang"))
+
+
+async def test_a_crashing_step_fails_requests_turns_unhealthy_and_is_raised_on_stop() -> None:
+    server = await EngineServer(engine_section(), model=small_model()).start()
+    backend = server.core.backend
+
+    def broken(plan: object) -> list[object]:
+        raise RuntimeError("kernel exploded")
+
+    backend.execute = broken  # type: ignore[method-assign]
+    async with EngineClient(server.url) as client:
+        with pytest.raises(EngineServerError, match="kernel exploded"):
+            await client.generate([1, 2, 3], {"max_new_tokens": 2})
+        assert not await client.health()
+        with pytest.raises(EngineServerError, match="failed"):
+            await client.generate([1], {})
+    with pytest.raises(RuntimeError, match="kernel exploded"):
+        await server.stop()
