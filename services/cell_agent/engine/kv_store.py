@@ -115,6 +115,13 @@ class KVStore:
             self.blocks.incref(block)
         covered = len(shared) * bs
         needed = -(-len(tokens) // bs) - len(shared)
+        if -(-len(tokens) // bs) > self.num_blocks - 1:
+            self.blocks.release(held)
+            raise BackendError(
+                f"request needs {-(-len(tokens) // bs)} KV blocks, the pool has {self.num_blocks - 1}; "
+                "raise cell_agent.engine.kv_cache_tokens",
+                507,
+            )
         if needed + headroom_blocks > self.blocks.num_free:
             self.blocks.release(held)
             return False

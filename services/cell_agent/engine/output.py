@@ -2,7 +2,7 @@
 
     {"text": ..., "output_ids": [...],
      "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
-                   "weight_version", "e2e_latency",
+                   "weight_version", "num_retractions", "e2e_latency",
                    "output_token_logprobs": [[logprob, token_id, text | null], ...]   # return_logprob
                    "input_token_logprobs": []}}                                      # return_logprob
 
@@ -77,6 +77,7 @@ class OutputBuilder:
             "completion_tokens": state.num_output,
             "cached_tokens": max(state.num_cached, 0),
             "weight_version": weight_version,
+            "num_retractions": state.num_retractions,
             "e2e_latency": (state.finish_s or time.monotonic()) - state.arrival_s,
         }
         if state.request.return_logprob:

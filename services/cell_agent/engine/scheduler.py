@@ -60,6 +60,7 @@ class EngineCore:
         self.paused: str | None = None
         self.failed: BaseException | None = None
         self.num_steps = 0
+        self.num_retractions = 0
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
         self._by_rid: dict[str, RequestState] = {}
@@ -124,6 +125,7 @@ class EngineCore:
             "num_waiting_reqs": len(self._waiting),
             "paused": self.paused,
             "num_steps": self.num_steps,
+            "num_retractions": self.num_retractions,
             "weight_version": self.backend.weight_version,
             "ready": self.backend.ready,
             **self.backend.stats(),
@@ -210,7 +212,7 @@ class EngineCore:
                 continue
             try:
                 admitted = self.backend.admit(state)
-            except RequestError as e:
+            except (RequestError, BackendError) as e:
                 self._waiting.popleft()
                 del self._by_rid[state.rid]
                 state.fail(e)
@@ -267,6 +269,7 @@ class EngineCore:
         self.backend.release(state)
         state.phase = Phase.WAITING
         state.num_retractions += 1
+        self.num_retractions += 1
         self._waiting.appendleft(state)
 
     # ---- control operations (run between steps through `control`) ----------------------------

@@ -121,7 +121,8 @@ class EngineBackend(ABC):
     @abstractmethod
     def admit(self, state: RequestState) -> bool:
         """Claim what `state` needs to start (KV for its uncached tokens); False = not now. Sets
-        `state.num_computed` (prefix-cache hit) and `state.kv_version`. May raise `RequestError`."""
+        `state.num_computed` (prefix-cache hit) and `state.kv_version`. Raises `RequestError` or
+        `BackendError` for a request that can never be served (it is then failed, not retried)."""
 
     @abstractmethod
     def prepare(self, running: Sequence[RequestState]) -> StepPlan: ...
