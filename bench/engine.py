@@ -10,7 +10,8 @@ Prints one JSON object (last line):
     prefix_cache_hit_speedup        cold / warm time of a `long_prompt_tokens` prompt (1 output token)
     kv_import_vs_recompute_speedup  recompute time / (export + import + continue) time of a migrated request
     logprob_max_abs_err             max |engine log-prob - fresh full forward| over the b16 outputs
-Times are medians of a few repetitions on whatever cores the machine lends; ratios are the point.
+Rates and times are medians of three repetitions on whatever cores the machine lends; ratios are
+the point.
 """
 
 from __future__ import annotations
@@ -127,8 +128,12 @@ async def run(threads: int, decode_tokens: int, long_prompt: int) -> dict[str, A
         EngineClient(peer.url) as peer_client,
     ):
         await _decode_rate(client, 4, 16, seed=0)  # warm-up
-        rate_b1, _ = await _decode_rate(client, 1, decode_tokens, seed=10)
-        rate_b16, outputs = await _decode_rate(client, 16, decode_tokens, seed=20)
+        rate_b1 = statistics.median(
+            [(await _decode_rate(client, 1, decode_tokens, seed=10 + i))[0] for i in range(3)]
+        )
+        runs_b16 = [await _decode_rate(client, 16, decode_tokens, seed=100 + 16 * i) for i in range(3)]
+        rate_b16 = statistics.median(rate for rate, _ in runs_b16)
+        outputs = [pair for _, pairs in runs_b16 for pair in pairs]
         err = max(_max_err(model, p, r.output_ids, r.output_logprobs) for p, r in outputs)
         ttft = await _ttft_ms(client, 512, 9)
         prefix = await _prefix_speedup(client, long_prompt, 3)

@@ -6,7 +6,9 @@
         await engine.update_weights(named_tensors, weight_version="3")   # in-process path
 
 The server binds its socket before serving, so port 0 picks a free port and `url` is known once
-`start()` returns. The scheduling loop and uvicorn run as tasks of the caller's event loop; model
+`start()` returns. A `model` passed in is served as is and updated in place by weight updates (pass a
+copy if the caller keeps training it); without one the engine loads `model_section.checkpoint` or
+initializes from `model_section.seed`. The scheduling loop and uvicorn run as tasks of the caller's event loop; model
 compute runs on one worker thread. `stop()` is idempotent and time-capped; if the scheduling loop
 crashed, `stop()` raises its error (after shutting everything down) so it is never swallowed.
 """

@@ -94,3 +94,13 @@ async def test_a_request_larger_than_the_prefill_budget_is_prefilled_in_chunks()
         result = await client.generate(ids, {"max_new_tokens": 4, "ignore_eos": True})
         assert max_logprob_error(model, ids, result, 1.0) <= TOL
         assert (await engine_stats(client))["num_steps"] >= 100 // 16 + 3
+
+
+async def test_with_the_prefix_cache_off_nothing_is_reused() -> None:
+    model = small_model()
+    async with serve(engine_section(enable_prefix_cache=False), model=model) as (_, client):
+        ids = prompt(40, seed=4)
+        for _ in range(2):
+            result = await client.generate(ids, {"max_new_tokens": 3})
+            assert result.cached_tokens == 0 and max_logprob_error(model, ids, result, 1.0) <= TOL
+        assert (await engine_stats(client))["kv_blocks_cached"] == 0
