@@ -147,3 +147,29 @@ def test_stream_accumulator_normalizes_both_server_modes(incremental: bool) -> N
     assert [c.new_text for c in chunks] == ["a", "bcd", "e"]
     assert chunks[-1].finished and chunks[-1].to_result().output_ids == tokens
     assert chunks[-1].text == "abcde"
+
+
+def test_tensor_encodings_round_trip() -> None:
+    import base64
+    import pickle
+
+    import torch
+
+    from gyre.engine.tensor_codec import (
+        decode_safetensors_b64,
+        encode_sglang_b64,
+        update_weights_payload,
+    )
+
+    tensors = {"norm.weight": torch.arange(4.0), "embed.weight": torch.ones(2, 3)}
+    body = update_weights_payload(tensors, encoding="safetensors", tp_size=2, weight_version="4")
+    assert body["load_format"] == "safetensors" and body["weight_version"] == "4"
+    assert len(body["serialized_named_tensors"]) == 2  # one per tensor-parallel rank, as SGLang expects
+    decoded = decode_safetensors_b64(body["serialized_named_tensors"][0])
+    assert all(torch.equal(decoded[k], v) for k, v in tensors.items())
+    # SGLang's MultiprocessingSerializer format: a ForkingPickler dump of [(name, tensor), ...].
+    named = pickle.loads(base64.b64decode(encode_sglang_b64(tensors)))
+    assert [n for n, _ in named] == list(tensors) and torch.equal(named[0][1], tensors["norm.weight"])
+    assert update_weights_payload(tensors, encoding="sglang")["load_format"] is None
+    with pytest.raises(ValueError, match="unknown tensor encoding"):
+        update_weights_payload(tensors, encoding="pickle5")
