@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gyre.config.base import Section
 
@@ -17,6 +17,16 @@ from gyre.config.base import Section
 class SchedulerSection(Section):
     port: int = 0
     """gRPC port; 0 picks a free one."""
+    tasks: list[str] = Field(default_factory=list)
+    """Task ids (or suite names such as `add`) queries are drawn from; empty = the demo suite."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (no more dispatch or batches); 0 = run until shut down."""
+    profile: str = "generic"
+    """Harness profile the proxy classifies this run's requests with (generic, claude_code, codex)."""
+    seed: int = 0
+    """Seed of query selection."""
+    tick_s: float = 0.5
+    """Period of the clock tick that re-evaluates the policy's timers."""
     mode: Literal["elastic", "async", "colocate"] = "elastic"
     """Scheduling mode; the three share one code path with different parameters."""
     num_cells: int = 3

@@ -80,6 +80,10 @@ class Placement:
     def engine_of(self, execution_id: str) -> Engine:
         return self._engine(self._where[execution_id])
 
+    def assignments(self) -> dict[str, Engine]:
+        """Every started execution and the engine its calls go to (for persistence and status)."""
+        return {execution_id: self._engine(slot) for execution_id, slot in self._where.items()}
+
     def reserve(self, engine: Engine, count: int) -> None:
         """Hold `count` slots on `engine` for executions about to start there."""
         slot = self._slot(engine)
