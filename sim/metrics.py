@@ -66,6 +66,8 @@ class Timeline:
     step_end_s: list[float]
     publish_s: list[float]
     title: str = ""
+    time_unit: tuple[str, float] = ("hours", 3600.0)
+    """(name, seconds per unit) of the x axis: hours for simulated clusters, seconds for the demo."""
 
 
 @dataclass(slots=True)

@@ -41,18 +41,19 @@ def plot_timeline(timeline: Timeline, path: Path) -> Path:
     ax = fig.add_subplot(grid[0])
     bottom = fig.add_subplot(grid[1], sharex=ax)
 
+    unit_name, unit_s = timeline.time_unit
     bars: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     for cell, start_s, end_s, state in timeline.segments:
-        bars[(cell, state)].append((start_s / 3600.0, (end_s - start_s) / 3600.0))
+        bars[(cell, state)].append((start_s / unit_s, (end_s - start_s) / unit_s))
     for (cell, state), spans in bars.items():
         ax.broken_barh(spans, (cell - 0.4, 0.8), facecolors=_COLORS[CELL_STATE_NAMES[state]], linewidth=0)
     ax.set_yticks(range(timeline.num_cells))
     ax.set_yticklabels([f"cell {c}" + (" (core)" if c == 0 else "") for c in range(timeline.num_cells)])
     ax.set_ylim(timeline.num_cells - 0.5, -0.5)
     for t in timeline.step_end_s:
-        ax.axvline(t / 3600.0, color="#555555", linewidth=0.6, alpha=0.6)
+        ax.axvline(t / unit_s, color="#555555", linewidth=0.6, alpha=0.6)
     for t in timeline.publish_s:
-        ax.axvline(t / 3600.0, color="black", linewidth=1.0, linestyle="--")
+        ax.axvline(t / unit_s, color="black", linewidth=1.0, linestyle="--")
     ax.legend(
         handles=[Patch(color=_COLORS[n], label=_LABELS[n]) for n in CELL_STATE_NAMES],
         loc="upper center",
@@ -65,7 +66,7 @@ def plot_timeline(timeline: Timeline, path: Path) -> Path:
     if timeline.title:
         ax.set_title(timeline.title, fontsize=10, pad=28)
 
-    hours = [t / 3600.0 for t, _, _, _ in timeline.series]
+    hours = [t / unit_s for t, _, _, _ in timeline.series]
     bottom.step(
         hours,
         [w for _, w, _, _ in timeline.series],
@@ -83,7 +84,7 @@ def plot_timeline(timeline: Timeline, path: Path) -> Path:
     bottom.step(
         hours, [r for _, _, _, r in timeline.series], where="post", label="running p − f", color="#55A868"
     )
-    bottom.set_xlabel("hours (thin lines: optimizer steps; dashed: weight publications)")
+    bottom.set_xlabel(f"{unit_name} (thin lines: optimizer steps; dashed: weight publications)")
     bottom.set_ylabel("executions")
     bottom.legend(loc="upper right", fontsize=8, frameon=False)
     bottom.set_ylim(bottom=0)

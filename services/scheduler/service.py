@@ -70,6 +70,9 @@ class SchedulerService(GyreService):
         self.facts = RunFacts(max_steps=cfg.max_steps)
         self.commanded: dict[str, int] = {}
         self.microstep_groups: dict[str, tuple[str, ...]] = {}
+        self.group_reward: dict[str, float] = {}
+        self.step_rewards: dict[int, list[float]] = {}
+        self.last_step_reward = float("nan")
         self.executor = ActionExecutor(
             driver=lambda: self.driver, peers=self.peers, dispatcher=self.dispatcher, supervisor=self.supervisor,
             facts=self.facts, separate_pool_capacity=cfg.separate_pool_capacity,
@@ -141,9 +144,12 @@ class SchedulerService(GyreService):
                 return out
             case ev.GroupReady():
                 gid = e.group_id
+                self.group_reward[gid] = e.mean_reward
                 return [lambda now: GroupReady(now, gid)]
             case ev.GroupPacked():
                 gid, step = e.group_id, step_of_batch(e.batch_id)
+                if gid in self.group_reward:
+                    self.step_rewards.setdefault(step, []).append(self.group_reward.pop(gid))
                 return [lambda now: GroupPacked(now, gid, step)]
             case ev.MicroStepEnqueued():
                 self.microstep_groups[e.microstep_id] = tuple(e.group_ids)
@@ -161,6 +167,9 @@ class SchedulerService(GyreService):
                 return [lambda now: BatchStreamClosed(now, step, num)]
             case ev.StepCompleted():
                 version = e.policy_version
+                rewards = self.step_rewards.pop(version - 1, [])
+                if rewards:
+                    self.last_step_reward = sum(rewards) / len(rewards)
                 return [lambda now: StepCompleted(now, version)]
         return []
 
@@ -187,6 +196,7 @@ class SchedulerService(GyreService):
             cells=cells, policy_version=snap.version, published_version=snap.published_version, burst=snap.burst,
             steps=snap.version, ready_groups=snap.ready_unclaimed, mean_staleness=snap.mean_staleness or 0.0,
             consumed_groups=snap.consumed_groups, transitions=snap.transitions_completed,
+            last_step_reward=self.last_step_reward,
         )
 
 
