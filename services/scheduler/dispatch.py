@@ -54,15 +54,14 @@ class QuerySource:
 
 
 class Dispatcher:
-    def __init__(
-        self, redis: aioredis.Redis, keys: Keys, bus: EventBus, queries: QuerySource, profile: str
-    ) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, bus: EventBus, profile: str) -> None:
         self._redis = redis
         self._keys = keys
         self._bus = bus
         self._records = Records(redis, keys)
         self._counters = Counters(redis, keys)
-        self._queries = queries
+        self.queries: QuerySource | None = None
+        """Set before the first dispatch (resolving tasks imports the task suites)."""
         self._profile = profile
         self._fifo = keys.queue("exec_fifo", "list")
         self._seq = keys.queue("exec_fifo", "group_seq")
@@ -71,12 +70,13 @@ class Dispatcher:
 
     async def dispatch(self, num_groups: int, group_size: int, policy_version: int, burst: int) -> list[str]:
         """Create `num_groups` groups; returns their ids in dispatch order."""
+        assert self.queries is not None, "set Dispatcher.queries before dispatching"
         group_ids: list[str] = []
         for _ in range(num_groups):
             seq = int(await self._redis.incr(self._seq))
             group_id = f"g{seq:05d}"
-            task_id = self._queries.next()
-            harness_timeout_s, budget_s = self._queries.limits(task_id)
+            task_id = self.queries.next()
+            harness_timeout_s, budget_s = self.queries.limits(task_id)
             executions = [
                 ExecutionRecord(
                     execution_id=f"{group_id}-e{i:02d}", group_id=group_id, index_in_group=i, query_id=task_id,

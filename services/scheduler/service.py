@@ -61,9 +61,7 @@ class SchedulerService(GyreService):
         cfg = self.config.scheduler
         self.params = PolicyParams.from_section(cfg)
         self.peers = Peers.connect(self.config)
-        self.dispatcher = Dispatcher(
-            self.redis, self.keys, self.bus, QuerySource(cfg.tasks, cfg.seed), profile=cfg.profile
-        )
+        self.dispatcher = Dispatcher(self.redis, self.keys, self.bus, profile=cfg.profile)
         state = await persist.restore(self.redis, self.keys.scheduler_state(), self.params)
         self.resumed = state is not None
         self.policy = Policy(self.params, state)
@@ -94,6 +92,8 @@ class SchedulerService(GyreService):
 
     async def _begin(self) -> None:
         """Wait for the engines, publish the engine table to the proxy, then start (or resume) the run."""
+        cfg = self.config.scheduler
+        self.dispatcher.queries = QuerySource(cfg.tasks, cfg.seed)
         await self._wait_for_peers()
         await self.peers.proxy.UpdateRoutes(
             proxy_pb2.UpdateRoutesRequest(engines=self.peers.engines, default_engine_id=engine_id(0)), timeout=30
