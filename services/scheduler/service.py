@@ -92,9 +92,9 @@ class SchedulerService(GyreService):
 
     async def _begin(self) -> None:
         """Wait for the engines, publish the engine table to the proxy, then start (or resume) the run."""
+        await self._wait_for_peers()
         cfg = self.config.scheduler
         self.dispatcher.queries = QuerySource(cfg.tasks, cfg.seed)
-        await self._wait_for_peers()
         await self.peers.proxy.UpdateRoutes(
             proxy_pb2.UpdateRoutesRequest(engines=self.peers.engines, default_engine_id=engine_id(0)), timeout=30
         )
