@@ -71,7 +71,7 @@ class Driver:
                 actions = self.policy.handle(event)
             except ValueError as e:
                 self.num_rejected += 1
-                log.warning("policy_rejected_event", event=type(event).__name__, error=str(e))
+                log.warning("policy_rejected_event", kind=type(event).__name__, error=str(e))
                 continue
             self.num_applied += 1
             changed = True
