@@ -20,6 +20,10 @@ from services.scheduler.policy import (
 )
 
 
+def _dispatched(group_id: str, size: int, version: int) -> MakeEvent:
+    return lambda now: GroupDispatched(now, group_id, size, version)
+
+
 def test_engine_ids_round_trip() -> None:
     for engine in (0, 3, SEPARATE_POOL):
         assert engine_index(engine_id(engine)) == engine
