@@ -24,6 +24,8 @@ EVENT_ROUTES: dict[type[Message], tuple[str, str]] = {
     ev.BatchOpened: ("batch", "opened"),
     ev.GroupPacked: ("batch", "group_packed"),
     ev.MicroStepEnqueued: ("batch", "microstep_enqueued"),
+    ev.MicroStepClaimed: ("batch", "microstep_claimed"),
+    ev.MicroStepDone: ("batch", "microstep_done"),
     ev.StreamClosed: ("batch", "stream_closed"),
     ev.RoleTransitionBegun: ("cell", "transition_begun"),
     ev.RoleTransitionCompleted: ("cell", "transition_completed"),

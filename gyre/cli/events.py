@@ -8,6 +8,7 @@ Live events come from a plain NATS subscription on `gyre.<run>.>` (every area, c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -93,10 +94,8 @@ def tail(
     if url is None:
         typer.echo(f"error: no NATS url: run `gyre up` first or pass --config runs/{run_id}/config.yaml", err=True)
         raise typer.Exit(2)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_tail(url, run_id, subject or f"gyre.{run_id}.>", history, count))
-    except KeyboardInterrupt:
-        pass
 
 
 def register(app: typer.Typer) -> None:

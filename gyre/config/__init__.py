@@ -118,8 +118,9 @@ def load_config(
     path: Path | None = None,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    base: Mapping[str, Any] | None = None,
 ) -> GyreConfig:
-    """Resolve the config: defaults ← YAML file ← `GYRE_*` environment ← explicit overrides."""
+    """Resolve the config: defaults ← `base` ← YAML file ← `GYRE_*` environment ← `overrides`."""
     data: dict[str, Any] = {}
     source = str(path) if path else "config"
     if path is not None:
@@ -132,6 +133,8 @@ def load_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping of sections; got {type(loaded).__name__}")
         data = loaded or {}
+    if base:
+        data = _merge(dict(base), data)
     data = _merge(data, _env_overrides(os.environ if environ is None else environ))
     if overrides:
         data = _merge(data, overrides)

@@ -6,9 +6,14 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from gyre.config.base import Section
+
+PEER_SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
+"""Services another process may dial (the keys of `run.peer_hosts`)."""
+WILDCARD_HOSTS: frozenset[str] = frozenset({"0.0.0.0", "::", ""})
+"""Bind addresses that mean "every interface": a client dials loopback instead."""
 
 
 class RunSection(Section):
@@ -17,7 +22,34 @@ class RunSection(Section):
     dir: Path = Path("runs")
     """Directory under which `<run id>/` holds logs, server data, checkpoints and reports."""
     host: str = "127.0.0.1"
-    """Address every service binds. Keep loopback on a single machine."""
+    """Address every service binds. Keep loopback on a single machine; containers bind 0.0.0.0 (their own
+    network namespace) and are exposed only through published ports, Services and NetworkPolicies."""
+    peer_hosts: dict[str, str] = Field(default_factory=dict)
+    """Host at which other processes reach a service, by service name (`scheduler`, `proxy`, `runner`,
+    `evaluator`, `packer`, `cell_agent`); `{cell}` in the `cell_agent` value becomes the cell index. A
+    service not named here is reached at `host` (loopback when `host` is a wildcard). Compose and
+    Kubernetes set DNS names (`deploy/`); on one machine leave it empty."""
+
+    @field_validator("peer_hosts")
+    @classmethod
+    def _known_services(cls, v: dict[str, str]) -> dict[str, str]:
+        for service, host in v.items():
+            if service not in PEER_SERVICES:
+                raise ValueError(f"peer_hosts: unknown service {service!r}; use one of {', '.join(PEER_SERVICES)}")
+            if "{cell}" in host and service != "cell_agent":
+                raise ValueError(f"peer_hosts: only cell_agent may use {{cell}}; got {service}: {host!r}")
+        return v
+
+    def peer_host(self, service: str, cell: int | None = None) -> str:
+        """The host a client dials to reach `service` (for `cell_agent`: the agent of cell `cell`)."""
+        if service not in PEER_SERVICES:
+            raise ValueError(f"unknown service {service!r}; use one of {', '.join(PEER_SERVICES)}")
+        if service == "cell_agent" and cell is None:
+            raise ValueError("cell_agent has one host per cell: pass cell=<index>")
+        host = self.peer_hosts.get(service)
+        if host is None:
+            return "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
+        return host.replace("{cell}", str(cell)) if cell is not None else host
 
     @field_validator("id")
     @classmethod

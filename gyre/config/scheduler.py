@@ -1,10 +1,15 @@
-"""Config section of the scheduler: run shape (K, N, B), dispatch (φ, μ) and the elastic policy."""
+"""Config section of the scheduler: run shape (K, N, B), dispatch (φ, μ) and the elastic policy.
+
+The policy itself takes a plain frozen record built from this section:
+`services.scheduler.policy.PolicyParams.from_section(config.scheduler)`.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gyre.config.base import Section
 
@@ -12,6 +17,16 @@ from gyre.config.base import Section
 class SchedulerSection(Section):
     port: int = 0
     """gRPC port; 0 picks a free one."""
+    tasks: list[str] = Field(default_factory=list)
+    """Task ids (or suite names such as `add`) queries are drawn from; empty = the demo suite."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (no more dispatch or batches); 0 = run until shut down."""
+    profile: str = "generic"
+    """Harness profile the proxy classifies this run's requests with (generic, claude_code, codex)."""
+    seed: int = 0
+    """Seed of query selection."""
+    tick_s: float = 0.5
+    """Period of the clock tick that re-evaluates the policy's timers."""
     mode: Literal["elastic", "async", "colocate"] = "elastic"
     """Scheduling mode; the three share one code path with different parameters."""
     num_cells: int = 3
@@ -21,7 +36,7 @@ class SchedulerSection(Section):
     batch_groups: int = 4
     """B: groups per optimizer step."""
     phi: float = 0.5
-    """φ: extra dispatch in units of B at burst start."""
+    """φ: extra dispatch in units of B at burst start (φ·B must be a whole number of groups)."""
     mu: int = 2
     """μ: optimizer steps per burst (between two weight publications)."""
     rho_min: float = 0.5
@@ -33,7 +48,7 @@ class SchedulerSection(Section):
     separate_pool_capacity: int = 0
     """C_s: concurrent executions of the separate rollout pool (0 = none)."""
     async_training_cells: int = 1
-    """T: cells fixed in training in `async` mode."""
+    """T: cells fixed in training in `async` mode (cells 0..T-1)."""
     streaming: bool = True
     """Streaming training: cells claim micro-steps as groups become ready."""
 
@@ -44,7 +59,7 @@ class SchedulerSection(Section):
             raise ValueError(f"rho_min must be in (0, 1]; got {v}")
         return v
 
-    @field_validator("num_cells", "group_size", "batch_groups", "mu")
+    @field_validator("num_cells", "group_size", "batch_groups", "mu", "cell_capacity", "async_training_cells")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v < 1:
@@ -57,3 +72,30 @@ class SchedulerSection(Section):
         if v < 0:
             raise ValueError(f"phi must be >= 0; got {v}")
         return v
+
+    @field_validator("tau_s", "separate_pool_capacity")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"must be >= 0; got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SchedulerSection:
+        extra = self.phi * self.batch_groups
+        if not math.isclose(extra, round(extra), abs_tol=1e-9):
+            raise ValueError(
+                f"phi * batch_groups must be a whole number of groups; got {self.phi} * {self.batch_groups}:"
+                f" pick phi as a multiple of 1/{self.batch_groups}"
+            )
+        if self.mode == "async":
+            if self.async_training_cells > self.num_cells:
+                raise ValueError(
+                    f"async_training_cells ({self.async_training_cells}) must not exceed num_cells ({self.num_cells})"
+                )
+            if self.async_training_cells == self.num_cells and self.separate_pool_capacity == 0:
+                raise ValueError(
+                    "async mode with every cell training needs a separate pool: "
+                    "lower async_training_cells or set separate_pool_capacity > 0"
+                )
+        return self

@@ -9,6 +9,7 @@ grpc.health.v1, and records pids and ports in `runs/<run>/stack.json`. `down` st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -207,10 +208,8 @@ def _stop_pid(pid: int, grace_s: float) -> None:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def down_state(state: StackState, grace_s: float = 10.0) -> None:

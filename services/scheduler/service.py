@@ -1,11 +1,228 @@
-"""The scheduler service shell: connects to NATS and Redis and serves gRPC with grpc.health.v1."""
+"""The scheduler service: the shell around the policy state machine.
+
+It feeds the policy real events (from NATS, from RPC completions and a clock) and executes its
+actions on the other services (see executor.py). `GetState` serves `gyre status`. Its state is
+rebuilt from Redis (persist.py) and the durable event consumer after a restart.
+
+    python -m services.scheduler --config runs/<run>/config.yaml
+"""
 
 from __future__ import annotations
 
+import asyncio
+
+import grpc
+from google.protobuf.message import Message
+
+from gyre.bus import Delivery
+from gyre.ids import step_of_batch
 from gyre.service import GyreService
+from gyre.v1 import common_pb2, proxy_pb2, runner_pb2, scheduler_pb2, scheduler_pb2_grpc
+from gyre.v1 import events_pb2 as ev
+from services.scheduler import persist
+from services.scheduler.dispatch import Dispatcher, QuerySource
+from services.scheduler.driver import Driver, MakeEvent
+from services.scheduler.executor import ActionExecutor, RunFacts
+from services.scheduler.naming import ROLE_TO_PROTO, engine_id, engine_index
+from services.scheduler.peers import Peers
+from services.scheduler.policy import (
+    Action,
+    BatchStreamClosed,
+    ExecutionStarted,
+    ExecutionTerminated,
+    GroupPacked,
+    GroupReady,
+    MicroStepClaimed,
+    MicroStepDone,
+    Mode,
+    Policy,
+    PolicyParams,
+    RunStarted,
+    StartExecutions,
+    StepCompleted,
+    Tick,
+)
+
+_MODES = {Mode.ELASTIC: common_pb2.SCHEDULING_MODE_ELASTIC, Mode.ASYNC: common_pb2.SCHEDULING_MODE_ASYNC,
+          Mode.COLOCATE: common_pb2.SCHEDULING_MODE_COLOCATE}
+
+CONSUMED: tuple[type[Message], ...] = (
+    ev.ExecutionStarted, ev.ExecutionTerminated, ev.GroupReady, ev.GroupPacked, ev.MicroStepEnqueued,
+    ev.MicroStepClaimed, ev.MicroStepDone, ev.StreamClosed, ev.StepCompleted,
+)
 
 
 class SchedulerService(GyreService):
-    """scheduler service: owns the run (dispatch, start decisions, the capacity ledger, waterlevel,"""
+    """Owns the run: dispatch, start decisions, the capacity ledger, waterlevel, transitions, bursts."""
 
     name = "scheduler"
+
+    async def setup(self) -> None:
+        cfg = self.config.scheduler
+        self.params = PolicyParams.from_section(cfg)
+        self.peers = Peers.connect(self.config)
+        self.dispatcher = Dispatcher(self.redis, self.keys, self.bus, profile=cfg.profile)
+        state = await persist.restore(self.redis, self.keys.scheduler_state(), self.params)
+        self.resumed = state is not None
+        self.policy = Policy(self.params, state)
+        self.facts = RunFacts(max_steps=cfg.max_steps)
+        self.commanded: dict[str, int] = {}
+        self.microstep_groups: dict[str, tuple[str, ...]] = {}
+        self.group_reward: dict[str, float] = {}
+        self.step_rewards: dict[int, list[float]] = {}
+        self.last_step_reward = float("nan")
+        self.executor = ActionExecutor(
+            driver=lambda: self.driver, peers=self.peers, dispatcher=self.dispatcher, supervisor=self.supervisor,
+            facts=self.facts, separate_pool_capacity=cfg.separate_pool_capacity,
+        )
+        self.driver = Driver(self.policy, self._execute, self._persist, start_s=state.now_s if state else 0.0)
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(_Servicer(self), self.server)
+        self.supervisor.spawn(self.driver.run(), "driver")
+        self.supervisor.spawn(self._begin(), "begin")
+
+    async def _execute(self, action: Action) -> list[MakeEvent]:
+        out = await self.executor.execute(action)
+        if isinstance(action, StartExecutions):
+            for execution_id in self.dispatcher.last_started:
+                self.commanded[execution_id] = action.engine
+        return out
+
+    async def _persist(self) -> None:
+        await persist.save(self.redis, self.keys.scheduler_state(), self.policy, self.commanded)
+
+    async def _begin(self) -> None:
+        """Wait for the engines, publish the engine table to the proxy, then start (or resume) the run."""
+        await self._wait_for_peers()
+        cfg = self.config.scheduler
+        self.dispatcher.queries = QuerySource(cfg.tasks, cfg.seed)
+        await self.peers.proxy.UpdateRoutes(
+            proxy_pb2.UpdateRoutesRequest(engines=self.peers.engines, default_engine_id=engine_id(0)), timeout=30
+        )
+        await self.bus.consume("scheduler", list(CONSUMED), self._on_event, max_ack_pending=1024)
+        if not self.resumed:
+            await self.driver.handle(lambda now: RunStarted(now))
+        self.supervisor.spawn(self._ticker(), "ticker")
+
+    async def _wait_for_peers(self, timeout_s: float = 120.0) -> None:
+        from gyre.v1 import cell_agent_pb2
+
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        for cell, stub in enumerate(self.peers.cells):
+            while True:
+                try:
+                    await stub.GetStatus(cell_agent_pb2.GetCellStatusRequest(), timeout=5)
+                    break
+                except grpc.aio.AioRpcError:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise TimeoutError(f"cell agent {cell} did not answer within {timeout_s:.0f} s") from None
+                    await asyncio.sleep(0.5)
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.scheduler.tick_s)
+            self.driver.post(lambda now: Tick(now))
+
+    # -- events --------------------------------------------------------------------------------------
+    async def _on_event(self, event: Message, delivery: Delivery) -> None:
+        for make in self._translate(event):
+            await self.driver.handle(make)
+
+    def _translate(self, e: Message) -> list[MakeEvent]:
+        match e:
+            case ev.ExecutionStarted():
+                eid, engine = e.execution.execution_id, engine_index(e.engine_id)
+                self.commanded.pop(eid, None)
+                return [lambda now: ExecutionStarted(now, eid, engine)]
+            case ev.ExecutionTerminated():
+                eid = e.execution.execution_id
+                out: list[MakeEvent] = []
+                if eid in self.commanded:  # terminated before it could report a start (infra failure)
+                    engine = self.commanded.pop(eid)
+                    out.append(lambda now: ExecutionStarted(now, eid, engine))
+                reason = common_pb2.TerminationReason.Name(e.reason)
+                out.append(lambda now: ExecutionTerminated(now, eid, reason))
+                return out
+            case ev.GroupReady():
+                gid = e.group_id
+                self.group_reward[gid] = e.mean_reward
+                return [lambda now: GroupReady(now, gid)]
+            case ev.GroupPacked():
+                gid, step = e.group_id, step_of_batch(e.batch_id)
+                if gid in self.group_reward:
+                    self.step_rewards.setdefault(step, []).append(self.group_reward.pop(gid))
+                return [lambda now: GroupPacked(now, gid, step)]
+            case ev.MicroStepEnqueued():
+                self.microstep_groups[e.microstep_id] = tuple(e.group_ids)
+                return []
+            case ev.MicroStepClaimed():
+                groups = tuple(e.group_ids) or self.microstep_groups.get(e.microstep_id, ())
+                cell, step = e.cell, int(e.step)
+                return [lambda now: MicroStepClaimed(now, cell, step, groups)]
+            case ev.MicroStepDone():
+                cell, step = e.cell, int(e.step)
+                self.microstep_groups.pop(e.microstep_id, None)
+                return [lambda now: MicroStepDone(now, cell, step)]
+            case ev.StreamClosed():
+                step, num = step_of_batch(e.batch_id), e.num_groups
+                return [lambda now: BatchStreamClosed(now, step, num)]
+            case ev.StepCompleted():
+                version = e.policy_version
+                rewards = self.step_rewards.pop(version - 1, [])
+                if rewards:
+                    self.last_step_reward = sum(rewards) / len(rewards)
+                return [lambda now: StepCompleted(now, version)]
+        return []
+
+    async def teardown(self) -> None:
+        if hasattr(self, "executor"):
+            self.executor.cancel_timers()
+        if hasattr(self, "peers"):
+            await self.peers.close()
+
+    # -- queries -------------------------------------------------------------------------------------
+    def state_proto(self) -> scheduler_pb2.SchedulerState:
+        snap = self.policy.snapshot()
+        loads = snap.engine_loads
+        cells = [
+            scheduler_pb2.CellState(
+                cell=c, role=ROLE_TO_PROTO[r], engine=self.peers.engines[c], executions_routed=loads.get(c, 0)
+            )
+            for c, r in enumerate(snap.roles)
+        ]
+        return scheduler_pb2.SchedulerState(
+            run_id=self.config.run.id, mode=_MODES[snap.mode],
+            counters=common_pb2.Counters(dispatched=snap.dispatched, started=snap.started, finished=snap.finished),
+            waterlevel=snap.waterlevel, rollout_capacity=snap.rollout_capacity, training_cells=snap.training_cells,
+            cells=cells, policy_version=snap.version, published_version=snap.published_version, burst=snap.burst,
+            steps=snap.version, ready_groups=snap.ready_unclaimed, mean_staleness=snap.mean_staleness or 0.0,
+            consumed_groups=snap.consumed_groups, transitions=snap.transitions_completed,
+            last_step_reward=self.last_step_reward,
+        )
+
+
+class _Servicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, service: SchedulerService) -> None:
+        self.s = service
+
+    async def GetState(self, request: scheduler_pb2.GetStateRequest, context: grpc.aio.ServicerContext
+                       ) -> scheduler_pb2.SchedulerState:
+        return self.s.state_proto()
+
+    async def RegisterTrainingCell(
+        self, request: scheduler_pb2.RegisterTrainingCellRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.RegisterTrainingCellResponse:
+        batch = self.s.facts.batch
+        snap = self.s.policy.snapshot()
+        return scheduler_pb2.RegisterTrainingCellResponse(
+            batch_id=batch.batch_id if batch else "", policy_version=snap.version,
+            training_cells=snap.training_cells,
+        )
+
+    async def Shutdown(self, request: scheduler_pb2.ShutdownRequest, context: grpc.aio.ServicerContext
+                       ) -> scheduler_pb2.ShutdownResponse:
+        self.s.facts.stopping = True
+        cancelled = 0
+        if request.cancel_running:
+            resp = await self.s.peers.runner.CancelExecution(runner_pb2.CancelExecutionRequest(all=True), timeout=60)
+            cancelled = resp.cancelled
+        return scheduler_pb2.ShutdownResponse(cancelled=cancelled)

@@ -1,0 +1,170 @@
+"""Benchmark of the embedded engine over real HTTP: decode throughput, batching gain, TTFT, prefix-cache
+and KV-import speedups, and log-prob exactness.
+
+    gyre bench engine [--threads N] [--decode-tokens N] [--long-prompt N]
+
+Prints one JSON object (last line):
+    decode_tokens_per_s_b1 / _b16   generated tokens per second with 1 / 16 concurrent requests
+    batching_gain_b16               b16 / b1 (continuous batching; the goal is >= 3)
+    ttft_ms_p50                     median time to the first streamed token, `ttft_prompt_tokens` prompt
+    prefix_cache_hit_speedup        cold / warm time of a `long_prompt_tokens` prompt (1 output token)
+    kv_import_vs_recompute_speedup  recompute time / (export + import + continue) time of a migrated request
+    logprob_max_abs_err             max |engine log-prob - fresh full forward| over the b16 outputs
+Rates and times are medians of three repetitions on whatever cores the machine lends; ratios are
+the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import structlog
+import torch
+
+from gyre.config.services import EngineSection
+from gyre.engine import EngineClient
+from gyre.engine.migration import migrate_request_kv
+from gyre.model.config import ModelConfig
+from gyre.model.logprobs import token_logprobs
+from gyre.model.transformer import GyreLM, build_model
+from services.cell_agent.engine import EngineServer
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _max_err(model: GyreLM, ids: list[int], output_ids: list[int], logprobs: list[float]) -> float:
+    full = torch.tensor([*ids, *output_ids])
+    with torch.no_grad():
+        logits = model(full, torch.arange(len(full)), [0, len(full)])
+    ref = token_logprobs(logits[len(ids) - 1 : len(ids) - 1 + len(output_ids)], torch.tensor(output_ids), 1.0)
+    return float((torch.tensor(logprobs) - ref).abs().max())
+
+
+async def _decode_rate(client: EngineClient, batch: int, tokens: int, seed: int) -> tuple[float, list[Any]]:
+    params = {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 1.0}
+    prompts = [_prompt(32, seed + i) for i in range(batch)]
+    start = time.perf_counter()
+    results = await asyncio.gather(*(client.generate(p, params) for p in prompts))
+    elapsed = time.perf_counter() - start
+    return sum(r.completion_tokens for r in results) / elapsed, list(zip(prompts, results, strict=True))
+
+
+async def _ttft_ms(client: EngineClient, prompt_tokens: int, n: int) -> float:
+    samples = []
+    for i in range(n):
+        start = time.perf_counter()
+        stream = client.generate_stream(_prompt(prompt_tokens, 1000 + i), {"max_new_tokens": 2})
+        async for _ in stream:
+            samples.append((time.perf_counter() - start) * 1000)
+            break
+        await stream.aclose()  # type: ignore[attr-defined]
+    return statistics.median(samples)
+
+
+async def _timed(client: EngineClient, ids: list[int]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = await client.generate(ids, {"max_new_tokens": 1})
+    return time.perf_counter() - start, result
+
+
+async def _prefix_speedup(client: EngineClient, length: int, reps: int) -> float:
+    ratios = []
+    for i in range(reps):
+        ids = _prompt(length, 2000 + i)
+        cold, _ = await _timed(client, ids)
+        warm, result = await _timed(client, ids)
+        assert result.cached_tokens == length - 1, result.cached_tokens
+        ratios.append(cold / warm)
+    return statistics.median(ratios)
+
+
+async def _import_speedup(
+    source: EngineClient, destination: EngineClient, length: int, reps: int
+) -> dict[str, float]:
+    ratios, transfer_ms, recompute_ms = [], [], []
+    for i in range(reps):
+        ids = _prompt(length, 3000 + i)
+        rid = f"migrate-{i}"
+        steps_before = (await source.get_server_info())["internal_states"][0]["num_steps"]
+        task = asyncio.create_task(source.generate(ids, {"max_new_tokens": 400, "ignore_eos": True}, rid=rid))
+        while (await source.get_server_info())["internal_states"][0]["num_steps"] < steps_before + 3:
+            await asyncio.sleep(0.005)  # prefilled and decoding on the source
+        start = time.perf_counter()
+        moved = await migrate_request_kv(source, destination, rid)
+        moved_s = time.perf_counter() - start
+        first = await task
+        continued = [*ids, *first.output_ids]
+        resume_s, resumed = await _timed(destination, continued)
+        assert resumed.cached_tokens == moved.num_tokens > 0, (resumed.cached_tokens, moved)
+        await destination.flush_cache()
+        recompute_s, recomputed = await _timed(destination, continued)
+        assert recomputed.cached_tokens == 0
+        ratios.append(recompute_s / (moved_s + resume_s))
+        transfer_ms.append(moved_s * 1000)
+        recompute_ms.append(recompute_s * 1000)
+        await destination.flush_cache()
+    return {
+        "kv_import_vs_recompute_speedup": statistics.median(ratios),
+        "kv_migrate_ms": statistics.median(transfer_ms),
+        "kv_recompute_ms": statistics.median(recompute_ms),
+    }
+
+
+async def run(threads: int, decode_tokens: int, long_prompt: int) -> dict[str, Any]:
+    model = build_model(ModelConfig(), seed=0)
+    section = EngineSection(num_threads=threads, max_batch_size=32)
+    async with (
+        EngineServer(section, model=model) as engine,
+        EngineServer(section, model=model) as peer,
+        EngineClient(engine.url) as client,
+        EngineClient(peer.url) as peer_client,
+    ):
+        await _decode_rate(client, 4, 16, seed=0)  # warm-up
+        rate_b1 = statistics.median(
+            [(await _decode_rate(client, 1, decode_tokens, seed=10 + i))[0] for i in range(3)]
+        )
+        runs_b16 = [await _decode_rate(client, 16, decode_tokens, seed=100 + 16 * i) for i in range(3)]
+        rate_b16 = statistics.median(rate for rate, _ in runs_b16)
+        outputs = [pair for _, pairs in runs_b16 for pair in pairs]
+        err = max(_max_err(model, p, r.output_ids, r.output_logprobs) for p, r in outputs)
+        ttft = await _ttft_ms(client, 512, 9)
+        prefix = await _prefix_speedup(client, long_prompt, 3)
+        migration = await _import_speedup(client, peer_client, long_prompt, 3)
+    return {
+        "decode_tokens_per_s_b1": round(rate_b1, 1),
+        "decode_tokens_per_s_b16": round(rate_b16, 1),
+        "batching_gain_b16": round(rate_b16 / rate_b1, 2),
+        "ttft_ms_p50": round(ttft, 2),
+        "ttft_prompt_tokens": 512,
+        "prefix_cache_hit_speedup": round(prefix, 2),
+        "long_prompt_tokens": long_prompt,
+        "kv_import_vs_recompute_speedup": round(migration["kv_import_vs_recompute_speedup"], 2),
+        "kv_migrate_ms": round(migration["kv_migrate_ms"], 2),
+        "kv_recompute_ms": round(migration["kv_recompute_ms"], 2),
+        "logprob_max_abs_err": err,
+        "torch_threads": threads,
+        "decode_tokens": decode_tokens,
+    }
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="gyre bench engine", description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the engines")
+    parser.add_argument("--decode-tokens", type=int, default=256, help="tokens generated per request")
+    parser.add_argument("--long-prompt", type=int, default=2048, help="prompt tokens of the cache/KV runs")
+    args = parser.parse_args(argv)
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    result = asyncio.run(run(args.threads, args.decode_tokens, args.long_prompt))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

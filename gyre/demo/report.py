@@ -1,0 +1,211 @@
+"""A run's report from its events: summary.json, the role timeline and reward/staleness per step.
+
+Every dispatched execution is accounted for exactly once:
+  trained      its group was consumed by a completed optimizer step and its outcome was valid
+  excluded     its group was consumed and it was excluded (no valid score within its budget)
+  placeholder  its group was consumed and it was a placeholder (nothing evaluable)
+  cancelled    it was cancelled (at shutdown) or never started
+  unconsumed   it finished, but its group was not trained before the run ended
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gyre.demo.events import RecordedEvent
+from gyre.ids import step_of_batch
+from gyre.v1 import common_pb2 as common
+from gyre.v1 import events_pb2 as ev
+
+_TRAINING, _ROLLOUT = common.CELL_ROLE_TRAINING, common.CELL_ROLE_ROLLOUT
+
+
+@dataclass
+class RunFacts:
+    """What the report needs besides events (from the config and the proxy's counters)."""
+
+    mode: str
+    phi: float
+    mu: int
+    num_cells: int
+    group_size: int
+    cell_capacity: int
+    separate_pool_capacity: int
+    reroutes: int = 0
+    kv_migrated_tokens: int = 0
+    harness_errors_during_transitions: int = 0
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return round(statistics.fmean(xs), 4) if xs else None
+
+
+def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any]:
+    group_members: dict[str, list[str]] = {}
+    group_reward: dict[str, float] = {}
+    group_step: dict[str, int] = {}
+    staleness_by_step: dict[int, list[int]] = defaultdict(list)
+    completed_steps: dict[int, ev.StepCompleted] = {}
+    status: dict[str, int] = {}
+    reason: dict[str, int] = {}
+    started: set[str] = set()
+    durations: dict[str, list[float]] = {"training": [], "rollout": []}
+    for r in events:
+        e = r.event
+        match e:
+            case ev.GroupDispatched():
+                group_members[e.group_id] = list(e.execution_ids)
+            case ev.GroupReady():
+                group_reward[e.group_id] = e.mean_reward
+            case ev.GroupPacked():
+                step = step_of_batch(e.batch_id)
+                group_step[e.group_id] = step
+                staleness_by_step[step].append(e.staleness)
+            case ev.StepCompleted():
+                completed_steps[e.policy_version - 1] = e
+            case ev.EvaluationDone():
+                status[e.execution.execution_id] = e.status
+            case ev.ExecutionStarted():
+                started.add(e.execution.execution_id)
+            case ev.ExecutionTerminated():
+                reason[e.execution.execution_id] = e.reason
+            case ev.RoleTransitionCompleted():
+                key = "training" if e.to_role == _TRAINING else "rollout"
+                durations[key].append(e.duration_s)
+    steps = sorted(completed_steps)
+    counts = dict.fromkeys(("trained", "excluded", "placeholder", "cancelled", "unconsumed"), 0)
+    for group_id, members in group_members.items():
+        consumed = group_step.get(group_id) in completed_steps
+        for eid in members:
+            st = status.get(eid)
+            if consumed and st == common.EVALUATION_STATUS_VALID:
+                counts["trained"] += 1
+            elif consumed and st == common.EVALUATION_STATUS_EXCLUDED:
+                counts["excluded"] += 1
+            elif consumed and st == common.EVALUATION_STATUS_PLACEHOLDER:
+                counts["placeholder"] += 1
+            elif reason.get(eid) == common.TERMINATION_REASON_CANCELLED or eid not in reason:
+                counts["cancelled"] += 1
+            else:
+                counts["unconsumed"] += 1
+    reward_by_step = [
+        _mean([group_reward[g] for g, s in group_step.items() if s == step and g in group_reward]) for step in steps
+    ]
+    after_first_burst = [x for s in steps if s >= facts.mu for x in staleness_by_step[s]]
+    every = [x for s in steps for x in staleness_by_step[s]]
+    third = max(1, len(reward_by_step) // 3)
+    rewards = [x for x in reward_by_step if x is not None]
+    return {
+        "mode": facts.mode,
+        "phi": facts.phi,
+        "mu": facts.mu,
+        "steps": len(steps),
+        "reward_by_step": reward_by_step,
+        "reward_first_third": _mean(rewards[:third]),
+        "reward_last_third": _mean(rewards[-third:]),
+        "mean_staleness": _mean(after_first_burst),
+        "mean_staleness_all_steps": _mean(every),
+        "staleness_by_step": [_mean(staleness_by_step[s]) for s in steps],
+        "target_staleness": facts.phi + (facts.mu - 1) / 2,
+        "executions": {"dispatched": sum(len(m) for m in group_members.values()), **counts},
+        "harness_errors_during_transitions": facts.harness_errors_during_transitions,
+        "transitions": {
+            "count": sum(len(v) for v in durations.values()),
+            "median_s_to_training": _median(durations["training"]),
+            "median_s_to_rollout": _median(durations["rollout"]),
+        },
+        "reroutes": facts.reroutes,
+        "kv_migrated_tokens": facts.kv_migrated_tokens,
+        "wall_s": round(facts.wall_s, 1),
+        "loss_by_step": [round(completed_steps[s].loss, 5) for s in steps],
+        "clip_fraction_by_step": [round(completed_steps[s].clip_fraction, 4) for s in steps],
+        **facts.extra,
+    }
+
+
+def timeline(events: Sequence[RecordedEvent], facts: RunFacts, title: str) -> Any:
+    """The role timeline (sim's Timeline, in seconds) rebuilt from transition and micro-step events."""
+    from sim.metrics import DRAINING, RETURNING, ROLLOUT, TRAINING_BUSY, TRAINING_IDLE, CellUsage, Timeline
+
+    t0 = events[0].time_s if events else 0.0
+    usage = CellUsage(facts.num_cells, record=True)
+    busy = [0] * facts.num_cells
+    roles = [_ROLLOUT] * facts.num_cells
+    d = f = p = 0
+    series: list[tuple[float, int, int, int]] = []
+    step_end: list[float] = []
+    publish: list[float] = []
+
+    def capacity() -> int:
+        serving = sum(1 for r in roles if r == _ROLLOUT)
+        return facts.separate_pool_capacity + serving * facts.cell_capacity
+
+    for r in events:
+        now, e = r.time_s - t0, r.event
+        match e:
+            case ev.RoleTransitionBegun():
+                roles[e.cell] = e.to_role if e.to_role == _TRAINING else common.CELL_ROLE_DRAINING
+                usage.set(e.cell, DRAINING if e.to_role == _TRAINING else RETURNING, now)
+            case ev.RoleTransitionCompleted():
+                roles[e.cell] = e.to_role
+                usage.set(e.cell, TRAINING_IDLE if e.to_role == _TRAINING else ROLLOUT, now)
+            case ev.MicroStepClaimed():
+                busy[e.cell] += 1
+                usage.set(e.cell, TRAINING_BUSY, now)
+            case ev.MicroStepDone():
+                busy[e.cell] = max(0, busy[e.cell] - 1)
+                if not busy[e.cell]:
+                    usage.set(e.cell, TRAINING_IDLE, now)
+            case ev.GroupDispatched():
+                d += len(e.execution_ids)
+            case ev.ExecutionStarted():
+                p += 1
+            case ev.ExecutionTerminated():
+                f += 1
+            case ev.StepCompleted():
+                step_end.append(now)
+            case ev.WeightsPublished():
+                publish.append(now)
+            case _:
+                continue
+        series.append((now, d - f, capacity(), p - f))
+    end = (events[-1].time_s - t0) if events else 0.0
+    usage.close(end)
+    return Timeline(
+        num_cells=facts.num_cells, segments=usage.segments or [], series=series, step_end_s=step_end,
+        publish_s=publish, title=title, time_unit=("seconds", 1.0),
+    )
+
+
+def plot_reward_staleness(summary: dict[str, Any], path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 5.5))
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    steps = list(range(1, summary["steps"] + 1))
+    rewards = [float("nan") if x is None else x for x in summary["reward_by_step"]]
+    top.plot(steps, rewards, marker="o", color="#C44E52")
+    top.set_ylabel("mean group reward")
+    top.set_title(f"{summary['mode']} (φ={summary['phi']}, μ={summary['mu']}): reward and staleness per step")
+    stale = [float("nan") if x is None else x for x in summary["staleness_by_step"]]
+    bottom.bar(steps, stale, color="#4C72B0", label="mean staleness of the batch")
+    bottom.axhline(summary["target_staleness"], color="black", linestyle="--", label="target φ + (μ−1)/2")
+    bottom.set_xlabel("optimizer step")
+    bottom.set_ylabel("staleness (versions)")
+    bottom.legend(fontsize=8, frameon=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path

@@ -1,0 +1,113 @@
+"""Run the whole system for a number of optimizer steps and write its report.
+
+    run = DemoRun(config, steps=12)
+    summary = run.execute(progress=print)     # starts the stack, trains, shuts down, reports
+
+The stack is the one `gyre up` starts (NATS, Redis, every service, K cell agents); progress comes
+from the scheduler's `GetState`; the report from the run's stored events (gyre/demo/report.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gyre.config import GyreConfig, load_config
+from gyre.demo.events import read_events
+from gyre.demo.report import RunFacts, plot_reward_staleness, summarize, timeline
+from gyre.stack.launcher import StackError, StackState, down_state, pid_alive, up
+from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+Progress = Callable[[scheduler_pb2.SchedulerState, float], None]
+
+
+class DemoRun:
+    def __init__(self, config: GyreConfig, steps: int, drain_timeout_s: float = 120.0) -> None:
+        self.config = config.model_copy(deep=True)
+        self.config.scheduler.max_steps = steps
+        self.steps = steps
+        self.drain_timeout_s = drain_timeout_s
+
+    @property
+    def run_dir(self) -> Path:
+        return self.config.run.path
+
+    def execute(self, progress: Progress | None = None, start_timeout_s: float = 120.0) -> dict[str, Any]:
+        t0 = time.monotonic()
+        state = up(self.config, wait_s=start_timeout_s)
+        try:
+            resolved = load_config(Path(state.config_path))
+            host = resolved.run.peer_host("scheduler")
+            with grpc.insecure_channel(f"{host}:{resolved.scheduler.port}") as sch_ch, grpc.insecure_channel(
+                f"{resolved.run.peer_host('proxy')}:{resolved.proxy.port}"
+            ) as proxy_ch:
+                scheduler = scheduler_pb2_grpc.SchedulerStub(sch_ch)
+                proxy = proxy_pb2_grpc.ProxyStub(proxy_ch)
+                self._train(scheduler, state, progress, t0)
+                scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120)
+                self._settle(scheduler, state)
+                stats = proxy.GetStats(proxy_pb2.GetStatsRequest(), timeout=30)
+            events = asyncio.run(read_events(resolved.nats.url or "", resolved.run.id))
+            return self._report(events, stats, time.monotonic() - t0)
+        finally:
+            down_state(state)
+
+    def _train(
+        self, scheduler: scheduler_pb2_grpc.SchedulerStub, stack: StackState, progress: Progress | None, t0: float
+    ) -> None:
+        while True:
+            self._check_alive(stack)
+            st = scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
+            if progress is not None:
+                progress(st, time.monotonic() - t0)
+            if st.steps >= self.steps:
+                return
+            time.sleep(1.0)
+
+    def _settle(self, scheduler: scheduler_pb2_grpc.SchedulerStub, stack: StackState) -> None:
+        """Wait until every started execution terminated (cancelled ones included)."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive(stack)
+            st = scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
+            if st.counters.started == st.counters.finished:
+                time.sleep(2.0)  # let the last evaluations land
+                return
+            time.sleep(0.5)
+        raise StackError(f"executions still running {self.drain_timeout_s:.0f} s after shutdown")
+
+    @staticmethod
+    def _check_alive(stack: StackState) -> None:
+        dead = [p.name for p in stack.processes if not pid_alive(p.pid)]
+        if dead:
+            raise StackError(f"processes died during the run: {', '.join(dead)} (logs in {stack.run_dir}/logs)")
+
+    def _report(self, events: list[Any], stats: proxy_pb2.ProxyStats, wall_s: float) -> dict[str, Any]:
+        c = self.config.scheduler
+        facts = RunFacts(
+            mode=c.mode, phi=c.phi, mu=c.mu, num_cells=c.num_cells, group_size=c.group_size,
+            cell_capacity=c.cell_capacity, separate_pool_capacity=c.separate_pool_capacity,
+            reroutes=stats.reroutes, kv_migrated_tokens=stats.kv_migrated_tokens,
+            harness_errors_during_transitions=stats.errors_during_transitions, wall_s=wall_s,
+            extra={"run_id": self.config.run.id, "run_dir": str(self.run_dir)},
+        )
+        summary = summarize(events, facts)
+        from sim.timeline import plot_timeline
+
+        title = f"Gyre demo, {c.mode} (K={c.num_cells}, φ={c.phi}, μ={c.mu}): {summary['steps']} steps"
+        summary["role_timeline_png"] = str(plot_timeline(timeline(events, facts, title), self.run_dir / "role_timeline.png"))
+        summary["reward_staleness_png"] = str(plot_reward_staleness(summary, self.run_dir / "reward_staleness.png"))
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+def role_names(st: scheduler_pb2.SchedulerState) -> str:
+    short = {common_pb2.CELL_ROLE_ROLLOUT: "R", common_pb2.CELL_ROLE_TRAINING: "T",
+             common_pb2.CELL_ROLE_DRAINING: "D"}
+    return "".join(short.get(c.role, "?") for c in st.cells)

@@ -1,0 +1,364 @@
+"""EngineClient: one async client for the embedded engine and for a real SGLang server.
+
+    async with EngineClient("http://127.0.0.1:30000") as engine:
+        result = await engine.generate(input_ids, {"max_new_tokens": 64, "temperature": 1.0}, rid="e1-c7")
+        async for chunk in engine.generate_stream(input_ids, {"max_new_tokens": 64}):
+            ...                                   # chunk.new_output_ids, chunk.new_logprobs, chunk.finished
+        await engine.pause_generation("retract")
+        await engine.update_weights_from_tensor(model.state_dict(), weight_version="4")
+
+Used by the proxy (generation, abort, KV migration) and the cell agent (pause, memory, weights). It
+speaks SGLang's native API with SGLang's field names; `/gyre/kv/*` exists only on the embedded
+engine (a real SGLang answers 404 → `EngineNotFound`, and the proxy recomputes instead).
+
+Retries: only when the connection could not be made (refused, connect timeout), with exponential
+backoff: such a request never reached the server, so a retry cannot duplicate work. Everything else
+maps to one `EngineError` subclass (see errors.py). Log-probs are requested by default: every caller
+that records TITO needs them. Importing this module does not import torch (the proxy does not need it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from gyre.engine.errors import (
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
+    error_for_status,
+    error_message,
+)
+from gyre.engine.types import GenerateChunk, GenerateResult, KVPinInfo, StreamAccumulator
+
+if TYPE_CHECKING:
+    import torch
+
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+class EngineClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        max_connect_retries: int = 3,
+        retry_backoff_s: float = 0.2,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.max_connect_retries = max_connect_retries
+        self.retry_backoff_s = retry_backoff_s
+        self._own_http = http is None
+        self._http = http or httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+        self._server_kind: str | None = None
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # ---- transport ---------------------------------------------------------------------------
+
+    async def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                return await self._http.send(request, stream=stream)
+            except _RETRYABLE as e:
+                if attempt >= self.max_connect_retries:
+                    raise EngineUnavailable(
+                        f"{request.url}: cannot connect: {e!r}", url=str(request.url)
+                    ) from e
+                await asyncio.sleep(self.retry_backoff_s * 2**attempt)
+                attempt += 1
+            except httpx.TimeoutException as e:
+                raise EngineTimeout(f"{request.url}: timed out: {e!r}", url=str(request.url)) from e
+            except httpx.TransportError as e:
+                raise EngineUnavailable(
+                    f"{request.url}: connection failed: {e!r}", url=str(request.url)
+                ) from e
+
+    def _build(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Request:
+        kwargs: dict[str, Any] = {}
+        if json is not None:
+            kwargs["content"] = orjson.dumps(json)
+            kwargs["headers"] = {"content-type": "application/json"}
+        elif content is not None:
+            kwargs["content"] = content
+            kwargs["headers"] = {"content-type": "application/octet-stream"}
+        if timeout_s is not None:
+            kwargs["timeout"] = httpx.Timeout(timeout_s, connect=self._http.timeout.connect)
+        return self._http.build_request(method, path, **kwargs)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        response = await self._send(
+            self._build(method, path, json=json, content=content, timeout_s=timeout_s)
+        )
+        if response.status_code >= 400:
+            raise _error_from(response)
+        return response
+
+    # ---- generation --------------------------------------------------------------------------
+
+    @staticmethod
+    def _generate_body(
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any] | None,
+        rid: str | None,
+        return_logprob: bool,
+        return_text_in_logprobs: bool,
+        stream: bool,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": dict(sampling_params or {}),
+            "return_logprob": return_logprob,
+            "stream": stream,
+        }
+        if rid is not None:
+            body["rid"] = rid
+        if return_text_in_logprobs:
+            body["return_text_in_logprobs"] = True
+        return body
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any] | None = None,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+        return_text_in_logprobs: bool = False,
+        timeout_s: float | None = None,
+    ) -> GenerateResult:
+        body = self._generate_body(
+            input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, False
+        )
+        response = await self._call("POST", "/generate", json=body, timeout_s=timeout_s)
+        return GenerateResult.from_json(orjson.loads(response.content))
+
+    async def generate_stream(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any] | None = None,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+        return_text_in_logprobs: bool = False,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[GenerateChunk]:
+        """Stream `/generate`; the last chunk has `finished` set. Closing the iterator early closes
+        the connection, which makes the server abort the request."""
+        body = self._generate_body(
+            input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, True
+        )
+        response = await self._send(
+            self._build("POST", "/generate", json=body, timeout_s=timeout_s), stream=True
+        )
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                raise _error_from(response)
+            acc = StreamAccumulator()
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                event = orjson.loads(data)
+                if "error" in event:
+                    raise error_for_status(400, error_message(event, "stream error"), str(response.url))
+                yield acc.accept(event)
+        except httpx.TimeoutException as e:
+            raise EngineTimeout(f"{response.url}: stream timed out: {e!r}", url=str(response.url)) from e
+        except httpx.TransportError as e:
+            raise EngineUnavailable(f"{response.url}: stream broke: {e!r}", url=str(response.url)) from e
+        finally:
+            await response.aclose()
+
+    async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        if rid is None and not abort_all:
+            raise ValueError("abort needs a rid or abort_all=True")
+        await self._call("POST", "/abort_request", json={"rid": rid or "", "abort_all": abort_all})
+
+    # ---- control -----------------------------------------------------------------------------
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        if mode not in ("abort", "in_place", "retract"):
+            raise ValueError(f"pause mode must be 'abort', 'in_place' or 'retract'; got {mode!r}")
+        await self._call("POST", "/pause_generation", json={"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._call("POST", "/continue_generation", json={})
+
+    async def flush_cache(self) -> bool:
+        """True if flushed; False if the server refused because requests are running."""
+        response = await self._send(self._build("POST", "/flush_cache"))
+        if response.status_code == 400:
+            return False
+        if response.status_code >= 400:
+            raise _error_from(response)
+        return True
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        await self._call(
+            "POST", "/release_memory_occupation", json={"tags": list(tags) if tags is not None else None}
+        )
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        await self._call(
+            "POST", "/resume_memory_occupation", json={"tags": list(tags) if tags is not None else None}
+        )
+
+    async def _kind(self) -> str:
+        if self._server_kind is None:
+            info = await self.get_server_info()
+            self._server_kind = "embedded" if info.get("engine") == "gyre-embedded" else "sglang"
+        return self._server_kind
+
+    async def update_weights_from_tensor(
+        self,
+        named_tensors: Mapping[str, torch.Tensor],
+        *,
+        weight_version: str | None = None,
+        encoding: str = "auto",
+        tp_size: int = 1,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> str:
+        """Push parameters by name. `encoding`: `safetensors` (embedded engine), `sglang` (SGLang's
+        MultiprocessingSerializer, colocated processes only) or `auto` (asks the server which)."""
+        from gyre.engine.tensor_codec import SAFETENSORS, SGLANG, update_weights_payload  # imports torch
+
+        if encoding == "auto":
+            encoding = SAFETENSORS if await self._kind() == "embedded" else SGLANG
+        payload = await asyncio.to_thread(
+            update_weights_payload,
+            named_tensors,
+            encoding=encoding,
+            tp_size=tp_size,
+            weight_version=weight_version,
+            flush_cache=flush_cache,
+            abort_all_requests=abort_all_requests,
+        )
+        response = await self._call("POST", "/update_weights_from_tensor", json=payload)
+        return str(orjson.loads(response.content).get("message", ""))
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        *,
+        weight_version: str | None = None,
+        load_format: str | None = None,
+        abort_all_requests: bool = False,
+    ) -> str:
+        body = {
+            "model_path": model_path,
+            "load_format": load_format,
+            "weight_version": weight_version,
+            "abort_all_requests": abort_all_requests,
+        }
+        response = await self._call("POST", "/update_weights_from_disk", json=body)
+        return str(orjson.loads(response.content).get("message", ""))
+
+    # ---- health and info ---------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        """True when the server answers 200; False when it answers 503 or cannot be reached."""
+        try:
+            response = await self._send(self._build("GET", "/health"))
+        except EngineUnavailable:
+            return False
+        return response.status_code == 200
+
+    async def health_generate(self, timeout_s: float | None = None) -> bool:
+        try:
+            response = await self._send(self._build("GET", "/health_generate", timeout_s=timeout_s))
+        except (EngineUnavailable, EngineTimeout):
+            return False
+        return response.status_code == 200
+
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not await self.health():
+            if asyncio.get_running_loop().time() > deadline:
+                raise EngineUnavailable(f"{self.base_url} not healthy after {timeout_s} s", url=self.base_url)
+            await asyncio.sleep(poll_s)
+
+    async def get_model_info(self) -> dict[str, Any]:
+        return dict(orjson.loads((await self._call("GET", "/get_model_info")).content))
+
+    async def get_server_info(self) -> dict[str, Any]:
+        return dict(orjson.loads((await self._call("GET", "/get_server_info")).content))
+
+    async def get_weight_version(self) -> str | None:
+        info = orjson.loads((await self._call("GET", "/get_weight_version")).content)
+        version = info.get("weight_version")
+        return None if version is None else str(version)
+
+    # ---- KV migration (embedded engine only) -------------------------------------------------
+
+    async def pin_kv(self, rid: str) -> KVPinInfo:
+        data = orjson.loads((await self._call("POST", "/gyre/kv/pin", json={"rid": rid})).content)
+        return KVPinInfo(
+            handle=data["handle"],
+            rid=data["rid"],
+            num_tokens=int(data["num_tokens"]),
+            weight_version=data["weight_version"],
+        )
+
+    async def export_kv(self, handle: str) -> bytes:
+        return (await self._call("POST", "/gyre/kv/export", json={"handle": handle})).content
+
+    async def import_kv(self, payload: bytes) -> int:
+        data = orjson.loads((await self._call("POST", "/gyre/kv/import", content=payload)).content)
+        return int(data["num_tokens"])
+
+    async def release_kv(self, handle: str) -> None:
+        await self._call("POST", "/gyre/kv/release", json={"handle": handle})
+
+
+def _error_from(response: httpx.Response) -> EngineError:
+    try:
+        body: Any = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        body = None
+    fallback = response.text.strip() or response.reason_phrase
+    return error_for_status(response.status_code, error_message(body, fallback), str(response.url))

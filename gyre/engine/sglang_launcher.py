@@ -1,0 +1,220 @@
+"""Launching and supervising a real SGLang server for a cell on a GPU node.
+
+    async with SGLangLauncher(config.cell_agent.engine) as sglang:
+        client = EngineClient(sglang.url)          # the same client as for the embedded engine
+
+The command comes from the engine section (`backend: sglang`):
+
+    python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size T
+        --random-seed S --weight-version V --enable-memory-saver [--mem-fraction-static F]
+        [--incremental-streaming-output] [extra sglang_args...]
+
+`--enable-memory-saver` is what lets the cell agent release and resume GPU memory on a role switch
+(`/release_memory_occupation`, `/resume_memory_occupation`). The launcher starts the server in its
+own process group, waits for `/health`, restarts it if it dies (at most `max_restarts` times, with
+backoff) and stops it with SIGTERM, then SIGKILL after a grace period. SGLang is CUDA-only: none of
+this runs on a CPU machine, where the embedded engine serves the same API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from gyre.config.services import EngineSection
+from gyre.engine.client import EngineClient
+
+log = structlog.get_logger(__name__)
+
+#: Flags the launcher sets from the config; repeating them in `sglang_args` is an error.
+MANAGED_FLAGS = (
+    "--model-path",
+    "--host",
+    "--port",
+    "--tp-size",
+    "--tp",
+    "--random-seed",
+    "--weight-version",
+    "--enable-memory-saver",
+    "--mem-fraction-static",
+    "--incremental-streaming-output",
+)
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
+    """The argv of `python -m sglang.launch_server` for this engine section, on `port`."""
+    if section.backend != "sglang":
+        raise ValueError(
+            f"cell_agent.engine.backend must be 'sglang' to launch SGLang; got {section.backend!r}"
+        )
+    if not section.sglang_model_path:
+        raise ValueError(
+            "cell_agent.engine.sglang_model_path must name the model (a path or an HF id) for SGLang"
+        )
+    for arg in section.sglang_args:
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            raise ValueError(
+                f"cell_agent.engine.sglang_args must not set {flag}: it comes from its own config field "
+                "(sglang_model_path, host, port, sglang_tp_size, seed, weight_version, "
+                "sglang_enable_memory_saver, sglang_mem_fraction_static, incremental_streaming_output)"
+            )
+    cmd = [
+        section.sglang_python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        section.sglang_model_path,
+        "--host",
+        section.host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(section.sglang_tp_size),
+        "--random-seed",
+        str(section.seed),
+        "--weight-version",
+        section.weight_version,
+    ]
+    if section.sglang_enable_memory_saver:
+        cmd.append("--enable-memory-saver")
+    if section.sglang_mem_fraction_static is not None:
+        cmd += ["--mem-fraction-static", str(section.sglang_mem_fraction_static)]
+    if section.incremental_streaming_output:
+        cmd.append("--incremental-streaming-output")
+    return cmd + list(section.sglang_args)
+
+
+class SGLangLauncher:
+    """Starts, health-checks, restarts and stops one SGLang server process."""
+
+    def __init__(
+        self,
+        section: EngineSection,
+        *,
+        env: Mapping[str, str] | None = None,
+        log_path: Path | None = None,
+        startup_timeout_s: float = 900.0,
+        max_restarts: int = 3,
+        restart_backoff_s: float = 5.0,
+        stop_grace_s: float = 30.0,
+    ) -> None:
+        self.section = section
+        self.port = section.port or free_port(section.host)
+        self.command = build_sglang_command(section, port=self.port)
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.max_restarts = max_restarts
+        self.restart_backoff_s = restart_backoff_s
+        self.stop_grace_s = stop_grace_s
+        self.num_restarts = 0
+        self._process: asyncio.subprocess.Process | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.section.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    async def _spawn(self) -> None:
+        log_file = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115 (owned by the child)
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                *self.command,
+                env=self.env,
+                stdout=log_file or asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.STDOUT if log_file else asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            if log_file is not None:
+                log_file.close()
+        log.info("sglang_spawned", pid=self._process.pid, url=self.url, command=command_line(self.command))
+        await self._wait_healthy()
+
+    async def _wait_healthy(self) -> None:
+        assert self._process is not None
+        async with EngineClient(self.url, connect_timeout_s=2.0, max_connect_retries=0) as client:
+            deadline = asyncio.get_running_loop().time() + self.startup_timeout_s
+            while not await client.health():
+                if self._process.returncode is not None:
+                    raise RuntimeError(f"SGLang exited with code {self._process.returncode} during startup")
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"SGLang at {self.url} not healthy after {self.startup_timeout_s} s")
+                await asyncio.sleep(0.5)
+
+    async def start(self) -> SGLangLauncher:
+        await self._spawn()
+        self._supervisor = asyncio.create_task(self._supervise(), name="sglang-supervisor")
+        return self
+
+    async def _supervise(self) -> None:
+        """Restart the server when it dies; raise once it died more than `max_restarts` times."""
+        while not self._stopping:
+            assert self._process is not None
+            code = await self._process.wait()
+            if self._stopping:
+                return
+            log.error("sglang_exited", code=code, restarts=self.num_restarts)
+            if self.num_restarts >= self.max_restarts:
+                raise RuntimeError(f"SGLang exited with code {code} after {self.num_restarts} restarts")
+            self.num_restarts += 1
+            await asyncio.sleep(self.restart_backoff_s * self.num_restarts)
+            await self._spawn()
+
+    async def wait(self) -> None:
+        """Return when supervision ends; raise its error if SGLang could not be kept alive."""
+        assert self._supervisor is not None
+        await self._supervisor
+
+    async def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        process = self._process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=self.stop_grace_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+
+    async def __aenter__(self) -> SGLangLauncher:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+def command_line(args: Sequence[str]) -> str:
+    """The command as one shell-quoted line (for logs and the README)."""
+    return " ".join(shlex.quote(a) for a in args)

@@ -1,0 +1,147 @@
+"""Typed results of the engine client, parsed from SGLang's `/generate` responses.
+
+`GenerateResult` is one finished call; `GenerateChunk` is one streamed update, normalized so callers
+never care whether the server streams cumulatively (SGLang's default) or incrementally
+(`--incremental-streaming-output`): every chunk carries both the delta and the running totals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class FinishReason:
+    type: str
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> FinishReason | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(
+            type=str(data.get("type")),
+            matched=data.get("matched"),
+            length=data.get("length"),
+            message=data.get("message"),
+        )
+
+    @property
+    def aborted(self) -> bool:
+        return self.type == "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    rid: str
+    text: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    weight_version: str | None
+    meta_info: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GenerateResult:
+        meta = data.get("meta_info") or {}
+        triples = meta.get("output_token_logprobs") or []
+        return cls(
+            rid=str(meta.get("id", "")),
+            text=data.get("text") or "",
+            output_ids=list(data.get("output_ids") or []),
+            output_logprobs=[float(t[0]) for t in triples],
+            finish_reason=FinishReason.from_json(meta.get("finish_reason")),
+            prompt_tokens=int(meta.get("prompt_tokens") or 0),
+            completion_tokens=int(meta.get("completion_tokens") or 0),
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+            weight_version=meta.get("weight_version"),
+            meta_info=meta,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateChunk:
+    rid: str
+    new_text: str
+    new_output_ids: list[int]
+    new_logprobs: list[float]
+    text: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: FinishReason | None
+    meta_info: dict[str, Any] = field(repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_result(self) -> GenerateResult:
+        meta = self.meta_info
+        return GenerateResult(
+            rid=self.rid,
+            text=self.text,
+            output_ids=list(self.output_ids),
+            output_logprobs=list(self.output_logprobs),
+            finish_reason=self.finish_reason,
+            prompt_tokens=int(meta.get("prompt_tokens") or 0),
+            completion_tokens=int(meta.get("completion_tokens") or len(self.output_ids)),
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+            weight_version=meta.get("weight_version"),
+            meta_info=meta,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KVPinInfo:
+    handle: str
+    rid: str
+    num_tokens: int
+    weight_version: str
+
+
+class StreamAccumulator:
+    """Turns SGLang stream events (cumulative or incremental) into `GenerateChunk`s."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.output_ids: list[int] = []
+        self.output_logprobs: list[float] = []
+
+    def accept(self, event: dict[str, Any]) -> GenerateChunk:
+        meta = event.get("meta_info") or {}
+        ids = list(event.get("output_ids") or [])
+        text = event.get("text") or ""
+        triples = meta.get("output_token_logprobs") or []
+        completion = meta.get("completion_tokens")
+        # Cumulative chunks repeat everything: their id count equals completion_tokens. (On the first
+        # chunk both readings agree.)
+        cumulative = completion is None or (len(ids) == int(completion) and len(ids) >= len(self.output_ids))
+        if cumulative:
+            new_ids = ids[len(self.output_ids) :]
+            new_text = text[len(self.text) :] if text.startswith(self.text) else text
+            all_logprobs = [float(t[0]) for t in triples]
+            new_logprobs = all_logprobs[len(self.output_logprobs) :]
+            self.text = text
+        else:
+            new_ids, new_text = ids, text
+            new_logprobs = [float(t[0]) for t in triples]
+            self.text += text
+        self.output_ids.extend(new_ids)
+        self.output_logprobs.extend(new_logprobs)
+        return GenerateChunk(
+            rid=str(meta.get("id", "")),
+            new_text=new_text,
+            new_output_ids=new_ids,
+            new_logprobs=new_logprobs,
+            text=self.text,
+            output_ids=list(self.output_ids),
+            output_logprobs=list(self.output_logprobs),
+            finish_reason=FinishReason.from_json(meta.get("finish_reason")),
+            meta_info=meta,
+        )

@@ -1,0 +1,21 @@
+"""Identifiers shared across services (batch ids and queue names), defined once."""
+
+from __future__ import annotations
+
+
+def batch_id(run_id: str, step: int) -> str:
+    """The batch that optimizer step `step` consumes (stable across restarts)."""
+    return f"{run_id}-b{step}"
+
+
+def step_of_batch(batch_id_: str) -> int:
+    """Inverse of `batch_id`; a ValueError names the bad id."""
+    head, sep, step = batch_id_.rpartition("-b")
+    if not sep or not head or not step.isdigit():
+        raise ValueError(f"batch id must look like '<run>-b<step>'; got {batch_id_!r}")
+    return int(step)
+
+
+def microstep_queue(batch_id_: str) -> str:
+    """Name of the reliable work queue holding the micro-steps of a batch."""
+    return f"microsteps:{batch_id_}"

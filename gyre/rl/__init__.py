@@ -1,0 +1,16 @@
+"""The RL objective and stream packing: pure library code shared by the packer and the trainers.
+
+Nothing here talks to a broker, a store or an engine (a test enforces it); the modules are:
+
+- `advantages`  group-relative advantages over the resolved members of a group
+- `ordering`    which ready group the packer takes next (oldest policy version, then oldest ready time)
+- `packing`     rows → micro-steps under a token budget, with the per-token coefficient 1/(L_i·B·N)
+- `microstep`   the `MicroStep` record a cell trains on
+- `codec`       a versioned bytes format for a `MicroStep` (it travels through the Redis queue)
+- `stream`      the stream packing buffer: groups in, full micro-steps out
+- `loss`        the GSPO-variant loss (torch) and its metrics
+- `step_loss`   a micro-step's loss given a logits function, chunked for executions over the budget
+- `attention`   the reference block-diagonal causal attention of the packed layout
+
+Only `loss`, `step_loss` and `attention` import torch, so the packer can stay torch-free.
+"""

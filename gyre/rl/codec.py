@@ -1,0 +1,204 @@
+"""A compact, versioned bytes format for a `MicroStep`: micro-steps travel between processes
+through a Redis queue, so they need a format that is small, fast, language-neutral and safe to
+decode (no pickle).
+
+Layout (all integers little-endian):
+
+    magic  b"GYMS"      4 bytes
+    version             u16     (CODEC_VERSION; a decoder rejects any other)
+    reserved            u16     (0)
+    header length H     u32
+    header              H bytes of UTF-8 JSON: scalars, execution ids, and the array table
+                        [{"name", "dtype", "count", "offset"}], offsets relative to the data start
+    padding             to a multiple of 8
+    data                the arrays, raw little-endian, each starting on an 8-byte boundary
+
+Only what cannot be derived is stored: token ids (uint16 when every id fits, else int32), row
+boundaries, the execution of each row, the target mask as a bit set, the behaviour log-prob
+(float32) at targets only, and the coefficient once per execution (float64; per target only if a
+micro-step ever carries coefficients that vary inside an execution). Position ids and per-token
+execution indices are rebuilt on decode. With the byte tokenizer and a quarter of the tokens being
+targets, that is about 3 bytes per token.
+
+    blob = encode_microstep(step)
+    same = decode_microstep(blob)
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gyre.rl.microstep import MicroStep
+
+CODEC_VERSION = 1
+MAGIC = b"GYMS"
+_PREAMBLE = struct.Struct("<4sHHI")
+_ALIGN = 8
+
+_DTYPES: dict[str, np.dtype[Any]] = {
+    "i4": np.dtype("<i4"),
+    "u2": np.dtype("<u2"),
+    "u1": np.dtype("<u1"),
+    "f4": np.dtype("<f4"),
+    "f8": np.dtype("<f8"),
+}
+
+
+class CodecError(ValueError):
+    """The bytes are not a micro-step this codec version can read."""
+
+
+def _pad(n: int) -> int:
+    return (-n) % _ALIGN
+
+
+def encode_microstep(step: MicroStep) -> bytes:
+    """Serialize a micro-step (see the module docstring for the layout)."""
+    mask = step.target_mask
+    ids_code = (
+        "u2"
+        if step.num_tokens == 0 or (step.input_ids.min() >= 0 and step.input_ids.max() < 1 << 16)
+        else "i4"
+    )
+    target_coefficients = step.coefficients[mask]
+    target_execution = step.execution_index[mask]
+    per_execution = np.zeros(step.num_executions, dtype=np.float64)
+    per_execution[target_execution] = target_coefficients
+    if np.array_equal(per_execution[target_execution], target_coefficients):
+        coefficients = ("execution_coefficients", "f8", per_execution)
+    else:
+        coefficients = ("target_coefficients", "f8", target_coefficients)
+    arrays: list[tuple[str, str, npt.NDArray[Any]]] = [
+        ("input_ids", ids_code, step.input_ids),
+        ("cu_seqlens", "i4", step.cu_seqlens),
+        ("row_execution", "i4", step.row_execution),
+        ("target_bits", "u1", np.packbits(mask, bitorder="little")),
+        ("target_behaviour_logprobs", "f4", step.behaviour_logprobs[mask]),
+        coefficients,
+        ("advantages", "f8", step.advantages),
+        ("execution_num_targets", "i4", step.execution_num_targets),
+    ]
+    table: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    offset = 0
+    for name, code, array in arrays:
+        raw = np.ascontiguousarray(array, dtype=_DTYPES[code]).tobytes()
+        table.append({"name": name, "dtype": code, "count": len(array), "offset": offset})
+        chunks.append(raw + b"\0" * _pad(len(raw)))
+        offset += len(raw) + _pad(len(raw))
+    header = json.dumps(
+        {
+            "batch_id": step.batch_id,
+            "step": step.step,
+            "index": step.index,
+            "token_budget": step.token_budget,
+            "num_tokens": step.num_tokens,
+            "execution_ids": list(step.execution_ids),
+            "arrays": table,
+        },
+        separators=(",", ":"),
+    ).encode()
+    head = _PREAMBLE.pack(MAGIC, CODEC_VERSION, 0, len(header)) + header
+    return b"".join([head, b"\0" * _pad(len(head)), *chunks])
+
+
+def _read_header(blob: bytes) -> tuple[dict[str, Any], int]:
+    if len(blob) < _PREAMBLE.size:
+        raise CodecError(f"micro-step blob too short ({len(blob)} bytes)")
+    magic, version, _reserved, header_len = _PREAMBLE.unpack_from(blob)
+    if magic != MAGIC:
+        raise CodecError(f"not a micro-step blob (magic {magic!r})")
+    if version != CODEC_VERSION:
+        raise CodecError(f"micro-step codec version {version}; this reader understands {CODEC_VERSION} only")
+    end = _PREAMBLE.size + header_len
+    if end > len(blob):
+        raise CodecError("micro-step blob truncated inside its header")
+    try:
+        header = json.loads(blob[_PREAMBLE.size : end])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CodecError(f"micro-step header is not valid JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise CodecError("micro-step header must be a JSON object")
+    return header, end + _pad(end)
+
+
+def decode_microstep(blob: bytes) -> MicroStep:
+    """Inverse of `encode_microstep`; raises `CodecError` (a ValueError) on anything malformed."""
+    header, data_start = _read_header(blob)
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    try:
+        for entry in header["arrays"]:
+            dtype = _DTYPES[entry["dtype"]]
+            count, offset = int(entry["count"]), int(entry["offset"])
+            if count < 0 or offset < 0 or data_start + offset + count * dtype.itemsize > len(blob):
+                raise CodecError(f"array {entry['name']!r} runs past the end of the blob")
+            arrays[entry["name"]] = np.frombuffer(blob, dtype=dtype, count=count, offset=data_start + offset)
+        num_tokens = int(header["num_tokens"])
+        input_ids = arrays["input_ids"].astype(np.int32)
+        cu_seqlens = arrays["cu_seqlens"].astype(np.int32)
+        row_execution = arrays["row_execution"].astype(np.int32)
+        bits = arrays["target_bits"]
+        behaviour = arrays["target_behaviour_logprobs"]
+        advantages = arrays["advantages"].astype(np.float64)
+        execution_num_targets = arrays["execution_num_targets"].astype(np.int32)
+        execution_ids = tuple(str(x) for x in header["execution_ids"])
+        scalars = (
+            str(header["batch_id"]),
+            int(header["step"]),
+            int(header["index"]),
+            int(header["token_budget"]),
+        )
+    except CodecError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise CodecError(f"micro-step header is missing or mistypes a field: {e}") from e
+    if len(input_ids) != num_tokens or len(bits) != (num_tokens + 7) // 8:
+        raise CodecError("micro-step arrays disagree with the token count")
+    if (
+        len(cu_seqlens) != len(row_execution) + 1
+        or np.any(np.diff(cu_seqlens) <= 0)
+        or cu_seqlens[-1] != num_tokens
+    ):
+        raise CodecError("micro-step row boundaries are inconsistent")
+    mask = np.unpackbits(bits, count=num_tokens, bitorder="little").astype(np.bool_)
+    num_targets = int(mask.sum())
+    if len(behaviour) != num_targets:
+        raise CodecError("micro-step behaviour log-probs disagree with the target mask")
+    lengths = np.diff(cu_seqlens)
+    execution_index = np.repeat(row_execution, lengths).astype(np.int32)
+    if np.any(row_execution < 0) or np.any(row_execution >= len(execution_ids)):
+        raise CodecError("micro-step rows refer to executions it does not list")
+    full_behaviour = np.zeros(num_tokens, dtype=np.float32)
+    full_behaviour[mask] = behaviour
+    full_coefficients = np.zeros(num_tokens, dtype=np.float64)
+    if "execution_coefficients" in arrays and len(arrays["execution_coefficients"]) == len(execution_ids):
+        full_coefficients[mask] = arrays["execution_coefficients"][execution_index[mask]]
+    elif "target_coefficients" in arrays and len(arrays["target_coefficients"]) == num_targets:
+        full_coefficients[mask] = arrays["target_coefficients"]
+    else:
+        raise CodecError("micro-step coefficients are missing or have the wrong length")
+    batch_id, step, index, token_budget = scalars
+    try:
+        return MicroStep(
+            batch_id=batch_id,
+            step=step,
+            index=index,
+            token_budget=token_budget,
+            input_ids=input_ids,
+            position_ids=(np.arange(num_tokens) - np.repeat(cu_seqlens[:-1], lengths)).astype(np.int32),
+            cu_seqlens=cu_seqlens,
+            target_mask=mask,
+            behaviour_logprobs=full_behaviour,
+            coefficients=full_coefficients,
+            execution_index=execution_index,
+            execution_ids=execution_ids,
+            advantages=advantages,
+            execution_num_targets=execution_num_targets,
+        )
+    except ValueError as e:
+        raise CodecError(f"decoded micro-step is inconsistent: {e}") from e

@@ -1,0 +1,204 @@
+"""A micro-step's loss given a logits function, and the gradient pass a training cell runs on it.
+
+The logits function follows the model contract of the packed path:
+`logits = logits_fn(input_ids [T] int64, position_ids [T] int64, cu_seqlens [S+1] int32)` → [T, V],
+with block-diagonal causal attention. The log-prob of a target at token t comes from the logits at
+t - 1 (same row; a row's first token is never a target).
+
+Executions larger than the budget (chunked path). The packer gives such an execution a micro-step
+of its own; `train_microstep` then splits its rows into chunks of at most `chunk_tokens` tokens (a
+single row longer than that is one chunk: the packed model has no cache across chunks) and runs
+two passes:
+
+1. a no-grad forward over every chunk, which yields the log-probs of all targets of the execution
+   and hence log s_i over the whole T_i (`microstep_log_seq_ratios`);
+2. per chunk, a forward with gradient, the loss with that log s_i fixed (so the clip decision is
+   the execution's, not the chunk's), and a backward that accumulates into `.grad`.
+
+s_i carries no gradient and the loss is a sum over tokens, so the accumulated gradient equals that
+of one unchunked pass (up to summation order; tested to 1e-12 in float64). The price is one extra
+forward of that execution. The two passes must see the same weights and a deterministic model (no
+dropout), which holds while a batch is being accumulated: weights are frozen until the optimizer step.
+
+Reducing across cells: every token already carries 1/(L_i·B·N), so the batch gradient is the SUM of
+the cells' accumulated gradients — all-reduce with SUM, never average, and do not divide by the
+number of micro-steps.
+
+    result = train_microstep(step, model, objective=ObjectiveParams(), device="cpu")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from gyre.rl.loss import DEFAULT_OBJECTIVE, LossMetrics, ObjectiveParams, gspo_loss, sequence_metrics
+from gyre.rl.microstep import MicroStep, row_chunks
+
+LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""`logits_fn(input_ids, position_ids, cu_seqlens) -> logits [T, V]` (see the module docstring)."""
+
+
+@dataclass(slots=True, frozen=True)
+class StepResult:
+    """What one micro-step's gradient pass produced."""
+
+    metrics: LossMetrics
+    num_chunks: int
+    """1 for a normal micro-step; more when an oversize execution was trained in chunks."""
+
+
+@dataclass(slots=True, frozen=True)
+class _Tensors:
+    cu_host: list[int]
+    """Row boundaries on the host (slicing without device syncs)."""
+    targets_host: npt.NDArray[np.int64]
+    """Target positions on the host."""
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    target_positions: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    coefficients: torch.Tensor
+    target_execution: torch.Tensor
+    advantages: torch.Tensor
+    num_targets: torch.Tensor
+
+
+def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
+    targets = np.flatnonzero(step.target_mask)
+
+    def put(a: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+
+    return _Tensors(
+        cu_host=[int(x) for x in step.cu_seqlens],
+        targets_host=targets,
+        input_ids=put(step.input_ids, torch.int64),
+        position_ids=put(step.position_ids, torch.int64),
+        cu_seqlens=put(step.cu_seqlens, torch.int32),
+        target_positions=put(targets, torch.int64),
+        behaviour_logprobs=put(step.behaviour_logprobs[targets], torch.float32),
+        coefficients=put(step.coefficients[targets], torch.float64),
+        target_execution=put(step.execution_index[targets], torch.int64),
+        advantages=put(step.advantages, torch.float64),
+        num_targets=put(step.execution_num_targets, torch.int64),
+    )
+
+
+def target_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, target_positions: torch.Tensor
+) -> torch.Tensor:
+    """log π(y_t | tokens before t) for each target position t, from the logits at t - 1.
+
+    Low-precision logits are promoted to float32 first; only the target rows are normalized.
+    """
+    rows = logits.index_select(0, target_positions - 1)
+    rows = rows.to(torch.promote_types(rows.dtype, torch.float32))
+    picked = rows.gather(1, input_ids.index_select(0, target_positions).unsqueeze(1)).squeeze(1)
+    return picked - torch.logsumexp(rows, dim=-1)
+
+
+def _target_slice(t: _Tensors, row_start: int, row_end: int) -> slice:
+    """The targets of rows [row_start, row_end) as a slice of the per-target arrays."""
+    lo, hi = np.searchsorted(t.targets_host, [t.cu_host[row_start], t.cu_host[row_end]])
+    return slice(int(lo), int(hi))
+
+
+def _chunk_logprobs(
+    t: _Tensors, logits_fn: LogitsFn, row_start: int, row_end: int
+) -> tuple[torch.Tensor, slice]:
+    """Log-probs of the targets of rows [row_start, row_end) and their slice in the per-target arrays."""
+    a, b = t.cu_host[row_start], t.cu_host[row_end]
+    sl = _target_slice(t, row_start, row_end)
+    logits = logits_fn(t.input_ids[a:b], t.position_ids[a:b], t.cu_seqlens[row_start : row_end + 1] - a)
+    if logits.dim() != 2 or logits.shape[0] != b - a:
+        raise ValueError(f"logits_fn must return [{b - a}, vocab] logits; got {tuple(logits.shape)}")
+    return target_logprobs(logits, t.input_ids[a:b], t.target_positions[sl] - a), sl
+
+
+def microstep_loss(
+    step: MicroStep,
+    logits_fn: LogitsFn,
+    *,
+    objective: ObjectiveParams = DEFAULT_OBJECTIVE,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, LossMetrics]:
+    """The loss of a whole micro-step in one forward (with gradient); the caller runs backward."""
+    return _whole_loss(_tensors(step, device), logits_fn, objective)
+
+
+def _whole_loss(
+    t: _Tensors, logits_fn: LogitsFn, objective: ObjectiveParams
+) -> tuple[torch.Tensor, LossMetrics]:
+    logprobs, _ = _chunk_logprobs(t, logits_fn, 0, len(t.cu_host) - 1)
+    return gspo_loss(
+        logprobs, t.behaviour_logprobs, t.advantages, t.target_execution, t.coefficients, objective=objective
+    )
+
+
+def microstep_log_seq_ratios(
+    step: MicroStep, logits_fn: LogitsFn, *, chunk_tokens: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """log s_i [E] of every execution of the micro-step, from a no-grad pass in chunks."""
+    t = _tensors(step, device)
+    return _log_seq_ratios(t, logits_fn, row_chunks(step.cu_seqlens, chunk_tokens))
+
+
+def _log_seq_ratios(t: _Tensors, logits_fn: LogitsFn, chunks: list[tuple[int, int]]) -> torch.Tensor:
+    sums = torch.zeros(t.advantages.shape[0], dtype=torch.float64, device=t.advantages.device)
+    with torch.no_grad():
+        for r0, r1 in chunks:
+            logprobs, sl = _chunk_logprobs(t, logits_fn, r0, r1)
+            log_ratio = logprobs - t.behaviour_logprobs[sl].to(logprobs.dtype)
+            sums.index_add_(0, t.target_execution[sl], log_ratio.double())
+    return sums / t.num_targets.clamp(min=1).to(sums.dtype)
+
+
+def train_microstep(
+    step: MicroStep,
+    logits_fn: LogitsFn,
+    *,
+    objective: ObjectiveParams = DEFAULT_OBJECTIVE,
+    chunk_tokens: int | None = None,
+    device: torch.device | str = "cpu",
+) -> StepResult:
+    """Forward and backward of one micro-step: gradients accumulate into the parameters' `.grad`.
+
+    `chunk_tokens` defaults to the micro-step's token budget; a micro-step within it takes one
+    pass, a larger one takes the two-pass chunked path of the module docstring.
+    """
+    limit = step.token_budget if chunk_tokens is None else chunk_tokens
+    t = _tensors(step, device)
+    chunks = row_chunks(step.cu_seqlens, limit)
+    if len(chunks) <= 1:
+        loss, metrics = _whole_loss(t, logits_fn, objective)
+        if loss.requires_grad:
+            torch.autograd.backward(loss)
+        return StepResult(metrics=metrics, num_chunks=1)
+
+    log_s = _log_seq_ratios(t, logits_fn, chunks)
+    metrics = sequence_metrics(t.advantages, log_s, t.num_targets, objective)
+    for r0, r1 in chunks:
+        target_slice = _target_slice(t, r0, r1)
+        if target_slice.start == target_slice.stop:
+            continue
+        logprobs, sl = _chunk_logprobs(t, logits_fn, r0, r1)
+        loss, chunk_metrics = gspo_loss(
+            logprobs,
+            t.behaviour_logprobs[sl],
+            t.advantages,
+            t.target_execution[sl],
+            t.coefficients[sl],
+            objective=objective,
+            log_seq_ratio=log_s,
+            execution_metrics=False,
+        )
+        torch.autograd.backward(loss)
+        metrics = metrics.merge(chunk_metrics)
+    return StepResult(metrics=metrics, num_chunks=len(chunks))

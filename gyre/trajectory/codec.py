@@ -1,0 +1,114 @@
+"""Node codec: compact bytes for one tree node (`gyre.v1.TreeNode`), for trees kept in Redis.
+
+The proxy writes `encode_node(n)` for every node a commit returns (`CommitResult.new_nodes` and
+`.changed_nodes`) under the node's id, and rebuilds a tree after a restart with
+`TrajectoryTree.from_nodes(execution_id, template, profile, blobs)`. Token ids are packed varints
+(1-2 bytes per byte-level token), log-probs packed float32, provenance a list of sampled spans.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from gyre.trajectory.messages import ToolUseBlock, canonical_json
+from gyre.trajectory.node import EMPTY_LOGPROBS, CallMeta, Node, NodeKind
+from gyre.trajectory.profiles import AgentKind, RequestKind
+from gyre.v1 import trajectory_pb2 as pb
+
+_AGENT = {AgentKind.MAIN: pb.TREE_AGENT_KIND_MAIN, AgentKind.SUB: pb.TREE_AGENT_KIND_SUB}
+_AGENT_BACK = {v: k for k, v in _AGENT.items()}
+_REQUEST = {RequestKind.TASK: pb.TREE_REQUEST_KIND_TASK, RequestKind.SUMMARY: pb.TREE_REQUEST_KIND_SUMMARY}
+_REQUEST_BACK = {v: k for k, v in _REQUEST.items()}
+
+
+def encode_node(node: Node) -> bytes:
+    """Serialize one node (its parent by id; children are implied by their parents)."""
+    msg = pb.TreeNode(
+        node_id=node.node_id,
+        parent_id=node.parent_id,
+        kind=int(node.kind),  # type: ignore[arg-type]
+        role=node.role,
+        digest=node.digest,
+        aliases=node.aliases,
+        token_ids=node.token_ids.tolist(),
+        sampled_spans=_spans(node),
+        logprobs=node.logprobs.tolist(),
+        agent_kind=_AGENT[node.agent_kind],
+        request_kind=_REQUEST[node.request_kind],
+    )
+    for call in node.tool_calls:
+        msg.tool_calls.add(
+            id=call.id,
+            name=call.name,
+            raw=call.raw or "",
+            has_raw=call.raw is not None,
+            arguments_json=canonical_json(call.input),
+        )
+    if node.meta is not None:
+        m = node.meta
+        msg.call.CopyFrom(
+            pb.CallRecord(
+                request_id=m.request_id,
+                policy_version=m.policy_version,
+                engine_id=m.engine_id,
+                started_at_s=m.started_at_s,
+                first_token_s=m.first_token_s,
+                finished_at_s=m.finished_at_s,
+            )
+        )
+    return msg.SerializeToString()
+
+
+def decode_node(data: bytes) -> tuple[Node, int]:
+    """A node without links (parent None, path digest unset) and its parent's id."""
+    msg = pb.TreeNode.FromString(data)
+    if msg.kind not in (1, 2, 3):
+        raise ValueError(f"tree node {msg.node_id} has no kind")
+    tokens = np.asarray(msg.token_ids, dtype=np.int32)
+    sampled = None
+    if msg.sampled_spans:
+        sampled = np.zeros(len(tokens), dtype=np.bool_)
+        spans = list(msg.sampled_spans)
+        for start, end in zip(spans[::2], spans[1::2], strict=True):
+            sampled[start:end] = True
+    logprobs = np.asarray(msg.logprobs, dtype=np.float32) if len(msg.logprobs) else EMPTY_LOGPROBS
+    num_sampled = int(sampled.sum()) if sampled is not None else 0
+    if len(logprobs) != num_sampled:
+        raise ValueError(
+            f"tree node {msg.node_id}: {len(logprobs)} log-probs for {num_sampled} sampled tokens"
+        )
+    node = Node(
+        node_id=msg.node_id,
+        parent=None,
+        kind=NodeKind(msg.kind),
+        role=msg.role,
+        digest=msg.digest,
+        path_digest=b"",
+        token_ids=tokens,
+        sampled=sampled,
+        logprobs=logprobs,
+        agent_kind=_AGENT_BACK.get(msg.agent_kind, AgentKind.MAIN),
+        request_kind=_REQUEST_BACK.get(msg.request_kind, RequestKind.TASK),
+        tool_calls=tuple(
+            ToolUseBlock(c.id, c.name, json.loads(c.arguments_json or "{}"), c.raw if c.has_raw else None)
+            for c in msg.tool_calls
+        ),
+        aliases=list(msg.aliases),
+        num_sampled=num_sampled,
+    )
+    if msg.HasField("call"):
+        c = msg.call
+        node.meta = CallMeta(
+            c.request_id, c.policy_version, c.engine_id, c.started_at_s, c.first_token_s, c.finished_at_s
+        )
+    return node, msg.parent_id
+
+
+def _spans(node: Node) -> list[int]:
+    if node.sampled is None or not node.sampled.any():
+        return []
+    padded = np.concatenate([[False], node.sampled, [False]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return [int(e) for e in edges]

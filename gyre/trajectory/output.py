@@ -1,0 +1,151 @@
+"""Engine output → assistant message: the tool-call parser registry and `parse_output`.
+
+The engine returns token ids; the chat template decodes them to text (special tokens as their
+literal strings, stop tokens removed) and a `ToolCallParser` splits that text into thinking,
+text and tool calls. Tool-call ids are generated deterministically from an id seed (the tree
+passes the digest of the path the output extends) and the call's position and payload, so the
+same output at the same place always gets the same ids, and different places get different ones.
+A tool call whose payload is not valid JSON stays plain text: parsing never fails.
+
+Adding a parser: subclass `ToolCallParser`, set `name`, implement `parse`, and add it to
+`PARSERS`; the contract test in tests/unit/trajectory/test_output.py runs over every entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from gyre.trajectory.messages import JSONValue, Message, TextBlock, ThinkingBlock, ToolUseBlock
+
+FinishReason = Literal["stop", "tool_calls", "length"]
+OutputBlock = TextBlock | ThinkingBlock | ToolUseBlock
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedCall:
+    """A tool call found in output text, before it gets an id."""
+
+    name: str
+    arguments: JSONValue
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantOutput:
+    """An engine output in API-neutral form: blocks in emission order, and how it ended."""
+
+    blocks: tuple[OutputBlock, ...]
+    stopped: bool
+    """True when the output ended on a stop token (False: cut by max_tokens)."""
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        if self.tool_calls:
+            return "tool_calls"
+        return "stop" if self.stopped else "length"
+
+    @property
+    def text(self) -> str:
+        return "".join(b.text for b in self.blocks if isinstance(b, TextBlock))
+
+    @property
+    def thinking(self) -> str:
+        return "\n".join(b.thinking for b in self.blocks if isinstance(b, ThinkingBlock))
+
+    @property
+    def tool_calls(self) -> tuple[ToolUseBlock, ...]:
+        return tuple(b for b in self.blocks if isinstance(b, ToolUseBlock))
+
+    def to_message(self) -> Message:
+        return Message("assistant", self.blocks)
+
+
+class ToolCallParser(ABC):
+    """Splits decoded output text into thinking, text and tool calls."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def parse(self, text: str) -> list[TextBlock | ThinkingBlock | ParsedCall]:
+        """Blocks in order; must not raise on any input."""
+
+
+class HermesParser(ToolCallParser):
+    """`<think>…</think>` then text with `<tool_call>{"name": …, "arguments": {…}}</tool_call>` calls."""
+
+    name = "hermes"
+    _call = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str) -> list[TextBlock | ThinkingBlock | ParsedCall]:
+        blocks: list[TextBlock | ThinkingBlock | ParsedCall] = []
+        end_think = text.find("</think>")
+        if end_think >= 0 and "<tool_call>" not in text[:end_think]:
+            start = text.find("<think>", 0, end_think)
+            thinking = text[start + len("<think>") : end_think] if start >= 0 else text[:end_think]
+            blocks.append(ThinkingBlock(thinking))
+            text = text[end_think + len("</think>") :]
+        pos = 0
+        for match in self._call.finditer(text):
+            call = _hermes_call(match.group(1))
+            if call is None:
+                continue  # malformed: stays part of the surrounding text
+            if match.start() > pos:
+                blocks.append(TextBlock(text[pos : match.start()]))
+            blocks.append(call)
+            pos = match.end()
+        if pos < len(text):
+            blocks.append(TextBlock(text[pos:]))
+        return blocks
+
+
+def _hermes_call(raw: str) -> ParsedCall | None:
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ParsedCall(obj["name"], arguments, raw)
+
+
+PARSERS: dict[str, type[ToolCallParser]] = {HermesParser.name: HermesParser}
+
+
+def tool_call_id(id_seed: bytes, index: int, raw: str, prefix: str = "call_") -> str:
+    """A deterministic call id: unique per (place in the tree, position in the output, payload)."""
+    h = hashlib.blake2b(
+        id_seed + index.to_bytes(4, "little") + raw.encode("utf-8", "surrogatepass"), digest_size=12
+    )
+    return prefix + h.hexdigest()
+
+
+def assemble_output(
+    parsed: list[TextBlock | ThinkingBlock | ParsedCall],
+    stopped: bool,
+    id_seed: bytes,
+    id_prefix: str = "call_",
+) -> AssistantOutput:
+    """Give parsed calls their ids and build the `AssistantOutput`."""
+    blocks: list[OutputBlock] = []
+    index = 0
+    for item in parsed:
+        if isinstance(item, ParsedCall):
+            call_id = tool_call_id(id_seed, index, item.raw, id_prefix)
+            blocks.append(ToolUseBlock(call_id, item.name, item.arguments, item.raw))
+            index += 1
+        else:
+            blocks.append(item)
+    return AssistantOutput(tuple(blocks), stopped)

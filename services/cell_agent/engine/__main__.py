@@ -1,0 +1,57 @@
+"""Run the embedded engine as its own process until SIGINT/SIGTERM.
+
+    python -m services.cell_agent.engine --config gyre.yaml [--port 0]
+
+Prints one JSON line `{"url": ...}` on stdout once it serves (port 0 picks a free port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gyre.config import EngineSection, ModelSection
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.cell_agent.engine", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--config", type=Path, default=None, help="Gyre YAML config (defaults if omitted)")
+    parser.add_argument("--port", type=int, default=None, help="override cell_agent.engine.port")
+    args = parser.parse_args(argv)
+
+    import structlog
+
+    from gyre.config import load_config
+
+    # stdout carries the one machine-readable line; logs go to stderr.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    config = load_config(args.config)
+    section = config.cell_agent.engine
+    if args.port is not None:
+        section = section.model_copy(update={"port": args.port})
+    asyncio.run(_serve(section, config.model))
+
+
+async def _serve(section: EngineSection, model_section: ModelSection) -> None:
+    from services.cell_agent.engine.server import EngineServer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with EngineServer(section, model_section=model_section) as engine:
+        sys.stdout.write(json.dumps({"url": engine.url}) + "\n")
+        sys.stdout.flush()
+        await stop.wait()
+
+
+if __name__ == "__main__":
+    main()

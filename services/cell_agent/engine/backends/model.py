@@ -1,0 +1,277 @@
+"""The `model` backend: GyreLM forwards over the paged KV pool, real sampling, real log-probs.
+
+One step computes every running request's pending tokens: requests still in prefill get a chunk
+(at most `max_prefill_tokens` prompt tokens per step in total), decoding requests get their last
+sampled token. Prefill chunks and decode rows run as two batched forwards (so decode rows are not
+padded to the chunk length); the rows whose pending tokens are now all computed sample one token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gyre.config.services import EngineSection
+from gyre.model.checkpoint import load_checkpoint, read_checkpoint
+from gyre.model.config import ModelConfig
+from gyre.model.paged import PagedBatch
+from gyre.model.transformer import GyreLM, build_model
+from services.cell_agent.engine.backends.base import (
+    BackendContext,
+    BackendError,
+    EngineBackend,
+    KVPin,
+    Row,
+    Sampled,
+    StepPlan,
+)
+from services.cell_agent.engine.kv_store import KVStore
+from services.cell_agent.engine.request import RequestState
+from services.cell_agent.engine.sampler import sample
+
+
+@dataclass(slots=True)
+class _RowInput:
+    """What the compute thread needs of a row, copied on the scheduling loop."""
+
+    token_ids: list[int]
+    block_table: list[int]
+    start: int
+    count: int
+
+
+class ModelBackend(EngineBackend):
+    name = "model"
+
+    def __init__(
+        self, *, section: EngineSection, model: GyreLM, weight_version: str, model_path: str | None = None
+    ) -> None:
+        self._model: GyreLM | None = model.eval()
+        self._config = model.config
+        self._version = weight_version
+        self._num_updates = 0
+        self._model_path = model_path
+        self._max_prefill_tokens = section.max_prefill_tokens
+        self._weights_backup_enabled = section.weights_cpu_backup
+        self._weights_backup: dict[str, torch.Tensor] | None = None
+        self._unloaded: set[str] = set()
+        self._holders: set[RequestState] = set()
+        self.store = KVStore(
+            model.config,
+            num_tokens=section.kv_cache_tokens,
+            block_size=section.block_size,
+            enable_prefix_cache=section.enable_prefix_cache,
+        )
+
+    @classmethod
+    def create(cls, ctx: BackendContext) -> ModelBackend:
+        """Serve `ctx.model` if given, else the checkpoint of the model section, else a seeded init."""
+        model, path = ctx.model, None
+        if model is None and ctx.model_section.checkpoint is not None:
+            model, _ = load_checkpoint(ctx.model_section.checkpoint)
+            path = str(ctx.model_section.checkpoint)
+        if model is None:
+            model = build_model(ModelConfig.from_section(ctx.model_section), seed=ctx.model_section.seed)
+        if not isinstance(model, GyreLM):
+            raise ValueError(f"the model backend serves a GyreLM; got {type(model).__name__}")
+        return cls(section=ctx.section, model=model, weight_version=ctx.weight_version, model_path=path)
+
+    # ---- properties --------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> str:
+        return self._version
+
+    @property
+    def cache_version(self) -> str:
+        """Roots the prefix cache: changes on every weight update, even one that keeps the version."""
+        return f"{self._version}#{self._num_updates}"
+
+    @property
+    def context_len(self) -> int:
+        return self._config.max_seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self._config.vocab_size
+
+    @property
+    def ready(self) -> bool:
+        return self._model is not None and not self._unloaded and self.store.resident
+
+    @property
+    def model(self) -> GyreLM:
+        if self._model is None:
+            raise BackendError("model weights are released; call /resume_memory_occupation first", 503)
+        return self._model
+
+    # ---- scheduling --------------------------------------------------------------------------
+
+    def admit(self, state: RequestState) -> bool:
+        if not self.store.admit(state, self.cache_version):
+            return False
+        self._holders.add(state)
+        return True
+
+    def prepare(self, running: Sequence[RequestState]) -> StepPlan:
+        plan = StepPlan(payload=[])
+        budget = self._max_prefill_tokens
+        for state in running:
+            start = state.num_computed
+            pending = len(state.tokens) - start
+            assert pending >= 1, f"{state.rid} has nothing to compute"
+            count = 1 if pending == 1 else min(pending, budget)
+            if count == 0:
+                continue
+            if not self.store.reserve(state, start + count):
+                plan.starved.append(state)
+                continue
+            if pending > 1:
+                budget -= count
+            plan.rows.append(Row(state=state, start=start, count=count, samples=count == pending))
+            plan.payload.append(
+                _RowInput(
+                    token_ids=state.tokens[start : start + count],
+                    block_table=list(self.store.block_table(state)),
+                    start=start,
+                    count=count,
+                )
+            )
+        return plan
+
+    @torch.no_grad()
+    def execute(self, plan: StepPlan) -> list[Sampled]:
+        model, cache = self.model, self.store.cache
+        assert cache is not None
+        inputs: list[_RowInput] = plan.payload
+        sampled_rows: list[int] = []
+        sampled_logits: list[torch.Tensor] = []
+        extend = [i for i, x in enumerate(inputs) if x.count > 1]
+        decode = [i for i, x in enumerate(inputs) if x.count == 1]
+        for group in (extend, decode):
+            if not group:
+                continue
+            rows = [inputs[i] for i in group]
+            width = max(x.count for x in rows)
+            ids = torch.zeros((len(rows), width), dtype=torch.long)
+            for b, x in enumerate(rows):
+                ids[b, : x.count] = torch.tensor(x.token_ids, dtype=torch.long)
+            batch = PagedBatch.from_block_tables(
+                [x.block_table for x in rows],
+                [x.start for x in rows],
+                [x.count for x in rows],
+                self.store.block_size,
+            )
+            last = torch.tensor([x.count - 1 for x in rows], dtype=torch.long)
+            logits = model.forward_paged(ids, cache, batch, last_index=last)
+            for b, i in enumerate(group):
+                if plan.rows[i].samples:
+                    sampled_rows.append(i)
+                    sampled_logits.append(logits[b])
+        if not sampled_rows:
+            return []
+        states = [plan.rows[i].state for i in sampled_rows]
+        tokens, logprobs = sample(
+            torch.stack(sampled_logits), [s.request.sampling for s in states], [s.generator for s in states]
+        )
+        return [
+            Sampled(state=s, token_id=t, logprob=lp)
+            for s, t, lp in zip(states, tokens, logprobs, strict=True)
+        ]
+
+    def commit(self, plan: StepPlan) -> None:
+        for row in plan.rows:
+            row.state.num_computed = row.start + row.count
+            self.store.register(row.state, self.cache_version)
+
+    def release(self, state: RequestState) -> None:
+        self.store.release(state, self.cache_version)
+        self._holders.discard(state)
+
+    # ---- weights -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], weight_version: str | None) -> str:
+        if self._model is None:
+            raise BackendError("model weights are released; resume_memory_occupation(tags=['weights']) first")
+        params = dict(self._model.named_parameters())
+        for name, tensor in named_tensors.items():
+            if name not in params:
+                raise BackendError(
+                    f"unknown parameter {name!r}; expected GyreLM names such as 'embed.weight'"
+                )
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise BackendError(
+                    f"parameter {name!r} has shape {tuple(tensor.shape)}, expected {tuple(params[name].shape)}"
+                )
+        for name, tensor in named_tensors.items():
+            params[name].copy_(tensor.to(params[name].dtype))
+            self._unloaded.discard(name)
+        self._num_updates += 1
+        if weight_version is not None:
+            self._version = weight_version
+        return f"Succeeded to update {len(named_tensors)} parameters."
+
+    def load_weights_from_disk(self, path: Path, weight_version: str | None) -> str:
+        try:
+            config, tensors, _ = read_checkpoint(path)
+        except (OSError, ValueError) as e:
+            raise BackendError(f"cannot load weights from {path}: {e}") from e
+        if config != self._config:
+            raise BackendError(
+                f"checkpoint {path} has architecture {config}, this engine serves {self._config}"
+            )
+        self._model_path = str(path)
+        return self.update_weights(tensors, weight_version)
+
+    def flush_cache(self) -> int:
+        return self.store.flush()
+
+    def release_memory(self, tags: Sequence[str]) -> None:
+        assert not self._holders, "release_memory with requests holding KV"
+        if "kv_cache" in tags:
+            self.store.drop()
+        if "weights" in tags and self._model is not None:
+            if self._weights_backup_enabled:
+                self._weights_backup = {n: p.detach().clone() for n, p in self._model.named_parameters()}
+            self._model = None
+
+    def resume_memory(self, tags: Sequence[str]) -> None:
+        if "kv_cache" in tags:
+            self.store.allocate()
+        if "weights" in tags and self._model is None:
+            model = GyreLM(self._config).eval()
+            if self._weights_backup is not None:
+                model.load_state_dict(self._weights_backup, strict=True)
+                self._weights_backup = None
+            else:
+                self._unloaded = {n for n, _ in model.named_parameters()}
+            self._model = model
+
+    # ---- migration and info ------------------------------------------------------------------
+
+    def pin(self, state: RequestState) -> KVPin:
+        return self.store.pin(state, self.cache_version, self._version)
+
+    def export_kv(self, handle: str) -> bytes:
+        return self.store.export(handle)
+
+    def import_kv(self, payload: bytes) -> int:
+        return self.store.import_(payload, self.cache_version, self._version)
+
+    def unpin(self, handle: str) -> None:
+        self.store.unpin(handle)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self.store.stats(),
+            "weights_resident": int(self._model is not None),
+            "weights_loaded": int(self._model is not None and not self._unloaded),
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": self._model_path, "model_fingerprint": self._config.fingerprint()}

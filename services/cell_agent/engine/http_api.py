@@ -1,0 +1,354 @@
+"""The HTTP surface of the embedded engine: SGLang's native endpoints plus Gyre's `/gyre/*` extensions.
+
+SGLang endpoints (entrypoints/http_server.py), same paths, methods, fields and status codes:
+`/generate`, `/abort_request`, `/pause_generation`, `/continue_generation`, `/flush_cache`,
+`/release_memory_occupation`, `/resume_memory_occupation`, `/update_weights_from_tensor`,
+`/update_weights_from_disk`, `/health`, `/health_generate`, `/get_model_info`, `/get_server_info`,
+`/get_weight_version`. Errors use SGLang's shapes: `{"error": {"message": ...}}` for a refused
+request, `{"object": "error", "message", "type", "param", "code"}` for a body that does not parse,
+`{"success": false, "message": ...}` for weight updates.
+
+Gyre extensions: `/gyre/kv/{pin,export,import,release}` (KV migration, see kv_transfer.py) and
+`/gyre/script` (the scripted backend's queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+import gyre
+from services.cell_agent.engine.backends.base import BackendError
+from services.cell_agent.engine.backends.scripted import ScriptedBackend
+from services.cell_agent.engine.output import OutputBuilder
+from services.cell_agent.engine.protocol import GenerateRequest, RequestError, parse_generate
+from services.cell_agent.engine.weights import decode_named_tensors
+
+if TYPE_CHECKING:
+    from services.cell_agent.engine.server import EngineServer
+
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK_"
+
+
+def _json(content: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
+
+
+def _error(message: str, status_code: int = 400) -> Response:
+    return _json({"error": {"message": message}}, status_code)
+
+
+async def _body(request: Request, *, allow_empty: bool = False) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip() and allow_empty:
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise HTTPException(400, f"the request body is not JSON: {e}") from e
+    if body is None and allow_empty:
+        return {}
+    if not isinstance(body, dict):
+        raise HTTPException(400, "the request body must be a JSON object")
+    return body
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code in (404, 405):
+        return _json({"detail": exc.detail}, exc.status_code)
+    return _json(
+        {
+            "object": "error",
+            "message": exc.detail,
+            "type": "Bad Request",
+            "param": None,
+            "code": exc.status_code,
+        },
+        exc.status_code,
+    )
+
+
+async def _domain_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError | BackendError)
+    return _error(str(exc), exc.status_code)
+
+
+def build_app(server: EngineServer) -> Starlette:
+    core = server.core
+
+    def weight_version() -> str:
+        return core.backend.weight_version
+
+    # ---- generation --------------------------------------------------------------------------
+
+    async def generate(request: Request) -> Response:
+        body = await _body(request)
+        req = parse_generate(body, server.tokenizer, core.backend.vocab_size, core.backend.context_len)
+        changed = asyncio.Event()
+        state = core.submit(req, changed.set)
+        builder = OutputBuilder(state, server.tokenizer, server.section.incremental_streaming_output)
+        if req.stream:
+            return StreamingResponse(_stream(state, builder, changed), media_type="text/event-stream")
+        try:
+            while not state.finished:
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=1.0)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        core.abort(req.rid)
+                        return Response(status_code=499)
+                changed.clear()
+        except asyncio.CancelledError:
+            core.abort(req.rid)
+            raise
+        if state.error is not None:
+            return _error(str(state.error), getattr(state.error, "status_code", 400))
+        if state.finish is not None and state.finish.type == "abort" and state.finish.status_code:
+            return _error(state.finish.message or "aborted", state.finish.status_code)
+        return _json(builder.final(weight_version()))
+
+    async def _stream(state: Any, builder: OutputBuilder, changed: asyncio.Event) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                await changed.wait()
+                changed.clear()
+                if state.error is not None:
+                    yield b"data: " + orjson.dumps({"error": {"message": str(state.error)}}) + b"\n\n"
+                    break
+                chunk = builder.chunk(weight_version())
+                if chunk is not None:
+                    yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+                if state.finished:
+                    break
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not state.finished:
+                core.abort(state.rid)
+
+    async def abort_request(request: Request) -> Response:
+        body = await _body(request)
+        rid, abort_all = body.get("rid", ""), bool(body.get("abort_all", False))
+        if not abort_all and not rid:
+            return Response(status_code=200)
+        core.abort(str(rid) if rid else None, abort_all)
+        return Response(status_code=200)
+
+    # ---- pause, cache, memory ----------------------------------------------------------------
+
+    async def pause_generation(request: Request) -> Response:
+        body = await _body(request, allow_empty=True)
+        mode = str(body.get("mode", "abort"))
+        await core.control(lambda: core.pause(mode))
+        return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(request: Request) -> Response:
+        await core.control(core.resume)
+        return _json({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def flush_cache(request: Request) -> Response:
+        ok = await core.control(core.flush_cache)
+        return Response(
+            "Cache flushed.\nPlease check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not be performed.)\n",
+            status_code=200 if ok else 400,
+        )
+
+    async def release_memory_occupation(request: Request) -> Response:
+        tags = (await _body(request, allow_empty=True)).get("tags")
+        await core.control(lambda: core.release_memory(tags))
+        return _json(None)
+
+    async def resume_memory_occupation(request: Request) -> Response:
+        tags = (await _body(request, allow_empty=True)).get("tags")
+        await core.control(lambda: core.resume_memory(tags))
+        return _json(None)
+
+    # ---- weights -----------------------------------------------------------------------------
+
+    async def update_weights_from_tensor(request: Request) -> Response:
+        body = await _body(request)
+        try:
+            tensors = await asyncio.to_thread(decode_named_tensors, body)
+            message = await server.update_weights(
+                tensors,
+                weight_version=body.get("weight_version"),
+                flush_cache=bool(body.get("flush_cache", True)),
+                abort_all_requests=bool(body.get("abort_all_requests", False)),
+            )
+        except (RequestError, BackendError) as e:
+            return _json({"success": False, "message": str(e)}, 400)
+        return _json({"success": True, "message": message})
+
+    async def update_weights_from_disk(request: Request) -> Response:
+        body = await _body(request)
+        path, version = body.get("model_path"), body.get("weight_version")
+        if not isinstance(path, str) or not path:
+            return _json(
+                {"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400
+            )
+        try:
+            message = await server.update_weights_from_disk(
+                Path(path),
+                weight_version=version,
+                abort_all_requests=bool(body.get("abort_all_requests", False)),
+            )
+        except (RequestError, BackendError) as e:
+            return _json({"success": False, "message": str(e), "num_paused_requests": 0}, 400)
+        return _json({"success": True, "message": message, "num_paused_requests": 0})
+
+    # ---- health and info ---------------------------------------------------------------------
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200 if server.healthy else 503)
+
+    async def health_generate(request: Request) -> Response:
+        if not server.healthy:
+            return Response(status_code=503)
+        if not core.backend.probe_by_generation:
+            return Response(status_code=200)
+        probe = GenerateRequest(
+            rid=f"{HEALTH_CHECK_RID_PREFIX}{time.time()}",
+            input_ids=(server.tokenizer.eos_id,),
+            sampling=server.probe_sampling,
+        )
+        changed = asyncio.Event()
+        state = core.submit(probe, changed.set)
+        try:
+            await asyncio.wait_for(
+                _until_finished(state, changed), timeout=server.section.health_check_timeout_s
+            )
+        except TimeoutError:
+            core.abort(probe.rid)
+            return Response(status_code=503)
+        ok = state.finish is not None and state.finish.type != "abort"
+        return Response(status_code=200 if ok else 503)
+
+    async def get_model_info(request: Request) -> Response:
+        info = core.backend.model_info()
+        return _json(
+            {
+                "model_path": info.get("model_path"),
+                "tokenizer_path": None,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": weight_version(),
+                **{k: v for k, v in info.items() if k != "model_path"},
+            }
+        )
+
+    async def get_weight_version(request: Request) -> Response:
+        return _json({"weight_version": weight_version()})
+
+    async def get_server_info(request: Request) -> Response:
+        section = server.section
+        return _json(
+            {
+                "engine": "gyre-embedded",
+                "version": gyre.__version__,
+                "output_source": core.backend.name,
+                "host": section.host,
+                "port": server.port,
+                "context_length": core.backend.context_len,
+                "max_running_requests": section.max_batch_size,
+                "chunked_prefill_size": section.max_prefill_tokens,
+                "page_size": section.block_size,
+                "disable_radix_cache": not section.enable_prefix_cache,
+                "incremental_streaming_output": section.incremental_streaming_output,
+                "random_seed": section.seed,
+                "weight_version": weight_version(),
+                "internal_states": [core.stats()],
+            }
+        )
+
+    # ---- Gyre extensions: KV migration and the script ----------------------------------------
+
+    async def kv_pin(request: Request) -> Response:
+        rid = (await _body(request)).get("rid")
+        if not isinstance(rid, str) or not rid:
+            raise RequestError("rid is required")
+        pin = await core.control(lambda: core.pin(rid))
+        return _json(
+            {
+                "handle": pin.handle,
+                "rid": pin.rid,
+                "num_tokens": pin.num_tokens,
+                "weight_version": pin.weight_version,
+            }
+        )
+
+    async def kv_export(request: Request) -> Response:
+        handle = str((await _body(request)).get("handle", ""))
+        blob = await core.control(lambda: core.backend.export_kv(handle))
+        return Response(blob, media_type="application/octet-stream")
+
+    async def kv_import(request: Request) -> Response:
+        blob = await request.body()
+        num_tokens = await core.control(lambda: core.backend.import_kv(blob))
+        return _json({"num_tokens": num_tokens})
+
+    async def kv_release(request: Request) -> Response:
+        handle = str((await _body(request)).get("handle", ""))
+        await core.control(lambda: core.backend.unpin(handle))
+        return _json({"success": True})
+
+    async def script(request: Request) -> Response:
+        backend = core.backend
+        if not isinstance(backend, ScriptedBackend):
+            return _error(
+                f"/gyre/script needs the scripted output source; this engine runs {backend.name!r}", 404
+            )
+        if request.method == "POST":
+            body = await _body(request)
+            entries = body.get("entries", [])
+            if not isinstance(entries, list):
+                raise RequestError("entries must be a list of script entries")
+            replace = bool(body.get("replace", False))
+            await core.control(lambda: backend.add_script(entries, replace=replace))
+        return _json(backend.script_status())
+
+    routes = [
+        Route("/generate", generate, methods=["POST", "PUT"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
+        Route("/pause_generation", pause_generation, methods=["POST"]),
+        Route("/continue_generation", continue_generation, methods=["POST"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/release_memory_occupation", release_memory_occupation, methods=["GET", "POST"]),
+        Route("/resume_memory_occupation", resume_memory_occupation, methods=["GET", "POST"]),
+        Route("/update_weights_from_tensor", update_weights_from_tensor, methods=["POST"]),
+        Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/get_model_info", get_model_info, methods=["GET"]),
+        Route("/get_weight_version", get_weight_version, methods=["GET"]),
+        Route("/get_server_info", get_server_info, methods=["GET"]),
+        Route("/gyre/kv/pin", kv_pin, methods=["POST"]),
+        Route("/gyre/kv/export", kv_export, methods=["POST"]),
+        Route("/gyre/kv/import", kv_import, methods=["POST"]),
+        Route("/gyre/kv/release", kv_release, methods=["POST"]),
+        Route("/gyre/script", script, methods=["GET", "POST"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={
+            HTTPException: _http_error,
+            RequestError: _domain_error,
+            BackendError: _domain_error,
+        },
+    )
+
+
+async def _until_finished(state: Any, changed: asyncio.Event) -> None:
+    while not state.finished:
+        await changed.wait()
+        changed.clear()

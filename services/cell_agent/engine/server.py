@@ -1,0 +1,220 @@
+"""EngineServer: the embedded rollout engine as an async context manager (HTTP on 127.0.0.1).
+
+    async with EngineServer(config.cell_agent.engine, model_section=config.model) as engine:
+        client = EngineClient(engine.url)
+        ...
+        await engine.update_weights(named_tensors, weight_version="3")   # in-process path
+
+The server binds its socket before serving, so port 0 picks a free port and `url` is known once
+`start()` returns. A `model` passed in is served as is and updated in place by weight updates (pass a
+copy if the caller keeps training it); without one the engine loads `model_section.checkpoint` or
+initializes from `model_section.seed`. The scheduling loop and uvicorn run as tasks of the caller's event loop; model
+compute runs on one worker thread. `stop()` is idempotent and time-capped; if the scheduling loop
+crashed, `stop()` raises its error (after shutting everything down) so it is never swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import structlog
+import torch
+import uvicorn
+
+from gyre.config.model import ModelSection
+from gyre.config.services import EngineSection
+from gyre.model.tokenizer import ByteTokenizer
+from services.cell_agent.engine.backends import BackendContext, create_backend
+from services.cell_agent.engine.protocol import SamplingParams
+from services.cell_agent.engine.scheduler import EngineCore
+
+log = structlog.get_logger(__name__)
+
+
+def default_eos_token_ids(tokenizer: ByteTokenizer) -> frozenset[int]:
+    """Stop ids every request honours unless `ignore_eos` (Qwen-style: end of text and end of turn)."""
+    return frozenset({tokenizer.eos_id, tokenizer.special_id("<|im_end|>")})
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn without signal handlers: the host process owns its signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class EngineServer:
+    def __init__(
+        self,
+        section: EngineSection,
+        *,
+        model_section: ModelSection | None = None,
+        model: Any = None,
+        script: Sequence[Any] = (),
+    ) -> None:
+        if section.backend != "embedded":
+            raise ValueError(
+                f"EngineServer is the embedded engine; engine.backend is {section.backend!r} "
+                "(use gyre.engine.sglang_launcher for SGLang)"
+            )
+        self.section = section
+        self.model_section = model_section or ModelSection()
+        self.tokenizer = ByteTokenizer()
+        self.eos_token_ids = default_eos_token_ids(self.tokenizer)
+        self.probe_sampling = SamplingParams(max_new_tokens=1, temperature=0.0)
+        self._model = model
+        self._script = list(script)
+        self._core: EngineCore | None = None
+        self._core_task: asyncio.Task[None] | None = None
+        self._http: _EmbeddedUvicorn | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
+        self.port = 0
+        self._stopped = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def core(self) -> EngineCore:
+        if self._core is None:
+            raise RuntimeError("EngineServer is not started")
+        return self._core
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.section.host}:{self.port}"
+
+    @property
+    def healthy(self) -> bool:
+        core = self._core
+        return core is not None and core.failed is None and not self._stopped and core.backend.ready
+
+    async def start(self) -> EngineServer:
+        torch.set_num_threads(self.section.num_threads)
+        ctx = BackendContext(
+            section=self.section,
+            model_section=self.model_section,
+            tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            weight_version=self.section.weight_version,
+            model=self._model,
+            script=self._script,
+        )
+        backend = await asyncio.to_thread(create_backend, self.section.output_source, ctx)
+        self._core = EngineCore(
+            backend,
+            tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            max_batch_size=self.section.max_batch_size,
+            seed=self.section.seed,
+        )
+        self._core_task = asyncio.create_task(self._core.run(), name="engine-core")
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+        # and without it small responses wait ~40 ms on Nagle + delayed ACK.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.section.host, self.section.port))
+        sock.listen(128)
+        sock.setblocking(False)
+        self._socket = sock
+        self.port = sock.getsockname()[1]
+        from services.cell_agent.engine.http_api import build_app
+
+        config = uvicorn.Config(
+            build_app(self), log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30
+        )
+        self._http = _EmbeddedUvicorn(config)
+        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]), name="engine-http")
+        while not self._http.started:
+            if self._http_task.done():
+                self._http_task.result()
+                raise RuntimeError("the engine's HTTP server exited during startup")
+            await asyncio.sleep(0.01)
+        log.info(
+            "engine_started", url=self.url, output_source=backend.name, weight_version=backend.weight_version
+        )
+        return self
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Health goes 503, in-flight requests end with an abort (503), then HTTP closes."""
+        if self._stopped:
+            return
+        self._stopped = True
+        error: BaseException | None = None
+        if self._core is not None and self._core_task is not None:
+            self._core.stop()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._core_task), timeout=timeout_s)
+            except TimeoutError:
+                self._core_task.cancel()
+            except Exception as e:  # the loop's own failure, raised below once cleanup is done
+                error = e
+        if self._http is not None and self._http_task is not None:
+            self._http.should_exit = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._http_task), timeout=timeout_s)
+            except TimeoutError:
+                self._http.force_exit = True
+                self._http_task.cancel()
+        if self._socket is not None:
+            self._socket.close()
+        log.info("engine_stopped", url=self.url)
+        if error is not None:
+            raise error
+
+    async def __aenter__(self) -> EngineServer:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self.stop()
+        except Exception:
+            if exc is None:
+                raise
+            log.exception("engine_stop_failed_during_error")
+
+    # ---- in-process control (the cell agent calls these directly) ----------------------------
+
+    async def update_weights(
+        self,
+        named_tensors: Mapping[str, torch.Tensor],
+        *,
+        weight_version: str | None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> str:
+        core = self.core
+        return await core.control(
+            lambda: core.update_weights(
+                lambda: core.backend.update_weights(named_tensors, weight_version),
+                flush_cache,
+                abort_all_requests,
+            )
+        )
+
+    async def update_weights_from_disk(
+        self, path: Path, *, weight_version: str | None, abort_all_requests: bool = False
+    ) -> str:
+        core = self.core
+        return await core.control(
+            lambda: core.update_weights(
+                lambda: core.backend.load_weights_from_disk(path, weight_version), True, abort_all_requests
+            )
+        )
+
+    async def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        core = self.core
+        await core.control(lambda: core.release_memory(tags))
+
+    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        core = self.core
+        await core.control(lambda: core.resume_memory(tags))

@@ -1,0 +1,133 @@
+"""Dispatch: turn the policy's DispatchGroups into groups of executions (Redis records, the d
+counter, GroupDispatched events) and StartExecutions into start commands for the runners.
+
+Queries are drawn from the configured tasks in a seeded, shuffled cycle; a group is N executions
+of one query. Executions wait in a FIFO (a Redis list) between dispatch and start.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+
+from gyre.bus import EventBus
+from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records
+from gyre.v1 import common_pb2 as common
+from gyre.v1 import events_pb2 as ev
+
+
+class QuerySource:
+    """An endless, seeded cycle over task ids; an entry without '/' names a whole suite."""
+
+    def __init__(self, tasks: Sequence[str], seed: int) -> None:
+        from harness.tasks import TaskRegistry, demo_task_ids
+
+        self.registry = TaskRegistry()
+        ids: list[str] = []
+        for entry in tasks or demo_task_ids():
+            if "/" in entry:
+                self.registry.get(entry)  # fail fast on an unknown id
+                ids.append(entry)
+            else:
+                suite = self.registry.suites.get(entry)
+                if suite is None:
+                    raise ValueError(f"scheduler.tasks: unknown suite {entry!r}; have {sorted(self.registry.suites)}")
+                ids += [f"{entry}/{name}" for name in suite.task_ids()]
+        if not ids:
+            raise ValueError("scheduler.tasks selects no task")
+        self._ids = ids
+        self._rng = random.Random(seed)
+        self._cycle: list[str] = []
+
+    def next(self) -> str:
+        if not self._cycle:
+            self._cycle = list(self._ids)
+            self._rng.shuffle(self._cycle)
+        return self._cycle.pop()
+
+    def limits(self, task_id: str) -> tuple[float, float]:
+        task = self.registry.get(task_id)
+        return float(task.harness_timeout_s), float(task.overall_budget_s)
+
+
+class Dispatcher:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, bus: EventBus, profile: str) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._bus = bus
+        self._records = Records(redis, keys)
+        self._counters = Counters(redis, keys)
+        self.queries: QuerySource | None = None
+        """Set before the first dispatch (resolving tasks imports the task suites)."""
+        self._profile = profile
+        self._fifo = keys.queue("exec_fifo", "list")
+        self._seq = keys.queue("exec_fifo", "group_seq")
+        self.last_started: list[str] = []
+        """Executions of the most recent `start` call, in order."""
+
+    async def dispatch(self, num_groups: int, group_size: int, policy_version: int, burst: int) -> list[str]:
+        """Create `num_groups` groups; returns their ids in dispatch order."""
+        assert self.queries is not None, "set Dispatcher.queries before dispatching"
+        group_ids: list[str] = []
+        for _ in range(num_groups):
+            seq = int(await self._redis.incr(self._seq))
+            group_id = f"g{seq:05d}"
+            task_id = self.queries.next()
+            harness_timeout_s, budget_s = self.queries.limits(task_id)
+            executions = [
+                ExecutionRecord(
+                    execution_id=f"{group_id}-e{i:02d}", group_id=group_id, index_in_group=i, query_id=task_id,
+                    task_id=task_id, harness_timeout_s=harness_timeout_s, overall_budget_s=budget_s,
+                    profile=self._profile,
+                )
+                for i in range(group_size)
+            ]
+            group = GroupRecord(
+                group_id=group_id, query_id=task_id, task_id=task_id,
+                execution_ids=tuple(e.execution_id for e in executions), policy_version=policy_version,
+                burst=burst, dispatched_at_ms=int(time.time() * 1000),
+            )
+            await self._records.put_group(group, executions)
+            await self._counters.add("dispatched", group_size, token=group_id)
+            await self._redis.rpush(self._fifo, *group.execution_ids)
+            await self._bus.publish(
+                ev.GroupDispatched(
+                    group_id=group_id, query_id=task_id, execution_ids=list(group.execution_ids),
+                    policy_version=policy_version, burst=burst,
+                ),
+                event_id=f"group.dispatched:{group_id}",
+            )
+            group_ids.append(group_id)
+        return group_ids
+
+    async def start(self, engine_id: str, count: int) -> list[str]:
+        """Send start commands for the `count` oldest queued executions, routed to `engine_id`."""
+        started: list[str] = []
+        for _ in range(count):
+            raw = await self._redis.lpop(self._fifo)
+            if raw is None:
+                raise AssertionError("the policy started more executions than were dispatched")
+            execution_id = raw.decode()
+            record = await self._records.get_execution(execution_id)
+            assert record is not None, f"execution {execution_id} has no dispatch record"
+            await self._bus.publish(
+                ev.ExecutionStartRequested(
+                    execution=common.ExecutionRef(
+                        execution_id=execution_id, group_id=record.group_id,
+                        index_in_group=record.index_in_group, query_id=record.query_id,
+                    ),
+                    task_id=record.task_id, engine_id=engine_id, harness_timeout_s=record.harness_timeout_s,
+                    overall_budget_s=record.overall_budget_s, profile=record.profile,
+                ),
+                event_id=f"exec.start:{execution_id}",
+            )
+            started.append(execution_id)
+        self.last_started = started
+        return started
+
+    async def queued(self) -> list[str]:
+        """Executions dispatched and not yet started, oldest first."""
+        return [raw.decode() for raw in await self._redis.lrange(self._fifo, 0, -1)]

@@ -1,0 +1,84 @@
+"""The scheduler's control-plane core: pure, deterministic, no I/O (no grpc, nats, redis or asyncio).
+
+    from services.scheduler.policy import Policy, PolicyParams, RunStarted
+    policy = Policy(PolicyParams(num_cells=8, group_size=16, batch_groups=32, phi=0.5, mu=3))
+    actions = policy.handle(RunStarted(now_s=0.0))
+
+Driven by the scheduler service (real events, wall clock) and by `sim/` (simulated clock). Modules:
+params (the knobs and modes), events / actions (the vocabulary), ledger (Eq. 1–3), supply (the supply
+check), reroute (destination order), placement (per-engine occupancy), staleness, state, policy.
+"""
+
+from services.scheduler.policy.actions import (
+    Action,
+    BeginTransition,
+    DispatchGroups,
+    EndBurst,
+    OpenBatch,
+    PublishWeights,
+    RerouteExecutions,
+    ScheduleTick,
+    StartExecutions,
+)
+from services.scheduler.policy.events import (
+    BatchStreamClosed,
+    Event,
+    ExecutionStarted,
+    ExecutionTerminated,
+    GroupDispatched,
+    GroupPacked,
+    GroupReady,
+    MicroStepClaimed,
+    MicroStepDone,
+    RunStarted,
+    StepCompleted,
+    Tick,
+    TransitionCompleted,
+    WeightsPublished,
+)
+from services.scheduler.policy.params import Mode, PolicyParams
+from services.scheduler.policy.policy import Policy
+from services.scheduler.policy.reroute import destination_order, fill_destinations, reroute_destination
+from services.scheduler.policy.roles import SEPARATE_POOL, Engine, Role
+from services.scheduler.policy.staleness import StalenessRecord, mean_staleness
+from services.scheduler.policy.state import GroupRecord, PolicySnapshot, PolicyState
+
+__all__ = [
+    "SEPARATE_POOL",
+    "Action",
+    "BatchStreamClosed",
+    "BeginTransition",
+    "DispatchGroups",
+    "EndBurst",
+    "Engine",
+    "Event",
+    "ExecutionStarted",
+    "ExecutionTerminated",
+    "GroupDispatched",
+    "GroupPacked",
+    "GroupReady",
+    "GroupRecord",
+    "MicroStepClaimed",
+    "MicroStepDone",
+    "Mode",
+    "OpenBatch",
+    "Policy",
+    "PolicyParams",
+    "PolicySnapshot",
+    "PolicyState",
+    "PublishWeights",
+    "RerouteExecutions",
+    "Role",
+    "RunStarted",
+    "ScheduleTick",
+    "StalenessRecord",
+    "StartExecutions",
+    "StepCompleted",
+    "Tick",
+    "TransitionCompleted",
+    "WeightsPublished",
+    "destination_order",
+    "fill_destinations",
+    "mean_staleness",
+    "reroute_destination",
+]

@@ -1,0 +1,92 @@
+"""Actions the scheduler policy emits: things the shell executes asynchronously.
+
+Each action is answered later by events, never by a return value:
+
+    DispatchGroups      → one GroupDispatched per group
+    StartExecutions     → one ExecutionStarted per execution (naming the same engine)
+    RerouteExecutions   → nothing (the proxy moves the executions' calls; their counters do not change)
+    BeginTransition     → TransitionCompleted
+    OpenBatch           → GroupPacked, MicroStepClaimed/Done, BatchStreamClosed, StepCompleted
+    PublishWeights      → WeightsPublished
+    ScheduleTick        → Tick at (or after) `at_s`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.policy.roles import Engine, Role
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchGroups:
+    """Admit `num_groups` new groups of `group_size` executions; their v_d is `policy_version`."""
+
+    num_groups: int
+    group_size: int
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartExecutions:
+    """Start `count` queued executions (oldest first) with their model calls routed to `engine`."""
+
+    engine: Engine
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class RerouteExecutions:
+    """Move these running executions' model calls from `source` to `destination`."""
+
+    source: Engine
+    destination: Engine
+    execution_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BeginTransition:
+    """Move `cell` to `to_role` (ROLLOUT or TRAINING); its executions were rerouted first."""
+
+    cell: int
+    to_role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class OpenBatch:
+    """Open the stream of the batch that optimizer step `step` consumes (it produces version step + 1)."""
+
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndBurst:
+    """The burst ended with policy version `version`: satellites leave the gradient group."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishWeights:
+    """The core publishes policy version `version` to every rollout engine."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTick:
+    """Deliver a Tick at `at_s`: a timer of the policy (the supply check's τ) comes due then."""
+
+    at_s: float
+
+
+Action = (
+    DispatchGroups
+    | StartExecutions
+    | RerouteExecutions
+    | BeginTransition
+    | OpenBatch
+    | EndBurst
+    | PublishWeights
+    | ScheduleTick
+)

@@ -1,0 +1,129 @@
+"""Parameters of the scheduler policy: one frozen record, so the policy stays pure.
+
+The scheduler service builds it from its config section (`PolicyParams.from_section(cfg.scheduler)`);
+the simulator and the tests build it by hand. Every mode of DESIGN.md "Control plane" is a set of
+values of this record, not a code path:
+
+    elastic   cells join training one by one under waterlevel control, return at burst end
+    async     cells 0..T-1 train for the whole run, the rest roll out (the paper uses μ = 1, φ = E[d])
+    colocate  all cells switch together (the paper uses φ = 0, μ = 2E[d] + 1)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gyre.config.scheduler import SchedulerSection
+
+
+class Mode(StrEnum):
+    ELASTIC = "elastic"
+    ASYNC = "async"
+    COLOCATE = "colocate"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyParams:
+    mode: Mode = Mode.ELASTIC
+    """Scheduling mode (see the module docstring)."""
+    num_cells: int = 3
+    """K: elastic cells; cell 0 is the core."""
+    group_size: int = 8
+    """N: executions per group."""
+    batch_groups: int = 4
+    """B: groups per optimizer step."""
+    phi: float = 0.5
+    """φ: extra dispatch at the first burst start, in units of B."""
+    mu: int = 2
+    """μ: optimizer steps per burst (between two weight publications)."""
+    rho_min: float = 0.5
+    """ρ_min: claimable groups, as a fraction of B, that the supply check requires."""
+    tau_s: float = 2.0
+    """τ: seconds the supply check must hold without interruption before a cell joins training."""
+    cell_capacity: int = 16
+    """C_e: concurrent executions one cell serves in rollout."""
+    separate_pool_capacity: int = 0
+    """C_s: concurrent executions of the separate rollout pool (0 = no pool)."""
+    async_training_cells: int = 1
+    """T: cells 0..T-1 that train for the whole run in `async` mode."""
+    streaming: bool = True
+    """Streaming training: groups are claimable as soon as they are ready, not only as a full batch."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_cells", "group_size", "batch_groups", "mu", "cell_capacity"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1; got {getattr(self, name)}")
+        if self.phi < 0:
+            raise ValueError(f"phi must be >= 0; got {self.phi}")
+        if not 0 < self.rho_min <= 1:
+            raise ValueError(f"rho_min must be in (0, 1]; got {self.rho_min}")
+        if self.tau_s < 0:
+            raise ValueError(f"tau_s must be >= 0; got {self.tau_s}")
+        if self.separate_pool_capacity < 0:
+            raise ValueError(f"separate_pool_capacity must be >= 0; got {self.separate_pool_capacity}")
+        extra = self.phi * self.batch_groups
+        if not math.isclose(extra, round(extra), abs_tol=1e-9):
+            raise ValueError(
+                f"phi * batch_groups must be a whole number of groups; got {self.phi} * {self.batch_groups}"
+                f" = {extra:g}: pick phi as a multiple of 1/{self.batch_groups}"
+            )
+        if self.mode is Mode.ASYNC:
+            t = self.async_training_cells
+            if not 1 <= t <= self.num_cells:
+                raise ValueError(f"async_training_cells must be in [1, num_cells={self.num_cells}]; got {t}")
+            if t == self.num_cells and self.separate_pool_capacity == 0:
+                raise ValueError(
+                    "async mode with every cell training needs a separate pool: "
+                    "lower async_training_cells or set separate_pool_capacity > 0"
+                )
+
+    @classmethod
+    def from_section(cls, section: SchedulerSection) -> PolicyParams:
+        """The policy's view of the scheduler config section."""
+        return cls(
+            mode=Mode(section.mode),
+            num_cells=section.num_cells,
+            group_size=section.group_size,
+            batch_groups=section.batch_groups,
+            phi=section.phi,
+            mu=section.mu,
+            rho_min=section.rho_min,
+            tau_s=section.tau_s,
+            cell_capacity=section.cell_capacity,
+            separate_pool_capacity=section.separate_pool_capacity,
+            async_training_cells=section.async_training_cells,
+            streaming=section.streaming,
+        )
+
+    @property
+    def initial_dispatch_groups(self) -> int:
+        """Groups dispatched at the first burst start: (φ + μ)·B."""
+        return round(self.phi * self.batch_groups) + self.mu * self.batch_groups
+
+    @property
+    def burst_dispatch_groups(self) -> int:
+        """Groups dispatched after every weight publication: μ·B."""
+        return self.mu * self.batch_groups
+
+    @property
+    def expected_staleness(self) -> float:
+        """Steady-state mean staleness under boundary dispatch: φ + (μ − 1)/2."""
+        return self.phi + (self.mu - 1) / 2
+
+    @property
+    def supply_threshold(self) -> float:
+        """ρ_min·B: claimable groups the supply check requires."""
+        return self.rho_min * self.batch_groups
+
+    @property
+    def transition_unit(self) -> int:
+        """Cells that change role together: one in `elastic`, all K in `colocate` (0 in `async`)."""
+        if self.mode is Mode.ELASTIC:
+            return 1
+        if self.mode is Mode.COLOCATE:
+            return self.num_cells
+        return 0

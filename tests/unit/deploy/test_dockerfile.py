@@ -1,0 +1,133 @@
+"""The image recipe (no docker engine here, so these read deploy/docker/Dockerfile and .dockerignore):
+the base and torch pins, protos generated as `make protos` does, every package of pyproject copied and
+admitted by .dockerignore, a non-root user, no secret, the Mooncake system library, the ports exposed.
+
+    PYTHONPATH=. python -m pytest -q tests/unit/deploy/test_dockerfile.py
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+
+import pytest
+
+from gyre.config import GyreConfig
+from tests.unit.deploy.support import DEPLOY, REPO
+
+DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
+
+
+@dataclass(frozen=True, slots=True)
+class Instruction:
+    keyword: str
+    value: str
+
+
+def stages() -> list[list[Instruction]]:
+    """The Dockerfile's instructions (continuations joined, comments dropped), split into build stages;
+    the ARGs before the first FROM form stage 0."""
+    logical: list[str] = []
+    pending = ""
+    for line in DOCKERFILE.read_text().splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    assert not pending, "a continuation line ends the Dockerfile"
+    result: list[list[Instruction]] = [[]]
+    for entry in logical:
+        keyword, _, value = entry.strip().partition(" ")
+        if keyword.upper() == "FROM":
+            result.append([])
+        result[-1].append(Instruction(keyword.upper(), " ".join(value.split())))
+    return result
+
+
+def arg_default(name: str) -> str:
+    for stage in stages():
+        for ins in stage:
+            if ins.keyword == "ARG" and ins.value.startswith(f"{name}="):
+                return ins.value.split("=", 1)[1].strip('"')
+    raise AssertionError(f"no ARG {name} with a default")
+
+
+def pyproject() -> dict[str, object]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_base_image_is_python_311_slim() -> None:
+    assert arg_default("PYTHON_IMAGE").startswith("python:3.11-slim")
+    froms = [stage[0].value for stage in stages()[1:]]
+    assert froms and all(f.startswith("${PYTHON_IMAGE}") for f in froms), froms
+
+
+def test_torch_pin_matches_pyproject() -> None:
+    deps = pyproject()["project"]["dependencies"]  # type: ignore[index]
+    (pin,) = [d for d in deps if re.match(r"torch\s*==", d)]
+    assert arg_default("TORCH_VERSION") == pin.split("==", 1)[1].strip()
+    assert arg_default("TORCH_INDEX_URL").endswith("/whl/cpu")
+
+
+def test_protos_are_generated_like_make_protos() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    (make_cmd,) = re.findall(r"grpc_tools\.protoc ([^\n\\]+)", makefile)
+    wanted = [a for a in shlex.split(make_cmd) if not a.startswith("--mypy")]
+    runs = " ".join(i.value for i in stages()[-2] if i.keyword == "RUN")
+    (docker_cmd,) = re.findall(r"grpc_tools\.protoc ([^&]+)", runs)
+    assert [a for a in shlex.split(docker_cmd) if not a.startswith("protos/")] == wanted
+    assert "protos/gyre/v1/*.proto" in docker_cmd and "gyre/v1/__init__.py" in runs
+
+
+def test_every_package_is_copied_and_admitted_by_dockerignore() -> None:
+    includes = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]  # type: ignore[index]
+    packages = {pattern.rstrip("*") for pattern in includes}
+    copied = set()
+    for ins in stages()[-2]:
+        if ins.keyword == "COPY" and not ins.value.startswith("--from"):
+            *sources, _dest = ins.value.split()
+            copied.update(sources)
+    assert packages | {"pyproject.toml", "README.md", "protos"} <= copied, copied
+    rules = [r.strip() for r in (REPO / ".dockerignore").read_text().splitlines() if r.strip() and not r.startswith("#")]
+    assert rules[0] == "*", "the build context is an allowlist: exclude everything first"
+    admitted = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    for source in copied:
+        assert source in admitted, f"COPY {source} but .dockerignore does not admit it"
+        assert (REPO / source).exists(), source
+    assert "gyre/v1/" in rules, "generated code is rebuilt in the image, never copied from a checkout"
+
+
+def test_runtime_stage_is_non_root_with_mooncake_libraries() -> None:
+    runtime = stages()[-1]
+    (user,) = [i.value for i in runtime if i.keyword == "USER"]
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "USER must be a numeric non-root uid (runAsNonRoot checks it)"
+    runs = " ".join(i.value for i in runtime if i.keyword == "RUN")
+    assert "libibverbs1" in runs and "rm -rf /var/lib/apt/lists/*" in runs
+    assert any(i.keyword == "COPY" and i.value.startswith("--from=build /opt/gyre") for i in runtime)
+
+
+def test_no_secret_is_baked_in() -> None:
+    secret = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.I)
+    for stage in stages():
+        for ins in stage:
+            if ins.keyword in ("ARG", "ENV", "LABEL"):
+                assert not secret.search(ins.value), ins
+
+
+@pytest.mark.parametrize("config_name", ["compose", "k8s"])
+def test_exposed_ports_are_the_deploy_config_ports(
+    config_name: str, compose_config: GyreConfig, k8s_config: GyreConfig
+) -> None:
+    config = {"compose": compose_config, "k8s": k8s_config}[config_name]
+    (expose,) = [i.value for i in stages()[-1] if i.keyword == "EXPOSE"]
+    ports = {
+        config.scheduler.port, config.proxy.port, config.proxy.http_port, config.runner.port,
+        config.evaluator.port, config.packer.port, *config.cell_agent.ports, *config.cell_agent.engine_ports,
+    }
+    assert {int(p) for p in expose.split()} == ports

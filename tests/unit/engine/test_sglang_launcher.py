@@ -1,0 +1,117 @@
+"""The SGLang launcher: command construction from config, and supervision of a stand-in server.
+
+SGLang cannot run here, so supervision is exercised with a stand-in `sglang.launch_server` module
+(put on PYTHONPATH) that serves `/health` on the port it is given, like the real one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from gyre.config.services import EngineSection
+from gyre.engine import EngineClient
+from gyre.engine.sglang_launcher import SGLangLauncher, build_sglang_command
+
+STAND_IN = """
+import argparse, http.server, os, sys
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int)
+parser.add_argument("--host")
+args, _ = parser.parse_known_args()
+if os.environ.get("STAND_IN_EXIT_CODE"):
+    sys.exit(int(os.environ["STAND_IN_EXIT_CODE"]))
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer((args.host, args.port), Handler).serve_forever()
+"""
+
+
+def sglang_section(**overrides: object) -> EngineSection:
+    return EngineSection(**{"backend": "sglang", "sglang_model_path": "Qwen/Qwen3-8B", **overrides})
+
+
+def test_command_carries_the_config() -> None:
+    section = sglang_section(sglang_tp_size=4, sglang_mem_fraction_static=0.8, seed=3, weight_version="12")
+    cmd = build_sglang_command(section, port=30001)
+    assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
+    joined = " ".join(cmd)
+    assert (
+        "--model-path Qwen/Qwen3-8B" in joined and "--host 127.0.0.1" in joined and "--port 30001" in joined
+    )
+    assert "--tp-size 4" in joined and "--mem-fraction-static 0.8" in joined
+    assert "--random-seed 3" in joined and "--weight-version 12" in joined
+    assert "--enable-memory-saver" in cmd and "--incremental-streaming-output" in cmd
+
+
+def test_command_options_and_extra_args() -> None:
+    section = sglang_section(
+        sglang_enable_memory_saver=False,
+        incremental_streaming_output=False,
+        host="10.0.0.5",
+        sglang_args=["--context-length", "65536", "--disable-radix-cache"],
+        sglang_python="/opt/venv/bin/python",
+    )
+    cmd = build_sglang_command(section, port=1)
+    assert cmd[0] == "/opt/venv/bin/python" and cmd[-3:] == [
+        "--context-length",
+        "65536",
+        "--disable-radix-cache",
+    ]
+    assert "--enable-memory-saver" not in cmd and "--incremental-streaming-output" not in cmd
+    assert cmd[cmd.index("--host") + 1] == "10.0.0.5"
+
+
+@pytest.mark.parametrize(
+    ("section", "fragment"),
+    [
+        (EngineSection(sglang_model_path="m"), "backend must be 'sglang'"),
+        (EngineSection(backend="sglang"), "sglang_model_path"),
+        (sglang_section(sglang_args=["--port", "1"]), "must not set --port"),
+        (sglang_section(sglang_args=["--tp-size=2"]), "must not set --tp-size"),
+    ],
+)
+def test_command_refuses_bad_config(section: EngineSection, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        build_sglang_command(section, port=1)
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> dict[str, str]:
+    package = tmp_path / "sglang"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "launch_server.py").write_text(STAND_IN)
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+async def test_launcher_waits_for_health_restarts_a_dead_server_and_stops(stand_in: dict[str, str]) -> None:
+    section = sglang_section(sglang_python=sys.executable)
+    launcher = SGLangLauncher(section, env=stand_in, restart_backoff_s=0.05, startup_timeout_s=30)
+    async with launcher, EngineClient(launcher.url, max_connect_retries=0) as client:
+        assert await client.health()
+        first_pid = launcher.pid
+        assert first_pid is not None
+        os.killpg(first_pid, signal.SIGKILL)
+        while launcher.pid == first_pid or not await client.health():
+            await asyncio.sleep(0.05)
+        assert launcher.num_restarts == 1
+    assert launcher.pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(launcher.pid, 0)
+
+
+async def test_launcher_reports_a_server_that_dies_on_startup(stand_in: dict[str, str]) -> None:
+    section = sglang_section(sglang_python=sys.executable)
+    launcher = SGLangLauncher(section, env={**stand_in, "STAND_IN_EXIT_CODE": "3"}, startup_timeout_s=30)
+    with pytest.raises(RuntimeError, match="code 3"):
+        await launcher.start()
+    await launcher.stop()

@@ -1,0 +1,79 @@
+import math
+
+import pytest
+import torch
+
+from gyre.rl.attention import block_causal_attention, block_causal_mask
+
+
+def test_mask_is_block_diagonal_and_causal():
+    mask = block_causal_mask(torch.tensor([0, 2, 5], dtype=torch.int32))
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 0, 1, 0, 0],
+            [0, 0, 1, 1, 0],
+            [0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(mask, expected)
+
+
+def naive_attention(q, k, v, mask):
+    scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), v)
+
+
+def test_attention_equals_masked_softmax_over_the_whole_pack():
+    gen = torch.Generator().manual_seed(0)
+    cu = torch.tensor([0, 3, 4, 9, 16], dtype=torch.int32)
+    q, k, v = (torch.randn(16, 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    out = block_causal_attention(q, k, v, cu)
+    assert torch.allclose(out, naive_attention(q, k, v, block_causal_mask(cu)), atol=1e-12)
+
+
+def test_each_row_is_computed_as_if_alone():
+    gen = torch.Generator().manual_seed(1)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    q, k, v = (torch.randn(12, 4, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    packed = block_causal_attention(q, k, v, cu)
+    for a, b in ((0, 5), (5, 12)):
+        alone = block_causal_attention(q[a:b], k[a:b], v[a:b], torch.tensor([0, b - a], dtype=torch.int32))
+        assert torch.allclose(packed[a:b], alone, atol=1e-12)
+
+
+def test_grouped_query_attention_repeats_kv_heads():
+    gen = torch.Generator().manual_seed(2)
+    cu = torch.tensor([0, 4, 7], dtype=torch.int32)
+    q = torch.randn(7, 4, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(7, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    out = block_causal_attention(q, k, v, cu)
+    full = naive_attention(
+        q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), block_causal_mask(cu)
+    )
+    assert torch.allclose(out, full, atol=1e-12)
+
+
+def test_gradients_flow_through_every_input():
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    q, k, v = (torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    block_causal_attention(q, k, v, cu).sum().backward()
+    assert all(x.grad is not None for x in (q, k, v))
+
+
+@pytest.mark.parametrize("cu", [[0, 3], [1, 5], [0, 2, 2, 5], []])
+def test_bad_boundaries_are_rejected(cu):
+    q = torch.zeros(5, 1, 2)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        block_causal_attention(q, q, q, torch.tensor(cu, dtype=torch.int32))
+
+
+def test_bad_shapes_are_rejected():
+    q = torch.zeros(4, 3, 2)
+    with pytest.raises(ValueError, match="divide"):
+        block_causal_attention(q, torch.zeros(4, 2, 2), torch.zeros(4, 2, 2), torch.tensor([0, 4]))
+    with pytest.raises(ValueError):
+        block_causal_attention(torch.zeros(4, 2), q, q, torch.tensor([0, 4]))

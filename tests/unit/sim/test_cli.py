@@ -1,0 +1,66 @@
+"""`gyre sim run / ablation / presets`: the last line of --json output is one JSON object."""
+
+import json
+
+from typer.testing import CliRunner
+
+from gyre.cli import app
+
+runner = CliRunner()
+
+
+def _last_json(output: str) -> dict:
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def test_sim_run_json_reports_times_staleness_utilization_and_counts(tmp_path):
+    plot = tmp_path / "timeline.png"
+    result = runner.invoke(
+        app,
+        [
+            "sim",
+            "run",
+            "--preset",
+            "nl2repo-122b",
+            "--mode",
+            "elastic",
+            "--steps",
+            "3",
+            "--json",
+            "--plot",
+            str(plot),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    out = _last_json(result.output)
+    assert len(out["step_times_h"]) == 3 and out["total_h"] > 0
+    assert out["executions_simulated"] > 0 and out["wall_s"] >= 0
+    assert {"rollout_utilization", "training_utilization", "mean_staleness_all_steps"} <= set(out)
+    assert plot.exists() and out["plot"] == str(plot)
+
+
+def test_sim_run_text_and_bad_input():
+    result = runner.invoke(app, ["sim", "run", "--mode", "colocate", "--steps", "4"])
+    assert result.exit_code == 0, result.output
+    assert "mean staleness" in result.output and "utilization" in result.output
+    bad = runner.invoke(app, ["sim", "run", "--phi", "0.3", "--steps", "1"])
+    assert bad.exit_code == 2 and "pick phi as a multiple of 1/32" in bad.output
+    unknown = runner.invoke(app, ["sim", "run", "--preset", "nope"])
+    assert unknown.exit_code == 2 and "unknown preset" in unknown.output
+
+
+def test_sim_ablation_json_has_every_row_with_the_papers_ratio():
+    result = runner.invoke(app, ["sim", "ablation", "--preset", "nl2repo-122b", "--steps", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    out = _last_json(result.output)
+    assert set(out["configs"]) == {"A0", "A1", "A2", "A3", "C0", "C1", "C2", "C3", "E0", "E1", "E2"}
+    assert out["configs"]["E0"]["ratio_vs_e0"] == 1.0
+    assert out["configs"]["A0"]["paper_ratio_vs_e0"] == 1.556
+    assert {"total_h", "ratio_vs_e0", "paper_ratio_vs_e0"} <= set(out["configs"]["C2"])
+
+
+def test_sim_presets_lists_every_preset():
+    result = runner.invoke(app, ["sim", "presets", "--json"])
+    assert result.exit_code == 0, result.output
+    out = _last_json(result.output)
+    assert set(out) == {"nl2repo-122b", "deepswe-122b", "terminalbench-122b", "nl2repo-2.4t"}

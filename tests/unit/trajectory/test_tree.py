@@ -1,0 +1,254 @@
+"""The trajectory tree: two-phase insert, matching, tool-call restoration, concurrency, codec."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gyre.trajectory import (
+    CallMeta,
+    RequestError,
+    TrajectoryTree,
+    TreeClosedError,
+    encode_node,
+    from_anthropic,
+    from_openai_chat,
+    get_profile,
+    make_template,
+)
+from gyre.trajectory.anthropic import to_anthropic_content
+from gyre.trajectory.node import NodeKind
+from gyre.trajectory.stats import tree_stats
+from gyre.trajectory.tree import _common_prefix
+
+from .harness_sim import CALL_END, CALL_START, IM_END, TOOLS, run_script
+
+SYSTEM = [
+    {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.4e6; cc_entrypoint=sdk-cli;"},
+    {"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}},
+]
+
+
+def _tree(profile: str = "claude_code") -> TrajectoryTree:
+    return TrajectoryTree("e1", make_template("embedded"), get_profile(profile))
+
+
+def _body(messages: list[dict[str, object]], system: list[dict[str, str]] | None = None) -> dict[str, object]:
+    return {"model": "m", "max_tokens": 100, "system": system or SYSTEM, "tools": TOOLS, "messages": messages}
+
+
+def _out(text: str, call: dict[str, object] | None = None, raw: str | None = None) -> list[int]:
+    ids = list(text.encode())
+    if call is not None or raw is not None:
+        ids += [CALL_START, *(raw if raw is not None else json.dumps(call)).encode(), CALL_END]
+    return [*ids, IM_END]
+
+
+def _commit(tree: TrajectoryTree, body: dict[str, object], ids: list[int]) -> object:
+    prepared = tree.prepare(from_anthropic(body))
+    return tree.commit(prepared, ids, [-0.5] * len(ids), CallMeta(request_id="r", policy_version=1))
+
+
+def test_prepare_changes_nothing_and_input_ids_are_the_prompt() -> None:
+    tree = _tree()
+    prepared = tree.prepare(from_anthropic(_body([{"role": "user", "content": "hi"}])))
+    assert tree.nodes == {} and tree.roots == {}
+    template = tree.template
+    expected = template.render_system("You are a coding agent.", prepared.request.tools)
+    expected += template.render_message(prepared.request.messages[0]) + template.render_generation_prompt()
+    assert prepared.input_ids.tolist() == expected
+    assert prepared.num_matched_messages == 0 and prepared.num_new_tokens == len(expected) - len(
+        template.render_generation_prompt()
+    )
+
+
+def test_output_node_holds_exact_engine_ids_and_next_prompt_reuses_them() -> None:
+    tree = _tree()
+    ids = _out("Let me look.", {"name": "Bash", "arguments": {"description": "list", "command": "ls"}})
+    result = _commit(tree, _body([{"role": "user", "content": "hi"}]), ids)
+    leaf = result.output_node  # type: ignore[attr-defined]
+    assert leaf.kind is NodeKind.OUTPUT and leaf.num_sampled == len(ids)
+    assert np.asarray(leaf.token_ids)[leaf.sampled].tolist() == ids
+    assert leaf.logprobs.tolist() == [-0.5] * len(ids)
+    content = to_anthropic_content(result.output)  # type: ignore[attr-defined]
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": content},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": content[1]["id"], "content": "a b"}],
+        },
+    ]
+    prepared = tree.prepare(from_anthropic(_body(history)))
+    assert prepared.num_matched_messages == 2
+    prompt = prepared.input_ids.tolist()
+    start = len(tree.roots[prepared.root_key].token_ids) + len(tree.nodes[2].token_ids)
+    assert prompt[start : start + len(leaf.token_ids)] == leaf.token_ids.tolist()
+
+
+def test_claude_code_reordered_tool_input_is_restored_without_a_branch() -> None:
+    """Sent `description, command`; Claude Code echoes `command, description` as compact JSON."""
+    tree = _tree()
+    raw = '{"name": "Bash", "arguments": {"description": "Create file", "command": "echo hi > a.txt"}}'
+    result = _commit(tree, _body([{"role": "user", "content": "make a.txt"}]), _out("I will.", raw=raw))
+    call_id = result.output.tool_calls[0].id  # type: ignore[attr-defined]
+    echoed = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "I will."},
+            {
+                "type": "tool_use",
+                "id": call_id,
+                "name": "Bash",
+                "input": {"command": "echo hi > a.txt", "description": "Create file"},
+                "cache_control": {"type": "ephemeral"},
+            },
+        ],
+    }
+    tool_result = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "ok"}],
+    }
+    request = from_anthropic(_body([{"role": "user", "content": "make a.txt"}, echoed, tool_result]))
+    assert request.messages[1].digest != result.output_node.digest  # type: ignore[attr-defined]
+    prepared = tree.prepare(request)
+    assert prepared.num_matched_messages == 2
+    assert prepared.matched[-1] is result.output_node  # type: ignore[attr-defined]
+    done = tree.commit(prepared, _out("Done."), [0.0] * 6, CallMeta())
+    assert [c.kind for c in tree.nodes.values()].count(NodeKind.OUTPUT) == 2
+    assert len(result.output_node.child_nodes) == 1  # type: ignore[attr-defined]
+    assert request.messages[1].digest in done.changed_nodes[0].aliases
+    again = tree.prepare(request)  # the learned alias matches in one step
+    assert again.num_matched_messages == 3 and not again.aliases
+
+
+def test_divergence_branches_and_unmatched_history_attaches_at_the_root() -> None:
+    tree = _tree()
+    _commit(tree, _body([{"role": "user", "content": "a"}]), _out("one"))
+    _commit(tree, _body([{"role": "user", "content": "b"}]), _out("two"))
+    _commit(
+        tree,
+        _body(
+            [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "c"},
+            ]
+        ),
+        _out("three"),
+    )
+    root = next(iter(tree.roots.values()))
+    assert len(root.child_nodes) == 2  # "a" shared, "b" branches at the root
+    a = root.children[from_anthropic(_body([{"role": "user", "content": "a"}])).messages[0].digest]
+    assert len(a.child_nodes) == 2  # the engine's "one" and a supplied "x" diverge
+    supplied = next(c for c in a.child_nodes if c.kind is NodeKind.MESSAGE)
+    assert supplied.sampled is None and supplied.num_sampled == 0
+
+
+def test_volatile_billing_line_keeps_one_root_and_subagent_gets_its_own() -> None:
+    tree = _tree()
+    other_billing = [dict(SYSTEM[0], text="x-anthropic-billing-header: cc_version=2.1.332.fff;"), SYSTEM[1]]
+    _commit(tree, _body([{"role": "user", "content": "a"}]), _out("one"))
+    _commit(tree, _body([{"role": "user", "content": "b"}], other_billing), _out("two"))
+    assert len(tree.roots) == 1
+    sub_system = [SYSTEM[0], {"type": "text", "text": "You are an agent for Claude Code, a helper."}]
+    prepared = tree.prepare(from_anthropic(_body([{"role": "user", "content": "a"}], sub_system)))
+    assert prepared.agent_kind == "sub" and prepared.root is None
+    tree.commit(prepared, _out("three"), [0.0] * 6, CallMeta())
+    assert tree_stats(tree).roots_by_agent == {"main": 1, "sub": 1}
+    root_tokens = bytes(t for t in tree.roots[prepared.root_key].token_ids.tolist() if t < 256)
+    assert b"billing" not in root_tokens
+
+
+def test_commit_after_a_concurrent_commit_reuses_nodes() -> None:
+    tree = _tree()
+    first = _commit(tree, _body([{"role": "user", "content": "a"}]), _out("one"))
+    body = _body(
+        [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "one"},
+            {"role": "user", "content": "b"},
+        ]
+    )
+    p1 = tree.prepare(from_anthropic(body))
+    p2 = tree.prepare(from_anthropic(body))  # a parallel call of the same execution
+    r1 = tree.commit(p1, _out("x"), [0.0] * 2, CallMeta())
+    r2 = tree.commit(p2, _out("y"), [0.0] * 2, CallMeta())
+    assert [n.role for n in r1.new_nodes] == ["user", "assistant"]
+    assert [n.role for n in r2.new_nodes] == ["assistant"]  # the user turn "b" is not stored twice
+    assert r1.output_node.parent is r2.output_node.parent
+    assert r1.output_node.parent.parent is first.output_node  # type: ignore[attr-defined]
+    r3 = tree.commit(tree.prepare(from_anthropic(body)), _out("y"), [0.0] * 2, CallMeta())
+    assert r3.deduplicated and r3.output_node is r2.output_node and not r3.new_nodes
+
+
+def test_rejected_inputs_and_closed_tree() -> None:
+    tree = _tree()
+    with pytest.raises(RequestError):
+        tree.prepare(
+            from_anthropic(_body([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]))
+        )
+    prepared = tree.prepare(from_anthropic(_body([{"role": "user", "content": "a"}])))
+    with pytest.raises(ValueError, match="non-empty"):
+        tree.commit(prepared, [], [], CallMeta())
+    with pytest.raises(ValueError, match="entries for"):
+        tree.commit(prepared, [1, 2], [0.0], CallMeta())
+    assert tree.nodes == {}
+    tree.close()
+    with pytest.raises(TreeClosedError):
+        tree.prepare(from_anthropic(_body([{"role": "user", "content": "a"}])))
+    with pytest.raises(TreeClosedError):
+        tree.commit(prepared, [IM_END], [0.0], CallMeta())
+
+
+def test_openai_chat_reasoning_dropped_on_echo_still_matches() -> None:
+    tree = _tree("generic")
+    ids = [261, *b"think", 262, *b"Answer", IM_END]
+    body = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}]}
+    result = tree.commit(tree.prepare(from_openai_chat(body)), ids, [0.0] * len(ids), CallMeta())
+    assert result.output is not None and result.output.thinking == "think"
+    body["messages"] += [{"role": "assistant", "content": "Answer"}, {"role": "user", "content": "more"}]
+    assert tree.prepare(from_openai_chat(body)).num_matched_messages == 2
+
+
+def test_tool_call_ids_are_deterministic_and_unique_per_place() -> None:
+    ids = _out("", {"name": "Bash", "arguments": {"command": "ls"}})
+    trees = [_tree(), _tree()]
+    outs = [_commit(t, _body([{"role": "user", "content": "a"}]), ids).output for t in trees]  # type: ignore[attr-defined]
+    assert outs[0].tool_calls[0].id == outs[1].tool_calls[0].id
+    assert outs[0].tool_calls[0].id.startswith("toolu_")
+    other = _commit(trees[0], _body([{"role": "user", "content": "b"}]), ids).output  # type: ignore[attr-defined]
+    assert other.tool_calls[0].id != outs[0].tool_calls[0].id
+
+
+def test_codec_round_trip_rebuilds_an_equivalent_tree() -> None:
+    sim = run_script(7, ["step", "retry", "sub", "compact", "step", "sub", "sub_end", "step"])
+    tree = sim.tree
+    blobs = [encode_node(n) for n in reversed(list(tree.nodes.values()))]
+    rebuilt = TrajectoryTree.from_nodes(tree.execution_id, tree.template, tree.profile, blobs)
+    assert tree_stats(rebuilt).as_dict() == tree_stats(tree).as_dict()
+    for node_id, node in tree.nodes.items():
+        other = rebuilt.nodes[node_id]
+        assert other.token_ids.tolist() == node.token_ids.tolist()
+        assert other.logprobs.tolist() == node.logprobs.tolist()
+        assert other.path_digest == node.path_digest and other.parent_id == node.parent_id
+        assert (other.sampled is None) == (node.sampled is None)
+        assert other.tool_calls == node.tool_calls and other.meta == node.meta
+    sim.tree = rebuilt  # the rebuilt tree keeps restoring and matching: no new branch
+    sim.step()
+    assert len(rebuilt.nodes) == sim.expected_nodes()
+
+
+@given(
+    a=st.lists(st.sampled_from([b"x", b"y", b"z"]), max_size=12),
+    b=st.lists(st.sampled_from([b"x", b"y", b"z"]), max_size=12),
+    floor=st.integers(0, 4),
+)
+def test_common_prefix_of_hot_paths(a: list[bytes], b: list[bytes], floor: int) -> None:
+    true = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    got = _common_prefix(a, b, floor)
+    assert got == true if true > floor else got <= floor
