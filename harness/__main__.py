@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=512, help="max_tokens of a call")
     p.add_argument("--max-turns", type=int, default=16, help="calls per agent before it stops")
     p.add_argument("--context-budget", type=int, default=16_000, help="tokens before compaction")
-    p.add_argument("--tools", default=",".join(DEFAULT_TOOLS), help="comma-separated tool names")
+    p.add_argument("--tools", default=None, help="comma-separated tool names (default: the task's, else all)")
     p.add_argument("--retries", type=int, default=4, help="retries of a failed call")
     p.add_argument("--backoff-s", type=float, default=0.5, help="first retry delay (doubles)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming calls")
@@ -41,21 +41,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def resolve_prompt(args: argparse.Namespace) -> str:
-    if args.prompt is not None:
-        return str(args.prompt)
+def resolve_task(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
+    """The prompt and the tools: flags first, then the task from the registry, then the defaults."""
+    tools = tuple(t for t in args.tools.split(",") if t) if args.tools is not None else None
+    if args.prompt is not None and tools is not None:
+        return str(args.prompt), tools
     if not args.task:
-        raise ValueError("give --task or --prompt")
+        if args.prompt is None:
+            raise ValueError("give --task or --prompt")
+        return str(args.prompt), DEFAULT_TOOLS
     from harness.tasks import TaskRegistry
 
-    return TaskRegistry().get(args.task).prompt
+    task = TaskRegistry().get(args.task)
+    return (str(args.prompt) if args.prompt is not None else task.prompt), tools or task.tools or DEFAULT_TOOLS
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        prompt = resolve_prompt(args)
-        tools = tuple(t for t in args.tools.split(",") if t)
+        prompt, tools = resolve_task(args)
         client = ModelClient(
             model=args.model,
             max_tokens=args.max_tokens,

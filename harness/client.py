@@ -119,6 +119,8 @@ class ModelClient:
 
     def _send(self, request: dict[str, Any]) -> Message:
         if not self.stream:
-            return self.sdk.messages.create(**request)
+            message: Message = self.sdk.messages.create(**request)
+            return message
         with self.sdk.messages.stream(**request) as stream:
-            return stream.get_final_message()
+            final: Message = stream.get_final_message()
+            return final

@@ -18,14 +18,19 @@ from pathlib import Path
 RIGHT, WRITTEN, MISSING = 1.0, 0.2, 0.0
 
 
+def score_text(text: str | None, expected: str) -> float:
+    """One part: the content written (None = no file) against the expected answer."""
+    if text is None:
+        return MISSING
+    return RIGHT if text.strip() == expected else WRITTEN
+
+
 def score_part(path: Path, expected: str) -> float:
-    if not path.is_file():
-        return MISSING
     try:
-        text = path.read_text(errors="replace").strip()
+        text = path.read_text(errors="replace") if path.is_file() else None
     except OSError:
-        return MISSING
-    return RIGHT if text == expected else WRITTEN
+        text = None
+    return score_text(text, expected)
 
 
 def main(argv: list[str]) -> int:

@@ -85,6 +85,10 @@ return groups
 """
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 @dataclass(frozen=True, slots=True)
 class MemberOutcome:
     """The resolved outcome of one execution, as the packer reads it."""
@@ -175,11 +179,11 @@ class GroupOutcomes:
 
     async def get(self, group_id: str) -> ReadyGroup | None:
         """A group's state and recorded members (any state); None when nothing was recorded."""
-        meta = {k.decode(): v.decode() for k, v in (await self._redis.hgetall(self._meta(group_id))).items()}
+        meta = {_text(k): _text(v) for k, v in (await self._redis.hgetall(self._meta(group_id))).items()}
         if not meta:
             return None
         raw = await self._redis.hgetall(self._members(group_id))
-        members = tuple(sorted((MemberOutcome.from_json(k.decode(), v) for k, v in raw.items()),
+        members = tuple(sorted((MemberOutcome.from_json(_text(k), v) for k, v in raw.items()),
                                key=lambda m: m.execution_id))
         return ReadyGroup(
             group_id=group_id,
@@ -193,25 +197,25 @@ class GroupOutcomes:
     async def list_ready(self) -> list[ReadyGroup]:
         """Ready, unclaimed groups in packing order (oldest policy version, then oldest ready time)."""
         items = await self._redis.zrangebylex(self._ready, "-", "+")
-        return await self._load([item.decode().split(":", 2)[2] for item in items])
+        return await self._load([_text(item).split(":", 2)[2] for item in items])
 
     async def claim_ready(self, n: int, batch_id: str) -> list[ReadyGroup]:
         """Atomically take up to `n` oldest ready groups for `batch_id` (each is claimed once)."""
         if n < 1 or not batch_id:
             raise ValueError(f"claim needs n >= 1 and a batch id; got n={n}, batch_id={batch_id!r}")
         groups = await self._claim(keys=[self._ready, self._batch(batch_id)], args=[n, batch_id, self._prefix])
-        return await self._load([g.decode() for g in groups])
+        return await self._load([_text(g) for g in groups])
 
     async def claimed(self, batch_id: str) -> list[ReadyGroup]:
         """Groups claimed by `batch_id` (a restarted packer recovers its batch), packing order."""
-        groups = [g.decode() for g in await self._redis.smembers(self._batch(batch_id))]
+        groups = [_text(g) for g in await self._redis.smembers(self._batch(batch_id))]
         loaded = await self._load(groups)
         return sorted(loaded, key=lambda g: (g.policy_version, g.ready_time_s, g.group_id))
 
     async def unclaim(self, batch_id: str) -> list[str]:
         """Return a batch's groups to the ready index (an abandoned batch); their order is kept."""
         groups = await self._unclaim(keys=[self._ready, self._batch(batch_id)], args=[self._prefix])
-        return [g.decode() for g in groups]
+        return [_text(g) for g in groups]
 
     async def published(self, group_id: str) -> bool:
         """`GroupReady` of this group was published (see `mark_published`)."""

@@ -23,6 +23,9 @@ DIGITS = range(10)
 PART_FILES = ("a.txt", "b.txt", "c.txt", "d.txt")
 _PAIR = re.compile(r"^([0-9])\+([0-9])$")
 
+#: The one tool the demo tasks need (each tool definition costs ~180 tokens of every request).
+TOOLS = ("write_file",)
+
 #: Harness limits of the demo tasks: generous for a 2-call execution on a shared CPU engine.
 HARNESS_TIMEOUT_S = 300.0
 OVERALL_BUDGET_S = 600.0
@@ -50,6 +53,7 @@ class AdditionSuite(TaskSuite):
             prompt=f"{a}+{b}=? Write the answer to answer.txt.",
             files=MappingProxyType({}),
             verifier=("{python}", "-m", "harness.verify", f"answer.txt={a + b}"),
+            tools=TOOLS,
             harness_timeout_s=HARNESS_TIMEOUT_S,
             overall_budget_s=OVERALL_BUDGET_S,
         )
@@ -73,6 +77,7 @@ class MultiPartSuite(TaskSuite):
             task_id=f"{self.name}/{name}",
             prompt="Write " + ", ".join(asks) + ".",
             verifier=("{python}", "-m", "harness.verify", *checks),
+            tools=TOOLS,
             harness_timeout_s=HARNESS_TIMEOUT_S,
             overall_budget_s=OVERALL_BUDGET_S,
         )

@@ -22,7 +22,7 @@ import yaml
 
 from harness.tasks.task import Task, TaskSuite
 
-_KEYS = {"prompt", "files", "verifier", "harness_timeout_s", "overall_budget_s", "verifier_timeout_s"}
+_KEYS = {"prompt", "files", "verifier", "tools", "harness_timeout_s", "overall_budget_s", "verifier_timeout_s"}
 
 
 class DirectorySuite(TaskSuite):
@@ -56,6 +56,7 @@ class DirectorySuite(TaskSuite):
             prompt=str(spec["prompt"]),
             files=MappingProxyType({str(k): str(v) for k, v in (spec.get("files") or {}).items()}),
             verifier=tuple(str(a) for a in spec.get("verifier") or ()),
+            tools=tuple(str(t) for t in spec["tools"]) if spec.get("tools") else None,
             template_dir=template if template.is_dir() else None,
             task_dir=task_dir,
             **{k: float(spec[k]) for k in ("harness_timeout_s", "overall_budget_s", "verifier_timeout_s") if k in spec},

@@ -44,6 +44,9 @@ class Task:
     """Harness plus evaluation retries; past it an execution without a valid score is excluded."""
     verifier_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S
     """Wall-clock limit of one verifier attempt (a timeout is a failed attempt, i.e. pending)."""
+    tools: tuple[str, ...] | None = None
+    """Tools the demo harness offers for this task (None = its default set). Every tool definition
+    is part of every request, so a task that needs one tool keeps the byte-level model's context short."""
     template_dir: Path | None = None
     """Directory copied into the workspace before `files` (on-disk tasks)."""
     task_dir: Path | None = None

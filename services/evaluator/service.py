@@ -24,6 +24,7 @@ import grpc
 from google.protobuf import json_format
 
 from gyre.bus import Delivery
+from gyre.config import GyreConfig
 from gyre.service import GyreService
 from gyre.store import Records, WorkQueue
 from gyre.store.groups import GroupOutcomes, MemberOutcome
@@ -49,6 +50,16 @@ class EvaluatorService(GyreService):
     """evaluator service: scores preserved workspaces after every termination and marks groups ready."""
 
     name = "evaluator"
+
+    def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
+        super().__init__(config, instance)
+        self._stopping = False
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        # Loops also check this flag: a cancellation swallowed by a racing Redis reply (Python 3.11's
+        # wait_for) must not leave a worker claiming forever.
+        self._stopping = True
+        await super().stop(grace_s)
 
     async def setup(self) -> None:
         section = self.config.evaluator
@@ -76,8 +87,8 @@ class EvaluatorService(GyreService):
         evaluator_pb2_grpc.add_EvaluatorServicer_to_server(EvaluatorServicer(self), self.server)
         incarnation = uuid.uuid4().hex[:8]
         for k in range(section.max_concurrent):
-            consumer = f"{self.instance_name}:{incarnation}:{k}"
-            self.supervisor.spawn(self._worker(consumer), f"worker/{k}")
+            worker_id = f"{self.instance_name}:{incarnation}:{k}"
+            self.supervisor.spawn(self._worker(worker_id), f"worker/{k}")
         self.supervisor.spawn(self._reclaim_loop(), "reclaim")
         consumer = await self.bus.consume(TERMINATED_CONSUMER, [ev.ExecutionTerminated], self._on_terminated,
                                           ack_wait_s=self.config.nats.ack_wait_s, confirm_ack=True)
@@ -90,14 +101,14 @@ class EvaluatorService(GyreService):
 
     async def _reclaim_loop(self) -> None:
         """Items of dead workers (any evaluator instance) go back to the queue."""
-        while True:
+        while not self._stopping:
             moved = await self.queue.reclaim_dead()
             if moved:
                 self.log.warning("evaluations_reclaimed", executions=moved)
             await asyncio.sleep(max(1.0, self.queue.heartbeat_timeout_s / 2))
 
     async def _worker(self, consumer: str) -> None:
-        while True:
+        while not self._stopping:
             claim = await self.queue.claim(consumer, timeout_s=1.0, poll_s=0.05)
             if claim is None:
                 continue

@@ -23,6 +23,7 @@ import json
 import shutil
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +119,7 @@ class VerifierRunner:
         return outcome("excluded", 0.0, digest, len(failures), f"no valid score within the budget: {why}")
 
     async def _attempt(self, task: Task, eid: str, workspace: Path, attempt: int, timeout_s: float) -> Attempt:
-        root = self.work_root / eid / str(attempt)
+        root = self.work_root / eid / f"{attempt}-{uuid.uuid4().hex[:8]}"  # a duplicate evaluation may run alongside
         copy = root / "workspace"
         await asyncio.to_thread(copy_workspace, workspace, copy)
         spec = SandboxSpec(
@@ -147,7 +148,8 @@ class VerifierRunner:
             await asyncio.to_thread(shutil.rmtree, copy, True)
         if not result.started:
             return Attempt(None, f"verifier sandbox never started: {result.error}")
-        stdout = (handle.control_dir / "stdout.log").read_text(errors="replace")
+        stdout_log = handle.control_dir / "stdout.log"
+        stdout = stdout_log.read_text(errors="replace") if stdout_log.exists() else ""
         if result.exit_code != 0:
             return Attempt(None, f"verifier failed ({result.describe()})")
         return Attempt(*parse_score(stdout))

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 from gyre.bus import EventBus
@@ -43,7 +43,7 @@ from services.runner.sandbox import (
 from services.runner.workspace import content_hash, create_workspace, preserve
 
 log = get_logger("gyre.runner")
-Reason = cm.TerminationReason.ValueType
+Reason: TypeAlias = cm.TerminationReason.ValueType
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[Any]"]
 
 

@@ -86,7 +86,9 @@ class DemoHarness(HarnessCommand):
     name = "demo"
 
     def argv(self, launch: Launch) -> list[str]:
-        return [sys.executable, "-m", "harness", "--task", launch.task.task_id, "--prompt", launch.task.prompt]
+        task = launch.task
+        tools = ["--tools", ",".join(task.tools)] if task.tools else []
+        return [sys.executable, "-m", "harness", "--task", task.task_id, "--prompt", task.prompt, *tools]
 
     def env(self, launch: Launch) -> dict[str, str]:
         return {**super().env(launch), "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1",

@@ -78,7 +78,7 @@ class Ownership:
 
     async def holder(self, execution_id: str) -> str | None:
         raw = await self._redis.get(self._claim_key(execution_id))
-        return None if raw is None else raw.decode()
+        return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
 
     async def record(self, owned: OwnedExecution) -> None:
         await self._redis.hset(self._owned_key, owned.execution_id, owned.to_json())

@@ -32,7 +32,10 @@ class ProxyClient:
         request = proxy_pb2.OpenExecutionRequest(execution=execution, profile=profile, engine_id=engine_id)
         for attempt in range(1, self.attempts + 1):
             try:
-                return await self._stub.OpenExecution(request, timeout=self.timeout_s)
+                response: proxy_pb2.OpenExecutionResponse = await self._stub.OpenExecution(
+                    request, timeout=self.timeout_s
+                )
+                return response
             except grpc.aio.AioRpcError as e:
                 if attempt == self.attempts or e.code() not in (
                     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -25,6 +25,8 @@ from tests.support.proxy_stub import ProxyStub
 from tests.support.runner_env import EventLog, dispatch_group, run_config, stream_events, write_task
 from tests.support.scripted_anthropic import ScriptedAnthropic, arithmetic_solver
 
+pytestmark = pytest.mark.slow  # real services and sandboxes: several seconds per test
+
 VERIFY = ["{python}", "-m", "harness.verify"]
 
 

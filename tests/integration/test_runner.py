@@ -21,6 +21,8 @@ from tests.support.proxy_stub import ProxyStub
 from tests.support.runner_env import EventLog, dispatch_group, run_config
 from tests.support.scripted_anthropic import ScriptedAnthropic, arithmetic_solver
 
+pytestmark = pytest.mark.slow  # real services and sandboxes: several seconds per test
+
 
 @pytest.fixture
 async def api() -> AsyncIterator[ScriptedAnthropic]:

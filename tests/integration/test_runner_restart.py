@@ -29,6 +29,8 @@ from tests.support.proxy_stub import ProxyStub
 from tests.support.runner_env import EventLog, dispatch_group, run_config, write_task
 from tests.support.scripted_anthropic import ScriptedAnthropic, text
 
+pytestmark = pytest.mark.slow  # real services and sandboxes: several seconds per test
+
 UID_BASE = 160000
 REPO = Path(__file__).resolve().parents[2]
 

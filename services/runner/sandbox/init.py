@@ -22,6 +22,8 @@ command); they end when the command has ended. Mode `host` skips the namespace (
 isolation). The spec keys are written by `services/runner/sandbox/launcher.py`.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import fcntl
@@ -34,6 +36,8 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
 MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 0x4000, 1 << 18
@@ -48,38 +52,40 @@ RLIMITS = {
 }
 
 
-def write_json(path, data):
+def write_json(path: str, data: dict[str, Any]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
 
 
-def loopback_up():
+def loopback_up() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         ifr = struct.pack("16sH22x", b"lo", 0)
         flags = struct.unpack("16sH22x", fcntl.ioctl(s, SIOCGIFFLAGS, ifr))[1]
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
 
 
-def _libc_call(name, *args):
+def _libc_call(name: str, *args: Any) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if getattr(libc, name)(*args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{name}{args}: {os.strerror(err)}")
 
 
-def _mount(source, target, fstype, flags, data=None):
-    enc = lambda v: v.encode() if v is not None else None  # noqa: E731
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def enc(v: str | None) -> bytes | None:
+        return v.encode() if v is not None else None
+
     _libc_call("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
 
 
-def new_network_namespace():
+def new_network_namespace() -> None:
     _libc_call("unshare", CLONE_NEWNET)
     loopback_up()
 
 
-def closed_ancestor(path):
+def closed_ancestor(path: str) -> tuple[str, str] | None:
     """(first ancestor of `path` that others cannot traverse, the next component) or None."""
     parts = [p for p in path.split("/") if p]
     current = "/"
@@ -90,8 +96,8 @@ def closed_ancestor(path):
     return None
 
 
-def _closed_groups(paths):
-    groups = {}
+def _closed_groups(paths: list[str]) -> dict[str, set[str]]:
+    groups: dict[str, set[str]] = {}
     for path in paths:
         found = closed_ancestor(os.path.realpath(path))
         if found:
@@ -99,7 +105,7 @@ def _closed_groups(paths):
     return groups
 
 
-def reveal(paths, max_depth=16):
+def reveal(paths: list[str], max_depth: int = 16) -> None:
     """Make `paths` reachable for the sandbox uid without changing the host's permissions.
 
     In a private mount namespace of the command, every closed ancestor directory (e.g. a 0700
@@ -116,7 +122,7 @@ def reveal(paths, max_depth=16):
     for _ in range(max_depth):
         if not groups:
             return
-        held = []
+        held: list[tuple[str, bool, int]] = []
         for closed, names in groups.items():
             for name in sorted(names):
                 source = os.path.join(closed, name)
@@ -134,7 +140,7 @@ def reveal(paths, max_depth=16):
     raise PermissionError(f"cannot reveal {sorted(groups)} within {max_depth} levels of closed directories")
 
 
-def pump(src, dst):
+def pump(src: socket.socket, dst: socket.socket) -> None:
     try:
         while True:
             data = src.recv(65536)
@@ -148,10 +154,10 @@ def pump(src, dst):
             s.shutdown(how)
 
 
-def relay(listener, connect):
+def relay(listener: socket.socket, connect: Callable[[], socket.socket]) -> None:
     """Accept forever; join each connection to a fresh upstream connection (two pump threads)."""
 
-    def serve(conn):
+    def serve(conn: socket.socket) -> None:
         try:
             upstream = connect()
         except OSError:
@@ -165,7 +171,7 @@ def relay(listener, connect):
         conn.close()
         upstream.close()
 
-    def loop():
+    def loop() -> None:
         while True:
             try:
                 conn, _ = listener.accept()
@@ -176,7 +182,7 @@ def relay(listener, connect):
     threading.Thread(target=loop, daemon=True).start()
 
 
-def exec_command(spec, report_fd, listener):
+def exec_command(spec: dict[str, Any], report_fd: int, listener: socket.socket | None) -> NoReturn:
     """In the command's process: drop privileges, apply limits, exec. Never returns."""
     try:
         if listener is not None:
@@ -209,7 +215,7 @@ def exec_command(spec, report_fd, listener):
             os._exit(127)
 
 
-def run_command(spec, listener):
+def run_command(spec: dict[str, Any], listener: socket.socket | None) -> int:
     """In the netns child: fork the command, wait, write status.json. Returns the exit status."""
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     started = time.time()
@@ -240,17 +246,17 @@ def run_command(spec, listener):
     return status
 
 
-def _unix_connect(path):
+def _unix_connect(path: str) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)
     return s
 
 
-def _tcp_connect(host, port):
+def _tcp_connect(host: str, port: int) -> socket.socket:
     return socket.create_connection((host, port), timeout=30)
 
 
-def netns_child(spec):
+def netns_child(spec: dict[str, Any]) -> NoReturn:
     """Never returns: isolates the network, runs the command, exits with its status."""
     code = 125
     try:
@@ -270,7 +276,7 @@ def netns_child(spec):
     os._exit(code)
 
 
-def main(spec_path):
+def main(spec_path: str) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -298,8 +304,9 @@ def main(spec_path):
     _, status = os.waitpid(pid, 0)
     status_path = os.path.join(spec["control_dir"], "status.json")
     if not os.path.exists(status_path):
-        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        write_json(status_path, {"setup_error": f"sandbox child ended without a status (signal {sig})", "signal": sig})
+        killed_by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        write_json(status_path, {"setup_error": f"sandbox child ended without a status (signal {killed_by})",
+                                 "signal": killed_by})
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 

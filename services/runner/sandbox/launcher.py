@@ -117,9 +117,12 @@ class SandboxOutcome:
         if not self.started:
             return f"sandbox never started: {self.error}"
         if self.signal is not None:
-            name = signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else str(self.signal)
-            hint = {signal.SIGXCPU: " (cpu limit)", signal.SIGXFSZ: " (file size limit)"}.get(self.signal, "")
-            text = f"killed by {name}{hint}"
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = str(self.signal)
+            hints = {int(signal.SIGXCPU): " (cpu limit)", int(signal.SIGXFSZ): " (file size limit)"}
+            text = f"killed by {name}{hints.get(self.signal, '')}"
         elif self.exit_code is None:
             text = self.error or "ended without a status"
         else:
@@ -384,9 +387,13 @@ class IsolatedLauncher(SandboxLauncher):
     def sandbox_uid(self) -> int | None:
         return self._free[0] if self._free else None
 
-    async def launch(self, spec: SandboxSpec) -> SandboxHandle:
-        if not self._free:
-            raise SandboxError(f"all {self.num_slots} sandbox uids are in use")
+    async def launch(self, spec: SandboxSpec, wait_s: float = 60.0) -> SandboxHandle:
+        """Waits up to `wait_s` for a free uid (callers normally bound their concurrency to the slots)."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while not self._free:
+            if asyncio.get_running_loop().time() > deadline:
+                raise SandboxError(f"all {self.num_slots} sandbox uids stayed in use for {wait_s:.0f} s")
+            await asyncio.sleep(0.05)
         uid = self._free.pop(0)
         self._used.add(uid)
         stale = await procs.kill_uid(uid)

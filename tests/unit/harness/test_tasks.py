@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.tasks import SUITES, Task, TaskRegistry, UnknownTaskError, check_relative, demo_task_ids
+from harness.tools import TOOL_SPECS
 from harness.verify import MISSING, RIGHT, WRITTEN
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,6 +28,7 @@ def test_every_suite_honours_the_contract(suite_name: str) -> None:
         assert 0 < task.harness_timeout_s <= task.overall_budget_s
         for rel in task.files:
             check_relative(rel)
+        assert task.tools is None or set(task.tools) <= set(TOOL_SPECS)
 
 
 def test_registry_resolves_demo_tasks_and_names_unknown_ones() -> None:

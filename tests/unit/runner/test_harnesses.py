@@ -1,0 +1,66 @@
+"""Harness command registry contract, and the runner's config sections."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gyre.config import ConfigError, load_config
+from harness.tasks import Task
+from services.runner.harnesses import HARNESSES, CommandHarness, Launch, make_harness
+from services.runner.sandbox import SandboxLimits
+
+LAUNCH = Launch(Task("add/3+5", "3+5=? Write the answer to answer.txt."), "e1", "http://127.0.0.1:8123", "key-e1",
+                Path("/sandbox/home"))
+
+
+def build(name: str) -> object:
+    return CommandHarness(["bash", "-c", "{prompt}"]) if name == "command" else HARNESSES[name]()
+
+
+@pytest.mark.parametrize("name", sorted(HARNESSES))
+def test_every_harness_builds_a_command_and_a_closed_environment(name: str) -> None:
+    harness = build(name)
+    argv = harness.command(LAUNCH)  # type: ignore[attr-defined]
+    env = harness.env(LAUNCH)  # type: ignore[attr-defined]
+    assert argv and all(isinstance(a, str) for a in argv)
+    assert "PATH" in env and "HOME" not in env  # HOME and TMPDIR are the sandbox's
+    assert LAUNCH.api_key in env.values()
+    assert isinstance(harness.limits(SandboxLimits()), SandboxLimits)  # type: ignore[attr-defined]
+    for rel in harness.home_files(LAUNCH):  # type: ignore[attr-defined]
+        assert not rel.startswith("/") and ".." not in rel
+
+
+def test_demo_harness_reaches_the_model_only_through_the_proxy() -> None:
+    harness = HARNESSES["demo"]()
+    argv, env = harness.command(LAUNCH), harness.env(LAUNCH)
+    assert argv[:3] == [sys.executable, "-m", "harness"] and argv[argv.index("--prompt") + 1] == LAUNCH.task.prompt
+    assert (env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"]) == (LAUNCH.base_url, LAUNCH.api_key)
+
+
+def test_codex_gets_a_provider_pointing_at_the_proxy() -> None:
+    harness = HARNESSES["codex"]()
+    config = harness.home_files(LAUNCH)[".codex/config.toml"]
+    assert 'base_url = "http://127.0.0.1:8123/v1"' in config and 'wire_api = "responses"' in config
+    assert harness.env(LAUNCH)["CODEX_HOME"] == "/sandbox/home/.codex"
+    assert harness.limits(SandboxLimits()).memory_mb is None
+
+
+def test_command_harness_expands_placeholders_and_appends_extra_args() -> None:
+    harness = CommandHarness(["run", "{task_id}", "{execution_id}", "--", "{prompt}"], ["--x"])
+    assert harness.command(LAUNCH) == ["run", "add/3+5", "e1", "--", LAUNCH.task.prompt, "--x"]
+
+
+def test_runner_config_validates_and_names_the_fix() -> None:
+    config = load_config(None, environ={}, overrides={"runner": {"harness": "command", "command": ["true"]}})
+    assert isinstance(make_harness(config.runner), CommandHarness)
+    with pytest.raises(ConfigError, match=r"needs runner\.command"):
+        load_config(None, environ={}, overrides={"runner": {"harness": "command"}})
+    with pytest.raises(ConfigError, match="uid_base must be in"):
+        load_config(None, environ={}, overrides={"runner": {"sandbox": {"uid_base": 5}}})
+    with pytest.raises(ConfigError, match="at least 1, or null"):
+        load_config(None, environ={}, overrides={"evaluator": {"sandbox": {"max_processes": 0}}})
+    defaults = load_config(None, environ={})
+    assert (defaults.runner.sandbox.uid_base, defaults.evaluator.sandbox.uid_base) == (120000, 130000)
