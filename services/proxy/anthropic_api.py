@@ -86,7 +86,7 @@ async def count_tokens(core: ProxyCore, adapter: AnthropicAdapter, request: Requ
         try:
             model_request = adapter.parse(body, request.headers)
         except RequestError as e:
-            raise InvalidRequestError(e.reason, e.field) from e
+            raise InvalidRequestError(str(e), e.field) from e
         num_tokens = core.count_tokens(state, model_request)
     except ProxyError as e:
         core.metrics.answered("anthropic_count_tokens", adapter.error_status(e))

@@ -145,7 +145,7 @@ async def handle_model_call(core: ProxyCore, adapter: ApiAdapter, request: Reque
         try:
             model_request = adapter.parse(body, request.headers)
         except RequestError as e:
-            raise InvalidRequestError(e.reason, e.field) from e
+            raise InvalidRequestError(str(e), e.field) from e
         call = core.begin(state, model_request, request_id, clock)
         call.options = adapter.options(body)
         if model_request.stream:

@@ -31,7 +31,12 @@ from gyre.trajectory import (
     RequestError,
     TreeClosedError,
 )
-from services.proxy.errors import EngineUnavailableError, ExecutionClosedError, InvalidRequestError
+from services.proxy.errors import (
+    EngineOutputError,
+    EngineUnavailableError,
+    ExecutionClosedError,
+    InvalidRequestError,
+)
 from services.proxy.executions import Executions, ExecutionState
 from services.proxy.generation import Generation
 from services.proxy.metrics import OverheadClock, ProxyMetrics
@@ -128,7 +133,7 @@ class ModelCall:
         self.state.calls.add(self.generation)
         try:
             async for ids in self.generation.run():
-                events = streamer.feed(text.feed(ids))
+                events = streamer.feed(_decoded(text, ids))
                 emitted += events
                 yield events
         finally:
@@ -161,6 +166,8 @@ class ModelCall:
             committed = self.state.tree.commit(self.prepared, gen.output_ids, gen.logprobs, meta)
         except TreeClosedError as e:
             raise ExecutionClosedError(str(e)) from e
+        except ValueError as e:  # the template could not decode the output ids
+            raise EngineOutputError(f"the engine output cannot be decoded: {e}") from e
         sampled = 0 if committed.deduplicated else len(gen.output_ids)
         with self.clock.outside():
             await self.executions.persist(self.state, committed.new_nodes + committed.changed_nodes, sampled)
@@ -185,6 +192,13 @@ class ModelCall:
         return min(versions) if versions else self.state.policy_version
 
 
+def _decoded(text: Detokenizer, ids: list[int]) -> str:
+    try:
+        return text.feed(ids)
+    except ValueError as e:
+        raise EngineOutputError(f"the engine output cannot be decoded: {e}") from e
+
+
 def begin_call(
     *,
     state: ExecutionState,
@@ -204,7 +218,7 @@ def begin_call(
     except TreeClosedError as e:
         raise ExecutionClosedError(str(e)) from e
     except RequestError as e:
-        raise InvalidRequestError(e.reason, e.field) from e
+        raise InvalidRequestError(str(e), e.field) from e
     except ValueError as e:  # a template that cannot render this request (TemplateError)
         raise InvalidRequestError(str(e)) from e
     generation = Generation(

@@ -111,7 +111,7 @@ class ProxyCore:
         except TreeClosedError as e:
             raise ExecutionClosedError(str(e)) from e
         except RequestError as e:
-            raise InvalidRequestError(e.reason, e.field) from e
+            raise InvalidRequestError(str(e), e.field) from e
         except ValueError as e:
             raise InvalidRequestError(str(e)) from e
 

@@ -77,6 +77,14 @@ class EngineUnavailableError(ProxyError):
     kind = ErrorKind.OVERLOADED
 
 
+class EngineOutputError(ProxyError):
+    """The engine returned ids the chat template cannot decode (e.g. a padded-vocabulary id); the
+    output is not recorded."""
+
+    status = 502
+    kind = ErrorKind.INTERNAL
+
+
 class InternalError(ProxyError):
     """A bug in the proxy; logged once where it is caught."""
 

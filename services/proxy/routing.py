@@ -100,9 +100,7 @@ class Router:
                     old.spec, old.serving = spec, True
                     fresh[spec.engine_id] = old
                 else:
-                    fresh[spec.engine_id] = Engine(
-                        spec, EngineClient(spec.url, timeout_s=self.engine_timeout_s)
-                    )
+                    fresh[spec.engine_id] = Engine(spec, self._client(spec.url))
                     if old is not None:
                         self._retired.append(old.client)
             self._retired += [e.client for k, e in self.engines.items() if k not in fresh]
@@ -112,6 +110,11 @@ class Router:
         if default_engine_id:
             self.default_engine_id = default_engine_id
         return len(self.routes)
+
+    def _client(self, url: str) -> EngineClient:
+        # One quick connect retry: a call that cannot reach its engine is retried by the generation
+        # loop, on the execution's route at that moment (which a drain may have changed).
+        return EngineClient(url, timeout_s=self.engine_timeout_s, max_connect_retries=1, retry_backoff_s=0.05)
 
     def set_route(self, execution_id: str, engine_id: str) -> None:
         self.routes[execution_id] = engine_id

@@ -104,6 +104,7 @@ class Detokenizer:
         self._prefix = 0
         self._read = 0
         self._held: int | None = None
+        self._sentinel = min(self._stops) if self._stops else None
 
     def feed(self, ids: Sequence[int]) -> str:
         pending = list(ids)
@@ -125,12 +126,16 @@ class Detokenizer:
         if self._bytes is not None:
             return self._decode_bytes(ids, final)
         self._ids.extend(ids)
-        prefix_text = self._template.decode_output(self._ids[self._prefix : self._read])
-        text = self._template.decode_output(self._ids[self._prefix :])
+        prefix_text = self._window(self._ids[self._prefix : self._read])
+        text = self._window(self._ids[self._prefix :])
         if not final and (text.endswith("\ufffd") or len(text) < len(prefix_text)):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
         return text[len(prefix_text) :]
+
+    def _window(self, ids: list[int]) -> str:
+        """Decode ids as they are: `decode_output` strips one trailing stop id, so give it one."""
+        return self._template.decode_output([*ids, self._sentinel] if self._sentinel is not None else ids)
 
     def _decode_bytes(self, ids: list[int], final: bool) -> str:
         assert self._bytes is not None

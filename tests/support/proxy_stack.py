@@ -54,7 +54,7 @@ def scripted_engine(cell: int = 0, **section: Any) -> EngineSpec:
 def model_engine(cell: int = 0, seed: int = 0, max_seq_len: int = 2048, **section: Any) -> EngineSpec:
     return EngineSpec(
         EngineSection(output_source="model", **{"kv_cache_tokens": 65536, "max_batch_size": 64, **section}),
-        ModelSection(max_seq_len=max_seq_len, seed=seed),
+        ModelSection(max_seq_len=max_seq_len, seed=seed, vocab_size=264),
         cell,
     )
 
@@ -99,7 +99,9 @@ class ProxyStack:
 
     async def script(self, engine_id: str, texts: Sequence[str | Mapping[str, Any]]) -> None:
         entries = [{"text": t} if isinstance(t, str) else dict(t) for t in texts]
-        response = await self.http.post(f"{self.engines[engine_id].url}/gyre/script", json={"entries": entries})
+        response = await self.http.post(
+            f"{self.engines[engine_id].url}/gyre/script", json={"entries": entries}
+        )
         response.raise_for_status()
 
     async def script_status(self, engine_id: str) -> dict[str, Any]:
@@ -124,10 +126,13 @@ async def proxy_stack(
     redis_url: str,
     run_dir: Path,
     run_id: str,
-    engines: Mapping[str, EngineSpec],
+    engines: Mapping[str, EngineSpec | EngineServer],
     proxy: Mapping[str, Any] | None = None,
     default_engine: str | None = None,
+    send_routes: bool = True,
 ) -> AsyncIterator[ProxyStack]:
+    """Engines given as `EngineServer`s are used as they are (they outlive the stack); `send_routes`
+    off leaves routing to what the proxy restores from Redis."""
     config = GyreConfig.model_validate(
         {
             "run": {"id": run_id, "dir": str(run_dir)},
@@ -139,7 +144,11 @@ async def proxy_stack(
     async with AsyncExitStack() as stack:
         servers: dict[str, EngineServer] = {}
         for name, spec in engines.items():
-            servers[name] = await stack.enter_async_context(EngineServer(spec.section, model_section=spec.model_section))
+            if isinstance(spec, EngineServer):
+                servers[name] = spec
+            else:
+                server = EngineServer(spec.section, model_section=spec.model_section)
+                servers[name] = await stack.enter_async_context(server)
         service = ProxyService(config)
         await service.start()
         stack.push_async_callback(service.stop)
@@ -147,6 +156,6 @@ async def proxy_stack(
         stack.push_async_callback(channel.close)
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=60))
         result = ProxyStack(service, proxy_pb2_grpc.ProxyStub(channel), servers, http)
-        if servers:
+        if servers and send_routes:
             await result.route(default_engine or next(iter(servers)))
         yield result
