@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gyre.log import bind_context, get_logger
-from gyre.trajectory import Api, ModelRequest, RequestError, from_anthropic, to_anthropic_content
+from gyre.trajectory import Api, ModelRequest, from_anthropic, to_anthropic_content
 from services.proxy.anthropic_sse import AnthropicStream, stop_reason, usage
 from services.proxy.api import (
     ApiAdapter,
@@ -24,10 +24,11 @@ from services.proxy.api import (
     check_declared_size,
     json_response,
     new_request_id,
+    parse_request,
     read_json,
 )
 from services.proxy.calls import CallResult, ModelCall
-from services.proxy.errors import ErrorKind, InternalError, InvalidRequestError, ProxyError
+from services.proxy.errors import ErrorKind, InternalError, ProxyError
 from services.proxy.metrics import OverheadClock
 
 if TYPE_CHECKING:
@@ -83,10 +84,7 @@ async def count_tokens(core: ProxyCore, adapter: AnthropicAdapter, request: Requ
         check_declared_size(request.headers, core.section.max_body_bytes)
         state = await core.executions.for_key(api_key_of(request.headers))
         body = await read_json(request, core.section.max_body_bytes, OverheadClock())
-        try:
-            model_request = adapter.parse(body, request.headers)
-        except RequestError as e:
-            raise InvalidRequestError(str(e), e.field) from e
+        model_request = parse_request(core, adapter, body, request.headers)
         num_tokens = core.count_tokens(state, model_request)
     except ProxyError as e:
         core.metrics.answered("anthropic_count_tokens", adapter.error_status(e))

@@ -132,6 +132,20 @@ async def read_json(request: Request, max_bytes: int, clock: OverheadClock) -> A
         raise InvalidRequestError(f"the request body is not valid JSON: {e}") from e
 
 
+def parse_request(core: ProxyCore, adapter: ApiAdapter, body: Any, headers: Mapping[str, str]) -> ModelRequest:
+    """The body in the internal model. A converter that fails on malformed input with anything but
+    `RequestError` has a bug: it is logged and counted (`gyre_proxy_conversion_bugs`), and the
+    harness still gets the 400 its malformed request deserves."""
+    try:
+        return adapter.parse(body, headers)
+    except RequestError as e:
+        raise InvalidRequestError(str(e), e.field) from e
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+        core.metrics.conversion_bugs.inc()
+        log.exception("request_conversion_bug", error=repr(e))
+        raise InvalidRequestError(f"malformed request: {e!r}") from e
+
+
 async def handle_model_call(core: ProxyCore, adapter: ApiAdapter, request: Request) -> Response:
     clock = OverheadClock()
     request_id = new_request_id()
@@ -142,10 +156,7 @@ async def handle_model_call(core: ProxyCore, adapter: ApiAdapter, request: Reque
         state = await core.executions.for_key(api_key_of(request.headers))
         bind_context(execution=state.execution_id)
         body = await read_json(request, core.section.max_body_bytes, clock)
-        try:
-            model_request = adapter.parse(body, request.headers)
-        except RequestError as e:
-            raise InvalidRequestError(str(e), e.field) from e
+        model_request = parse_request(core, adapter, body, request.headers)
         call = core.begin(state, model_request, request_id, clock)
         call.options = adapter.options(body)
         if model_request.stream:

@@ -79,6 +79,11 @@ class ProxyMetrics:
             "Streamed outputs that differ from the recorded parse (a bug).",
             registry=r,
         )
+        self.conversion_bugs = Counter(
+            "gyre_proxy_conversion_bugs",
+            "Malformed requests a converter failed on without a RequestError (a bug; answered 400).",
+            registry=r,
+        )
         self.open_executions = Gauge("gyre_proxy_open_executions", "Executions with a live key.", registry=r)
 
     def render(self) -> bytes:

@@ -112,12 +112,26 @@ async def test_refused_requests_are_4xx_in_the_callers_format_and_record_nothing
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
     r = await post(stack, "/v1/chat/completions", {"model": "m", "messages": [{"role": "wizard"}]}, key)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
-    r = await post(stack, "/v1/responses", {"model": "m", "input": [{"type": "message", "role": "user",
-                   "content": [{"type": "input_image", "image_url": "x"}]}]}, key)  # fmt: skip
+    r = await post(
+        stack,
+        "/v1/responses",
+        {
+            "model": "m",
+            "input": [
+                {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}
+            ],
+        },
+        key,
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = await post(stack, "/v1/messages", {**MESSAGES, "max_tokens": 0}, key)
     assert r.status_code == 400
-    r = await post(stack, "/v1/messages", {**MESSAGES, "messages": [*MESSAGES["messages"], {"role": "assistant", "content": "pre"}]}, key)  # fmt: skip
+    r = await post(
+        stack,
+        "/v1/messages",
+        {**MESSAGES, "messages": [*MESSAGES["messages"], {"role": "assistant", "content": "pre"}]},
+        key,
+    )
     assert r.status_code == 400
     assert await stored_nodes(stack, "e1") == 0 and not stack.tree("e1").nodes
     stats = await stack.stats()

@@ -4,7 +4,6 @@ output node per call holding exactly the ids the engine produced, with their log
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,32 +12,19 @@ import anthropic
 import openai
 import pytest
 
-from gyre.model.tokenizer import SPECIAL_TOKENS, ByteTokenizer
 from gyre.stack.servers import ServerProcess
 from gyre.trajectory import Node
 from services.cell_agent.engine.backends.scripted import scripted_logprob
 from tests.support.proxy_stack import ProxyStack, proxy_stack, scripted_engine
+from tests.support.proxy_stack import scripted_ids as ids_of
 
 pytestmark = pytest.mark.slow
-TOKENIZER = ByteTokenizer()
-_SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 WEATHER = {
     "name": "get_weather",
     "description": "Weather of a city.",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-
-
-def ids_of(text: str) -> list[int]:
-    """Token ids of a scripted text (special-token strings are their ids)."""
-    ids: list[int] = []
-    for part in _SPECIAL.split(text):
-        if part in SPECIAL_TOKENS:
-            ids.append(TOKENIZER.special_id(part))
-        elif part:
-            ids += TOKENIZER.encode(part)
-    return ids
 
 
 def assert_recorded(node: Node, text: str) -> None:

@@ -15,25 +15,43 @@ or `model` (a small GyreLM; engines with the same model seed serve the same poli
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+import asyncio
+import re
+import threading
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import httpx
 
 from gyre.config import GyreConfig, ModelSection
 from gyre.config.services import EngineSection
+from gyre.model.tokenizer import SPECIAL_TOKENS, ByteTokenizer
 from gyre.store.trees import TreeStore
 from gyre.trajectory import TrajectoryTree
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 from services.cell_agent.engine import EngineServer
 from services.proxy.service import ProxyService
 
+T = TypeVar("T")
 SCRIPTED_CONTEXT = 4_000_000
 """Context length of scripted engines: a Claude Code history near compaction is ~1M byte tokens."""
+_TOKENIZER = ByteTokenizer()
+_SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
+
+
+def scripted_ids(text: str) -> list[int]:
+    """The ids a scripted engine emits for `text` (special-token strings are their ids)."""
+    ids: list[int] = []
+    for part in _SPECIAL.split(text):
+        if part in SPECIAL_TOKENS:
+            ids.append(_TOKENIZER.special_id(part))
+        elif part:
+            ids += _TOKENIZER.encode(part)
+    return ids
 
 
 @dataclass(frozen=True)
@@ -159,3 +177,32 @@ async def proxy_stack(
         if servers and send_routes:
             await result.route(default_engine or next(iter(servers)))
         yield result
+
+
+class ThreadedStack:
+    """A `proxy_stack` on its own event loop in a background thread, for synchronous tests
+    (hypothesis drives plain functions): `run(coro)` executes a coroutine on that loop."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._args, self._kwargs = args, kwargs
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="proxy-stack", daemon=True)
+        self._context: Any = None
+        self.stack: ProxyStack
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=120)
+
+    def __enter__(self) -> ThreadedStack:
+        self._thread.start()
+        self._context = proxy_stack(*self._args, **self._kwargs)
+        self.stack = self.run(self._context.__aenter__())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.run(self._context.__aexit__(None, None, None))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
