@@ -10,8 +10,8 @@
 Two keys per execution, sharing the hash tag `{execution_id}`: `tree_nodes` (hash: node id →
 `encode_node` bytes; a node written twice keeps the later encoding, which carries every alias
 learned so far) and `tree_meta` (hash: profile, template, policy version, closed flag, counters,
-and whatever extra fields the opener passes). An append is one MULTI/EXEC: the nodes and the
-counters land together or not at all.
+and whatever extra fields the opener passes). An append is one Lua script: the nodes and the
+counters land together or not at all, in one round trip.
 """
 
 from __future__ import annotations
@@ -40,6 +40,13 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if redis.call('HGET', KEYS[1], 'closed') ~= '1' then
   redis.call('HSET', KEYS[1], 'closed', '1', 'closed_at_s', ARGV[1])
 end
+return 1
+"""
+
+_APPEND = """
+if #ARGV > 2 then redis.call('HSET', KEYS[1], unpack(ARGV, 3)) end
+if ARGV[1] ~= '0' then redis.call('HINCRBY', KEYS[2], 'num_calls', ARGV[1]) end
+if ARGV[2] ~= '0' then redis.call('HINCRBY', KEYS[2], 'num_sampled_tokens', ARGV[2]) end
 return 1
 """
 
@@ -80,6 +87,7 @@ class TreeStore:
         self._keys = keys
         self._create = redis.register_script(_CREATE)
         self._close = redis.register_script(_CLOSE)
+        self._append = redis.register_script(_APPEND)
 
     async def create(
         self,
@@ -112,16 +120,11 @@ class TreeStore:
         self, execution_id: str, nodes: Iterable[Node], *, num_calls: int = 1, num_sampled: int = 0
     ) -> None:
         """Write nodes (encoded now, before the first await) and bump the call counters."""
-        mapping = {str(node.node_id): encode_node(node) for node in nodes}
-        meta = self._keys.tree_meta(execution_id)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            if mapping:
-                pipe.hset(self._keys.tree_nodes(execution_id), mapping=mapping)  # type: ignore[arg-type]
-            if num_calls:
-                pipe.hincrby(meta, "num_calls", num_calls)
-            if num_sampled:
-                pipe.hincrby(meta, "num_sampled_tokens", num_sampled)
-            await pipe.execute()
+        args: list[str | bytes] = [str(num_calls), str(num_sampled)]
+        for node in nodes:
+            args += [str(node.node_id), encode_node(node)]
+        keys = [self._keys.tree_nodes(execution_id), self._keys.tree_meta(execution_id)]
+        await self._append(keys=keys, args=args)
 
     async def close(self, execution_id: str) -> TreeMeta:
         """Mark the tree closed (idempotent); raises `UnknownTreeError` if there is none."""
@@ -133,10 +136,10 @@ class TreeStore:
         return meta
 
     async def meta(self, execution_id: str) -> TreeMeta | None:
-        raw = await self._redis.hgetall(self._keys.tree_meta(execution_id))  # type: ignore[misc]
+        raw = await self._redis.hgetall(self._keys.tree_meta(execution_id))
         if not raw:
             return None
-        data = {k.decode(): v.decode() for k, v in raw.items()}
+        data = {_text(k): _text(v) for k, v in raw.items()}
         return TreeMeta(
             execution_id=data["execution_id"],
             profile=data["profile"],
@@ -152,11 +155,11 @@ class TreeStore:
 
     async def is_closed(self, execution_id: str) -> bool:
         """True once `close` ran; False for an open or unknown execution."""
-        flag = await self._redis.hget(self._keys.tree_meta(execution_id), "closed")  # type: ignore[misc]
-        return flag == b"1"
+        flag = await self._redis.hget(self._keys.tree_meta(execution_id), "closed")
+        return flag is not None and _text(flag) == "1"
 
     async def num_nodes(self, execution_id: str) -> int:
-        return int(await self._redis.hlen(self._keys.tree_nodes(execution_id)))  # type: ignore[misc]
+        return int(await self._redis.hlen(self._keys.tree_nodes(execution_id)))
 
     async def load(
         self,
@@ -169,11 +172,15 @@ class TreeStore:
         meta = await self.meta(execution_id)
         if meta is None:
             raise UnknownTreeError(execution_id)
-        blobs = await self._redis.hvals(self._keys.tree_nodes(execution_id))  # type: ignore[misc]
+        blobs = await self._redis.hvals(self._keys.tree_nodes(execution_id))
         return TrajectoryTree.from_nodes(
             execution_id,
             template if template is not None else make_template(meta.template),
             profile if profile is not None else get_profile(meta.profile),
-            blobs,
+            (b if isinstance(b, bytes) else b.encode() for b in blobs),
             closed=meta.closed,
         )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -55,7 +55,7 @@ class AnthropicStream(StreamEncoder):
         self._held = ""
 
     def start(self, call: ModelCall) -> bytes:
-        message = {
+        message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",

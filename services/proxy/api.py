@@ -132,7 +132,9 @@ async def read_json(request: Request, max_bytes: int, clock: OverheadClock) -> A
         raise InvalidRequestError(f"the request body is not valid JSON: {e}") from e
 
 
-def parse_request(core: ProxyCore, adapter: ApiAdapter, body: Any, headers: Mapping[str, str]) -> ModelRequest:
+def parse_request(
+    core: ProxyCore, adapter: ApiAdapter, body: Any, headers: Mapping[str, str]
+) -> ModelRequest:
     """The body in the internal model. A converter that fails on malformed input with anything but
     `RequestError` has a bug: it is logged and counted (`gyre_proxy_conversion_bugs`), and the
     harness still gets the 400 its malformed request deserves."""

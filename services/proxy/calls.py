@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,7 +124,7 @@ class ModelCall:
             self.state.calls.discard(self.generation)
         return await self._record()
 
-    async def stream(self) -> AsyncIterator[list[StreamEvent]]:
+    async def stream(self) -> AsyncGenerator[list[StreamEvent], None]:
         """Events as ids arrive (possibly empty lists: one per engine chunk); the last list comes
         after the output is recorded, and `self.result` is then set."""
         streamer = make_streamer(self.template, self.prepared.id_seed, self.prepared.id_prefix)
@@ -169,8 +169,7 @@ class ModelCall:
         except ValueError as e:  # the template could not decode the output ids
             raise EngineOutputError(f"the engine output cannot be decoded: {e}") from e
         sampled = 0 if committed.deduplicated else len(gen.output_ids)
-        with self.clock.outside():
-            await self.executions.persist(self.state, committed.new_nodes + committed.changed_nodes, sampled)
+        await self.executions.persist(self.state, committed.new_nodes + committed.changed_nodes, sampled)
         assert committed.output is not None
         self.metrics.tokens_in.inc(self.prompt_tokens)
         self.metrics.tokens_encoded.inc(self.prepared.num_new_tokens)

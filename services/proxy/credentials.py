@@ -47,6 +47,6 @@ class Credentials:
             raw = await self._redis.get(self._keys.proxy_key(digest))
             if raw is None:
                 return None
-            execution_id = raw.decode()
+            execution_id = raw.decode() if isinstance(raw, bytes) else str(raw)
             self._cache[digest] = execution_id
         return execution_id

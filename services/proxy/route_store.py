@@ -44,10 +44,10 @@ class RouteStore:
                 "draining": orjson.dumps(draining),
                 "default": router.default_engine_id.encode(),
             },
-        )  # type: ignore[misc]
+        )
 
     async def load(self) -> RouteSnapshot | None:
-        raw = await self._redis.hgetall(self._key)  # type: ignore[misc]
+        raw = await self._redis.hgetall(self._key)
         if not raw:
             return None
         engines = [
@@ -57,7 +57,7 @@ class RouteStore:
             engines=engines,
             routes=dict(orjson.loads(raw[b"routes"])),
             draining=list(orjson.loads(raw[b"draining"])),
-            default_engine_id=raw[b"default"].decode(),
+            default_engine_id=_text(raw[b"default"]),
         )
 
     @staticmethod
@@ -67,3 +67,7 @@ class RouteStore:
             engine = router.engines.get(engine_id)
             if engine is not None:
                 engine.serving = False
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
