@@ -174,6 +174,15 @@ class ModelCall:
         self.metrics.tokens_in.inc(self.prompt_tokens)
         self.metrics.tokens_encoded.inc(self.prepared.num_new_tokens)
         self.metrics.tokens_out.inc(len(gen.output_ids))
+        log.debug(
+            "call_recorded",
+            prompt_tokens=self.prompt_tokens,
+            new_tokens=self.prepared.num_new_tokens,
+            output_tokens=len(gen.output_ids),
+            engines=gen.engine_ids,
+            moves=gen.num_moves,
+            node=committed.output_node.node_id,
+        )
         finish = gen.finish
         stop_sequence = finish.matched if finish is not None and isinstance(finish.matched, str) else None
         self.result = CallResult(

@@ -7,8 +7,9 @@ An execution opened by this process is created in memory; one opened before a re
 rebuilt from the tree store on its first request (`TreeStore.load`), once even when several
 requests race for it. Writes of one execution go through its lock in commit order, so a node
 written twice (an alias added later) ends with its latest encoding. `close` freezes the tree,
-stops calls in flight, waits for pending writes, then marks the tree closed in Redis: the packer
-never sees a closed tree that is still growing.
+stops calls in flight, waits for pending writes, marks the tree closed in Redis (the packer never
+sees a closed tree that is still growing) and drops it from memory: a closed key answers 403
+from a set of ids, without loading anything.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class Executions:
         self.default_profile = default_profile
         self._open: dict[str, ExecutionState] = {}
         self._loading: dict[str, asyncio.Future[ExecutionState]] = {}
+        self._closed: set[str] = set()
+        """Executions known to be closed; their trees live in Redis only."""
 
     @property
     def num_open(self) -> int:
@@ -70,6 +73,8 @@ class Executions:
         """Register the execution (idempotent while open) and issue a key for it."""
         if not execution_id:
             raise ValueError("execution_id is required")
+        if execution_id in self._closed:
+            raise ExecutionClosedError(f"execution {execution_id} is closed")
         profile = profile or self.default_profile
         get_profile(profile)  # ValueError names the known profiles
         created = await self.store.create(
@@ -79,9 +84,7 @@ class Executions:
             policy_version=policy_version,
             extra=extra,
         )
-        state = await self.get(execution_id)
-        if state.closed:
-            raise ExecutionClosedError(f"execution {execution_id} is closed")
+        await self.get(execution_id)
         if not created:
             log.info("execution_reopened", execution=execution_id)
         return await self.credentials.issue(execution_id)
@@ -92,12 +95,12 @@ class Executions:
         execution_id = await self.credentials.resolve(api_key)
         if execution_id is None:
             raise AuthenticationError("invalid API key")
-        state = await self.get(execution_id)
-        if state.closed:
-            raise ExecutionClosedError(f"execution {execution_id} is closed; its key takes no more calls")
-        return state
+        return await self.get(execution_id)
 
     async def get(self, execution_id: str) -> ExecutionState:
+        """An open execution (loaded from Redis on first use); `ExecutionClosedError` once closed."""
+        if execution_id in self._closed:
+            raise ExecutionClosedError(f"execution {execution_id} is closed; its key takes no more calls")
         state = self._open.get(execution_id)
         if state is not None:
             return state
@@ -125,11 +128,14 @@ class Executions:
                 f"execution {execution_id} was recorded with template {meta.template!r}; this proxy renders "
                 f"with {self.template.name!r} (proxy.template)"
             )
+        if meta.closed:
+            self._closed.add(execution_id)
+            raise ExecutionClosedError(f"execution {execution_id} is closed; its key takes no more calls")
         profile = get_profile(meta.profile)
         tree = await self.store.load(execution_id, self.template, profile)
         if tree.nodes:
             log.info("tree_reloaded", execution=execution_id, num_nodes=len(tree.nodes))
-        return ExecutionState(execution_id, meta.profile, meta.policy_version, tree, closed=meta.closed)
+        return ExecutionState(execution_id, meta.profile, meta.policy_version, tree)
 
     async def persist(self, state: ExecutionState, nodes: Iterable[Node], num_sampled: int) -> None:
         """Write a commit's nodes (call right after `tree.commit`, before any await). Shielded, so a
@@ -148,9 +154,12 @@ class Executions:
                 state.writes_idle.set()
 
     async def close(self, execution_id: str) -> tuple[TreeMeta, int]:
-        """Freeze the tree, stop its calls, flush writes, mark it closed. Returns the stored meta
-        and the number of nodes."""
-        state = await self.get(execution_id)
+        """Freeze the tree, stop its calls, flush writes, mark it closed, drop it from memory.
+        Idempotent. Returns the stored meta and the number of nodes."""
+        try:
+            state = await self.get(execution_id)
+        except ExecutionClosedError:
+            return await self.store.close(execution_id), await self.store.num_nodes(execution_id)
         state.closed = True
         state.tree.close()
         for call in list(state.calls):
@@ -163,4 +172,6 @@ class Executions:
                     log.warning("close_abort_failed", execution=execution_id, error=e.message)
         await state.writes_idle.wait()
         meta = await self.store.close(execution_id)
+        self._closed.add(execution_id)
+        self._open.pop(execution_id, None)
         return meta, len(state.tree.nodes)

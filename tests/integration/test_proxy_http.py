@@ -224,3 +224,20 @@ async def test_grpc_refusals(stack: ProxyStack) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.Drain(proxy_pb2.DrainRequest(engine_id="cell-0"))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # nowhere to go
+
+
+async def test_closing_an_execution_stops_its_call_in_flight(stack: ProxyStack) -> None:
+    key = await stack.open("e1")
+    await stack.script("cell-0", [{"text": "x" * 400 + "<|im_end|>", "token_interval_s": 0.01}])
+    events: list[str] = []
+    async with stack.http.stream(
+        "POST", f"{stack.base_url}/v1/messages", json={**MESSAGES, "stream": True}, headers={"x-api-key": key}
+    ) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                events.append(line[7:])
+            if events == ["message_start", "ping"]:
+                await stack.close("e1")
+    assert events[-1] == "error" and "message_stop" not in events
+    assert await stored_nodes(stack, "e1") == 0
+    assert stack.engines["cell-0"].core.num_running == 0

@@ -112,3 +112,30 @@ async def test_drain_mid_stream_moves_every_call_without_a_visible_seam(
         )
         metrics = (await stack.http.get(f"{stack.base_url}/metrics")).text
         assert "gyre_proxy_stream_mismatches_total 0.0" in metrics
+
+
+async def test_calls_survive_an_engine_that_stops_under_them(
+    nats_server: ServerProcess, redis_server: ServerProcess, tmp_path: Path, run_id: str
+) -> None:
+    """The engine goes away mid-generation (its calls end aborted, then it refuses connections);
+    the scheduler drains it. Each call continues on the destination from the ids it already had."""
+    engines = {"cell-0": model_engine(cell=0, seed=3), "cell-1": model_engine(cell=1, seed=3)}
+    async with proxy_stack(nats_server.url, redis_server.url, tmp_path, run_id, engines) as stack:
+        clients = [Client(stack, await stack.open(f"s{i}", engine_id="cell-0"), i) for i in range(4)]
+        tasks = [asyncio.create_task(c.run()) for c in clients]
+        await asyncio.wait_for(asyncio.gather(*(c.started.wait() for c in clients)), 60)
+        await stack.engines["cell-0"].stop()
+        await stack.stub.Drain(proxy_pb2.DrainRequest(engine_id="cell-0", destination_engine_ids=["cell-1"]))
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        template = stack.service.core.template
+        finished_on = []
+        for i, c in enumerate(clients):
+            (node,) = [n for n in stack.tree(f"s{i}").nodes.values() if n.kind is NodeKind.OUTPUT]
+            assert node.sampled is not None and node.parent is not None and node.meta is not None
+            ids = node.token_ids[node.sampled].tolist()
+            sent = to_anthropic_content(template.parse_output(ids, node.parent.path_digest, "toolu_"))
+            assert _blocks(c.final) == sent
+            finished_on.append(node.meta.engine_id)
+        assert "cell-1" in finished_on  # at least one call was cut on cell-0 and finished on cell-1
+        stats = await stack.stats()
+        assert (stats.client_errors, stats.server_errors) == (0, 0)
