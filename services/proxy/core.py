@@ -22,7 +22,14 @@ import redis.asyncio as aioredis
 from gyre.config import ProxySection
 from gyre.store import Keys
 from gyre.store.trees import TreeStore
-from gyre.trajectory import ChatTemplate, ModelRequest, RequestError, TreeClosedError, make_template
+from gyre.trajectory import (
+    ChatTemplate,
+    ModelRequest,
+    RequestError,
+    TreeClosedError,
+    get_profile,
+    make_template,
+)
 from services.proxy.calls import CallSettings, ModelCall, begin_call
 from services.proxy.credentials import Credentials
 from services.proxy.errors import ExecutionClosedError, InvalidRequestError
@@ -61,6 +68,7 @@ def build_template(section: ProxySection) -> ChatTemplate:
 class ProxyCore:
     def __init__(self, section: ProxySection, *, redis: aioredis.Redis, keys: Keys) -> None:
         self.section = section
+        get_profile(section.default_profile)  # ValueError names the known profiles
         self.template = build_template(section)
         self.metrics = ProxyMetrics()
         self.store = TreeStore(redis, keys)

@@ -95,7 +95,10 @@ class Executions:
         execution_id = await self.credentials.resolve(api_key)
         if execution_id is None:
             raise AuthenticationError("invalid API key")
-        return await self.get(execution_id)
+        try:
+            return await self.get(execution_id)
+        except UnknownExecutionError:  # the key outlived its execution's records
+            raise AuthenticationError("invalid API key") from None
 
     async def get(self, execution_id: str) -> ExecutionState:
         """An open execution (loaded from Redis on first use); `ExecutionClosedError` once closed."""
