@@ -63,6 +63,10 @@ class Executions:
         self._closed: set[str] = set()
         """Executions known to be closed; their trees live in Redis only."""
 
+    def in_memory(self, execution_id: str) -> ExecutionState | None:
+        """The execution's state if this process holds it (nothing is loaded)."""
+        return self._open.get(execution_id)
+
     @property
     def num_open(self) -> int:
         return sum(1 for s in self._open.values() if not s.closed)

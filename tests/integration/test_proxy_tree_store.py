@@ -77,7 +77,7 @@ async def test_a_restarted_proxy_keeps_keys_trees_and_routes(
         async with proxy_stack(
             nats_server.url, redis_server.url, tmp_path, run_id, engines, send_routes=False
         ) as second:
-            assert "e1" not in second.service.core.executions._open  # nothing loaded until asked
+            assert second.service.core.executions.in_memory("e1") is None  # nothing loaded until asked
             client = anthropic.AsyncAnthropic(base_url=second.base_url, api_key=key, max_retries=0)
             messages += [
                 {"role": "assistant", "content": answer.content},

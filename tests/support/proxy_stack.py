@@ -131,7 +131,9 @@ class ProxyStack:
 
     def tree(self, execution_id: str) -> TrajectoryTree:
         """The proxy's live tree of an execution (opened or loaded in this process)."""
-        return self.service.core.executions._open[execution_id].tree
+        state = self.service.core.executions.in_memory(execution_id)
+        assert state is not None, f"{execution_id} is not open in this proxy"
+        return state.tree
 
     async def stored_tree(self, execution_id: str) -> TrajectoryTree:
         """The tree as Redis holds it (what a restarted proxy or the packer reads)."""
