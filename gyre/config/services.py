@@ -22,6 +22,40 @@ class ProxySection(Section):
     """Requests with a larger body are answered 413."""
     default_profile: str = "generic"
     """Harness profile used when an execution does not name one."""
+    template: str = "embedded"
+    """Chat template the trees record token ids with (a name in `gyre.trajectory.TEMPLATES`); it must be
+    the template of the model the engines serve. `hf` also needs `hf_tokenizer`."""
+    tool_call_parser: str = "hermes"
+    """Tool-call parser of engine outputs (a name in `gyre.trajectory.PARSERS`)."""
+    hf_tokenizer: str | None = None
+    """Template `hf` only: local path of the Hugging Face tokenizer whose chat template renders calls."""
+    hf_end_of_turn: str = "<|im_end|>"
+    """Template `hf` only: the token that ends an assistant turn."""
+    default_max_tokens: int = 4096
+    """Output budget of a call whose request names none (capped by the engine's context length)."""
+    max_engine_attempts: int = 4
+    """Attempts of one call on engines that fail or abort it (connection lost, engine shutting down);
+    moves ordered by a drain do not count. After the last one the harness gets an error."""
+    retry_backoff_s: float = 0.25
+    """Delay before the second attempt; doubles with each further attempt."""
+    engine_timeout_s: float = 900.0
+    """Longest a call may wait on an engine (covers long generations)."""
+    drain_timeout_s: float = 60.0
+    """Longest a Drain waits for one in-flight call to leave the drained engine."""
+
+    @field_validator("max_body_bytes", "default_max_tokens", "max_engine_attempts")
+    @classmethod
+    def _proxy_positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1; got {v}")
+        return v
+
+    @field_validator("retry_backoff_s", "engine_timeout_s", "drain_timeout_s")
+    @classmethod
+    def _proxy_non_negative(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"must be non-negative seconds; got {v}")
+        return v
 
 
 class SandboxSection(Section):

@@ -35,6 +35,7 @@ from torch import nn
 
 from gyre.model.config import ModelConfig
 from gyre.model.paged import PagedBatch, PagedKVCache
+from gyre.model.tokenizer import ByteTokenizer
 
 
 class RMSNorm(nn.Module):
@@ -167,6 +168,14 @@ class GyreLM(nn.Module):
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.rotary = Rotary(config.head_dim, config.max_seq_len, config.rope_theta)
+        # Embedding rows past the tokenizer's vocabulary are padding: they are never predicted, so
+        # neither the engine nor the trainer can sample or score an id the tokenizer cannot decode.
+        padding = torch.arange(config.vocab_size) >= ByteTokenizer().vocab_size
+        self.register_buffer("padding_ids", padding, persistent=False)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.lm_head(self.norm(h))
+        return logits.masked_fill(self.padding_ids, torch.finfo(logits.dtype).min)
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> GyreLM:
@@ -211,8 +220,7 @@ class GyreLM(nn.Module):
             assert isinstance(layer, Block)
             h = h + layer.attn(layer.attn_norm(h), position_ids, bounds, self.rotary)
             h = h + layer.mlp(layer.mlp_norm(h))
-        logits: torch.Tensor = self.lm_head(self.norm(h))
-        return logits
+        return self._logits(h)
 
     def forward_paged(
         self,
@@ -233,8 +241,7 @@ class GyreLM(nn.Module):
             h = h + layer.mlp(layer.mlp_norm(h))
         if last_index is not None:
             h = h[torch.arange(h.shape[0]), last_index]
-        logits: torch.Tensor = self.lm_head(self.norm(h))
-        return logits
+        return self._logits(h)
 
 
 def build_model(config: ModelConfig, seed: int = 0) -> GyreLM:

@@ -46,6 +46,13 @@ class Keys:
     def tree_meta(self, execution_id: str) -> str:
         return self._k("tree", execution_id, "meta")
 
+    # -- the proxy: credentials (key digest → execution) and its routing table ----------------------
+    def proxy_key(self, key_digest: str) -> str:
+        return self._k("proxykey", key_digest, "record")
+
+    def proxy_routes(self) -> str:
+        return self._k("proxy", "routes", "hash")
+
     def ready_groups(self) -> str:
         return self._k("groups", "ready", "zset")
 

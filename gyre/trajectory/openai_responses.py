@@ -157,9 +157,14 @@ def _short(text: str) -> str:
 
 def _assistant_blocks(item: dict[str, Any], kind: str, field: str) -> list[Block]:
     if kind == "reasoning":
-        parts = [p.get("text", "") for p in (item.get("content") or []) if isinstance(p, dict)]
+        parts = [
+            p.get("text", "")
+            for p in expect_list(item.get("content") or [], f"{field}.content")
+            if isinstance(p, dict)
+        ]
         if not parts:
-            parts = [p.get("text", "") for p in (item.get("summary") or []) if isinstance(p, dict)]
+            summary = expect_list(item.get("summary") or [], f"{field}.summary")
+            parts = [p.get("text", "") for p in summary if isinstance(p, dict)]
         return [ThinkingBlock("\n".join(str(p) for p in parts), str(item.get("encrypted_content") or ""))]
     if kind == "function_call":
         return [

@@ -1,11 +1,47 @@
-"""The proxy service shell: connects to NATS and Redis and serves gRPC with grpc.health.v1."""
+"""The proxy service shell: NATS + Redis + gRPC (Proxy, health) from GyreService, plus the HTTP API.
+
+`setup` builds the `ProxyCore`, reloads the routing table, binds the harness-facing HTTP server on
+`run.host:proxy.http_port` and registers the gRPC servicer; the HTTP server is supervised (an
+unexpected exit crashes the service). `stop` lets in-flight harness calls finish before the
+shared shutdown sequence, so nothing being recorded is cut off.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from gyre.service import GyreService
+from gyre.v1 import proxy_pb2_grpc
+from services.proxy.app import build_app
+from services.proxy.core import ProxyCore
+from services.proxy.grpc_api import ProxyServicer
+from services.proxy.http_server import HttpServer
 
 
 class ProxyService(GyreService):
-    """proxy service: harness-facing HTTP APIs (Anthropic, OpenAI), per-execution credentials, TITO"""
+    """Harness-facing APIs, per-execution credentials, TITO recording, routing and reroute."""
 
     name = "proxy"
+
+    async def setup(self) -> None:
+        self.core = ProxyCore(self.config.proxy, redis=self.redis, keys=self.keys)
+        await self.core.start()
+        self.http = HttpServer(
+            build_app(self.core), host=self.config.run.host, port=self.config.proxy.http_port
+        )
+        await self.http.start()
+        self.core.base_url = f"http://{self.config.run.peer_host('proxy')}:{self.http.port}"
+        self.supervisor.spawn(self.http.wait(), "http")
+        proxy_pb2_grpc.add_ProxyServicer_to_server(ProxyServicer(self.core), self.server)
+
+    def endpoint_info(self) -> dict[str, Any]:
+        return {"http_port": self.http.port, "base_url": self.core.base_url} if hasattr(self, "http") else {}
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        if hasattr(self, "http"):
+            await self.http.stop(grace_s)
+        await super().stop(grace_s)
+
+    async def teardown(self) -> None:
+        if hasattr(self, "core"):
+            await self.core.aclose()

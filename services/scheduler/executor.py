@@ -155,9 +155,10 @@ class ActionExecutor:
                 cell_agent_pb2.SwitchRoleRequest(role=common_pb2.CELL_ROLE_ROLLOUT, weight_version=version),
                 timeout=RPC_TIMEOUT_S,
             )
-            await self._peers.proxy.UpdateRoutes(
-                proxy_pb2.UpdateRoutesRequest(engines=self._peers.engines), timeout=30
-            )
+            # The engine table lists exactly the engines that serve: the rollout cells and this one.
+            roles = self.driver.policy.state.roles
+            serving = [e for c, e in enumerate(self._peers.engines) if c == cell or roles[c] is Role.ROLLOUT]
+            await self._peers.proxy.UpdateRoutes(proxy_pb2.UpdateRoutesRequest(engines=serving), timeout=30)
             log.info("cell_rollout", cell=cell, weight_version=resp.weight_version, duration_s=resp.duration_s)
         self.facts.transitions.append(
             {"cell": cell, "to": str(a.to_role), "started_s": t0, "duration_s": self.driver.now() - t0}

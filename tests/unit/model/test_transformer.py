@@ -143,3 +143,16 @@ def test_paged_batch_masks_padding() -> None:
     assert mask[0, 1].tolist() == [True] * 7
     assert mask[1, 0].tolist() == [True] + [False] * 6
     assert mask[1, 1].tolist() == [True] + [False] * 6  # padding query: key 0 only, never all-masked
+
+
+def test_padding_ids_past_the_tokenizer_are_never_predicted() -> None:
+    from gyre.model.config import ModelConfig
+    from gyre.model.tokenizer import ByteTokenizer
+    from gyre.model.transformer import build_model
+
+    model = build_model(ModelConfig(num_layers=1, d_model=32, num_heads=2, ffn_hidden=64, vocab_size=272))
+    ids = torch.tensor([1, 2, 3, 4])
+    logits = model(ids, torch.arange(4), [0, 4])
+    probs = torch.softmax(logits.float(), dim=-1)
+    assert probs[:, ByteTokenizer().vocab_size :].max().item() == 0.0
+    assert torch.isfinite(torch.log_softmax(logits, -1)[:, : ByteTokenizer().vocab_size]).all()

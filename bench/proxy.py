@@ -1,0 +1,380 @@
+"""Benchmark of the proxy: the time a call spends in it, measured against calling the engine directly
+in the same run, on a short history and on an 800 KB Claude-Code-shaped one, and its throughput.
+
+    gyre bench proxy [--small-samples N] [--large-samples N] [--concurrency N] [--history-kb N]
+
+Three processes: the real proxy service (`python -m services.proxy`, with NATS and Redis), an
+embedded engine with scripted outputs (`python -m services.cell_agent.engine`; a short answer, so
+engine time is small and stable), and this process as the harness. Each proxy call (Anthropic
+Messages, non-streaming) is followed by a direct engine call with the very prompt ids the proxy
+sent (rebuilt with a mirror of the execution's tree); overhead = proxy latency - direct latency,
+pair by pair. The 800 KB history is a Claude Code conversation (billing line, system prompt, 12
+tools, text + tool_use turns, tool results) that grows by one exchange per call, as a live
+execution does.
+
+Prints one JSON object (last line):
+    overhead_ms_p50_small, overhead_ms_p99_small    short history (goal: p50 <= 2 ms)
+    overhead_ms_p50_800kb                           800 KB history (goal: <= 20 ms)
+    overhead_ratio_800kb_vs_small                   p50 800 KB / p50 small
+    requests_per_s                                  proxy calls/s with `concurrency` executions
+    direct_requests_per_s                           engine calls/s at the same concurrency
+    direct_ms_p50_small, direct_ms_p50_800kb        the engine-only latencies the overheads subtract
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import grpc
+import httpx
+import structlog
+import yaml
+
+from gyre.engine import EngineClient
+from gyre.stack.servers import ServerProcess, start_nats, start_redis
+from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profile, make_template
+from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
+
+OUTPUT = "Done.<|im_end|>"
+SCRIPT_PER_THROUGHPUT_RUN = 6000
+OUTPUT_IDS = [*b"Done.", 258]
+TOOLS = [
+    "Agent",
+    "Bash",
+    "Edit",
+    "Glob",
+    "Grep",
+    "Read",
+    "Write",
+    "TodoWrite",
+    "WebFetch",
+    "Skill",
+    "Task",
+    "ToolSearch",
+]
+
+
+def claude_code_body(history_bytes: int, seed: int) -> dict[str, Any]:
+    """A Claude-Code-shaped request whose JSON is about `history_bytes` long."""
+    system = [
+        {
+            "type": "text",
+            "text": f"x-anthropic-billing-header: cc_version=2.1.332.{seed:03x}; cc_entrypoint=sdk-cli;",
+        },
+        {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+        {
+            "type": "text",
+            "text": "You are an interactive agent that helps users with software engineering tasks. " * 90,
+        },
+    ]
+    tools = [
+        {
+            "name": name,
+            "description": f"{name}: "
+            + "Use this tool when the task needs it; read the instructions carefully. " * 30,
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "What to run. " * 20},
+                    "description": {"type": "string", "description": "Why, in five words."},
+                    "timeout": {"type": "number", "description": "Milliseconds."},
+                },
+                "required": ["command"],
+                "additionalProperties": False,
+            },
+        }
+        for name in TOOLS
+    ]
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "text",
+                    "text": "<system-reminder>\nAs you answer, use the context below.\n</system-reminder>\n",
+                },
+                {"type": "text", "text": f"Port the repository to the new API (task {seed})."},
+            ],
+        }
+    ]
+    size = len(json.dumps({"system": system, "tools": tools, "messages": messages}))
+    turn = 0
+    while size < history_bytes:
+        call_id = f"toolu_{seed:04x}{turn:06x}"
+        assistant = {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": f"Reading module {turn} to see how it uses the old API."},
+                {
+                    "type": "tool_use",
+                    "id": call_id,
+                    "name": "Read",
+                    "input": {"command": f"src/module_{turn}.py"},
+                },
+            ],
+        }
+        body = "".join(f"{i:>6}\tdef function_{turn}_{i}(value):  # uses the old API\n" for i in range(60))
+        result = {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call_id, "content": body}],
+        }
+        messages += [assistant, result]
+        size += len(json.dumps(assistant)) + len(json.dumps(result))
+        turn += 1
+    return {
+        "model": "claude-opus-5-5",
+        "max_tokens": 32,
+        "system": system,
+        "tools": tools,
+        "messages": messages,
+    }
+
+
+def small_body(seed: int) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "max_tokens": 32,
+        "system": "You are a helpful coding agent.",
+        "tools": [{"name": "Bash", "description": "Run a command.", "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "List the files."},
+            {"role": "assistant", "content": "There are three files."},
+            {"role": "user", "content": f"Open file number {seed}."},
+        ],
+    }
+
+
+class Execution:
+    """One execution from the harness side: its key, its request and a mirror of its tree (to know
+    the prompt ids the proxy sends). A growing execution appends each answer and a new user turn
+    (a live agent); a short one keeps its history and varies only the last user turn."""
+
+    def __init__(self, key: str, body: dict[str, Any], grows: bool) -> None:
+        self.key = key
+        self.body = body
+        self.grows = grows
+        self.tree = TrajectoryTree("mirror", make_template("embedded"), get_profile("claude_code"))
+        self.turn = 0
+
+    def prompt_ids(self) -> list[int]:
+        return cast(list[int], self.tree.prepare(from_anthropic(self.body)).input_ids.tolist())
+
+    def advance(self, content: list[dict[str, Any]]) -> None:
+        prepared = self.tree.prepare(from_anthropic(self.body))
+        self.tree.commit(prepared, OUTPUT_IDS, [-0.1] * len(OUTPUT_IDS), CallMeta())
+        self.turn += 1
+        messages = self.body["messages"]
+        messages = [*messages, {"role": "assistant", "content": content}] if self.grows else messages[:-1]
+        messages = [*messages, {"role": "user", "content": f"Continue with step {self.turn}."}]
+        self.body = {**self.body, "messages": messages}
+
+
+class Bench:
+    def __init__(self, base_url: str, engine: EngineClient, http: httpx.AsyncClient) -> None:
+        self.base_url = base_url
+        self.engine = engine
+        self.http = http
+
+    async def proxy_call(self, execution: Execution) -> tuple[float, dict[str, Any]]:
+        start = time.perf_counter()
+        response = await self.http.post(
+            f"{self.base_url}/v1/messages", json=execution.body, headers={"x-api-key": execution.key}
+        )
+        elapsed = time.perf_counter() - start
+        if response.status_code != 200:
+            raise RuntimeError(f"proxy answered {response.status_code}: {response.text[:300]}")
+        return elapsed, response.json()
+
+    async def direct_call(self, ids: list[int]) -> float:
+        start = time.perf_counter()
+        await self.engine.generate(ids, {"max_new_tokens": 32, "stop_token_ids": [256, 258]})
+        return time.perf_counter() - start
+
+    async def paired(
+        self, execution: Execution, samples: int, warmup: int
+    ) -> tuple[list[float], list[float]]:
+        """(overheads, direct latencies) in seconds; each proxy call is followed by its direct twin."""
+        overheads, directs = [], []
+        for i in range(warmup + samples):
+            ids = execution.prompt_ids()
+            proxied, answer = await self.proxy_call(execution)
+            direct = await self.direct_call(ids)
+            execution.advance(answer["content"])
+            if i >= warmup:
+                overheads.append(proxied - direct)
+                directs.append(direct)
+        return overheads, directs
+
+    async def throughput(
+        self, executions: list[Execution], duration_s: float, script: Callable[[int], Awaitable[None]]
+    ) -> tuple[float, float]:
+        """Proxy calls/s and direct engine calls/s with one loop per execution."""
+        await script(SCRIPT_PER_THROUGHPUT_RUN)
+        deadline = time.perf_counter() + duration_s
+        counts = [0, 0]
+
+        async def proxy_loop(execution: Execution) -> None:
+            while time.perf_counter() < deadline:
+                _, answer = await self.proxy_call(execution)
+                execution.advance(answer["content"])
+                counts[0] += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(proxy_loop(e) for e in executions))
+        proxy_rate = counts[0] / (time.perf_counter() - start)
+        prompts = [e.prompt_ids() for e in executions]
+        await script(SCRIPT_PER_THROUGHPUT_RUN)
+        deadline = time.perf_counter() + duration_s
+
+        async def direct_loop(ids: list[int]) -> None:
+            while time.perf_counter() < deadline:
+                await self.direct_call(ids)
+                counts[1] += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(direct_loop(ids) for ids in prompts))
+        return proxy_rate, counts[1] / (time.perf_counter() - start)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+async def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{path} did not appear (process exited: {proc.poll()})")
+        await asyncio.sleep(0.05)
+    return dict(json.loads(path.read_text()))
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    nats: ServerProcess = start_nats(workdir / "nats")
+    redis: ServerProcess = start_redis(workdir / "redis", appendonly=False)
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        config = {
+            "run": {"id": "benchproxy", "dir": str(workdir / "runs")},
+            "nats": {"url": nats.url},
+            "redis": {"url": redis.url},
+            "log": {"level": "warning", "format": "json"},
+            "model": {"max_seq_len": 4_000_000},
+            "cell_agent": {"engine": {"output_source": "scripted", "max_batch_size": 128}},
+        }
+        config_path = workdir / "gyre.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        engine_proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cell_agent.engine", "--config", str(config_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        processes.append(engine_proc)
+        assert engine_proc.stdout is not None
+        engine_url = json.loads(await asyncio.to_thread(engine_proc.stdout.readline))["url"]
+        proxy_proc = subprocess.Popen(
+            [sys.executable, "-m", "services.proxy", "--config", str(config_path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        processes.append(proxy_proc)
+        endpoint = await _wait_file(
+            workdir / "runs" / "benchproxy" / "services" / "proxy.json", proxy_proc, 60
+        )
+        async with (
+            grpc.aio.insecure_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
+            EngineClient(engine_url, timeout_s=300) as engine,
+            httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=256)) as http,
+        ):
+            stub = proxy_pb2_grpc.ProxyStub(channel)
+            await stub.UpdateRoutes(
+                proxy_pb2.UpdateRoutesRequest(
+                    engines=[common_pb2.EngineEndpoint(engine_id="cell-0", url=engine_url, cell=0)],
+                    default_engine_id="cell-0",
+                )
+            )
+
+            async def script(num_outputs: int) -> None:
+                # Queued per phase: the scripted engine scans its queue on every admission.
+                body = {"entries": [{"text": OUTPUT}] * num_outputs, "replace": True}
+                (await http.post(f"{engine_url}/gyre/script", json=body)).raise_for_status()
+
+            async def open_execution(name: str, body: dict[str, Any], grows: bool = False) -> Execution:
+                response = await stub.OpenExecution(
+                    proxy_pb2.OpenExecutionRequest(
+                        execution=common_pb2.ExecutionRef(execution_id=name), profile="claude_code"
+                    )
+                )
+                return Execution(response.api_key, body, grows)
+
+            bench = Bench(endpoint["base_url"], engine, http)
+            await script(2 * (args.small_samples + 20))
+            small_overheads, small_directs = await bench.paired(
+                await open_execution("small", small_body(0)), args.small_samples, warmup=20
+            )
+            await script(2 * (args.large_samples + 2))
+            large_body = claude_code_body(args.history_kb * 1024, seed=1)
+            large_overheads, large_directs = await bench.paired(
+                await open_execution("large", large_body, grows=True), args.large_samples, warmup=2
+            )
+            executions = [await open_execution(f"c{i}", small_body(i)) for i in range(args.concurrency)]
+            proxy_rate, direct_rate = await bench.throughput(executions, args.duration_s, script)
+    finally:
+        for proc in processes:
+            proc.terminate()
+        for proc in processes:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        nats.stop()
+        redis.stop()
+    p50_small = statistics.median(small_overheads)
+    p50_large = statistics.median(large_overheads)
+    return {
+        "overhead_ms_p50_small": _ms(p50_small),
+        "overhead_ms_p99_small": _ms(_percentile(small_overheads, 0.99)),
+        "overhead_ms_p50_800kb": _ms(p50_large),
+        "overhead_ratio_800kb_vs_small": round(p50_large / p50_small, 2) if p50_small > 0 else None,
+        "requests_per_s": round(proxy_rate, 1),
+        "direct_requests_per_s": round(direct_rate, 1),
+        "direct_ms_p50_small": _ms(statistics.median(small_directs)),
+        "direct_ms_p50_800kb": _ms(statistics.median(large_directs)),
+        "history_bytes_800kb": len(json.dumps(large_body)),
+        "concurrency": args.concurrency,
+        "samples_small": len(small_overheads),
+        "samples_800kb": len(large_overheads),
+    }
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="gyre bench proxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--small-samples", type=int, default=300, help="paired calls on the short history")
+    parser.add_argument("--large-samples", type=int, default=30, help="paired calls on the 800 KB history")
+    parser.add_argument("--history-kb", type=int, default=800, help="size of the long history's JSON")
+    parser.add_argument("--concurrency", type=int, default=64, help="executions calling at once (throughput)")
+    parser.add_argument("--duration-s", type=float, default=5.0, help="length of each throughput run")
+    args = parser.parse_args(argv)
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    with tempfile.TemporaryDirectory(prefix="gyre-bench-proxy-") as tmp:
+        result = asyncio.run(run(args, Path(tmp)))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,165 @@
+"""ProxyCore: the proxy's parts wired together, behind the HTTP app and the gRPC servicer.
+
+    core = ProxyCore(config.proxy, redis=redis, keys=Keys(run_id))
+    await core.start()                                   # reload the routing table
+    key = await core.open_execution("e1", profile="claude_code", engine_id="", policy_version=0)
+    await core.update_routes([EngineSpec("cell-0", url, 0)], {}, "cell-0")
+    ...                                                  # the HTTP app serves harness calls
+    await core.drain("cell-0", ["pool-0"], migrate_kv=True)
+    await core.close_execution("e1")
+
+It holds the chat template, the executions (credentials, trees), the router, the metrics and the
+settings of a call; it owns no sockets (service.py and http_server.py do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from gyre.config import ProxySection
+from gyre.store import Keys
+from gyre.store.trees import TreeStore
+from gyre.trajectory import (
+    ChatTemplate,
+    ModelRequest,
+    RequestError,
+    TreeClosedError,
+    get_profile,
+    make_template,
+)
+from services.proxy.calls import CallSettings, ModelCall, begin_call
+from services.proxy.credentials import Credentials
+from services.proxy.errors import ExecutionClosedError, InvalidRequestError
+from services.proxy.executions import Executions, ExecutionState
+from services.proxy.metrics import OverheadClock, ProxyMetrics
+from services.proxy.route_store import RouteStore
+from services.proxy.routing import DrainResult, EngineSpec, Router
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSummary:
+    num_calls: int
+    num_nodes: int
+    num_sampled_tokens: int
+
+
+def build_template(section: ProxySection) -> ChatTemplate:
+    """The chat template named by `proxy.template` (`hf` loads `proxy.hf_tokenizer`)."""
+    if section.template == "hf":
+        if not section.hf_tokenizer:
+            raise ValueError(
+                "proxy.template is 'hf' but proxy.hf_tokenizer is not set; give the tokenizer path"
+            )
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(section.hf_tokenizer)
+        return make_template(
+            "hf",
+            tokenizer=tokenizer,
+            end_of_turn=section.hf_end_of_turn,
+            tool_call_parser=section.tool_call_parser,
+        )
+    return make_template(section.template, tool_call_parser=section.tool_call_parser)
+
+
+class ProxyCore:
+    def __init__(self, section: ProxySection, *, redis: aioredis.Redis, keys: Keys) -> None:
+        self.section = section
+        get_profile(section.default_profile)  # ValueError names the known profiles
+        self.template = build_template(section)
+        self.metrics = ProxyMetrics()
+        self.store = TreeStore(redis, keys)
+        self.executions = Executions(
+            self.store, Credentials(redis, keys), self.template, section.default_profile
+        )
+        self.router = Router(
+            engine_timeout_s=section.engine_timeout_s, drain_timeout_s=section.drain_timeout_s
+        )
+        self.route_store = RouteStore(redis, keys)
+        self.settings = CallSettings(
+            default_max_tokens=section.default_max_tokens,
+            max_engine_attempts=section.max_engine_attempts,
+            retry_backoff_s=section.retry_backoff_s,
+        )
+        self.base_url = ""
+        """Where harnesses reach the HTTP API (set once it is bound)."""
+
+    async def start(self) -> None:
+        snapshot = await self.route_store.load()
+        if snapshot is not None:
+            RouteStore.restore(self.router, snapshot)
+
+    async def aclose(self) -> None:
+        await self.router.aclose()
+
+    # -- harness calls -----------------------------------------------------------------------
+
+    def begin(
+        self, state: ExecutionState, request: ModelRequest, request_id: str, clock: OverheadClock
+    ) -> ModelCall:
+        return begin_call(
+            state=state,
+            request=request,
+            router=self.router,
+            template=self.template,
+            executions=self.executions,
+            metrics=self.metrics,
+            settings=self.settings,
+            request_id=request_id,
+            clock=clock,
+        )
+
+    def count_tokens(self, state: ExecutionState, request: ModelRequest) -> int:
+        """Prompt tokens of a call (matched ids reused; nothing stored)."""
+        try:
+            return len(state.tree.prepare(request).input_ids)
+        except TreeClosedError as e:
+            raise ExecutionClosedError(str(e)) from e
+        except RequestError as e:
+            raise InvalidRequestError(str(e), e.field) from e
+        except ValueError as e:
+            raise InvalidRequestError(str(e)) from e
+
+    def in_transition(self, call: ModelCall | None) -> bool:
+        """Whether an error now counts as one seen during a role transition."""
+        return self.router.num_drains_active > 0 or (call is not None and call.moved)
+
+    # -- control plane (gRPC) ----------------------------------------------------------------
+
+    async def open_execution(
+        self,
+        execution_id: str,
+        *,
+        profile: str,
+        engine_id: str,
+        policy_version: int,
+        extra: Mapping[str, str] | None = None,
+    ) -> str:
+        key = await self.executions.open(execution_id, profile, policy_version, extra)
+        if engine_id:
+            self.router.set_route(execution_id, engine_id)
+            await self.route_store.save(self.router)
+        self.metrics.open_executions.set(self.executions.num_open)
+        return key
+
+    async def close_execution(self, execution_id: str) -> CloseSummary:
+        meta, num_nodes = await self.executions.close(execution_id)
+        self.router.forget(execution_id)
+        self.metrics.open_executions.set(self.executions.num_open)
+        return CloseSummary(meta.num_calls, num_nodes, meta.num_sampled_tokens)
+
+    async def update_routes(
+        self, engines: Iterable[EngineSpec], routes: Mapping[str, str], default_engine_id: str
+    ) -> int:
+        held = self.router.update(engines, routes, default_engine_id)
+        await self.route_store.save(self.router)
+        return held
+
+    async def drain(self, engine_id: str, destinations: Iterable[str], migrate_kv: bool) -> DrainResult:
+        result = await self.router.drain(engine_id, destinations, migrate_kv)
+        self.metrics.rerouted(result.calls_rerouted, result.kv_migrated_tokens)
+        await self.route_store.save(self.router)
+        return result

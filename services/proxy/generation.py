@@ -1,0 +1,228 @@
+"""One model call on the rollout engines: generate, and continue elsewhere when the engine leaves.
+
+    generation = Generation(router, execution_id=..., call_id=..., prompt_ids=ids, ...)
+    async for new_ids in generation.run():      # ids as the engines produce them
+        ...
+    generation.output_ids, generation.logprobs, generation.finish   # one output, whatever moved
+
+An attempt sends `prompt + output so far` to the execution's current engine with the output
+budget that is left, so an attempt that ends early (a drain aborted it, the engine aborted or
+failed) is continued by the next one and the caller sees one unbroken sequence of ids: nothing
+is repeated, nothing is lost. A drain (`Router.drain`) marks the call as moving before it aborts
+it; the call then waits until the KV has been migrated and continues on the destination, which
+does not count against `max_attempts`. Other failures are retried with exponential backoff on
+the execution's route at that moment; an engine's refusal of the request itself (HTTP 400) is
+the harness's error and is not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gyre.engine import EngineError, EngineRequestError
+from gyre.engine.types import FinishReason
+from services.proxy.errors import EngineUnavailableError, ExecutionClosedError, InvalidRequestError
+from services.proxy.metrics import OverheadClock
+
+if TYPE_CHECKING:
+    from services.proxy.routing import Engine, Router
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """How the output ended: `stop` (a stop token or string) or `length`."""
+
+    type: str
+    matched: int | str | None = None
+
+
+class Generation:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        execution_id: str,
+        call_id: str,
+        prompt_ids: list[int],
+        sampling: Mapping[str, Any],
+        max_new_tokens: int,
+        stop_token_ids: frozenset[int],
+        stream: bool,
+        clock: OverheadClock,
+        max_attempts: int,
+        backoff_s: float,
+    ) -> None:
+        self.router = router
+        self.execution_id = execution_id
+        self.call_id = call_id
+        self.prompt_ids = prompt_ids
+        self.sampling = dict(sampling)
+        self.requested_max_new_tokens = max_new_tokens
+        self.stop_token_ids = stop_token_ids
+        self.stream = stream
+        self.clock = clock
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish: Finish | None = None
+        self.engine_ids: list[str] = []
+        """Every engine that produced part of the output, in order."""
+        self.weight_versions: list[str] = []
+        self.cached_tokens = 0
+        self.first_token_at: float | None = None
+        self.num_moves = 0
+        self.kv_migrated_tokens = 0
+        self.cancelled = False
+        self.engine: Engine | None = None
+        """Engine of the attempt in flight (None between attempts)."""
+        self.rid: str | None = None
+        self._attempt_done = asyncio.Event()
+        self._move: asyncio.Event | None = None
+        self._max_new_tokens: int | None = None
+
+    # -- what the router's drain uses ------------------------------------------------------------
+
+    def begin_move(self) -> None:
+        """A drain is about to abort this call's attempt; the call will wait for `end_move`."""
+        if self._move is None:
+            self._move = asyncio.Event()
+
+    def end_move(self, kv_migrated_tokens: int) -> None:
+        self.kv_migrated_tokens += kv_migrated_tokens
+        if self._move is not None:
+            self._move.set()
+
+    async def wait_attempt_done(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._attempt_done.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def attempt_in_flight(self) -> bool:
+        return not self._attempt_done.is_set()
+
+    def cancel(self) -> None:
+        """The execution closed: stop at the end of the current attempt (the caller aborts it)."""
+        self.cancelled = True
+
+    # -- the generation loop ---------------------------------------------------------------------
+
+    async def run(self) -> AsyncIterator[list[int]]:
+        failures = 0
+        attempt = 0
+        last_error: EngineError | None = None
+        while True:
+            if self.cancelled:
+                raise ExecutionClosedError("the execution was closed during the call")
+            engine = self.router.acquire(self)
+            if self._max_new_tokens is None:
+                self._max_new_tokens = await self._budget(engine)
+            remaining = self._max_new_tokens - len(self.output_ids)
+            if self.output_ids and self.output_ids[-1] in self.stop_token_ids:
+                self.router.release(self, engine)
+                self.finish = Finish("stop", self.output_ids[-1])
+                return
+            if remaining <= 0:
+                self.router.release(self, engine)
+                self.finish = Finish("length")
+                return
+            self.rid = f"{self.call_id}-{attempt}"
+            attempt += 1
+            self._attempt_done.clear()
+            outcome: FinishReason | None = None
+            error: EngineError | None = None
+            try:
+                async for new_ids, finish in self._attempt(engine, remaining):
+                    outcome = finish
+                    if new_ids:
+                        yield new_ids
+            except EngineError as e:
+                error = e
+            finally:
+                self.router.release(self, engine)
+                self._attempt_done.set()
+            if outcome is not None and not outcome.aborted:
+                self.finish = Finish(outcome.type, outcome.matched)
+                return
+            if self.cancelled:
+                raise ExecutionClosedError("the execution was closed during the call")
+            if self._move is not None:
+                with self.clock.outside():
+                    await self._move.wait()
+                self._move = None
+                self.num_moves += 1
+                continue
+            if isinstance(error, EngineRequestError):
+                raise InvalidRequestError(f"the engine refused the request: {error.message}")
+            last_error = error
+            failures += 1
+            if failures >= self.max_attempts:
+                reason = last_error.message if last_error is not None else "the engine aborted the call"
+                raise EngineUnavailableError(
+                    f"no engine completed the call after {failures} attempts: {reason}"
+                )
+            with self.clock.outside():
+                await asyncio.sleep(self.backoff_s * 2 ** (failures - 1))
+
+    async def _budget(self, engine: Engine) -> int:
+        context_len = await self.router.context_len(engine)
+        if context_len is None:
+            return self.requested_max_new_tokens
+        room = context_len - len(self.prompt_ids)
+        if room <= 0:
+            raise InvalidRequestError(
+                f"prompt is too long: {len(self.prompt_ids)} tokens > {context_len - 1} maximum", "messages"
+            )
+        return min(self.requested_max_new_tokens, room)
+
+    async def _attempt(
+        self, engine: Engine, remaining: int
+    ) -> AsyncIterator[tuple[list[int], FinishReason | None]]:
+        """One request to one engine: (new ids, finish reason when it ended)."""
+        input_ids = self.prompt_ids + self.output_ids if self.output_ids else self.prompt_ids
+        params = {**self.sampling, "max_new_tokens": remaining}
+        self.engine_ids.append(engine.engine_id)
+        first = len(self.engine_ids) == 1
+        if not self.stream:
+            with self.clock.outside():
+                result = await engine.client.generate(input_ids, params, rid=self.rid)
+            self._accept(result.output_ids, result.output_logprobs, result.weight_version)
+            if first:
+                self.cached_tokens = result.cached_tokens
+            yield result.output_ids, result.finish_reason
+            return
+        chunks = engine.client.generate_stream(input_ids, params, rid=self.rid)
+        iterator = chunks.__aiter__()
+        try:
+            while True:
+                with self.clock.outside():
+                    try:
+                        chunk = await iterator.__anext__()
+                    except StopAsyncIteration:
+                        return
+                self._accept(chunk.new_output_ids, chunk.new_logprobs, chunk.meta_info.get("weight_version"))
+                if first and chunk.meta_info.get("cached_tokens") is not None:
+                    self.cached_tokens = int(chunk.meta_info["cached_tokens"])
+                yield chunk.new_output_ids, chunk.finish_reason
+        finally:
+            with self.clock.outside():
+                await chunks.aclose()  # type: ignore[attr-defined]
+
+    def _accept(self, ids: list[int], logprobs: list[float], weight_version: Any) -> None:
+        if len(logprobs) != len(ids):
+            raise EngineUnavailableError(
+                f"the engine returned {len(logprobs)} log-probs for {len(ids)} output ids (return_logprob ignored?)"
+            )
+        if ids and self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.output_ids.extend(ids)
+        self.logprobs.extend(logprobs)
+        if weight_version is not None and str(weight_version) not in self.weight_versions:
+            self.weight_versions.append(str(weight_version))

@@ -1,0 +1,85 @@
+"""Fixtures of the real-harness conformance tests: the unmodified Claude Code and Codex CLIs from
+npm, driven against a running proxy whose engine is scripted (it stands in for the model; the
+harness is what is under test).
+
+A binary is taken from the repo's `node_modules/.bin` (`make setup` / CI run `npm ci`), else from
+`$GYRE_NODE_BIN_DIR`. In CI (`CI` set) a missing binary fails the test; on a developer machine
+without it the test is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gyre.stack.servers import ServerProcess
+from tests.support.proxy_stack import ProxyStack, proxy_stack, scripted_engine
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _binary(name: str, package: str) -> Path:
+    candidates = [REPO / "node_modules" / ".bin" / name]
+    if os.environ.get("GYRE_NODE_BIN_DIR"):
+        candidates.append(Path(os.environ["GYRE_NODE_BIN_DIR"]) / name)
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not installed: CI installs {package} with `npm ci` in the repo root")
+    pytest.skip(f"{name} is not installed; run `npm ci` in the repo root or set GYRE_NODE_BIN_DIR")
+
+
+@pytest.fixture(scope="session")
+def claude_bin() -> Path:
+    return _binary("claude", "@anthropic-ai/claude-code@2.1.332")
+
+
+@pytest.fixture(scope="session")
+def codex_bin() -> Path:
+    return _binary("codex", "@openai/codex")
+
+
+@pytest.fixture
+async def stack(
+    nats_server: ServerProcess, redis_server: ServerProcess, tmp_path: Path, run_id: str
+) -> AsyncIterator[ProxyStack]:
+    async with proxy_stack(
+        nats_server.url, redis_server.url, tmp_path, run_id, {"cell-0": scripted_engine()}
+    ) as s:
+        yield s
+
+
+@dataclass
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    workdir: Path
+
+
+async def run_cli(
+    argv: list[str], env: Mapping[str, str], workdir: Path, stdin: bytes | None = None, timeout_s: float = 240
+) -> CliRun:
+    """Run a harness CLI without blocking the event loop the proxy serves on."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        env={**os.environ, **env},
+        cwd=workdir,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    return CliRun(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"), workdir)

@@ -1,0 +1,88 @@
+"""Router rules without engines: destination order, sticky assignment, table updates, drain
+bookkeeping and its refusals (calls in flight are moved in tests/integration/test_proxy_reroute.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.proxy.errors import EngineUnavailableError
+from services.proxy.routing import EngineSpec, NoDestinationError, Router, UnknownEngineError
+
+
+def router(*specs: EngineSpec, default: str = "") -> Router:
+    r = Router(engine_timeout_s=5, drain_timeout_s=1)
+    r.update(specs, {}, default)
+    return r
+
+
+CELLS = (EngineSpec("cell-0", "http://127.0.0.1:1", 0), EngineSpec("cell-1", "http://127.0.0.1:2", 1))
+POOL = EngineSpec("pool-0", "http://127.0.0.1:3", -1)
+
+
+async def test_destination_order_is_pool_first_then_cells_from_the_highest_index() -> None:
+    r = router(*CELLS, EngineSpec("cell-2", "http://127.0.0.1:4", 2), POOL)
+    assert r.destination_order() == ["pool-0", "cell-2", "cell-1", "cell-0"]
+    assert r.destination_order(exclude="cell-2") == ["pool-0", "cell-1", "cell-0"]
+    await r.aclose()
+
+
+async def test_an_unrouted_execution_sticks_to_the_engine_it_was_given() -> None:
+    r = router(*CELLS, default="cell-0")
+    assert r.engine_for("e1").engine_id == "cell-0"
+    r.update([], {}, "cell-1")  # a new default does not move e1 (its prefix cache is on cell-0)
+    assert r.engine_for("e1").engine_id == "cell-0"
+    assert r.engine_for("e2").engine_id == "cell-1"
+    r.update([], {"e1": "cell-1"}, "")  # an explicit route does
+    assert r.engine_for("e1").engine_id == "cell-1"
+    await r.aclose()
+
+
+async def test_without_a_default_the_first_destination_serves_and_without_engines_nothing_does() -> None:
+    r = router(*CELLS, POOL)
+    assert r.engine_for("e1").engine_id == "pool-0"
+    await r.aclose()
+    with pytest.raises(EngineUnavailableError):
+        Router(engine_timeout_s=5, drain_timeout_s=1).engine_for("e1")
+
+
+async def test_drain_moves_routes_and_default_and_a_new_table_serves_the_engine_again() -> None:
+    r = router(*CELLS, POOL, default="cell-0")
+    r.engine_for("e1")
+    r.update([], {"e2": "cell-0", "e3": "cell-1"}, "")
+    result = await r.drain("cell-0", ["cell-1"], migrate_kv=True)
+    assert (result.executions_moved, result.calls_rerouted, result.destinations) == (2, 0, ["cell-1"])
+    assert r.routes == {"e1": "cell-1", "e2": "cell-1", "e3": "cell-1"} and r.default_engine_id == "cell-1"
+    assert not r.engines["cell-0"].serving
+    r.update([], {"e4": "cell-0"}, "")  # a route to a drained engine is not used
+    assert r.engine_for("e4").engine_id == "cell-1"
+    r.update([*CELLS, POOL], {}, "")  # the cell is back in the table: it serves again
+    assert r.engines["cell-0"].serving
+    await r.aclose()
+
+
+async def test_drain_without_named_destinations_uses_the_destination_order() -> None:
+    r = router(*CELLS, POOL, default="cell-1")
+    assert (await r.drain("cell-1", [], migrate_kv=False)).destinations == ["pool-0", "cell-0"]
+    assert r.default_engine_id == "pool-0"
+    await r.aclose()
+
+
+async def test_drain_refuses_unknown_engines_and_a_drain_with_nowhere_to_go() -> None:
+    r = router(*CELLS)
+    with pytest.raises(UnknownEngineError):
+        await r.drain("cell-9", [], migrate_kv=False)
+    with pytest.raises(UnknownEngineError):
+        await r.drain("cell-0", ["cell-9"], migrate_kv=False)
+    await r.drain("cell-1", [], migrate_kv=False)
+    with pytest.raises(NoDestinationError):
+        await r.drain("cell-0", [], migrate_kv=False)
+    await r.aclose()
+
+
+async def test_a_table_update_reuses_clients_of_unchanged_engines() -> None:
+    r = router(*CELLS)
+    client = r.engines["cell-0"].client
+    r.update([CELLS[0], EngineSpec("cell-1", "http://127.0.0.1:9", 1)], {}, "")
+    assert r.engines["cell-0"].client is client
+    assert r.engines["cell-1"].spec.url == "http://127.0.0.1:9"
+    await r.aclose()
