@@ -37,6 +37,9 @@ with open("net.txt", "w") as f:
     f.write("external=" + probe("1.1.1.1", 80) + "\\n")
     f.write("host_redis=" + probe("127.0.0.1", int(sys.argv[1])) + "\\n")
     f.write("proxy=" + probe("127.0.0.1", int(sys.argv[2])) + "\\n")
+external = probe("1.1.1.1", 80)
+if external != "open":
+    sys.exit("external network blocked: " + external)
 """
 
 
@@ -85,6 +88,8 @@ async def test_fork_bomb_memory_hog_and_network_probe_are_contained(
     assert terms["bomb"].reason == cm.TERMINATION_REASON_HARNESS_TIMEOUT
     assert "Resource temporarily unavailable" in terms["bomb"].detail  # fork refused at the process limit
     assert terms["hog"].reason == cm.TERMINATION_REASON_FAILED and "MemoryError" in terms["hog"].detail
+    assert terms["net"].reason == cm.TERMINATION_REASON_FAILED
+    assert "external network blocked" in terms["net"].detail and "unreachable" in terms["net"].detail
     probes = dict(line.split("=", 1) for line in (Path(terms["net"].workspace.path) / "net.txt").read_text().splitlines())
     assert "unreachable" in probes["external"]
     assert probes["host_redis"].startswith("ConnectionRefusedError")  # the host's loopback is not the sandbox's
