@@ -6,15 +6,13 @@ from services.runner.sandbox.launcher import (
     SandboxError,
     SandboxHandle,
     SandboxLauncher,
-    SandboxOutcome,
     SandboxSpec,
     SandboxState,
-    check_disjoint,
     make_launcher,
-    read_outcome,
-    uid_range,
 )
 from services.runner.sandbox.limits import SandboxLimits
+from services.runner.sandbox.outcome import SandboxOutcome, read_outcome
+from services.runner.sandbox.uids import check_disjoint, uid_range
 
 __all__ = [
     "LAUNCHERS",

@@ -27,7 +27,6 @@ the contract over every launcher the machine supports.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import shutil
@@ -41,6 +40,7 @@ from typing import Any, ClassVar, Literal
 from harness.tasks import check_relative
 from services.runner.sandbox import procs
 from services.runner.sandbox.limits import SandboxLimits
+from services.runner.sandbox.outcome import SandboxOutcome, read_outcome
 
 INIT_SCRIPT = Path(__file__).with_name("init.py")
 NetworkMode = Literal["proxy", "none", "host"]
@@ -99,71 +99,12 @@ class SandboxState:
     root: str
 
 
-@dataclass(frozen=True, slots=True)
-class SandboxOutcome:
-    """How the command ended (read from the supervisor's status file)."""
-
-    exit_code: int | None
-    signal: int | None
-    started: bool
-    """False when the command never ran (sandbox setup or exec failed)."""
-    error: str = ""
-    cpu_s: float = 0.0
-    maxrss_kb: int = 0
-    stderr_tail: str = ""
-
-    def describe(self) -> str:
-        """One line for `ExecutionTerminated.detail`."""
-        if not self.started:
-            return f"sandbox never started: {self.error}"
-        if self.signal is not None:
-            try:
-                name = signal.Signals(self.signal).name
-            except ValueError:
-                name = str(self.signal)
-            hints = {int(signal.SIGXCPU): " (cpu limit)", int(signal.SIGXFSZ): " (file size limit)"}
-            text = f"killed by {name}{hints.get(self.signal, '')}"
-        elif self.exit_code is None:
-            text = self.error or "ended without a status"
-        else:
-            text = f"exit {self.exit_code}"
-        return f"{text}: {self.stderr_tail}" if self.stderr_tail else text
-
-
 def chown_tree(path: Path, uid: int, gid: int) -> None:
     """chown -R without following symlinks."""
     os.lchown(path, uid, gid)
     for root, dirs, files in os.walk(path):
         for name in dirs + files:
             os.lchown(os.path.join(root, name), uid, gid)
-
-
-def _tail(path: Path, max_bytes: int = 4096) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - max_bytes))
-            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1].strip()[:300] if lines else ""
-
-
-def read_outcome(control_dir: Path) -> SandboxOutcome | None:
-    """The outcome recorded in `control_dir`, or None if the supervisor wrote none (yet)."""
-    try:
-        status: dict[str, Any] = json.loads((control_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return None
-    error = status.get("setup_error") or status.get("exec_error") or ""
-    return SandboxOutcome(
-        exit_code=status.get("exit_code"),
-        signal=status.get("signal"),
-        started=not error,
-        error=error,
-        cpu_s=float(status.get("cpu_s") or 0.0),
-        maxrss_kb=int(status.get("maxrss_kb") or 0),
-        stderr_tail=_tail(control_dir / "stderr.log"),
-    )
 
 
 class SandboxHandle:
@@ -434,19 +375,3 @@ def make_launcher(isolation: str, uid_base: int, num_slots: int) -> SandboxLaunc
     if isolation == ProcessLauncher.name:
         return ProcessLauncher()
     raise ValueError(f"unknown sandbox isolation {isolation!r}; choose auto, {', '.join(LAUNCHERS)}")
-
-
-def uid_range(uid_base: int, instance: int | None, num_slots: int) -> range:
-    """The sandbox uids of one service instance: instance i uses uid_base + 1000 i + [0, num_slots)."""
-    start = uid_base + 1000 * (instance or 0)
-    return range(start, start + num_slots)
-
-
-def check_disjoint(**ranges: range) -> None:
-    """`ValueError` naming the fix when two services' sandbox uid ranges overlap (they would kill
-    each other's sandboxes: a sweep kills every process of a uid)."""
-    items = sorted(ranges.items(), key=lambda kv: kv[1].start)
-    for (name_a, a), (name_b, b) in itertools.pairwise(items):
-        if a.stop > b.start:
-            raise ValueError(f"sandbox uids of {name_a} ({a.start}..{a.stop - 1}) and {name_b} ({b.start}..{b.stop - 1}) "
-                             "overlap; move one of the sandbox.uid_base values")
