@@ -1,11 +1,74 @@
-"""The packer service shell: connects to NATS and Redis and serves gRPC with grpc.health.v1."""
+"""The packer service: the stream packing buffer.
+
+`OpenBatch(step, B, v_t)` starts the stream of a batch: ready groups are claimed one at a time
+(oldest dispatch policy version first), admitted (J_max per execution), given group-relative
+advantages and per-token coefficients, packed into micro-steps on the batch's Redis queue, and the
+stream is closed after B groups. Events: GroupPacked, MicroStepEnqueued, StreamClosed.
+
+    python -m services.packer --config runs/<run>/config.yaml
+"""
 
 from __future__ import annotations
 
+import grpc
+
+from gyre.ids import batch_id as make_batch_id
+from gyre.ids import microstep_queue
 from gyre.service import GyreService
+from gyre.store import WorkQueue
+from gyre.v1 import packer_pb2, packer_pb2_grpc
+from services.packer.batch import BatchProgress, fill_batch
+from services.packer.sources import GroupSource, TreeSource
 
 
 class PackerService(GyreService):
-    """packer service: the stream packing buffer that turns ready groups into micro-steps."""
+    """Turns ready groups into micro-steps, one batch stream at a time."""
 
     name = "packer"
+
+    async def setup(self) -> None:
+        self.batches: dict[str, BatchProgress] = {}
+        self.groups = GroupSource(self.redis, self.keys)
+        self.trees = TreeSource(self.redis, self.keys)
+        packer_pb2_grpc.add_PackerServicer_to_server(_Servicer(self), self.server)
+
+    def open_batch(self, step: int, num_groups: int, policy_version: int) -> BatchProgress:
+        batch_id = make_batch_id(self.config.run.id, step)
+        if batch_id in self.batches:  # a retried OpenBatch
+            return self.batches[batch_id]
+        cfg, sched = self.config.packer, self.config.scheduler
+        progress = BatchProgress(batch_id, step, num_groups, policy_version)
+        self.batches[batch_id] = progress
+        queue = WorkQueue(self.redis, self.keys, microstep_queue(batch_id), self.config.redis.heartbeat_timeout_s)
+        self.supervisor.spawn(
+            fill_batch(
+                progress, claim_group=self.groups.claim, load_tree=self.trees.load, queue=queue, bus=self.bus,
+                num_batch_executions=num_groups * sched.group_size, token_budget=cfg.microstep_tokens,
+                j_max=cfg.j_max, run_seed=sched.seed, normalize_std=cfg.normalize_std,
+            ),
+            f"batch-{step}",
+        )
+        self.log.info("batch_opened", batch=batch_id, step=step, groups=num_groups, policy_version=policy_version)
+        return progress
+
+
+class _Servicer(packer_pb2_grpc.PackerServicer):
+    def __init__(self, service: PackerService) -> None:
+        self.s = service
+
+    async def OpenBatch(self, request: packer_pb2.OpenBatchRequest, context: grpc.aio.ServicerContext
+                        ) -> packer_pb2.OpenBatchResponse:
+        if request.num_groups < 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_groups must be at least 1")
+        progress = self.s.open_batch(request.step, request.num_groups, request.policy_version)
+        return packer_pb2.OpenBatchResponse(batch_id=progress.batch_id)
+
+    async def GetBatch(self, request: packer_pb2.GetBatchRequest, context: grpc.aio.ServicerContext
+                       ) -> packer_pb2.BatchStatus:
+        progress = self.s.batches.get(request.batch_id)
+        if progress is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no batch {request.batch_id!r}")
+        return packer_pb2.BatchStatus(
+            batch_id=progress.batch_id, groups_packed=progress.groups_packed, groups_needed=progress.num_groups,
+            microsteps_enqueued=progress.microsteps_enqueued, closed=progress.closed,
+        )

@@ -1,0 +1,61 @@
+"""One ready group → its training rows and advantages (the packer's per-group work).
+
+Valid members: the execution's closed tree is admitted (J_max, seeded per execution) and
+materialized. Placeholder members count with reward 0 and contribute no rows. Excluded members get
+no advantage and no rows, but still count in the batch's B·N denominator.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from gyre.rl.advantages import GroupAdvantages, MemberOutcome, MemberStatus, group_advantages
+from gyre.trajectory import TrajectoryTree, admit, materialize
+from gyre.trajectory.row import TrajectoryRow
+
+LoadTree = Callable[[str], Awaitable[TrajectoryTree | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyGroup:
+    """A group the packer claimed: its dispatch version and its members' resolved outcomes."""
+
+    group_id: str
+    policy_version: int
+    """v_d, for staleness."""
+    members: tuple[MemberOutcome, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRows:
+    rows: list[TrajectoryRow]
+    advantages: GroupAdvantages
+    num_targets: int
+
+
+def admission_seed(run_seed: int, execution_id: str) -> int:
+    """Deterministic per execution, independent of the order groups are packed in."""
+    return (run_seed * 1_000_003 + zlib.crc32(execution_id.encode())) & 0x7FFFFFFF
+
+
+async def group_rows(
+    group: ReadyGroup, load_tree: LoadTree, *, j_max: int, run_seed: int, normalize_std: bool
+) -> GroupRows:
+    advantages = group_advantages(group.members, normalize_std=normalize_std)
+    rows: list[TrajectoryRow] = []
+    for member in group.members:
+        if member.status is not MemberStatus.VALID:
+            continue
+        tree = await load_tree(member.execution_id)
+        if tree is None:  # the harness never made a model call: nothing to train, L_i = 0
+            continue
+        admitted = admit(tree, j_max=j_max, seed=admission_seed(run_seed, member.execution_id))
+        rows.extend(materialize(tree, admitted))
+    return GroupRows(rows, advantages, sum(r.num_targets for r in rows))
+
+
+def execution_groups(groups: Sequence[ReadyGroup]) -> dict[str, str]:
+    """execution id → group id for every member of `groups`."""
+    return {m.execution_id: g.group_id for g in groups for m in g.members}

@@ -1,0 +1,131 @@
+"""The packer's batch stream against real Redis and NATS: ready groups in, micro-steps out.
+
+Checks the contract the training cells and the scheduler rely on: B groups packed oldest policy
+version first, GroupPacked before any micro-step of the group, every valid execution's admitted
+targets enqueued with coefficient 1/(L_i·B·N), excluded members without rows, the stream closed
+exactly once, and a restarted batch duplicating nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import redis.asyncio as aioredis
+from google.protobuf.message import Message
+
+from gyre.bus import Delivery, EventBus
+from gyre.ids import batch_id as make_batch_id
+from gyre.ids import microstep_queue
+from gyre.rl.codec import decode_microstep
+from gyre.store import Keys, WorkQueue
+from gyre.store.groups import GroupOutcomes
+from gyre.store.groups import MemberOutcome as StoredOutcome
+from gyre.store.trees import TreeStore
+from gyre.trajectory import CallMeta, TrajectoryTree, get_profile, make_template
+from gyre.trajectory import Message as ChatMessage
+from gyre.trajectory.messages import Api, ModelRequest
+from gyre.v1 import events_pb2 as ev
+from services.packer.batch import BatchProgress, fill_batch
+from services.packer.sources import GroupSource, TreeSource
+
+N = 2
+
+
+async def _record_tree(store: TreeStore, execution_id: str, answer: str) -> int:
+    """One model call: a prompt and a sampled answer; returns its sampled-token count."""
+    await store.create(execution_id, profile="generic", template="embedded", policy_version=0)
+    tree = TrajectoryTree(execution_id, make_template("embedded"), get_profile("generic"))
+    prepared = tree.prepare(ModelRequest(Api.ANTHROPIC, ("Add.",), (ChatMessage.text("user", "2+3"),)))
+    ids = [*answer.encode(), 258]
+    result = tree.commit(prepared, ids, [-0.25] * len(ids), CallMeta(request_id=execution_id, policy_version=0))
+    await store.append(execution_id, [*result.new_nodes, *result.changed_nodes], num_sampled=len(ids))
+    await store.close(execution_id)
+    return len(ids)
+
+
+async def _ready_group(outcomes: GroupOutcomes, store: TreeStore, group_id: str, version: int,
+                       rewards: list[float | None]) -> dict[str, int]:
+    """A ready group of N members; reward None = excluded. Returns sampled tokens per valid member."""
+    targets: dict[str, int] = {}
+    for i, reward in enumerate(rewards):
+        eid = f"{group_id}-e{i}"
+        if reward is None:
+            outcome = StoredOutcome(eid, "excluded", 0.0)
+        else:
+            targets[eid] = await _record_tree(store, eid, f"answer {i} of {group_id}")
+            outcome = StoredOutcome(eid, "valid", reward)
+        await outcomes.resolve(group_id, size=len(rewards), policy_version=version, outcome=outcome)
+    return targets
+
+
+async def test_batch_stream_packs_b_groups_oldest_first(
+    redis: aioredis.Redis, keys: Keys, bus: EventBus, run_id: str
+) -> None:
+    outcomes, store = GroupOutcomes(redis, keys), TreeStore(redis, keys)
+    targets = {}
+    targets |= await _ready_group(outcomes, store, "g-new", 2, [1.0, 0.0])
+    targets |= await _ready_group(outcomes, store, "g-old", 0, [1.0, None])
+    targets |= await _ready_group(outcomes, store, "g-mid", 1, [0.2, 0.2])
+
+    seen: list[Message] = []
+
+    async def record(event: Message, delivery: Delivery) -> None:
+        seen.append(event)
+
+    consumer = await bus.consume(
+        "observer", [ev.GroupPacked, ev.MicroStepEnqueued, ev.StreamClosed], record
+    )
+    batch = make_batch_id(run_id, 0)
+    queue = WorkQueue(redis, keys, microstep_queue(batch))
+    progress = BatchProgress(batch, step=0, num_groups=2, policy_version=2)
+    await fill_batch(
+        progress, claim_group=GroupSource(redis, keys).claim, load_tree=TreeSource(redis, keys).load,
+        queue=queue, bus=bus, num_batch_executions=2 * N, token_budget=4096, j_max=5, run_seed=0,
+        normalize_std=False,
+    )
+    assert progress.closed and progress.groups_packed == 2
+    packed = [e.group_id for e in seen if isinstance(e, ev.GroupPacked)]
+    # Oldest policy version first; the newest group is left for the next batch.
+    assert packed == ["g-old", "g-mid"]
+    staleness = {e.group_id: e.staleness for e in seen if isinstance(e, ev.GroupPacked)}
+    assert staleness == {"g-old": 2, "g-mid": 1}
+    await asyncio.sleep(0.5)
+    await consumer.stop()
+    order = [type(e).__name__ for e in seen]
+    assert order[0] == "GroupPacked" and order[-1] == "StreamClosed" and order.count("StreamClosed") == 1
+
+    steps = []
+    while (claim := await queue.claim("cell-0")) is not None:
+        steps.append(decode_microstep(claim.payload))
+        assert await queue.ack(claim)
+    assert await queue.drained()
+    executions = {e for s in steps for e in s.execution_ids}
+    # g-old's excluded member has no rows; g-mid's members have zero advantage but are still packed.
+    assert executions == {"g-old-e0", "g-mid-e0", "g-mid-e1"}
+    for s in steps:
+        for local, eid in enumerate(s.execution_ids):
+            mask = (s.execution_index == local) & s.target_mask
+            l_i = int(mask.sum())
+            assert l_i == targets[eid]
+            np.testing.assert_allclose(s.coefficients[mask], 1.0 / (l_i * 2 * N))
+    advantages = {eid: float(a) for s in steps for eid, a in zip(s.execution_ids, s.advantages, strict=True)}
+    assert advantages["g-old-e0"] == 0.0  # the only resolved member of its group
+    assert advantages["g-mid-e0"] == advantages["g-mid-e1"] == 0.0
+
+
+async def test_a_restarted_batch_duplicates_nothing(redis: aioredis.Redis, keys: Keys, bus: EventBus,
+                                                    run_id: str) -> None:
+    outcomes, store = GroupOutcomes(redis, keys), TreeStore(redis, keys)
+    await _ready_group(outcomes, store, "g1", 0, [1.0, 0.0])
+    await _ready_group(outcomes, store, "g2", 0, [0.5, 0.0])
+    batch = make_batch_id(run_id, 3)
+    queue = WorkQueue(redis, keys, microstep_queue(batch))
+    kwargs = dict(load_tree=TreeSource(redis, keys).load, queue=queue, bus=bus, num_batch_executions=2 * N,
+                  token_budget=64, j_max=5, run_seed=0, normalize_std=False)
+    first = GroupSource(redis, keys)
+    await first.claim(batch)  # a packer claimed g1, then died before packing it
+    progress = BatchProgress(batch, step=3, num_groups=2, policy_version=0)
+    await fill_batch(progress, claim_group=GroupSource(redis, keys).claim, **kwargs)  # type: ignore[arg-type]
+    assert progress.groups_packed == 2
+    assert await queue.outstanding() == progress.microsteps_enqueued
