@@ -40,6 +40,10 @@ class DemoRun:
 
     def execute(self, progress: Progress | None = None, start_timeout_s: float = 120.0) -> dict[str, Any]:
         t0 = time.monotonic()
+        if self.config.model.checkpoint is not None:
+            from harness.warmstart import ensure_checkpoint
+
+            ensure_checkpoint(self.config.model.checkpoint)  # trains the warm start once when absent
         state = up(self.config, wait_s=start_timeout_s)
         try:
             resolved = load_config(Path(state.config_path))
