@@ -24,23 +24,24 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]
 
 
 def _timeout(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def host_store(*, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+def host_store(*, port: int, world_size: int, timeout_s: float) -> TCPStore:
     """The core's rendezvous store; port 0 picks a free port (read it back from `.port`). The store
     listens on every interface (torch gives no bind address): see the README's security notes."""
-    return dist.TCPStore(
+    return TCPStore(
         "127.0.0.1", port, world_size, is_master=True, timeout=_timeout(timeout_s), wait_for_workers=False
     )
 
 
-def connect_store(*, host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+def connect_store(*, host: str, port: int, world_size: int, timeout_s: float) -> TCPStore:
     """A satellite's client of the core's rendezvous store."""
-    return dist.TCPStore(host, port, world_size, is_master=False, timeout=_timeout(timeout_s))
+    return TCPStore(host, port, world_size, is_master=False, timeout=_timeout(timeout_s))
 
 
 def set_socket_interface(ifname: str | None) -> None:
@@ -61,7 +62,7 @@ class CellGroups:
 
     @classmethod
     def initialize(
-        cls, store: dist.Store, *, cell: int, num_cells: int, backend: str, timeout_s: float
+        cls, store: Store, *, cell: int, num_cells: int, backend: str, timeout_s: float
     ) -> CellGroups:
         """Join the world and build every prefix and pair group (all K cells call this together)."""
         if not 0 <= cell < num_cells:

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 import torch
@@ -40,6 +41,7 @@ from gyre.model.transformer import build_model
 from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys
 from gyre.trainer.checkpoint import published_path, write_published
+from gyre.v1 import common_pb2
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.engine_host import EngineHost, create_engine_host
 from services.cell_agent.errors import CellStateError
@@ -52,8 +54,12 @@ log = get_logger("gyre.cell_agent")
 
 Emit = Callable[[Message, str], Awaitable[None]]
 
-ROLE_TO_PROTO = {"rollout": 1, "draining": 2, "training": 3}
-"""Role → `gyre.v1.CellRole` value."""
+ROLE_TO_PROTO: dict[str, common_pb2.CellRole.ValueType] = {
+    Role.ROLLOUT.value: common_pb2.CELL_ROLE_ROLLOUT,
+    Role.DRAINING.value: common_pb2.CELL_ROLE_DRAINING,
+    Role.TRAINING.value: common_pb2.CELL_ROLE_TRAINING,
+}
+"""Role → `gyre.v1.CellRole`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +154,9 @@ class CellAgent:
         await self._register_engine()
         log.info("cell_agent_started", cell=self.cell, engine=self.engine.url, role=self.roles.role.value)
 
-    async def background(self) -> list[Awaitable[None]]:
+    async def background(self) -> list[Coroutine[Any, Any, None]]:
         """Coroutines the service supervises: joining the collectives, and (core) serving pulls."""
-        tasks: list[Awaitable[None]] = [self.training.connect()]
+        tasks: list[Coroutine[Any, Any, None]] = [self.training.connect()]
         if self.is_core:
             tasks.append(self.training.serve_pulls())
         return tasks
@@ -172,7 +178,7 @@ class CellAgent:
             seq = await self.state.next_transition(self.cell)
             from_proto, to_proto = ROLE_TO_PROTO[transition.from_role.value], ROLE_TO_PROTO[to_role.value]
             await self.emit(
-                ev.RoleTransitionBegun(cell=self.cell, from_role=from_proto, to_role=to_proto),  # type: ignore[arg-type]
+                ev.RoleTransitionBegun(cell=self.cell, from_role=from_proto, to_role=to_proto),
                 f"cell:{self.cell}:transition:{seq}:begun",
             )
             try:
@@ -191,7 +197,7 @@ class CellAgent:
             await self._register_engine()
             await self.emit(
                 ev.RoleTransitionCompleted(
-                    cell=self.cell, from_role=from_proto, to_role=to_proto, duration_s=duration,  # type: ignore[arg-type]
+                    cell=self.cell, from_role=from_proto, to_role=to_proto, duration_s=duration,
                     requests_handed_back=handed_back, weight_version=version,
                 ),
                 f"cell:{self.cell}:transition:{seq}:completed",

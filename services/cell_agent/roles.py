@@ -42,7 +42,7 @@ class RoleMachine:
     def __init__(self, role: Role = Role.ROLLOUT) -> None:
         if role is Role.DRAINING:
             raise RoleError("a cell starts in rollout or training, not draining")
-        self._role = role
+        self._role: Role = role
         self._transition: Transition | None = None
 
     @property

@@ -57,7 +57,7 @@ class CellAgentServicer(pb_grpc.CellAgentServicer):
                 raise ValueError(f"role must be CELL_ROLE_ROLLOUT or CELL_ROLE_TRAINING; got {request.role}")
             result = await self.agent.switch_role(role, int(request.weight_version))
             return pb.SwitchRoleResponse(
-                role=ROLE_TO_PROTO[result.role.value],  # type: ignore[arg-type]
+                role=ROLE_TO_PROTO[result.role.value],
                 duration_s=result.duration_s,
                 requests_handed_back=result.requests_handed_back,
                 weight_version=result.weight_version,
@@ -70,7 +70,7 @@ class CellAgentServicer(pb_grpc.CellAgentServicer):
             view = await self.agent.view()
             return pb.CellStatus(
                 cell=view.cell,
-                role=ROLE_TO_PROTO[view.role.value],  # type: ignore[arg-type]
+                role=ROLE_TO_PROTO[view.role.value],
                 engine=common_pb2.EngineEndpoint(engine_id=view.engine_id, url=view.engine_url, cell=view.cell),
                 policy_version=view.policy_version or 0,
                 engine_weight_version=int(view.engine_weight_version) if view.engine_weight_version.isdigit() else 0,

@@ -264,7 +264,10 @@ class StepRecord:
         self.queue = WorkQueue(redis, keys, f"microsteps:{batch_id}", heartbeat_timeout_s=heartbeat_timeout_s)
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._redis = redis
-        k = lambda part: keys.queue(self.queue.name, part)  # noqa: E731
+
+        def k(part: str) -> str:
+            return keys.queue(self.queue.name, part)
+
         # The queue's own keys (layout of gyre.store.workqueue).
         self.pending_key, self.known_key, self.acked_key = k("pending"), k("known"), k("acked")
         self.payloads_key, self.heartbeats_key, self.closed_key = k("payloads"), k("heartbeats"), k("closed")
@@ -326,7 +329,7 @@ class StepRecord:
             keys=[self.join_key, self.participants_key, self.evicted_key, self.heartbeats_key],
             args=[cell, consumer_name(cell), step],
         )
-        return Registration(_text(raw))
+        return Registration(_text(raw) or Registration.NOT_OPEN.value)
 
     async def heartbeat(self, cell: int) -> None:
         await self.queue.heartbeat(consumer_name(cell))
@@ -400,7 +403,7 @@ class StepRecord:
     async def metrics(self, cells: tuple[int, ...]) -> dict[int, str]:
         """The metrics JSON each of `cells` recorded with its last `mark_done`."""
         raw = await self._redis.hmget(self.metrics_key, [str(c) for c in cells])
-        return {c: v.decode() for c, v in zip(cells, raw, strict=True) if v is not None}
+        return {c: _text(v) or "" for c, v in zip(cells, raw, strict=True) if v is not None}
 
     async def num_done(self, cells: tuple[int, ...]) -> int:
         counts = [await self._redis.scard(self.done_key(c)) for c in cells]

@@ -130,8 +130,8 @@ class TrainerState:
         await self._redis.rpush(self._keys.trainer("pulls"), cell)
 
     async def next_pull(self) -> int | None:
-        raw = _s(await self._redis.lpop(self._keys.trainer("pulls")))
-        return None if raw is None else int(raw)
+        raw = await self._redis.lpop(self._keys.trainer("pulls"))
+        return None if raw is None else int(str(_s(raw)))  # type: ignore[arg-type]
 
     # -- cells: engines and transition sequence -------------------------------------------------------
     async def set_engine(self, entry: EngineEntry) -> None:

@@ -17,7 +17,7 @@ from gyre.model.logprobs import token_logprobs
 from gyre.rl.loss import ObjectiveParams
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys, WorkQueue
-from gyre.trainer.backends import TrainerSpec, create_trainer
+from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
 from gyre.trainer.synthetic import synthetic_microsteps
 from services.cell_agent.trainer_state import TrainerState
 from tests.support.cells import ROLLOUT, TRAINING, CellStack, enqueue
@@ -60,7 +60,8 @@ async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
 
             spec = TrainerSpec(config.cell_agent.trainer, config.model, ObjectiveParams(), with_optimizer=True)
             reference = create_trainer("torch", spec)
-            steps = synthetic_microsteps(reference.model, batch_id="b0", step=0, num_groups=2, group_size=2,  # type: ignore[attr-defined]
+            assert isinstance(reference, TorchTrainer)
+            steps = synthetic_microsteps(reference.model, batch_id="b0", step=0, num_groups=2, group_size=2,
                                          token_budget=256, max_row_tokens=100)
             await enqueue(WorkQueue(redis, keys, "microsteps:b0"), steps, close=True)
             joined = await cells.join(0, "b0", 0, True)
@@ -73,7 +74,8 @@ async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
             retried = await asyncio.gather(
                 *(engine.generate(p, {**LONG, "max_new_tokens": 8}, rid=f"r{i}-retry") for i, p in enumerate(prompts))
             )
-            assert all(r.weight_version == "1" and not r.finish_reason.aborted for r in retried)  # type: ignore[union-attr]
+            for r in retried:
+                assert r.weight_version == "1" and r.finish_reason is not None and not r.finish_reason.aborted
 
             again = await engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0.0})
             assert again.cached_tokens == 0, "no prefix-cache entry computed under version 0 is served"

@@ -21,7 +21,7 @@ from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
-from gyre.trainer.backends import TrainerSpec, create_trainer
+from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
 from gyre.trainer.backends.base import TrainerBackend
 from gyre.trainer.synthetic import synthetic_microsteps
 from gyre.v1 import events_pb2 as ev
@@ -41,8 +41,9 @@ def _reference(config: GyreConfig) -> TrainerBackend:
 
 
 def _batch(reference: TrainerBackend) -> list[MicroStep]:
+    assert isinstance(reference, TorchTrainer)
     steps = synthetic_microsteps(
-        reference.model,  # type: ignore[attr-defined]
+        reference.model,
         batch_id="b0", step=0, num_groups=6, group_size=4, token_budget=256, max_row_tokens=120, seed=11,
     )
     assert len(steps) >= 8

@@ -29,6 +29,7 @@ import torch
 
 from gyre.config.model import ModelSection
 from gyre.config.services import TrainerSection
+from gyre.model.config import ModelConfig
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep
 from gyre.rl.step_loss import StepResult
@@ -55,6 +56,11 @@ class TrainerBackend(ABC):
     @classmethod
     @abstractmethod
     def create(cls, spec: TrainerSpec) -> TrainerBackend: ...
+
+    @property
+    @abstractmethod
+    def config(self) -> ModelConfig:
+        """The architecture of the weights (what published files and engines must match)."""
 
     @property
     @abstractmethod
