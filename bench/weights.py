@@ -36,8 +36,9 @@ def _worker(rank: int, name: str, numel: int, repeats: int, to_satellite: Queue[
     groups = None
     if name == "torch":
         if rank == 0:
-            store = host_store(port=0, world_size=2, timeout_s=60)
-            to_satellite.put(store.port)
+            hosted = host_store(bind_host="127.0.0.1", port=0, world_size=2, timeout_s=60)
+            store = hosted.store
+            to_satellite.put(hosted.port)
         else:
             store = connect_store(host="127.0.0.1", port=to_satellite.get(timeout=60), world_size=2, timeout_s=60)
         groups = CellGroups.initialize(store, cell=rank, num_cells=2, backend="gloo", timeout_s=600)

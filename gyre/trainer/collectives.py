@@ -8,10 +8,12 @@ of the whole world, so every group a step may need is built when all K cells are
     pair groups     {0,k} for every satellite k      the `torch` weight transport's snapshot pull
 
 Each group is its own set of connections, so a collective over {0,1} keeps working when cell 2 has
-died. Rank 0 (the core) hosts the rendezvous store; its port is announced through Redis by the cell
-agent (or fixed in config). All calls block: the cell agent runs them on a worker thread.
+died. Rank 0 (the core) hosts the rendezvous store on the run's bind address (`run.host`); its port
+is announced through Redis by the cell agent (or fixed in config). All calls block: the cell agent
+runs them on a worker thread.
 
-    store = host_store(port=0, world_size=K, timeout_s=120)     # core;  connect_store(...) elsewhere
+    hosted = host_store(bind_host="127.0.0.1", port=0, world_size=K, timeout_s=120)   # core
+    store = hosted.store if k == 0 else connect_store(host=..., port=hosted.port, world_size=K, timeout_s=120)
     groups = CellGroups.initialize(store, cell=k, num_cells=K, backend="gloo", timeout_s=600)
     groups.reduce_to_core(flat_grads, num_participants=3)
     groups.broadcast_from_core(flat_params, num_participants=3)
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -31,12 +35,31 @@ def _timeout(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def host_store(*, port: int, world_size: int, timeout_s: float) -> TCPStore:
-    """The core's rendezvous store; port 0 picks a free port (read it back from `.port`). The store
-    listens on every interface (torch gives no bind address): see the README's security notes."""
-    return TCPStore(
-        "127.0.0.1", port, world_size, is_master=True, timeout=_timeout(timeout_s), wait_for_workers=False
+@dataclass(frozen=True, slots=True)
+class HostedStore:
+    """The core's rendezvous store and the listening socket it serves on (keep both alive)."""
+
+    store: TCPStore
+    socket: socket.socket
+
+    @property
+    def port(self) -> int:
+        return int(self.socket.getsockname()[1])
+
+
+def host_store(*, bind_host: str, port: int, world_size: int, timeout_s: float) -> HostedStore:
+    """The core's rendezvous store on `bind_host:port` (port 0 picks a free one). TCPStore binds every
+    interface unless handed a bound socket, so the socket is bound here: loopback on one machine."""
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((bind_host, port))
+    listener.listen(128)
+    store = TCPStore(
+        bind_host or "127.0.0.1", listener.getsockname()[1], world_size, is_master=True,
+        timeout=_timeout(timeout_s), wait_for_workers=False, master_listen_fd=listener.fileno(),
     )
+    return HostedStore(store, listener)
 
 
 def connect_store(*, host: str, port: int, world_size: int, timeout_s: float) -> TCPStore:

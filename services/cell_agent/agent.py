@@ -133,6 +133,7 @@ class CellAgent:
             checkpoint_root=self.checkpoint_root,
             own_host=config.run.peer_host("cell_agent", cell),
             core_host=config.run.peer_host("cell_agent", 0),
+            bind_host=config.run.host,
         )
         self.state = self.training.state
         self.roles = RoleMachine(Role.ROLLOUT)
@@ -210,6 +211,8 @@ class CellAgent:
         handed_back = await self.engine.hand_back()
         await self.engine.release(weights=self.section.release_engine_weights)
         torch.set_num_threads(self.section.trainer.num_threads)
+        if self.is_core:
+            await self.training.expose_snapshot()
         return handed_back
 
     async def _to_rollout(self, weight_version: int) -> int:

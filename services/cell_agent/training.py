@@ -6,8 +6,9 @@ weight transport, and the core's authoritative snapshot.
     await training.connect()          # join the world (K−1 prefix groups), open the weight transport
     await training.pull_snapshot(7)   # satellite: the core's weights of version 7, or False if gone
 
-The core's snapshot is its live flat parameter buffer, exposed through the transport and described in
-Redis under a sequence lock (`TrainerState`). Weights only change in `optimizer_step`, which makes the
+The core's snapshot is its live flat parameter buffer, exposed through the transport once the core
+first moves into training (as the paper's core does) and described in Redis under a sequence lock
+(`TrainerState`). Weights only change in `optimizer_step`, which makes the
 lock odd first, so a satellite that reads the same even lock value before and after its pull got one
 whole version — even while the core is computing, or taking its optimizer step meanwhile. The digest
 check then proves the bytes equal the core's. Driving a step (claims, reduction) is `StepRunner`.
@@ -52,6 +53,7 @@ class TrainingSide:
         checkpoint_root: Path,
         own_host: str,
         core_host: str,
+        bind_host: str = "127.0.0.1",
     ) -> None:
         self.cell = cell
         self.num_cells = num_cells
@@ -63,6 +65,8 @@ class TrainingSide:
         self.checkpoint_root = checkpoint_root
         self.own_host = own_host
         self.core_host = core_host
+        self.bind_host = bind_host
+        self.exposed = False
         self.trainer: TrainerBackend = create_trainer(
             section.backend, TrainerSpec(section, model_section, objective, with_optimizer=self.is_core)
         )
@@ -112,20 +116,21 @@ class TrainingSide:
         )
         if self.num_cells > 1:
             self.transport = await self.compute.run(create_transport, self.section.weight_transport, options)
+        self.connected.set()
         if self.is_core:
             await self.publish_snapshot()
-        self.connected.set()
 
     async def _rendezvous(self) -> object:
         timeout_s = self.section.rendezvous_timeout_s
         if self.is_core:
-            store = await asyncio.to_thread(
-                host_store, port=self.section.dist_port, world_size=self.num_cells, timeout_s=timeout_s
+            hosted = await asyncio.to_thread(
+                host_store, bind_host=self.bind_host, port=self.section.dist_port, world_size=self.num_cells,
+                timeout_s=timeout_s,
             )
             if self.section.dist_port == 0:
-                await self.state.set_rendezvous(self.core_host, store.port)
-            self._store = store
-            return store
+                await self.state.set_rendezvous(self.core_host, hosted.port)
+            self._store = hosted
+            return hosted.store
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
@@ -159,7 +164,7 @@ class TrainingSide:
         """Core: describe the current weights in Redis (ends a sequence-lock write section)."""
         assert self.trainer.version is not None
         digest = await self.compute.run(self.trainer.digest) if self.section.snapshot_digest else ""
-        endpoint = {} if self.transport is None else await self.compute.run(
+        endpoint = {} if self.transport is None or not self.exposed else await self.compute.run(
             self.transport.expose, self.trainer.flat_params
         )
         flat = self.trainer.flat_params
@@ -173,6 +178,15 @@ class TrainingSide:
         )
         await self.state.publish_snapshot(record)
         await self.state.set_version(self.trainer.version)
+
+    async def expose_snapshot(self) -> None:
+        """Core, on its way into training: make its weights readable by satellites from now on. The
+        transport opens its listeners here, not at start-up (Mooncake listens on every interface)."""
+        assert self.is_core
+        if not self.exposed:
+            self.exposed = True
+            if self.connected.is_set():
+                await self.publish_snapshot()
 
     async def optimizer_step(self) -> float:
         """Core: clip, step, version + 1, under the snapshot's sequence lock; returns the grad norm."""
@@ -222,6 +236,9 @@ class TrainingSide:
                 continue
             if read.record.version != version:
                 return False
+            if not transport.core_serves and not read.record.endpoint:
+                await asyncio.sleep(self.section.poll_s)  # the core has not exposed its weights yet
+                continue
             if transport.core_serves:
                 await self.state.request_pull(self.cell)
             got = await self.compute.run(

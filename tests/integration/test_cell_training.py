@@ -167,3 +167,39 @@ async def _registered(redis: aioredis.Redis, record: StepRecord, cell: int) -> b
 
 async def _has(events: list[Message], kind: type[Message]) -> bool:
     return any(isinstance(e, kind) for e in events)
+
+
+async def test_two_step_burst_broadcasts_after_the_first_step_torch_transport(
+    tmp_path: Path, nats_server: ServerProcess, redis_server: ServerProcess, redis: aioredis.Redis, keys: Keys,
+    run_id: str,
+) -> None:
+    with CellStack(tmp_path, nats_url=nats_server.url, redis_url=redis_server.url, run_id=run_id, num_cells=2,
+                   overrides={"cell_agent": {"trainer": {"weight_transport": "torch"}}}) as cells:
+        reference = _reference(cells.config)
+        assert isinstance(reference, TorchTrainer)
+        for cell in (0, 1):
+            await cells.switch(cell, TRAINING)
+        batches = [
+            synthetic_microsteps(reference.model, batch_id=f"b{s}", step=s, num_groups=3, group_size=4,
+                                 token_budget=256, max_row_tokens=120, seed=20 + s)
+            for s in (0, 1)
+        ]
+        for step, steps in enumerate(batches):
+            await enqueue(StepRecord(redis, keys, f"b{step}", heartbeat_timeout_s=2.0).queue, steps, close=True)
+            results = await asyncio.gather(*(cells.join(c, f"b{step}", step, step == 1) for c in (0, 1)))
+            assert [list(r.cells) for r in results] == [[0, 1], [0, 1]]
+            if step == 0:
+                core, satellite = await cells.status(0), await cells.status(1)
+                assert satellite.policy_version == core.policy_version == 1
+                assert satellite.weights_digest == core.weights_digest, "new weights broadcast to the satellite"
+            for s in steps:
+                reference.accumulate(s)
+            reference.optimizer_step()
+        published = await TrainerState(redis, keys).published()
+        satellite_after = await cells.status(1)
+        await cells.close_channels()
+    assert satellite_after.policy_version == 1, "no broadcast after the final step (engines get the publication)"
+    assert published is not None and published.version == 2
+    _, tensors, _ = read_checkpoint(Path(published.path))
+    diff = max(float((tensors[n] - w).abs().max()) for n, w in reference.named_weights().items())
+    assert diff <= TOLERANCE

@@ -31,6 +31,8 @@ async def _side(cell: int, redis_url: str, run_id: str, root: Path) -> TrainingS
     )
     await side.start()
     await side.connect()
+    if side.is_core:
+        await side.expose_snapshot()
     return side
 
 

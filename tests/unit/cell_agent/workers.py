@@ -13,15 +13,20 @@ from gyre.weights.snapshot import weights_digest
 from gyre.weights.transports import TransportOptions, create_transport
 
 
+_KEEP: list[Any] = []
+
+
 def _groups(rank: int, world: int, ports: Queue[Any]) -> CellGroups:
     if rank == 0:
-        store = host_store(port=0, world_size=world, timeout_s=30)
+        hosted = host_store(bind_host="127.0.0.1", port=0, world_size=world, timeout_s=30)
+        store, keep = hosted.store, hosted
         for _ in range(world - 1):
-            ports.put(store.port)
+            ports.put(hosted.port)
     else:
+        keep = None
         store = connect_store(host="127.0.0.1", port=ports.get(timeout=30), world_size=world, timeout_s=30)
     groups = CellGroups.initialize(store, cell=rank, num_cells=world, backend="gloo", timeout_s=30)
-    groups._store = store  # type: ignore[attr-defined]  # keep the rank-0 store alive
+    _KEEP.append((store, keep))  # the rank-0 store must outlive the world
     return groups
 
 
