@@ -115,9 +115,8 @@ class StepRunner:
         return await self._reduce_and_update(record, status, metrics, processed, started)
 
     async def _sit_out(self, record: StepRecord, status: StepStatus) -> StepOutcome:
-        """Not in this step's reduction: wait for the step to end (JoinBatch returns when it is done)."""
-        if status.state is not StepState.DONE:
-            status = await record.wait_done(self.section.collective_timeout_s, self.section.poll_s)
+        """Not in this step's reduction (joined too late, or left out): return at once, so the
+        scheduler learns it now; the cell pulls the next version when it joins the next batch."""
         return self._outcome(record, status, participated=False)
 
     def _outcome(

@@ -197,8 +197,10 @@ async def test_two_step_burst_broadcasts_after_the_first_step_torch_transport(
             reference.optimizer_step()
         published = await TrainerState(redis, keys).published()
         satellite_after = await cells.status(1)
+        late = await cells.join(1, "b1", 1, True)
         await cells.close_channels()
     assert satellite_after.policy_version == 1, "no broadcast after the final step (engines get the publication)"
+    assert not late.participated and late.policy_version == 2, "joining a finished step is answered, not trained"
     assert published is not None and published.version == 2
     _, tensors, _ = read_checkpoint(Path(published.path))
     diff = max(float((tensors[n] - w).abs().max()) for n, w in reference.named_weights().items())
