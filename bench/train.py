@@ -5,8 +5,8 @@ and with two, and the scaling between them.
 
 What is measured: real `python -m services.cell_agent` processes (torch 1 thread each, gloo and
 Mooncake on loopback, real Redis and NATS started for the run) training the default embedded model
-on synthetic micro-steps of `--token-budget` tokens. Per configuration, `--steps` optimizer steps run
-back to back; the first is a warmup (it also pulls the satellite's first snapshot) and is not
+on the same synthetic micro-steps of `--token-budget` tokens (generated before any cell starts). Per
+configuration, `--steps` optimizer steps run back to back; the first is a warmup (it also pulls the satellite's first snapshot) and is not
 counted. A step is timed from the JoinBatch calls to the last return, with every micro-step already
 in the queue and the stream closed, so the time covers claims, forward + backward, the gradient
 reduction, the optimizer step and the parameter broadcast.
@@ -30,6 +30,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+import torch
 
 from gyre.config import GyreConfig, load_config
 from gyre.model.config import ModelConfig
@@ -67,7 +69,9 @@ def _steps(config: GyreConfig, args: argparse.Namespace, step: int) -> list[Micr
     return [MicroStep(**{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "index": i}) for i, s in enumerate(full)]
 
 
-async def _run(num_cells: int, args: argparse.Namespace, root: Path, nats_url: str, redis_url: str) -> float:
+async def _run(
+    num_cells: int, batches: list[list[MicroStep]], root: Path, nats_url: str, redis_url: str
+) -> float:
     run_id = f"bench{uuid.uuid4().hex[:8]}"
     config = with_cell_ports(_config(root, nats_url, redis_url, run_id), num_cells)
     redis = await connect_redis(redis_url)
@@ -75,13 +79,12 @@ async def _run(num_cells: int, args: argparse.Namespace, root: Path, nats_url: s
     with LocalCells(config, root / run_id) as cells:
         for k in range(num_cells):
             await cells.switch(k, common_pb2.CELL_ROLE_TRAINING)
-        for step in range(args.steps):
-            steps = _steps(config, args, step)
+        for step, steps in enumerate(batches):
             queue = WorkQueue(redis, Keys(run_id), f"microsteps:b{step}")
             for s in steps:
                 await queue.put(f"b{step}:{s.index}", encode_microstep(s))
             await queue.close()
-            final = step == args.steps - 1
+            final = step == len(batches) - 1
             began = time.perf_counter()
             results = await asyncio.gather(*(cells.join(k, f"b{step}", step, final) for k in range(num_cells)))
             elapsed = time.perf_counter() - began
@@ -101,13 +104,16 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step is a warmup)")
+    torch.set_num_threads(1)  # intra-op threads spin on a busy 2-core machine; the cells use 1 each too
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gyre-bench-train-") as tmp:
         root = Path(tmp)
+        base = _config(root, "nats://unused", "redis://unused", "bench")
+        batches = [_steps(base, args, step) for step in range(args.steps)]
         nats, redis = start_nats(root / "nats"), start_redis(root / "redis", appendonly=False)
         try:
-            one = asyncio.run(_run(1, args, root, nats.url, redis.url))
-            two = asyncio.run(_run(2, args, root, nats.url, redis.url))
+            one = asyncio.run(_run(1, batches, root, nats.url, redis.url))
+            two = asyncio.run(_run(2, batches, root, nats.url, redis.url))
         finally:
             nats.stop()
             redis.stop()

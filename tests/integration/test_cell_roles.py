@@ -5,6 +5,7 @@ afterwards its engine serves the newest published version, without stale prefix-
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,15 @@ from services.cell_agent.trainer_state import TrainerState
 from tests.support.cells import ROLLOUT, TRAINING, CellStack, enqueue
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The reference computations run in this process: one thread (see tests/unit/cell_agent/conftest.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 LONG = {"max_new_tokens": 400, "ignore_eos": True, "temperature": 1.0}
 

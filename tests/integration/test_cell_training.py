@@ -5,7 +5,7 @@ parameters of a single-process reference step on the same batch."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -30,6 +30,15 @@ from services.cell_agent.trainer_state import TrainerState
 from tests.support.cells import TRAINING, CellStack, enqueue
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The reference computations run in this process: one thread (see tests/unit/cell_agent/conftest.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 TOLERANCE = 1e-6
 
@@ -136,12 +145,19 @@ async def test_satellite_killed_mid_batch_is_reclaimed_and_the_step_matches(
         record = StepRecord(redis, keys, "b0", heartbeat_timeout_s=cells.config.redis.heartbeat_timeout_s)
         for cell in (0, 1, 2):
             await cells.switch(cell, TRAINING)
-        await enqueue(record.queue, steps[:6], close=False)
         joins = [asyncio.create_task(cells.join(cell, "b0", 0, True)) for cell in (0, 1, 2)]
-        await _until(lambda: _done_at_least(record, 1, cells=(2,)), "cell 2 to finish a micro-step")
+        for cell in (0, 1, 2):
+            await _until(lambda c=cell: _registered(redis, record, c), f"cell {cell} to register")
+        fed = 0
+        while not await _done_at_least(record, 1, cells=(2,)):  # feed one at a time until cell 2 has work done
+            if await record.queue.pending() == 0:
+                assert fed < len(steps) - 1, "cell 2 never got a micro-step"
+                await enqueue(record.queue, steps[fed : fed + 1], close=False)
+                fed += 1
+            await asyncio.sleep(0.01)
         lost = await redis.lrange(record.processing_key(2), 0, -1)
         cells.kill(2)
-        await enqueue(record.queue, steps[6:], close=True)
+        await enqueue(record.queue, steps[fed:], close=True)
         results = await asyncio.gather(*joins, return_exceptions=True)
         expected = _reference_step(reference, steps)
         published = await TrainerState(redis, keys).published()
