@@ -217,19 +217,118 @@ class ObjectiveSection(Section):
 
 class TrainerSection(Section):
     backend: Literal["torch", "megatron"] = "torch"
-    """Trainer backend of a cell."""
+    """Trainer backend of a cell, a name in the registry of `gyre.trainer.backends` (`torch` on the
+    embedded default; `megatron` is reserved for clusters and not registered yet)."""
+    device: str = "cpu"
+    """torch device of the trainer (`cpu`, `cuda`, `cuda:0`)."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Parameter, gradient and optimizer-state dtype."""
+    num_threads: int = 1
+    """torch intra-op threads of the trainer's compute thread (cores are shared with other processes)."""
     lr: float = 1e-4
     """AdamW learning rate (constant)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW β1."""
+    adam_beta2: float = 0.999
+    """AdamW β2."""
+    adam_eps: float = 1e-8
+    """AdamW ε."""
     grad_clip: float = 1.0
-    """Global gradient-norm clip applied by the core."""
+    """Global gradient-norm clip applied by the core to the summed gradient (0 = no clipping)."""
+    chunk_tokens: int | None = None
+    """Token limit of one forward for a micro-step over its budget (chunked path); None = the budget."""
     checkpoint_every_steps: int = 0
     """Checkpoint model + optimizer + version every this many steps (0 = only at shutdown)."""
+    checkpoint_dir: Path | None = None
+    """Where the core writes checkpoints and published weights; None = `<run dir>/checkpoints`.
+    Every cell must read the same directory (a shared volume on clusters)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (older ones are deleted); the newest published weights are always kept."""
     dist_backend: Literal["gloo", "nccl"] = "gloo"
     """torch.distributed backend."""
+    dist_port: int = 0
+    """Port of the core's torch.distributed rendezvous store (TCPStore); 0 = the core picks a free one
+    and announces it through Redis."""
+    dist_socket_ifname: str | None = None
+    """Network interface gloo/NCCL bind (sets GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME); None = the
+    interface of the host name (loopback on a single machine)."""
+    collective_timeout_s: float = 600.0
+    """Timeout of one collective (gradient reduction, parameter broadcast, snapshot broadcast)."""
+    rendezvous_timeout_s: float = 120.0
+    """How long a cell waits for every cell to join the torch.distributed world at start-up."""
     weight_transport: Literal["mooncake", "torch"] = "mooncake"
-    """How a satellite pulls the core's snapshot (Mooncake Transfer Engine, or a torch broadcast)."""
+    """How a satellite pulls the core's snapshot: Mooncake Transfer Engine (one flat buffer registered
+    by the core, read by satellites), or a torch.distributed broadcast from the core (fallback)."""
+    mooncake_protocol: Literal["tcp", "rdma"] = "tcp"
+    """Mooncake transport protocol (TCP on CPU machines, RDMA on clusters)."""
+    mooncake_device: str = ""
+    """Mooncake device list for RDMA (e.g. `mlx5_0`); empty = auto-discovery / none for TCP."""
+    mooncake_host: str | None = None
+    """Address the core announces to satellites for Mooncake reads; None = the core's peer host
+    (`run.peer_host("cell_agent", 0)`). Mooncake listens on 0.0.0.0 whatever is given here (see the
+    README's security notes)."""
+    snapshot_digest: bool = True
+    """The core publishes a SHA-256 of its weights with each snapshot and a satellite verifies the bytes
+    it pulled against it (costs one hash of the weights per step)."""
+    join_timeout_s: float = 120.0
+    """How long a cell waits for the core to open the batch it was asked to join."""
+    heartbeat_interval_s: float = 1.0
+    """Seconds between a training cell's heartbeats on the micro-step queue (must be well under
+    `redis.heartbeat_timeout_s`, after which its claimed micro-steps are reclaimed)."""
+    poll_s: float = 0.02
+    """Wait between two looks at an empty micro-step queue (the consistent point where a cell idles)."""
+
+    @field_validator("num_threads", "keep_checkpoints")
+    @classmethod
+    def _at_least_one(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1; got {v}")
+        return v
+
+    @field_validator("checkpoint_every_steps")
+    @classmethod
+    def _cadence(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"checkpoint_every_steps must be >= 0 (0 = only at shutdown); got {v}")
+        return v
+
+    @field_validator("lr", "adam_eps", "collective_timeout_s", "rendezvous_timeout_s", "join_timeout_s",
+                     "heartbeat_interval_s", "poll_s")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"must be > 0; got {v}")
+        return v
+
+    @field_validator("adam_beta1", "adam_beta2")
+    @classmethod
+    def _beta(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError(f"AdamW betas must be in [0, 1); got {v}")
+        return v
+
+    @field_validator("weight_decay", "grad_clip")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"must be >= 0 (0 turns it off); got {v}")
+        return v
+
+    @field_validator("chunk_tokens")
+    @classmethod
+    def _chunk(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"chunk_tokens must be at least 1 or null (the micro-step budget); got {v}")
+        return v
+
+    @field_validator("dist_port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 0 <= v <= 65535:
+            raise ValueError(f"port must be in 0..65535 (0 = the core picks one); got {v}")
+        return v
 
 
 class EngineSection(Section):
@@ -317,3 +416,18 @@ class CellAgentSection(Section):
     """The rollout engine hosted in the rollout role."""
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     """The trainer run in the training role."""
+    release_engine_weights: bool = False
+    """On rollout → training, release the engine's weights too (not only its KV cache); they are
+    reloaded from the newest published weights on the way back. Off on CPU, where the engine's
+    copy is small; on GPUs turn it on to give the trainer the memory."""
+    engine_ready_timeout_s: float = 60.0
+    """How long a switch to rollout waits for the engine to serve (SGLang start-up included)."""
+    publish_timeout_s: float = 120.0
+    """Time limit of pushing weights to one rollout engine."""
+
+    @field_validator("engine_ready_timeout_s", "publish_timeout_s")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"must be > 0; got {v}")
+        return v

@@ -59,6 +59,15 @@ class Keys:
     def batch(self, batch_id: str) -> str:
         return self._k("batch", batch_id, "record")
 
+    # -- cell agents: the core's trainer state and each cell's records (added by the cell agent) ----
+    def trainer(self, part: str) -> str:
+        """The core's trainer state: `version`, `snapshot`, `published`, `rendezvous`, `pulls`."""
+        return self._k("trainer", "core", part)
+
+    def cell(self, cell: int, part: str) -> str:
+        """A cell agent's records: `engine` (id, url, role), `transitions` (sequence)."""
+        return self._k("cell", str(cell), part)
+
     def scheduler_state(self) -> str:
         return self._k("scheduler", "state", "hash")
 

@@ -1,1 +1,14 @@
-"""The cell agent service (one per cell): role, rollout engine, trainer, weights and collectives."""
+"""The cell agent service (one per cell): role, rollout engine, trainer, weights and collectives.
+
+    agent.py          CellAgent: role switches, JoinBatch, weight publication, status
+    roles.py          the rollout ⇄ draining ⇄ training state machine
+    engine_host.py    the hosted rollout engine (embedded in-process, or a supervised SGLang server)
+    training.py       the training side: trainer backend, collectives, the core's snapshot, pulls
+    step_runner.py    one cell's part in one optimizer step (claims, reduction, update)
+    step_record.py    the step's join window and reduction handshake in Redis (scripts: step_scripts.py)
+    trainer_state.py  policy version, snapshot record, publications, rendezvous in Redis
+    servicer.py       gRPC;  service.py  the service shell;  local.py  K cells as local processes
+    engine/           the embedded engine
+
+See README.md in this directory for the protocol, the security notes and the known limits.
+"""

@@ -1,8 +1,22 @@
-"""The cell_agent service shell: connects to NATS and Redis and serves gRPC with grpc.health.v1."""
+"""The cell_agent service shell: NATS + Redis + gRPC (grpc.health.v1), hosting one `CellAgent`.
+
+    python -m services.cell_agent --config runs/<run>/config.yaml --instance <cell>
+
+torch, the engine and the trainer load in `setup()`, after the config is parsed. Joining the other
+cells' torch.distributed world runs as a supervised background task (it waits for all K cells), so
+the service reports SERVING as soon as its engine serves; JoinBatch waits for the world.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from google.protobuf.message import Message
+
 from gyre.service import GyreService
+
+if TYPE_CHECKING:
+    from services.cell_agent.agent import CellAgent
 
 
 class CellAgentService(GyreService):
@@ -17,3 +31,24 @@ class CellAgentService(GyreService):
     def configured_port(self) -> int:
         ports = self.config.cell_agent.ports
         return ports[self.cell] if self.cell < len(ports) else 0
+
+    async def setup(self) -> None:
+        from gyre.v1 import cell_agent_pb2_grpc
+        from services.cell_agent.agent import CellAgent
+        from services.cell_agent.servicer import CellAgentServicer
+
+        self.agent: CellAgent = CellAgent(self.config, cell=self.cell, redis=self.redis, emit=self._emit)
+        await self.agent.start()
+        for i, coro in enumerate(await self.agent.background()):
+            self.supervisor.spawn(coro, f"cell-{self.cell}-background-{i}")
+        cell_agent_pb2_grpc.add_CellAgentServicer_to_server(CellAgentServicer(self.agent), self.server)
+
+    async def _emit(self, event: Message, event_id: str) -> None:
+        await self.bus.publish(event, event_id=event_id)
+
+    async def teardown(self) -> None:
+        if hasattr(self, "agent"):
+            await self.agent.stop()
+
+    def endpoint_info(self) -> dict[str, object]:
+        return {"cell": self.cell, "engine_url": self.agent.engine.url} if hasattr(self, "agent") else {}

@@ -1,0 +1,130 @@
+"""Benchmark of role switches on one cell (the embedded default): rollout → training with requests in
+flight, one training step, training → rollout loading the newly published weights.
+
+    gyre bench switch [--cycles 5] [--inflight 8] [--release-weights]
+
+A real CellAgent (embedded engine in-process, default model, real Redis and NATS started for the
+run) is driven the way the scheduler drives it. Each cycle: `--inflight` long generations are
+running; SwitchRole(TRAINING) hands them back (aborts them, counted), releases the KV cache (and the
+engine's weights with `--release-weights`); a one-step batch is trained and published; then
+SwitchRole(ROLLOUT, v) resumes memory, loads the published weights from disk and reports ready.
+Times are the agent's own transition times (begin → ready), as reported in RoleTransitionCompleted.
+
+    rollout_to_training_s_p50   median seconds of rollout → training   (goal < 1 s; paper 8.52 s, 122B)
+    training_to_rollout_s_p50   median seconds of training → rollout   (goal < 1 s; paper 3.46 s, 122B)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import uuid
+from pathlib import Path
+
+from google.protobuf.message import Message
+
+from gyre.bus import EventBus
+from gyre.config import load_config
+from gyre.engine import EngineClient, EngineError
+from gyre.log import configure_logging
+from gyre.rl.codec import encode_microstep
+from gyre.stack.servers import start_nats, start_redis
+from gyre.store import Keys, WorkQueue, connect_redis
+from gyre.trainer.backends import TorchTrainer
+from gyre.trainer.synthetic import synthetic_microsteps
+from services.cell_agent.agent import CellAgent
+from services.cell_agent.roles import Role
+
+
+async def _in_flight(client: EngineClient, n: int) -> None:
+    for _ in range(2000):
+        states = (await client.get_server_info())["internal_states"][0]
+        if states["num_running_reqs"] + states["num_waiting_reqs"] >= n:
+            return
+        await asyncio.sleep(0.005)
+    raise RuntimeError(f"{n} requests never got in flight")
+
+
+async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: str) -> dict[str, float]:
+    run_id = f"bench{uuid.uuid4().hex[:8]}"
+    config = load_config(None, environ={}, overrides={
+        "run": {"id": run_id, "dir": str(root)},
+        "nats": {"url": nats_url},
+        "redis": {"url": redis_url},
+        "scheduler": {"num_cells": 1},
+        "cell_agent": {"release_engine_weights": args.release_weights},
+    })
+    redis = await connect_redis(redis_url)
+    bus = await EventBus.connect(nats_url, run_id, "bench-switch")
+
+    async def emit(event: Message, event_id: str) -> None:
+        await bus.publish(event, event_id=event_id)
+
+    agent = CellAgent(config, cell=0, redis=redis, emit=emit)
+    await agent.start()
+    await asyncio.gather(*await agent.background())
+    to_training: list[float] = []
+    to_rollout: list[float] = []
+    handed_back = 0
+    long = {"max_new_tokens": 2000, "ignore_eos": True, "temperature": 1.0}
+    try:
+        async with EngineClient(agent.engine.url, timeout_s=120) as client:
+            for cycle in range(args.cycles):
+                calls = [asyncio.create_task(client.generate([1, 2, 3, cycle, i], long)) for i in range(args.inflight)]
+                await _in_flight(client, args.inflight)
+                result = await agent.switch_role(Role.TRAINING)
+                to_training.append(result.duration_s)
+                handed_back += result.requests_handed_back
+                for outcome in await asyncio.gather(*calls, return_exceptions=True):
+                    if isinstance(outcome, BaseException) and not isinstance(outcome, EngineError):
+                        raise outcome
+                trainer = agent.training.trainer
+                assert isinstance(trainer, TorchTrainer) and trainer.version is not None
+                step = trainer.version
+                steps = synthetic_microsteps(
+                    trainer.model,
+                    batch_id=f"b{step}", step=step, num_groups=2, group_size=2, token_budget=512, seed=cycle,
+                )
+                queue = WorkQueue(redis, Keys(run_id), f"microsteps:b{step}")
+                for s in steps:
+                    await queue.put(f"b{step}:{s.index}", encode_microstep(s))
+                await queue.close()
+                await agent.join_batch(f"b{step}", step, True)
+                result = await agent.switch_role(Role.ROLLOUT, weight_version=step + 1)
+                assert result.weight_version == step + 1
+                to_rollout.append(result.duration_s)
+    finally:
+        await agent.stop()
+        await bus.close()
+        await redis.aclose()
+    return {
+        "rollout_to_training_s_p50": round(statistics.median(to_training), 4),
+        "training_to_rollout_s_p50": round(statistics.median(to_rollout), 4),
+        "rollout_to_training_s_max": round(max(to_training), 4),
+        "training_to_rollout_s_max": round(max(to_rollout), 4),
+        "requests_handed_back": handed_back,
+        "cycles": args.cycles,
+        "inflight_per_switch": args.inflight,
+        "release_weights": args.release_weights,
+    }
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="gyre bench switch", description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--inflight", type=int, default=8, help="generations running at each switch to training")
+    parser.add_argument("--release-weights", action="store_true", help="also release the engine's weights")
+    args = parser.parse_args(argv)
+    configure_logging("console", "warning")
+    with tempfile.TemporaryDirectory(prefix="gyre-bench-switch-") as tmp:
+        root = Path(tmp)
+        nats, redis = start_nats(root / "nats"), start_redis(root / "redis", appendonly=False)
+        try:
+            result = asyncio.run(_run(args, root, nats.url, redis.url))
+        finally:
+            nats.stop()
+            redis.stop()
+    print(json.dumps(result))

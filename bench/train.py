@@ -1,0 +1,128 @@
+"""Benchmark of streaming training across cell agent processes: micro-steps per second with one cell
+and with two, and the scaling between them.
+
+    gyre bench train [--microsteps 32] [--token-budget 1024] [--steps 2]
+
+What is measured: real `python -m services.cell_agent` processes (torch 1 thread each, gloo and
+Mooncake on loopback, real Redis and NATS started for the run) training the default embedded model
+on the same synthetic micro-steps of `--token-budget` tokens (generated before any cell starts). Per
+configuration, `--steps` optimizer steps run back to back; the first is a warmup (it also pulls the satellite's first snapshot) and is not
+counted. A step is timed from the JoinBatch calls to the last return, with every micro-step already
+in the queue and the stream closed, so the time covers claims, forward + backward, the gradient
+reduction, the optimizer step and the parameter broadcast.
+
+    microsteps_per_s_1_cell    micro-steps / second with the core alone
+    microsteps_per_s_2_cells   micro-steps / second with the core and one satellite
+    scaling_2_vs_1             the ratio (goal >= 1.7)
+
+On a 2-core machine two cells use both cores, so the ratio is capped near 2 and sinks when anything
+else runs; `cpu_count` and `load_avg_1m` (before the run) are reported to read it honestly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from gyre.config import GyreConfig, load_config
+from gyre.model.config import ModelConfig
+from gyre.model.transformer import build_model
+from gyre.rl.codec import encode_microstep
+from gyre.rl.microstep import MicroStep
+from gyre.stack.servers import start_nats, start_redis
+from gyre.store import Keys, WorkQueue, connect_redis
+from gyre.trainer.synthetic import synthetic_microsteps
+from gyre.v1 import common_pb2
+from services.cell_agent.local import LocalCells, with_cell_ports
+
+
+def _config(run_dir: Path, nats_url: str, redis_url: str, run_id: str) -> GyreConfig:
+    return load_config(None, environ={}, overrides={
+        "run": {"id": run_id, "dir": str(run_dir)},
+        "nats": {"url": nats_url},
+        "redis": {"url": redis_url},
+        "log": {"format": "json", "level": "warning"},
+        "cell_agent": {"engine": {"kv_cache_tokens": 4096}, "trainer": {"poll_s": 0.005}},
+    })
+
+
+def _steps(config: GyreConfig, args: argparse.Namespace, step: int) -> list[MicroStep]:
+    model = build_model(ModelConfig.from_section(config.model), seed=config.model.seed)
+    out: list[MicroStep] = []
+    seed = 0
+    while len(out) < args.microsteps:
+        out += synthetic_microsteps(
+            model, batch_id=f"b{step}", step=step, num_groups=8, group_size=4, token_budget=args.token_budget,
+            min_row_tokens=args.token_budget // 4, max_row_tokens=args.token_budget // 2, seed=seed,
+        )
+        seed += 1
+    full = [s for s in out if s.num_tokens >= args.token_budget // 2][: args.microsteps]
+    return [MicroStep(**{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "index": i}) for i, s in enumerate(full)]
+
+
+async def _run(
+    num_cells: int, batches: list[list[MicroStep]], root: Path, nats_url: str, redis_url: str
+) -> float:
+    run_id = f"bench{uuid.uuid4().hex[:8]}"
+    config = with_cell_ports(_config(root, nats_url, redis_url, run_id), num_cells)
+    redis = await connect_redis(redis_url)
+    rates: list[float] = []
+    with LocalCells(config, root / run_id) as cells:
+        for k in range(num_cells):
+            await cells.switch(k, common_pb2.CELL_ROLE_TRAINING)
+        for step, steps in enumerate(batches):
+            queue = WorkQueue(redis, Keys(run_id), f"microsteps:b{step}")
+            for s in steps:
+                await queue.put(f"b{step}:{s.index}", encode_microstep(s))
+            await queue.close()
+            final = step == len(batches) - 1
+            began = time.perf_counter()
+            results = await asyncio.gather(*(cells.join(k, f"b{step}", step, final) for k in range(num_cells)))
+            elapsed = time.perf_counter() - began
+            assert sum(r.microsteps for r in results) == len(steps)
+            if step > 0:
+                rates.append(len(steps) / elapsed)
+        await cells.close_channels()
+    await redis.aclose()
+    return statistics.median(rates)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="gyre bench train", description=__doc__.splitlines()[0])
+    parser.add_argument("--microsteps", type=int, default=32)
+    parser.add_argument("--token-budget", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per configuration (first is warmup)")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be at least 2 (the first step is a warmup)")
+    torch.set_num_threads(1)  # intra-op threads spin on a busy 2-core machine; the cells use 1 each too
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="gyre-bench-train-") as tmp:
+        root = Path(tmp)
+        base = _config(root, "nats://unused", "redis://unused", "bench")
+        batches = [_steps(base, args, step) for step in range(args.steps)]
+        nats, redis = start_nats(root / "nats"), start_redis(root / "redis", appendonly=False)
+        try:
+            one = asyncio.run(_run(1, batches, root, nats.url, redis.url))
+            two = asyncio.run(_run(2, batches, root, nats.url, redis.url))
+        finally:
+            nats.stop()
+            redis.stop()
+    print(json.dumps({
+        "microsteps_per_s_1_cell": round(one, 3),
+        "microsteps_per_s_2_cells": round(two, 3),
+        "scaling_2_vs_1": round(two / one, 3),
+        "microsteps_per_step": args.microsteps,
+        "token_budget": args.token_budget,
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(load, 2),
+    }))

@@ -1,0 +1,104 @@
+"""The extension point of the training role: what computes gradients and owns the optimizer.
+
+A cell in the training role drives its backend through this interface only:
+
+    trainer.zero_grads()
+    for step in claimed_microsteps:
+        trainer.accumulate(step)           # forward + backward; gradients add up in `flat_grads`
+    dist.reduce(trainer.flat_grads, dst=0) # the cell agent's collectives (SUM over the participants)
+    grad_norm = trainer.optimizer_step()   # core only: clip, one AdamW step, version + 1
+
+Weights are frozen between two optimizer steps: `accumulate` never changes `flat_params`, which is
+what lets a satellite read the core's buffer while the core is computing.
+
+To add a backend (Megatron on clusters): subclass `TrainerBackend`, set `name`, implement every
+abstract member, and add the class to `TRAINER_BACKENDS` in `gyre/trainer/backends/__init__.py`; the
+config field `cell_agent.trainer.backend` selects it and the contract tests in
+tests/unit/cell_agent/test_trainer_contract.py run every registered backend.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from gyre.config.model import ModelSection
+from gyre.config.services import TrainerSection
+from gyre.model.config import ModelConfig
+from gyre.rl.loss import ObjectiveParams
+from gyre.rl.microstep import MicroStep
+from gyre.rl.step_loss import StepResult
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerSpec:
+    """Everything a backend is built from."""
+
+    section: TrainerSection
+    model_section: ModelSection
+    objective: ObjectiveParams
+    with_optimizer: bool
+    """True on the core (the only optimizer); satellites compute gradients only."""
+
+
+class TrainerBackend(ABC):
+    name: ClassVar[str]
+
+    version: int | None
+    """Policy version of the weights held; None until the weights are known (a satellite that has
+    not pulled a snapshot yet)."""
+
+    @classmethod
+    @abstractmethod
+    def create(cls, spec: TrainerSpec) -> TrainerBackend: ...
+
+    @property
+    @abstractmethod
+    def config(self) -> ModelConfig:
+        """The architecture of the weights (what published files and engines must match)."""
+
+    @property
+    @abstractmethod
+    def flat_params(self) -> torch.Tensor:
+        """All weights, one contiguous buffer at a fixed address (snapshots are read from it and
+        pulled into it)."""
+
+    @property
+    @abstractmethod
+    def flat_grads(self) -> torch.Tensor:
+        """All gradients, one contiguous buffer shaped like `flat_params`."""
+
+    @abstractmethod
+    def zero_grads(self) -> None: ...
+
+    @abstractmethod
+    def accumulate(self, step: MicroStep) -> StepResult:
+        """Forward and backward of one micro-step; gradients add into `flat_grads`."""
+
+    @abstractmethod
+    def optimizer_step(self) -> float:
+        """Clip the (already reduced) gradients, take one optimizer step, zero the gradients, bump
+        `version`; returns the gradient norm before clipping. Core only."""
+
+    @abstractmethod
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """name → parameter (views; copy before the next optimizer step if you keep them)."""
+
+    @abstractmethod
+    def load_weights(self, tensors: Mapping[str, torch.Tensor], version: int | None) -> None: ...
+
+    @abstractmethod
+    def save_checkpoint(self, directory: Path) -> Path:
+        """Write model + optimizer + version under `directory`; returns the checkpoint path."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: Path) -> None: ...
+
+    @abstractmethod
+    def digest(self) -> str:
+        """SHA-256 of the weight bytes (`flat_params`)."""

@@ -1,0 +1,122 @@
+"""The `torch` trainer backend: GyreLM (the embedded engine's model, same parameter names) trained on
+packed micro-steps with the GSPO-variant objective, AdamW on the core.
+
+Parameters and gradients live in flat buffers (`gyre.trainer.flat`), so the reduction of a step is
+one collective over `flat_grads` and a snapshot is one read of `flat_params`. `accumulate` runs
+`gyre.rl.step_loss.train_microstep` (one pass, or the chunked two-pass path for a micro-step over its
+budget); every target carries 1/(L_i·B·N), so the gradients of any split of a batch add up to the
+batch gradient. `optimizer_step` clips the summed gradient by its global norm, steps AdamW (constant
+lr), zeroes the gradients and bumps the version.
+
+    trainer = TorchTrainer.create(TrainerSpec(section, model_section, objective, with_optimizer=True))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from gyre.model.checkpoint import load_checkpoint
+from gyre.model.config import ModelConfig
+from gyre.model.transformer import GyreLM, build_model
+from gyre.rl.microstep import MicroStep
+from gyre.rl.step_loss import StepResult, train_microstep
+from gyre.trainer.backends.base import TrainerBackend, TrainerSpec
+from gyre.trainer.checkpoint import read_trainer_checkpoint, save_trainer_checkpoint
+from gyre.trainer.flat import FlatParameters
+from gyre.trainer.optimizer import build_adamw, clip_flat_grads
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class TorchTrainer(TrainerBackend):
+    name: ClassVar[str] = "torch"
+
+    def __init__(self, spec: TrainerSpec, model: GyreLM, version: int | None) -> None:
+        section = spec.section
+        self.spec = spec
+        self.device = torch.device(section.device)
+        self.model = model.to(device=self.device, dtype=_DTYPES[section.dtype]).train()
+        self.flat = FlatParameters(self.model)
+        self.optimizer = build_adamw(self.model.parameters(), section) if spec.with_optimizer else None
+        self.version = version
+
+    @classmethod
+    def create(cls, spec: TrainerSpec) -> TorchTrainer:
+        """The initial weights of the run: `model.checkpoint` if set, else the seeded init (version 0)."""
+        if spec.model_section.checkpoint is not None:
+            model, _ = load_checkpoint(spec.model_section.checkpoint)
+        else:
+            model = build_model(ModelConfig.from_section(spec.model_section), seed=spec.model_section.seed)
+        return cls(spec, model, version=0)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def flat_params(self) -> torch.Tensor:
+        return self.flat.params
+
+    @property
+    def flat_grads(self) -> torch.Tensor:
+        return self.flat.grads
+
+    def zero_grads(self) -> None:
+        self.flat.zero_grads()
+
+    def accumulate(self, step: MicroStep) -> StepResult:
+        return train_microstep(
+            step,
+            self.model,
+            objective=self.spec.objective,
+            chunk_tokens=self.spec.section.chunk_tokens,
+            device=self.device,
+        )
+
+    def optimizer_step(self) -> float:
+        if self.optimizer is None:
+            raise RuntimeError("this trainer has no optimizer: only the core takes optimizer steps")
+        if self.version is None:
+            raise RuntimeError("optimizer step on weights of unknown version")
+        norm = clip_flat_grads(self.flat.grads, self.spec.section.grad_clip)
+        self.optimizer.step()
+        self.flat.zero_grads()
+        self.flat.check_views()
+        self.version += 1
+        return norm
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        return self.flat.named_tensors()
+
+    def load_weights(self, tensors: Mapping[str, torch.Tensor], version: int | None) -> None:
+        self.flat.load_named(tensors)
+        self.version = version
+
+    def save_checkpoint(self, directory: Path) -> Path:
+        if self.version is None:
+            raise RuntimeError("cannot checkpoint weights of unknown version")
+        return save_trainer_checkpoint(
+            directory,
+            version=self.version,
+            config=self.config,
+            tensors=self.named_weights(),
+            optimizer=self.optimizer,
+            backend=self.name,
+            keep=self.spec.section.keep_checkpoints,
+        )
+
+    def load_checkpoint(self, path: Path) -> None:
+        config, tensors, optimizer_state, version = read_trainer_checkpoint(path)
+        if config != self.config:
+            raise ValueError(f"checkpoint {path} has architecture {config}; this trainer has {self.config}")
+        self.flat.load_named(tensors)
+        if self.optimizer is not None and optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+        self.version = version
+
+    def digest(self) -> str:
+        return self.flat.digest()

@@ -1,0 +1,362 @@
+"""CellAgent: one cell's role, rollout engine and training side, and the four operations the scheduler
+calls (the gRPC servicer is a thin translation of these).
+
+    agent = CellAgent(config, cell=k, redis=redis, emit=publish)
+    await agent.start()                                   # engine serving, role ROLLOUT
+    await agent.switch_role(Role.TRAINING)                # hand back in-flight calls, free engine memory
+    outcome = await agent.join_batch("b7", step=7, final_in_burst=True)
+    await agent.switch_role(Role.ROLLOUT, weight_version=8)
+
+Rollout → training: stop admitting, abort what is in flight (the proxy retries it elsewhere; the
+count is reported), release the engine's KV cache (and weights where configured). The trainer and the
+communication groups stay resident across switches. Training → rollout: take the memory back, load the
+newest published weights (the core's published file: `published/v<version>.safetensors` under the
+checkpoint root, named in Redis), admit again, report ready. A switch to rollout asking for version v
+waits until v is published.
+
+Weight publication (core): after the final step of a burst, and on an explicit PublishWeights, the
+core writes the published file and pushes the weights to every rollout engine (`update_weights_*`
+with the new weight version; engines flush their prefix cache), then emits WeightsPublished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+import torch
+from google.protobuf.message import Message
+
+from gyre.config import GyreConfig
+from gyre.engine import EngineClient
+from gyre.log import get_logger
+from gyre.model.checkpoint import load_checkpoint
+from gyre.model.config import ModelConfig
+from gyre.model.transformer import build_model
+from gyre.rl.loss import ObjectiveParams
+from gyre.store import Keys
+from gyre.trainer.checkpoint import published_path, write_published
+from gyre.v1 import common_pb2
+from gyre.v1 import events_pb2 as ev
+from services.cell_agent.engine_host import EngineHost, create_engine_host
+from services.cell_agent.errors import CellStateError
+from services.cell_agent.roles import Role, RoleMachine
+from services.cell_agent.step_runner import StepOutcome, StepRunner
+from services.cell_agent.trainer_state import EngineEntry, Published
+from services.cell_agent.training import TrainingSide
+
+log = get_logger("gyre.cell_agent")
+
+Emit = Callable[[Message, str], Awaitable[None]]
+
+ROLE_TO_PROTO: dict[str, common_pb2.CellRole.ValueType] = {
+    Role.ROLLOUT.value: common_pb2.CELL_ROLE_ROLLOUT,
+    Role.DRAINING.value: common_pb2.CELL_ROLE_DRAINING,
+    Role.TRAINING.value: common_pb2.CELL_ROLE_TRAINING,
+}
+"""Role → `gyre.v1.CellRole`."""
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchResult:
+    role: Role
+    duration_s: float
+    requests_handed_back: int
+    weight_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishTarget:
+    engine_id: str
+    url: str
+    cell: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    policy_version: int
+    duration_s: float
+    engine_ids: tuple[str, ...]
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class CellView:
+    cell: int
+    role: Role
+    engine_id: str
+    engine_url: str
+    policy_version: int | None
+    engine_weight_version: str
+    batch_id: str
+    microsteps_processed: int
+    weights_digest: str
+
+
+class CellAgent:
+    def __init__(
+        self,
+        config: GyreConfig,
+        *,
+        cell: int,
+        redis: aioredis.Redis,
+        emit: Emit,
+        engine: EngineHost | None = None,
+    ) -> None:
+        self.config = config
+        self.section = config.cell_agent
+        self.cell = cell
+        self.num_cells = config.scheduler.num_cells
+        if not 0 <= cell < self.num_cells:
+            raise ValueError(f"cell {cell} is outside 0..{self.num_cells - 1} (scheduler.num_cells)")
+        self.is_core = cell == 0
+        self.emit = emit
+        self.engine_id = f"cell-{cell}"
+        engine_section = self.section.engine
+        if cell < len(self.section.engine_ports):
+            engine_section = engine_section.model_copy(update={"port": self.section.engine_ports[cell]})
+        self.engine = engine or create_engine_host(engine_section, config.model)
+        self.checkpoint_root = Path(self.section.trainer.checkpoint_dir or config.run.path / "checkpoints")
+        self.training = TrainingSide(
+            cell=cell,
+            num_cells=self.num_cells,
+            section=self.section.trainer,
+            model_section=config.model,
+            objective=ObjectiveParams(**config.objective.model_dump()),
+            redis=redis,
+            keys=Keys(config.run.id),
+            checkpoint_root=self.checkpoint_root,
+            own_host=config.run.peer_host("cell_agent", cell),
+            core_host=config.run.peer_host("cell_agent", 0),
+            bind_host=config.run.host,
+        )
+        self.state = self.training.state
+        self.roles = RoleMachine(Role.ROLLOUT)
+        self.heartbeat_timeout_s = config.redis.heartbeat_timeout_s
+        self.batch_id = ""
+        self._switch_lock = asyncio.Lock()
+        self._batch_lock = asyncio.Lock()
+        self._publish_lock = asyncio.Lock()
+        self._published_event_version: int | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        torch.set_num_threads(self.section.engine.num_threads)
+        await self.engine.start()
+        await self.training.start()
+        published = await self.state.published()
+        if published is not None and await self.engine.weight_version() != str(published.version):
+            await self.engine.load_weights(Path(published.path), published.version)
+        await self._register_engine()
+        log.info("cell_agent_started", cell=self.cell, engine=self.engine.url, role=self.roles.role.value)
+
+    async def background(self) -> list[Coroutine[Any, Any, None]]:
+        """Coroutines the service supervises: joining the collectives, and (core) serving pulls."""
+        tasks: list[Coroutine[Any, Any, None]] = [self.training.connect()]
+        if self.is_core:
+            tasks.append(self.training.serve_pulls())
+        return tasks
+
+    async def stop(self) -> None:
+        if self.is_core:
+            await self.training.checkpoint()
+        await self.engine.stop()
+        await self.training.close()
+
+    # -- roles -----------------------------------------------------------------------------------------
+    async def switch_role(self, to_role: Role, weight_version: int = 0) -> SwitchResult:
+        async with self._switch_lock:
+            if self.roles.role is to_role:
+                return SwitchResult(to_role, 0.0, 0, self._as_version(await self.engine.weight_version()))
+            if self._batch_lock.locked():
+                raise CellStateError(f"cell {self.cell} is training on batch {self.batch_id!r}; switch after it")
+            transition = self.roles.begin(to_role)
+            seq = await self.state.next_transition(self.cell)
+            from_proto, to_proto = ROLE_TO_PROTO[transition.from_role.value], ROLE_TO_PROTO[to_role.value]
+            await self.emit(
+                ev.RoleTransitionBegun(cell=self.cell, from_role=from_proto, to_role=to_proto),
+                f"cell:{self.cell}:transition:{seq}:begun",
+            )
+            try:
+                if to_role is Role.TRAINING:
+                    handed_back = await self._to_training()
+                    version = 0
+                else:
+                    handed_back = 0
+                    version = await self._to_rollout(weight_version)
+            except BaseException:
+                self.roles.fail()
+                log.error("role_transition_failed", cell=self.cell, to_role=to_role.value)
+                raise
+            done = self.roles.complete()
+            duration = done.elapsed_s()
+            await self._register_engine()
+            await self.emit(
+                ev.RoleTransitionCompleted(
+                    cell=self.cell, from_role=from_proto, to_role=to_proto, duration_s=duration,
+                    requests_handed_back=handed_back, weight_version=version,
+                ),
+                f"cell:{self.cell}:transition:{seq}:completed",
+            )
+            log.info("role_switched", cell=self.cell, role=to_role.value, duration_s=round(duration, 4),
+                     requests_handed_back=handed_back, weight_version=version)
+            return SwitchResult(to_role, duration, handed_back, version)
+
+    async def _to_training(self) -> int:
+        handed_back = await self.engine.hand_back()
+        await self.engine.release(weights=self.section.release_engine_weights)
+        torch.set_num_threads(self.section.trainer.num_threads)
+        if self.is_core:
+            await self.training.expose_snapshot()
+        return handed_back
+
+    async def _to_rollout(self, weight_version: int) -> int:
+        published: Published | None
+        if weight_version > 0:
+            published = await self.state.wait_published(weight_version, self.section.engine_ready_timeout_s)
+        else:
+            published = await self.state.published()
+        await self.engine.resume()
+        serving = await self.engine.weight_version()
+        if published is not None and (self.engine.weights_released or serving != str(published.version)):
+            await self.engine.load_weights(Path(published.path), published.version)
+        elif self.engine.weights_released:
+            await self.engine.push_weights(await asyncio.to_thread(self._initial_weights), 0)
+        torch.set_num_threads(self.section.engine.num_threads)
+        await self.engine.reopen()
+        await self.engine.wait_ready(self.section.engine_ready_timeout_s)
+        return self._as_version(await self.engine.weight_version())
+
+    def _initial_weights(self) -> dict[str, torch.Tensor]:
+        model_section = self.config.model
+        if model_section.checkpoint is not None:
+            model, _ = load_checkpoint(model_section.checkpoint)
+        else:
+            model = build_model(ModelConfig.from_section(model_section), seed=model_section.seed)
+        return {name: p.detach() for name, p in model.named_parameters()}
+
+    async def _register_engine(self) -> None:
+        role = self.roles.role
+        await self.state.set_engine(
+            EngineEntry(self.cell, self.engine_id, self.engine.url, role.value, await self.engine.weight_version())
+        )
+
+    @staticmethod
+    def _as_version(text: str) -> int:
+        return int(text) if text.isdigit() else 0
+
+    # -- training ----------------------------------------------------------------------------------------
+    async def join_batch(self, batch_id: str, step: int, final_in_burst: bool) -> StepOutcome:
+        if not batch_id:
+            raise ValueError("batch_id must be set")
+        if self.roles.role is not Role.TRAINING:
+            raise CellStateError(f"cell {self.cell} is in {self.roles.role.value}; switch it to training first")
+        async with self._batch_lock:
+            self.batch_id = batch_id
+            try:
+                runner = StepRunner(self.training, self.emit, heartbeat_timeout_s=self.heartbeat_timeout_s)
+                outcome = await runner.run(batch_id, step, final_in_burst)
+            finally:
+                self.batch_id = ""
+            if self.is_core and outcome.participated:
+                await self._step_completed(outcome)
+        return outcome
+
+    async def _step_completed(self, outcome: StepOutcome) -> None:
+        metrics = outcome.metrics
+        assert metrics is not None and outcome.policy_version is not None
+        clip_fraction = metrics.num_clipped_executions / metrics.num_executions if metrics.num_executions else 0.0
+        await self.emit(
+            ev.StepCompleted(
+                batch_id=outcome.batch_id,
+                policy_version=outcome.policy_version,
+                cells=list(outcome.cells),
+                num_microsteps=outcome.step_microsteps,
+                loss=metrics.loss,
+                grad_norm=outcome.grad_norm or 0.0,
+                duration_s=outcome.duration_s,
+                num_targets=metrics.num_targets,
+                clip_fraction=clip_fraction,
+                final_in_burst=outcome.final_in_burst,
+            ),
+            f"step:{outcome.batch_id}:{outcome.policy_version}",
+        )
+        log.info("step_completed", batch=outcome.batch_id, policy_version=outcome.policy_version,
+                 cells=outcome.cells, loss=metrics.loss, grad_norm=outcome.grad_norm)
+        if outcome.final_in_burst:
+            await self.publish_weights(None)
+        every = self.section.trainer.checkpoint_every_steps
+        if every and outcome.policy_version % every == 0:
+            await self.training.checkpoint()
+
+    # -- publication -------------------------------------------------------------------------------------
+    async def publish_weights(self, targets: Sequence[PublishTarget] | None) -> PublishResult:
+        """Core: publish the current weights (file + Redis record) and push them to rollout engines
+        (`targets`, or every cell engine registered in the rollout role)."""
+        if not self.is_core:
+            raise CellStateError(f"cell {self.cell} is a satellite; only the core (cell 0) publishes weights")
+        async with self._publish_lock:
+            started = time.monotonic()
+            t = self.training
+            version = t.trainer.version
+            assert version is not None
+            path = published_path(self.checkpoint_root, version)
+
+            def freeze() -> dict[str, torch.Tensor]:
+                named = {name: w.detach().clone() for name, w in t.trainer.named_weights().items()}
+                if not path.exists():
+                    write_published(self.checkpoint_root, version=version, config=t.trainer.config, tensors=named)
+                return named
+
+            named = await t.compute.run(freeze)
+            await self.state.set_published(version, str(path))
+            if targets is None:
+                entries = await self.state.engines(self.num_cells)
+                targets = [PublishTarget(e.engine_id, e.url, e.cell) for e in entries if e.role == Role.ROLLOUT.value]
+            results = await asyncio.gather(*(self._push(target, named, version) for target in targets),
+                                           return_exceptions=True)
+            updated: list[str] = []
+            for target, result in zip(targets, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.error("weights_push_failed", engine=target.engine_id, url=target.url, error=repr(result))
+                else:
+                    updated.append(target.engine_id)
+            duration = time.monotonic() - started
+            if self._published_event_version != version:
+                await self.emit(
+                    ev.WeightsPublished(policy_version=version, engine_ids=updated, duration_s=duration,
+                                        checkpoint_path=str(path)),
+                    f"weights:{version}",
+                )
+                self._published_event_version = version
+            log.info("weights_published", policy_version=version, engines=updated, duration_s=round(duration, 4))
+            return PublishResult(version, duration, tuple(updated), str(path))
+
+    async def _push(self, target: PublishTarget, named: dict[str, torch.Tensor], version: int) -> None:
+        if target.cell == self.cell:
+            if self.roles.role is Role.ROLLOUT:
+                await self.engine.push_weights(named, version)
+            return
+        async with EngineClient(target.url, timeout_s=self.section.publish_timeout_s) as client:
+            await client.update_weights_from_tensor(named, weight_version=str(version))
+
+    # -- status --------------------------------------------------------------------------------------------
+    async def view(self) -> CellView:
+        t = self.training
+        digest = await t.compute.run(t.trainer.digest) if t.trainer.version is not None else ""
+        return CellView(
+            cell=self.cell,
+            role=self.roles.role,
+            engine_id=self.engine_id,
+            engine_url=self.engine.url,
+            policy_version=t.trainer.version,
+            engine_weight_version=await self.engine.weight_version(),
+            batch_id=self.batch_id,
+            microsteps_processed=t.microsteps_processed,
+            weights_digest=digest,
+        )

@@ -1,0 +1,239 @@
+"""The rollout engine a cell hosts, behind one interface for the role switches.
+
+    embedded   the embedded engine in this process (`services.cell_agent.engine.EngineServer`),
+               driven in-process: exact in-flight counts, weight updates without serialization
+    sglang     an SGLang server launched and supervised by the cell (`gyre.engine.SGLangLauncher`),
+               driven over its HTTP API with `gyre.engine.EngineClient`
+
+The engine process lives as long as the cell agent; a switch to training only stops admission,
+aborts what is in flight (the proxy retries it on another engine) and releases memory:
+
+    n = await host.hand_back()                   # requests handed back for reroute
+    await host.release(weights=False)            # KV cache (and weights where configured)
+    ...
+    await host.resume()                          # memory back
+    await host.load_weights(path, version=4)     # newest published weights
+    await host.reopen()                          # admit again
+
+To add a host: subclass `EngineHost`, set `name`, implement the methods, add it to `ENGINE_HOSTS`;
+`cell_agent.engine.backend` selects it. The HTTP path is tested against the embedded engine's HTTP API
+(the same SGLang-native API a real SGLang serves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from gyre.config.model import ModelSection
+from gyre.config.services import EngineSection
+from gyre.engine import EngineClient
+from gyre.engine.sglang_launcher import SGLangLauncher
+from services.cell_agent.engine import EngineServer
+
+
+class EngineHost(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, section: EngineSection, model_section: ModelSection) -> None:
+        self.section = section
+        self.model_section = model_section
+        self.weights_released = False
+
+    @property
+    @abstractmethod
+    def url(self) -> str: ...
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None: ...
+
+    @abstractmethod
+    async def hand_back(self) -> int:
+        """Stop admitting and abort every request in flight (running or queued); returns how many."""
+
+    @abstractmethod
+    async def release(self, *, weights: bool) -> None:
+        """Release the KV cache (and the weights if `weights`)."""
+
+    @abstractmethod
+    async def resume(self) -> None:
+        """Take back the memory released by `release`."""
+
+    @abstractmethod
+    async def load_weights(self, path: Path, version: int) -> None:
+        """Serve the weights of a published file as `version`; the prefix cache is flushed."""
+
+    @abstractmethod
+    async def push_weights(self, named: Mapping[str, torch.Tensor], version: int) -> None:
+        """Serve these weights as `version`; the prefix cache is flushed."""
+
+    @abstractmethod
+    async def reopen(self) -> None:
+        """Admit requests again."""
+
+    @abstractmethod
+    async def wait_ready(self, timeout_s: float) -> None: ...
+
+    @abstractmethod
+    async def weight_version(self) -> str: ...
+
+
+class EmbeddedEngineHost(EngineHost):
+    name: ClassVar[str] = "embedded"
+
+    def __init__(self, section: EngineSection, model_section: ModelSection) -> None:
+        super().__init__(section, model_section)
+        self.server = EngineServer(section, model_section=model_section)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def stop(self) -> None:
+        await self.server.stop()
+
+    async def hand_back(self) -> int:
+        core = self.server.core
+
+        def abort_all() -> int:
+            count = core.num_running + core.num_waiting
+            core.pause("abort")
+            return count
+
+        return await core.control(abort_all)
+
+    async def release(self, *, weights: bool) -> None:
+        await self.server.release_memory(["kv_cache", "weights"] if weights else ["kv_cache"])
+        self.weights_released = self.weights_released or weights
+
+    async def resume(self) -> None:
+        await self.server.resume_memory(["kv_cache", "weights"] if self.weights_released else ["kv_cache"])
+
+    async def load_weights(self, path: Path, version: int) -> None:
+        await self.server.update_weights_from_disk(path, weight_version=str(version))
+        self.weights_released = False
+
+    async def push_weights(self, named: Mapping[str, torch.Tensor], version: int) -> None:
+        await self.server.update_weights(named, weight_version=str(version))
+        self.weights_released = False
+
+    async def reopen(self) -> None:
+        core = self.server.core
+        await core.control(core.resume)
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self.server.healthy:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"the embedded engine at {self.url} is not ready after {timeout_s} s")
+            await asyncio.sleep(0.01)
+
+    async def weight_version(self) -> str:
+        return self.server.core.backend.weight_version
+
+
+class HttpEngineHost(EngineHost):
+    """Drives an engine that serves the SGLang-native HTTP API at `base_url` (started elsewhere)."""
+
+    name: ClassVar[str] = "http"
+
+    def __init__(self, section: EngineSection, model_section: ModelSection, base_url: str = "") -> None:
+        super().__init__(section, model_section)
+        self._base_url = base_url
+        self._client: EngineClient | None = None
+
+    @property
+    def url(self) -> str:
+        return self._base_url
+
+    @property
+    def client(self) -> EngineClient:
+        if self._client is None:
+            self._client = EngineClient(self.url, timeout_s=600.0)
+        return self._client
+
+    async def start(self) -> None:
+        await self.client.wait_healthy(timeout_s=60.0)
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def hand_back(self) -> int:
+        info = await self.client.get_server_info()
+        states: list[dict[str, Any]] = list(info.get("internal_states") or [{}])
+        count = sum(int(s.get("num_running_reqs", 0)) + int(s.get("num_waiting_reqs", 0)) for s in states)
+        await self.client.pause_generation("abort")
+        return count
+
+    async def release(self, *, weights: bool) -> None:
+        await self.client.release_memory_occupation(["kv_cache", "weights"] if weights else ["kv_cache"])
+        self.weights_released = self.weights_released or weights
+
+    async def resume(self) -> None:
+        await self.client.resume_memory_occupation(["kv_cache", "weights"] if self.weights_released else ["kv_cache"])
+
+    async def load_weights(self, path: Path, version: int) -> None:
+        await self.client.update_weights_from_disk(str(path), weight_version=str(version))
+        self.weights_released = False
+
+    async def push_weights(self, named: Mapping[str, torch.Tensor], version: int) -> None:
+        await self.client.update_weights_from_tensor(named, weight_version=str(version))
+        self.weights_released = False
+
+    async def reopen(self) -> None:
+        await self.client.continue_generation()
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        await self.client.wait_healthy(timeout_s=timeout_s, poll_s=0.05)
+
+    async def weight_version(self) -> str:
+        return await self.client.get_weight_version() or ""
+
+
+class SGLangEngineHost(HttpEngineHost):
+    """An SGLang server launched by the cell (GPU nodes), then driven like any HTTP engine."""
+
+    name: ClassVar[str] = "sglang"
+
+    def __init__(self, section: EngineSection, model_section: ModelSection) -> None:
+        super().__init__(section, model_section)
+        self.launcher = SGLangLauncher(section)
+        self._base_url = self.launcher.url
+
+    async def start(self) -> None:
+        await self.launcher.start()
+        await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self.launcher.stop()
+
+
+ENGINE_HOSTS: dict[str, type[EngineHost]] = {
+    EmbeddedEngineHost.name: EmbeddedEngineHost,
+    SGLangEngineHost.name: SGLangEngineHost,
+}
+
+
+def create_engine_host(section: EngineSection, model_section: ModelSection) -> EngineHost:
+    """The host of `section.backend` (`embedded` or `sglang`)."""
+    try:
+        cls = ENGINE_HOSTS[section.backend]
+    except KeyError:
+        raise ValueError(
+            f"cell_agent.engine.backend {section.backend!r} has no engine host; available: {', '.join(ENGINE_HOSTS)}"
+        ) from None
+    return cls(section, model_section)

@@ -1,0 +1,253 @@
+"""One cell's part in one optimizer step: join the window, claim micro-steps, reduce, (core) update.
+
+    result = await StepRunner(training, emit, heartbeat_timeout_s=10).run("b7", step=7, final_in_burst=False)
+
+Every cell of the step, core and satellites alike:
+
+1. the core opens the step record for `step` (it must hold version `step`); a satellite waits for it
+   and, holding other weights, pulls the core's snapshot of `step` first;
+2. registers while the window is open (otherwise it sits this step out);
+3. claims micro-steps from the batch's queue until the window closes: forward + backward per claim
+   (gradients add up in the flat buffer), `mark_done`, and when the queue is momentarily empty it
+   idles at that consistent point (the core tries to close the window there, everyone reclaims the
+   claims of dead cells) and resumes when data lands — one warmup and one drain per batch;
+4. the cells of the closed window reduce their gradients onto the core (SUM: every token already
+   carries 1/(L_i·B·N)) over the pre-built prefix group of that size;
+5. the core clips, steps, bumps the version and, after a non-final step, broadcasts the new weights
+   to the participants; everyone then acknowledges its claims and the core marks the step done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+
+from google.protobuf.message import Message
+
+from gyre.log import get_logger
+from gyre.rl.codec import decode_microstep
+from gyre.rl.loss import LossMetrics
+from gyre.v1 import events_pb2 as ev
+from services.cell_agent.errors import CellStateError
+from services.cell_agent.step_record import Registration, StepRecord, StepState, StepStatus, consumer_name
+from services.cell_agent.training import TrainingSide
+
+log = get_logger("gyre.cell_agent.step")
+
+Emit = Callable[[Message, str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    batch_id: str
+    step: int
+    participated: bool
+    """This cell's gradients went into the step."""
+    cells: tuple[int, ...]
+    """The cells of the reduction (empty when the window closed without this cell learning it)."""
+    microsteps: int
+    """Micro-steps this cell processed and kept (0 when it did not take part)."""
+    loss: float
+    """Loss of this cell's micro-steps."""
+    policy_version: int | None
+    """Policy version after the step."""
+    final_in_burst: bool
+    metrics: LossMetrics | None = None
+    """Core only: the merged metrics of every participant."""
+    grad_norm: float | None = None
+    """Core only: the summed gradient's norm before clipping."""
+    step_microsteps: int = 0
+    """Core only: micro-steps of the step over all its cells."""
+    duration_s: float = 0.0
+    """Core only: seconds from JoinBatch to the optimizer step's end."""
+
+
+def metrics_json(metrics: LossMetrics) -> str:
+    return json.dumps(asdict(metrics))
+
+
+def metrics_from_json(text: str) -> LossMetrics:
+    return LossMetrics(**json.loads(text))
+
+
+class StepRunner:
+    def __init__(self, training: TrainingSide, emit: Emit, *, heartbeat_timeout_s: float) -> None:
+        self.training = training
+        self.emit = emit
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.cell = training.cell
+        self.section = training.section
+
+    async def run(self, batch_id: str, step: int, final_in_burst: bool) -> StepOutcome:
+        t = self.training
+        started = time.monotonic()
+        await t.wait_connected(self.section.join_timeout_s)
+        record = StepRecord(t.redis, t.keys, batch_id, heartbeat_timeout_s=self.heartbeat_timeout_s)
+        if t.is_core:
+            if t.trainer.version != step:
+                raise CellStateError(
+                    f"batch {batch_id!r} trains step {step}; the core holds policy version {t.trainer.version}"
+                )
+            status = await record.open(step, final_in_burst)
+        else:
+            status = await record.wait_opened(self.section.join_timeout_s, self.section.poll_s)
+        if status.step != step:
+            raise CellStateError(f"batch {batch_id!r} was opened for step {status.step}, not {step}")
+        if status.state is StepState.DONE:
+            return self._outcome(record, status, participated=False)
+        if status.state is not StepState.OPEN:
+            return await self._sit_out(record, status)
+        if not t.is_core and t.trainer.version != step and not await t.pull_snapshot(step):
+            return await self._sit_out(record, await record.status(self.cell))
+        registration = await record.register(self.cell, step)
+        if registration is not Registration.REGISTERED:
+            log.info("step_not_joined", batch=batch_id, step=step, reason=registration.value)
+            return await self._sit_out(record, await record.status(self.cell))
+        await t.compute.run(t.trainer.zero_grads)
+        status, metrics, processed = await self._consume(record, step)
+        if status.evicted or self.cell not in status.cells:
+            await t.compute.run(t.trainer.zero_grads)
+            log.warning("step_left_out", batch=batch_id, step=step, evicted=status.evicted, cells=status.cells)
+            return await self._sit_out(record, status)
+        return await self._reduce_and_update(record, status, metrics, processed, started)
+
+    async def _sit_out(self, record: StepRecord, status: StepStatus) -> StepOutcome:
+        """Not in this step's reduction (joined too late, or left out): return at once, so the
+        scheduler learns it now; the cell pulls the next version when it joins the next batch."""
+        return self._outcome(record, status, participated=False)
+
+    def _outcome(
+        self, record: StepRecord, status: StepStatus, *, participated: bool, microsteps: int = 0, loss: float = 0.0
+    ) -> StepOutcome:
+        return StepOutcome(
+            batch_id=record.batch_id,
+            step=status.step if status.step is not None else -1,
+            participated=participated,
+            cells=status.cells,
+            microsteps=microsteps,
+            loss=loss,
+            policy_version=status.version,
+            final_in_burst=status.final_in_burst,
+        )
+
+    async def _heartbeat(self, record: StepRecord) -> None:
+        while True:
+            await record.heartbeat(self.cell)
+            await asyncio.sleep(self.section.heartbeat_interval_s)
+
+    async def _consume(self, record: StepRecord, step: int) -> tuple[StepStatus, LossMetrics, int]:
+        t = self.training
+        loop = asyncio.get_running_loop()
+        metrics = LossMetrics()
+        processed = 0
+        finished: set[str] = set()
+        last_reclaim = 0.0
+        heartbeat = asyncio.create_task(self._heartbeat(record), name=f"heartbeat-{record.batch_id}")
+        try:
+            while True:
+                if heartbeat.done():
+                    heartbeat.result()
+                claim = await record.queue.claim(consumer_name(self.cell))
+                if claim is not None and claim.item_id in finished:
+                    # Reclaimed from this cell while it lapsed and handed back to it: computing it
+                    # again would count it twice. Leave the step, unless the window already closed
+                    # (then this cell's gradient holds each of its items exactly once).
+                    if await record.evict_self(self.cell):
+                        log.warning("evicted_self", batch=record.batch_id, item=claim.item_id)
+                        status = await record.status(self.cell)
+                        return status, metrics, processed
+                    continue
+                if claim is not None:
+                    microstep = decode_microstep(claim.payload)
+                    if microstep.batch_id != record.batch_id or microstep.step != step:
+                        raise ValueError(
+                            f"micro-step {claim.item_id} of batch {microstep.batch_id!r} step {microstep.step} "
+                            f"found in the queue of batch {record.batch_id!r} step {step}"
+                        )
+                    await self.emit(
+                        ev.MicroStepClaimed(batch_id=record.batch_id, step=step, microstep_id=claim.item_id,
+                                            cell=self.cell),
+                        f"microstep:{record.batch_id}:{claim.item_id}:claimed:{self.cell}",
+                    )
+                    began = time.perf_counter()
+                    result = await t.compute.run(t.trainer.accumulate, microstep)
+                    duration = time.perf_counter() - began
+                    merged = metrics.merge(result.metrics)
+                    if not await record.mark_done(self.cell, claim.item_id, metrics_json(merged)):
+                        released = await record.release(self.cell)
+                        log.warning("evicted_from_step", batch=record.batch_id, released=released)
+                        status = await record.status(self.cell)
+                        return StepStatus(status.state, status.step, status.final_in_burst, status.cells,
+                                          status.version, evicted=True), metrics, processed
+                    metrics = merged
+                    processed += 1
+                    finished.add(claim.item_id)
+                    t.microsteps_processed += 1
+                    await self.emit(
+                        ev.MicroStepDone(batch_id=record.batch_id, step=step, microstep_id=claim.item_id,
+                                         cell=self.cell, duration_s=duration, num_tokens=microstep.num_tokens),
+                        f"microstep:{record.batch_id}:{claim.item_id}:done:{self.cell}",
+                    )
+                    continue
+                status = await (record.try_close() if t.is_core else record.status(self.cell))
+                if status.evicted:
+                    await record.release(self.cell)
+                    return status, metrics, processed
+                if status.state is StepState.CLOSING and self.cell in status.cells:
+                    await record.confirm(self.cell)
+                elif status.state is not StepState.OPEN:
+                    return status, metrics, processed
+                if loop.time() - last_reclaim >= self.section.heartbeat_interval_s:
+                    last_reclaim = loop.time()
+                    reclaimed = await record.queue.reclaim_dead()
+                    if reclaimed:
+                        log.warning("microsteps_reclaimed", batch=record.batch_id, items=reclaimed)
+                await asyncio.sleep(self.section.poll_s)
+        finally:
+            heartbeat.cancel()
+
+    async def _reduce_and_update(
+        self, record: StepRecord, status: StepStatus, metrics: LossMetrics, processed: int, started: float
+    ) -> StepOutcome:
+        t = self.training
+        cells = status.cells
+        n = len(cells)
+        if t.groups is not None and n > 1:
+            await t.compute.run(t.groups.reduce_to_core, t.trainer.flat_grads, n)
+        if not t.is_core:
+            await t.compute.run(t.trainer.zero_grads)
+            if not status.final_in_burst and t.groups is not None and n > 1:
+                await t.compute.run(t.groups.broadcast_from_core, t.trainer.flat_params, n)
+                t.trainer.version = (status.step or 0) + 1
+            await record.ack_all(self.cell)
+            done = await record.wait_done(self.section.collective_timeout_s, self.section.poll_s)
+            return self._outcome(record, done, participated=True, microsteps=processed, loss=metrics.loss)
+
+        merged = LossMetrics()
+        for text in (await record.metrics(cells)).values():
+            merged = merged.merge(metrics_from_json(text))
+        grad_norm = await t.optimizer_step()
+        if not status.final_in_burst and t.groups is not None and n > 1:
+            await t.compute.run(t.groups.broadcast_from_core, t.trainer.flat_params, n)
+        await record.ack_all(self.cell)
+        version = t.trainer.version
+        assert version is not None
+        await record.finish(version)
+        num_microsteps = await record.num_done(cells)
+        return StepOutcome(
+            batch_id=record.batch_id,
+            step=version - 1,
+            participated=True,
+            cells=cells,
+            microsteps=processed,
+            loss=metrics.loss,
+            policy_version=version,
+            final_in_burst=status.final_in_burst,
+            metrics=merged,
+            grad_norm=grad_norm,
+            step_microsteps=num_microsteps,
+            duration_s=time.monotonic() - started,
+        )

@@ -1,0 +1,279 @@
+"""A cell's training side: its trainer backend, its rank in the cells' torch.distributed world, the
+weight transport, and the core's authoritative snapshot.
+
+    training = TrainingSide(cell=k, ...)
+    await training.start()            # core: resume from the newest checkpoint, announce the version
+    await training.connect()          # join the world (K−1 prefix groups), open the weight transport
+    await training.pull_snapshot(7)   # satellite: the core's weights of version 7, or False if gone
+
+The core's snapshot is its live flat parameter buffer, exposed through the transport once the core
+first moves into training (as the paper's core does) and described in Redis under a sequence lock
+(`TrainerState`). Weights only change in `optimizer_step`, which makes the
+lock odd first, so a satellite that reads the same even lock value before and after its pull got one
+whole version — even while the core is computing, or taking its optimizer step meanwhile. The digest
+check then proves the bytes equal the core's. Driving a step (claims, reduction) is `StepRunner`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from gyre.config.model import ModelSection
+from gyre.config.services import TrainerSection
+from gyre.log import get_logger
+from gyre.rl.loss import ObjectiveParams
+from gyre.store import Keys
+from gyre.trainer.backends import TrainerBackend, TrainerSpec, create_trainer
+from gyre.trainer.checkpoint import latest_checkpoint
+from gyre.trainer.collectives import CellGroups, connect_store, host_store, set_socket_interface
+from gyre.weights.snapshot import SnapshotRecord
+from gyre.weights.transports import TransportOptions, WeightTransport, create_transport
+from services.cell_agent.compute import ComputeThread
+from services.cell_agent.errors import CellUnavailableError, SnapshotError
+from services.cell_agent.trainer_state import TrainerState
+
+log = get_logger("gyre.cell_agent.training")
+
+
+class TrainingSide:
+    def __init__(
+        self,
+        *,
+        cell: int,
+        num_cells: int,
+        section: TrainerSection,
+        model_section: ModelSection,
+        objective: ObjectiveParams,
+        redis: aioredis.Redis,
+        keys: Keys,
+        checkpoint_root: Path,
+        own_host: str,
+        core_host: str,
+        bind_host: str = "127.0.0.1",
+    ) -> None:
+        self.cell = cell
+        self.num_cells = num_cells
+        self.is_core = cell == 0
+        self.section = section
+        self.redis = redis
+        self.keys = keys
+        self.state = TrainerState(redis, keys)
+        self.checkpoint_root = checkpoint_root
+        self.own_host = own_host
+        self.core_host = core_host
+        self.bind_host = bind_host
+        self.exposed = False
+        self.trainer: TrainerBackend = create_trainer(
+            section.backend, TrainerSpec(section, model_section, objective, with_optimizer=self.is_core)
+        )
+        if not self.is_core:
+            self.trainer.version = None  # a satellite knows its weights only once it pulled them
+        self.compute = ComputeThread(f"trainer-{cell}")
+        self.groups: CellGroups | None = None
+        self.transport: WeightTransport | None = None
+        self.connected = asyncio.Event()
+        self.weights_lock = threading.Lock()
+        self.checkpointed_version: int | None = None
+        self.microsteps_processed = 0
+        self._store: object | None = None
+
+    # -- start-up ------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Core: load the newest checkpoint if there is one; announce the policy version."""
+        if not self.is_core:
+            return
+        latest = latest_checkpoint(self.checkpoint_root)
+        if latest is not None:
+            await self.compute.run(self.trainer.load_checkpoint, latest)
+            self.checkpointed_version = self.trainer.version
+            log.info("trainer_resumed", checkpoint=str(latest), policy_version=self.trainer.version)
+        assert self.trainer.version is not None
+        await self.state.set_version(self.trainer.version)
+
+    async def connect(self) -> None:
+        """Join the cells' world and open the weight transport (blocks until all K cells are up)."""
+        if self.num_cells > 1:
+            set_socket_interface(self.section.dist_socket_ifname)
+            store = await self._rendezvous()
+            self.groups = await self.compute.run(
+                CellGroups.initialize,
+                store,
+                cell=self.cell,
+                num_cells=self.num_cells,
+                backend=self.section.dist_backend,
+                timeout_s=self.section.collective_timeout_s,
+            )
+            log.info("collectives_ready", world_size=self.num_cells)
+        options = TransportOptions(
+            host=(self.section.mooncake_host or self.own_host) if self.is_core else self.own_host,
+            protocol=self.section.mooncake_protocol,
+            device=self.section.mooncake_device,
+            groups=self.groups,
+        )
+        if self.num_cells > 1:
+            self.transport = await self.compute.run(create_transport, self.section.weight_transport, options)
+        self.connected.set()
+        if self.is_core:
+            await self.publish_snapshot()
+
+    async def _rendezvous(self) -> object:
+        timeout_s = self.section.rendezvous_timeout_s
+        if self.is_core:
+            hosted = await asyncio.to_thread(
+                host_store, bind_host=self.bind_host, port=self.section.dist_port, world_size=self.num_cells,
+                timeout_s=timeout_s,
+            )
+            if self.section.dist_port == 0:
+                await self.state.set_rendezvous(self.core_host, hosted.port)
+            self._store = hosted
+            return hosted.store
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            found = (
+                (self.core_host, self.section.dist_port) if self.section.dist_port else await self.state.rendezvous()
+            )
+            if found is not None:
+                try:
+                    store = await asyncio.to_thread(
+                        connect_store, host=found[0], port=found[1], world_size=self.num_cells,
+                        timeout_s=min(5.0, timeout_s),
+                    )
+                    self._store = store
+                    return store
+                except (RuntimeError, TimeoutError) as e:  # a stale announcement or the core restarting
+                    log.warning("rendezvous_retry", host=found[0], port=found[1], error=str(e))
+            if loop.time() > deadline:
+                raise CellUnavailableError(f"the core did not open its rendezvous within {timeout_s} s")
+            await asyncio.sleep(0.2)
+
+    async def wait_connected(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self.connected.wait(), timeout=timeout_s)
+        except TimeoutError:
+            raise CellUnavailableError(
+                f"cell {self.cell} has not joined the other cells' collectives within {timeout_s} s"
+            ) from None
+
+    # -- the core's snapshot ---------------------------------------------------------------------------
+    async def publish_snapshot(self) -> None:
+        """Core: describe the current weights in Redis (ends a sequence-lock write section)."""
+        assert self.trainer.version is not None
+        digest = await self.compute.run(self.trainer.digest) if self.section.snapshot_digest else ""
+        endpoint = {} if self.transport is None or not self.exposed else await self.compute.run(
+            self.transport.expose, self.trainer.flat_params
+        )
+        flat = self.trainer.flat_params
+        record = SnapshotRecord(
+            version=self.trainer.version,
+            nbytes=flat.numel() * flat.element_size(),
+            dtype=str(flat.dtype).removeprefix("torch."),
+            digest=digest,
+            transport=self.section.weight_transport,
+            endpoint=endpoint,
+        )
+        await self.state.publish_snapshot(record)
+        await self.state.set_version(self.trainer.version)
+
+    async def expose_snapshot(self) -> None:
+        """Core, on its way into training: make its weights readable by satellites from now on. The
+        transport opens its listeners here, not at start-up (Mooncake listens on every interface)."""
+        assert self.is_core
+        if not self.exposed:
+            self.exposed = True
+            if self.connected.is_set():
+                await self.publish_snapshot()
+
+    async def optimizer_step(self) -> float:
+        """Core: clip, step, version + 1, under the snapshot's sequence lock; returns the grad norm."""
+        await self.state.begin_weights_change()
+
+        def step() -> float:
+            with self.weights_lock:
+                return self.trainer.optimizer_step()
+
+        norm = await self.compute.run(step)
+        await self.publish_snapshot()
+        return norm
+
+    async def serve_pulls(self) -> None:
+        """Core, `torch` transport: serve queued satellite pulls for as long as the cell runs."""
+        assert self.is_core
+        await self.connected.wait()
+        if self.transport is None or not self.transport.core_serves:
+            return
+        transport = self.transport
+        while True:
+            satellite = await self.state.next_pull()
+            if satellite is None:
+                await asyncio.sleep(self.section.poll_s)
+                continue
+
+            def serve(target: int = satellite) -> None:
+                with self.weights_lock:
+                    assert self.trainer.version is not None
+                    transport.serve(self.trainer.flat_params, self.trainer.version, target)
+
+            await asyncio.to_thread(serve)
+
+    async def pull_snapshot(self, version: int, *, timeout_s: float = 60.0) -> bool:
+        """Satellite: make this cell's weights the core's weights of `version`. False when the core has
+        already moved past `version` (the step is over for this cell)."""
+        assert not self.is_core and self.transport is not None
+        transport = self.transport
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if loop.time() > deadline:
+                raise CellUnavailableError(f"no consistent snapshot of version {version} within {timeout_s} s")
+            read = await self.state.read_snapshot()
+            if read is None or read.seq % 2 == 1:
+                await asyncio.sleep(self.section.poll_s)
+                continue
+            if read.record.version != version:
+                return False
+            if not transport.core_serves and not read.record.endpoint:
+                await asyncio.sleep(self.section.poll_s)  # the core has not exposed its weights yet
+                continue
+            if transport.core_serves:
+                await self.state.request_pull(self.cell)
+            got = await self.compute.run(
+                transport.pull, read.record.endpoint, self.trainer.flat_params, cell=self.cell
+            )
+            if got is not None and got != version:
+                return False
+            if got is None and await self.state.snapshot_seq() != read.seq:
+                continue  # the core changed its weights while we read: read again
+            if read.record.digest:
+                digest = await self.compute.run(self.trainer.digest)
+                if digest != read.record.digest:
+                    raise SnapshotError(
+                        f"snapshot of version {version} pulled with digest {digest[:12]}…, the core's is "
+                        f"{read.record.digest[:12]}…"
+                    )
+            self.trainer.version = version
+            log.info("snapshot_pulled", policy_version=version, transport=transport.name)
+            return True
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    async def checkpoint(self) -> Path | None:
+        """Core: write a checkpoint of the current version unless one exists."""
+        if not self.is_core or self.trainer.version is None or self.trainer.version == self.checkpointed_version:
+            return None
+        path = await self.compute.run(self.trainer.save_checkpoint, self.checkpoint_root)
+        self.checkpointed_version = self.trainer.version
+        log.info("checkpoint_written", path=str(path), policy_version=self.trainer.version)
+        return path
+
+    async def close(self) -> None:
+        if self.transport is not None:
+            await self.compute.run(self.transport.close)
+        if self.groups is not None:
+            await self.compute.run(self.groups.close)
+        if self.is_core and self.section.dist_port == 0:
+            await self.state.clear_rendezvous()
+        self.compute.close()

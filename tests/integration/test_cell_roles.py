@@ -1,0 +1,101 @@
+"""rollout → training → rollout on one cell agent process: requests in flight at the switch are
+handed back (each ends with an abort the proxy retries, none is lost), the cell trains one step, and
+afterwards its engine serves the newest published version, without stale prefix-cache entries."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+import torch
+
+from gyre.engine import EngineClient, GenerateResult
+from gyre.model.checkpoint import load_checkpoint
+from gyre.model.logprobs import token_logprobs
+from gyre.rl.loss import ObjectiveParams
+from gyre.stack.servers import ServerProcess
+from gyre.store import Keys, WorkQueue
+from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
+from gyre.trainer.synthetic import synthetic_microsteps
+from services.cell_agent.trainer_state import TrainerState
+from tests.support.cells import ROLLOUT, TRAINING, CellStack, enqueue
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The reference computations run in this process: one thread (see tests/unit/cell_agent/conftest.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+LONG = {"max_new_tokens": 400, "ignore_eos": True, "temperature": 1.0}
+
+
+async def _in_flight(client: EngineClient, n: int) -> None:
+    for _ in range(1000):
+        states = (await client.get_server_info())["internal_states"][0]
+        if states["num_running_reqs"] + states["num_waiting_reqs"] >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{n} requests never got in flight")
+
+
+async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
+    tmp_path: Path, nats_server: ServerProcess, redis_server: ServerProcess, redis: aioredis.Redis, keys: Keys,
+    run_id: str,
+) -> None:
+    with CellStack(tmp_path, nats_url=nats_server.url, redis_url=redis_server.url, run_id=run_id,
+                   num_cells=1) as cells:
+        config = cells.config
+        url = (await cells.status(0)).engine.url
+        prompt = list(range(60, 140))
+        async with EngineClient(url, timeout_s=120) as engine:
+            warm = await engine.generate(prompt, {"max_new_tokens": 1})
+            assert warm.weight_version == "0"
+            prompts = [[1, 2, 3, i] for i in range(4)]
+            calls = [asyncio.create_task(engine.generate(p, LONG, rid=f"r{i}")) for i, p in enumerate(prompts)]
+            await _in_flight(engine, len(calls))
+
+            switched = await cells.switch(0, TRAINING)
+            assert switched.role == TRAINING and switched.requests_handed_back == len(calls)
+            handed_back = await asyncio.gather(*calls)
+            for r in handed_back:
+                assert isinstance(r, GenerateResult) and r.finish_reason is not None and r.finish_reason.aborted
+
+            spec = TrainerSpec(config.cell_agent.trainer, config.model, ObjectiveParams(), with_optimizer=True)
+            reference = create_trainer("torch", spec)
+            assert isinstance(reference, TorchTrainer)
+            steps = synthetic_microsteps(reference.model, batch_id="b0", step=0, num_groups=2, group_size=2,
+                                         token_budget=256, max_row_tokens=100)
+            await enqueue(WorkQueue(redis, keys, "microsteps:b0"), steps, close=True)
+            joined = await cells.join(0, "b0", 0, True)
+            assert joined.policy_version == 1
+
+            back = await cells.switch(0, ROLLOUT, weight_version=1)
+            assert back.role == ROLLOUT and back.weight_version == 1
+            assert await engine.get_weight_version() == "1"
+
+            retried = await asyncio.gather(
+                *(engine.generate(p, {**LONG, "max_new_tokens": 8}, rid=f"r{i}-retry") for i, p in enumerate(prompts))
+            )
+            for r in retried:
+                assert r.weight_version == "1" and r.finish_reason is not None and not r.finish_reason.aborted
+
+            again = await engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0.0})
+            assert again.cached_tokens == 0, "no prefix-cache entry computed under version 0 is served"
+            published = await TrainerState(redis, keys).published()
+            assert published is not None and published.version == 1
+            model, _ = load_checkpoint(Path(published.path))
+            ids = torch.tensor([*prompt, *again.output_ids])
+            with torch.no_grad():
+                logits = model(ids, torch.arange(len(ids)), [0, len(ids)])
+            expected = token_logprobs(logits[len(prompt) - 1 : -1], torch.tensor(again.output_ids), 1.0)
+            assert float((torch.tensor(again.output_logprobs) - expected).abs().max()) < 1e-4, \
+                "the engine computes with the published weights"
+        await cells.close_channels()

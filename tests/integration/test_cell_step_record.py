@@ -1,0 +1,212 @@
+"""The join window and reduction handshake of a step, against a real Redis: who registers, when the
+window closes, and what happens to dead, lapsed and gapped participants."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from gyre.store import Keys, WorkQueue
+from services.cell_agent.step_record import Registration, StepRecord, StepState, consumer_name
+
+TIMEOUT_S = 0.5
+
+
+def _record(redis: aioredis.Redis, keys: Keys, batch: str = "b1") -> StepRecord:
+    return StepRecord(redis, keys, batch, heartbeat_timeout_s=TIMEOUT_S)
+
+
+async def _fill(record: StepRecord, n: int, *, close: bool = True) -> None:
+    for i in range(n):
+        await record.queue.put(f"m{i}", b"x")
+    if close:
+        await record.queue.close()
+
+
+async def _work(record: StepRecord, cell: int, count: int) -> list[str]:
+    """Claim and finish up to `count` items as `cell`."""
+    done = []
+    for _ in range(count):
+        claim = await record.queue.claim(consumer_name(cell))
+        if claim is None:
+            break
+        assert await record.mark_done(cell, claim.item_id, "{}")
+        done.append(claim.item_id)
+    return done
+
+
+def test_keys_follow_the_work_queue_layout(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    queue = WorkQueue(redis, keys, "microsteps:b1")
+    assert (record.pending_key, record.known_key, record.acked_key) == (queue._pending, queue._known, queue._acked)
+    assert (record.payloads_key, record.heartbeats_key, record.closed_key) == (
+        queue._payloads, queue._heartbeats, queue._closed)
+    assert record.processing_key(3) == queue._processing(consumer_name(3))
+
+
+async def test_registration_needs_an_open_window_and_the_right_step(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    assert await record.register(1, 4) is Registration.NOT_OPEN
+    status = await record.open(4, final_in_burst=True)
+    assert (status.state, status.step, status.final_in_burst) == (StepState.OPEN, 4, True)
+    assert (await record.open(9, final_in_burst=False)).step == 4, "opening twice changes nothing"
+    assert await record.register(1, 3) is Registration.WRONG_STEP
+    assert await record.register(0, 4) is Registration.REGISTERED
+    await _fill(record, 0)
+    assert (await record.try_close()).cells == (0,)
+    assert await record.register(1, 4) is Registration.CLOSED
+
+
+async def test_window_closes_once_every_claim_is_done(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=False)
+    for cell in (0, 1):
+        assert await record.register(cell, 0) is Registration.REGISTERED
+    await _fill(record, 4, close=False)
+    assert (await record.try_close()).reason == "stream_open"
+    await record.queue.close()
+    assert (await record.try_close()).reason == "pending"
+    await _work(record, 0, 2)
+    held = await record.queue.claim(consumer_name(1))
+    assert held is not None
+    await _work(record, 1, 1)
+    assert (await record.try_close()).reason == "computing", "cell 1 still computes its first claim"
+    assert await record.mark_done(1, held.item_id, "{}")
+    closing = await record.try_close()
+    assert (closing.state, closing.cells, closing.reason) == (StepState.CLOSING, (0, 1), "confirming")
+    assert await record.register(2, 0) is Registration.CLOSED, "no late joiner while the window closes"
+    assert not await record.confirm(2), "only candidates confirm"
+    assert await record.confirm(1)
+    closed = await record.try_close()
+    assert (closed.state, closed.cells) == (StepState.CLOSED, (0, 1))
+    assert not await record.mark_done(1, "m9", "{}"), "nothing is marked after the window closed"
+    assert await record.ack_all(0) == 2 and await record.ack_all(1) == 2
+    assert await record.queue.drained()
+    await record.finish(1)
+    status = await record.status(1)
+    assert (status.state, status.version, status.cells) == (StepState.DONE, 1, (0, 1))
+
+
+async def test_a_dead_participant_is_left_out_and_its_claims_redone(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=False)
+    await record.register(0, 0)
+    await record.register(1, 0)
+    await _fill(record, 3)
+    dead_done = await _work(record, 1, 2)  # cell 1 finishes two micro-steps, then dies
+    assert (await record.try_close()).reason == "pending"
+    await _work(record, 0, 1)
+    await asyncio.sleep(TIMEOUT_S + 0.2)
+    await record.heartbeat(0)
+    assert (await record.try_close()).reason == "stale", "its claims are not back in the queue yet"
+    assert sorted(await record.queue.reclaim_dead()) == sorted(dead_done)
+    redone = await _work(record, 0, 5)
+    assert sorted(redone) == sorted(dead_done), "finished-but-unreduced work of the dead cell is redone"
+    closed = await record.try_close()
+    assert closed.cells == (0,)
+
+
+async def test_a_candidate_that_dies_before_confirming_is_left_out(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=True)
+    for cell in (0, 1, 2):
+        await record.register(cell, 0)
+    await _fill(record, 3)
+    for cell in (0, 1, 2):
+        await _work(record, cell, 1)
+    assert (await record.try_close()).cells == (0, 1, 2)
+    assert await record.confirm(1)  # cell 2 died after its last micro-step: it never confirms
+    assert (await record.try_close()).reason == "confirming"
+    await asyncio.sleep(TIMEOUT_S + 0.2)
+    for cell in (0, 1):
+        await record.heartbeat(cell)
+    reopened = await record.try_close()
+    assert (reopened.state, reopened.reason) == (StepState.OPEN, "stale")
+    assert len(await record.queue.reclaim_dead()) == 1
+    await _work(record, 1, 5)
+    assert (await record.try_close()).cells == (0, 1)
+    assert await record.confirm(1)
+    assert (await record.try_close()).state is StepState.CLOSED
+
+
+async def test_a_lapsed_cell_whose_work_was_reclaimed_is_evicted(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=False)
+    await record.register(0, 0)
+    await record.register(1, 0)
+    await _fill(record, 3)
+    lapsed = await _work(record, 1, 1)
+    await asyncio.sleep(TIMEOUT_S + 0.2)
+    await record.heartbeat(0)
+    assert await record.queue.reclaim_dead() == lapsed
+    await _work(record, 0, 2)  # takes the reclaimed item and one more
+    await record.heartbeat(1)  # it wakes up: alive again, but its gradient holds reclaimed work
+    late = await record.queue.claim(consumer_name(1))
+    assert late is not None
+    assert (await record.try_close()).reason == "evicted"
+    assert (await record.status(1)).evicted
+    assert not await record.mark_done(1, late.item_id, "{}")
+    assert await record.register(1, 0) is Registration.EVICTED
+    await _work(record, 0, 5)
+    assert (await record.try_close()).cells == (0,)
+
+
+async def test_finishing_an_item_twice_evicts(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=False)
+    for cell in (0, 1):
+        await record.register(cell, 0)
+    await _fill(record, 2)
+    first = await _work(record, 1, 1)
+    await asyncio.sleep(TIMEOUT_S + 0.2)
+    await record.heartbeat(0)
+    assert await record.queue.reclaim_dead() == first
+    again = await record.queue.claim(consumer_name(1))  # its own item comes back to it
+    assert again is not None and again.item_id == first[0]
+    assert not await record.mark_done(1, again.item_id, "{}")
+    assert (await record.status(1)).evicted
+
+
+async def test_evict_self_only_while_open(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=False)
+    await record.register(0, 0)
+    await record.register(1, 0)
+    await _fill(record, 2)
+    await _work(record, 1, 1)
+    assert await record.evict_self(1)
+    assert await record.queue.pending() == 1 + 1, "its claim went back to the queue"
+    await _work(record, 0, 5)
+    assert (await record.try_close()).cells == (0,)
+    assert not await record.evict_self(0)
+
+
+async def test_a_live_cell_above_a_dead_one_is_evicted(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=True)
+    for cell in (0, 1, 2):
+        await record.register(cell, 0)
+    await _fill(record, 2)
+    await _work(record, 2, 2)
+    await asyncio.sleep(TIMEOUT_S + 0.2)  # cell 1 never heartbeats again
+    await record.heartbeat(0)
+    await record.heartbeat(2)
+    await record.queue.reclaim_dead()
+    assert (await record.try_close()).reason == "evicted", "the reduction group must be a prefix {0..m-1}"
+    assert (await record.status(2)).evicted
+    assert await record.queue.pending() == 2, "cell 2's finished micro-steps are back in the queue"
+    await _work(record, 0, 5)
+    assert (await record.try_close()).cells == (0,)
+
+
+async def test_mark_done_needs_ownership(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=False)
+    await record.register(0, 0)
+    await _fill(record, 1)
+    claim = await record.queue.claim(consumer_name(0))
+    assert claim is not None
+    assert not await record.mark_done(1, claim.item_id, "{}")
+    assert await record.release(0) == 1
+    assert not await record.mark_done(0, claim.item_id, "{}")

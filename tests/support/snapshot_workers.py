@@ -1,0 +1,78 @@
+"""Process bodies of the snapshot-consistency test: a core that keeps stepping its optimizer, and a
+satellite that keeps pulling its snapshot through Mooncake meanwhile (spawned, one cell each)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gyre.config.model import ModelSection
+from gyre.config.services import TrainerSection
+from gyre.rl.loss import ObjectiveParams
+from gyre.store import Keys, connect_redis
+from services.cell_agent.errors import SnapshotError
+from services.cell_agent.training import TrainingSide
+
+MODEL = ModelSection(num_layers=4, d_model=256, num_heads=4, ffn_hidden=768, max_seq_len=128, seed=1)
+
+
+async def _side(cell: int, redis_url: str, run_id: str, root: Path) -> TrainingSide:
+    section = TrainerSection(poll_s=0.001, rendezvous_timeout_s=60, lr=1e-3)
+    side = TrainingSide(
+        cell=cell, num_cells=2, section=section, model_section=MODEL, objective=ObjectiveParams(),
+        redis=await connect_redis(redis_url), keys=Keys(run_id), checkpoint_root=root,
+        own_host="127.0.0.1", core_host="127.0.0.1",
+    )
+    await side.start()
+    await side.connect()
+    if side.is_core:
+        await side.expose_snapshot()
+    return side
+
+
+def core_worker(redis_url: str, run_id: str, root: str, versions: Queue[Any], stop: Event) -> None:
+    async def main() -> None:
+        torch.set_num_threads(1)
+        side = await _side(0, redis_url, run_id, Path(root))
+        generator = torch.Generator().manual_seed(0)
+        versions.put((side.trainer.version, side.trainer.digest()))
+        while not stop.is_set():
+            side.trainer.flat_grads.copy_(torch.randn(side.trainer.flat_grads.shape, generator=generator))
+            await side.optimizer_step()
+            versions.put((side.trainer.version, side.trainer.digest()))
+        await side.close()
+
+    asyncio.run(main())
+
+
+def satellite_worker(redis_url: str, run_id: str, root: str, pulls: Queue[Any], stop: Event, count: int) -> None:
+    async def main() -> None:
+        torch.set_num_threads(1)
+        side = await _side(1, redis_url, run_id, Path(root))
+        got, stale, deadline = 0, 0, time.monotonic() + 60
+        while got < count and time.monotonic() < deadline:
+            read = await side.state.read_snapshot()
+            if read is None:  # the core announces its first snapshot right after the world forms
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                ok = await side.pull_snapshot(read.record.version)
+            except SnapshotError as e:
+                pulls.put(("torn", str(e)))
+                break
+            if ok:
+                got += 1
+                pulls.put(("pulled", side.trainer.version, side.trainer.digest()))
+            else:
+                stale += 1
+        pulls.put(("done", got, stale))
+        stop.set()
+        await side.close()
+
+    asyncio.run(main())

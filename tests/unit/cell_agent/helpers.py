@@ -1,0 +1,30 @@
+"""Shared pieces of the cell agent unit tests: a small trainer spec and synthetic batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gyre.config.model import ModelSection
+from gyre.config.services import TrainerSection
+from gyre.rl.loss import ObjectiveParams
+from gyre.rl.microstep import MicroStep
+from gyre.trainer.backends import TrainerSpec, create_trainer
+from gyre.trainer.backends.base import TrainerBackend
+from gyre.trainer.synthetic import synthetic_microsteps
+
+SMALL = ModelSection(num_layers=2, d_model=32, num_heads=2, ffn_hidden=64, max_seq_len=256, seed=5)
+
+
+def spec(*, with_optimizer: bool = True, **trainer: Any) -> TrainerSpec:
+    return TrainerSpec(TrainerSection(**trainer), SMALL, ObjectiveParams(), with_optimizer=with_optimizer)
+
+
+def trainer(name: str = "torch", *, with_optimizer: bool = True, **section: Any) -> TrainerBackend:
+    return create_trainer(name, spec(with_optimizer=with_optimizer, **section))
+
+
+def batch(t: Any, *, seed: int = 0, step: int = 0, num_groups: int = 3, token_budget: int = 200) -> list[MicroStep]:
+    return synthetic_microsteps(
+        t.model, batch_id=f"b{seed}", step=step, num_groups=num_groups, group_size=3, token_budget=token_budget,
+        max_row_tokens=90, seed=seed,
+    )

@@ -1,0 +1,52 @@
+"""Every registered trainer backend honours the contract the cell agent relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gyre.model.config import ModelConfig
+from gyre.model.transformer import GyreLM
+from gyre.trainer.backends import TRAINER_BACKENDS, create_trainer
+from tests.unit.cell_agent.helpers import batch, spec, trainer
+
+
+@pytest.mark.parametrize("name", sorted(TRAINER_BACKENDS))
+def test_backend_contract(name: str, tmp_path: Path) -> None:
+    t = trainer(name)
+    assert t.version == 0
+    params, grads = t.flat_params, t.flat_grads
+    assert params.is_contiguous() and grads.shape == params.shape
+    names = {n for n, _ in GyreLM(ModelConfig(num_layers=2, d_model=32, num_heads=2, ffn_hidden=64)).named_parameters()}
+    assert set(t.named_weights()) == names, "parameter names are the embedded model's"
+    before = t.digest()
+    steps = batch(t)
+    for s in steps:
+        t.accumulate(s)
+    assert t.digest() == before, "weights are frozen while gradients accumulate"
+    assert float(grads.abs().sum()) > 0
+    address = params.data_ptr()
+    t.optimizer_step()
+    assert t.version == 1 and t.digest() != before
+    assert t.flat_params.data_ptr() == address, "the snapshot buffer never moves"
+    assert float(t.flat_grads.abs().sum()) == 0
+    t.zero_grads()
+    other = create_trainer(name, spec())
+    other.load_weights({n: w.clone() for n, w in t.named_weights().items()}, version=1)
+    assert other.digest() == t.digest() and other.version == 1
+    path = t.save_checkpoint(tmp_path)
+    restored = create_trainer(name, spec())
+    restored.load_checkpoint(path)
+    assert restored.digest() == t.digest() and restored.version == 1
+
+
+def test_unknown_backend_names_the_registered_ones() -> None:
+    with pytest.raises(ValueError, match="available: torch"):
+        create_trainer("megatron", spec())
+
+
+def test_float64_backend() -> None:
+    t = trainer(dtype="float64")
+    assert t.flat_params.dtype == torch.float64
