@@ -87,6 +87,8 @@ class ActionExecutor:
         self.facts = facts
         self._pool_capacity = separate_pool_capacity
         self._tick_handles: list[asyncio.TimerHandle] = []
+        self._joins: dict[int, asyncio.Task[None]] = {}
+        """The JoinBatch call in flight per cell: a cell leaves training only after it returned."""
 
     @property
     def driver(self) -> Driver:
@@ -126,6 +128,8 @@ class ActionExecutor:
         return [_dispatched(g, a.group_size, a.policy_version) for g in group_ids]
 
     async def _start(self, a: StartExecutions) -> list[MakeEvent]:
+        if self.facts.stopping:  # the run is over: queued executions stay unstarted (reported cancelled)
+            return []
         await self._dispatcher.start(engine_id(a.engine), a.count)
         return []
 
@@ -150,6 +154,9 @@ class ActionExecutor:
             log.info("cell_training", cell=cell, calls_rerouted=drain.calls_rerouted,
                      kv_migrated_tokens=drain.kv_migrated_tokens, duration_s=resp.duration_s)
         else:
+            join = self._joins.get(cell)
+            if join is not None:
+                await asyncio.gather(join, return_exceptions=True)
             version = self.driver.policy.state.version
             resp = await stub.SwitchRole(
                 cell_agent_pb2.SwitchRoleRequest(role=common_pb2.CELL_ROLE_ROLLOUT, weight_version=version),
@@ -194,7 +201,7 @@ class ActionExecutor:
         if cell in batch.joined:
             return
         batch.joined.add(cell)
-        self._supervisor.spawn(self._join_batch(cell, batch), f"join-{cell}-{batch.step}")
+        self._joins[cell] = self._supervisor.spawn(self._join_batch(cell, batch), f"join-{cell}-{batch.step}")
 
     async def _join_batch(self, cell: int, batch: BatchInfo) -> None:
         request = cell_agent_pb2.JoinBatchRequest(

@@ -98,7 +98,9 @@ class SchedulerService(GyreService):
         await self.peers.proxy.UpdateRoutes(
             proxy_pb2.UpdateRoutesRequest(engines=self.peers.engines, default_engine_id=engine_id(0)), timeout=30
         )
-        await self.bus.consume("scheduler", list(CONSUMED), self._on_event, max_ack_pending=1024)
+        await self.bus.consume(
+            "scheduler", list(CONSUMED), self._on_event, max_ack_pending=1024, ack_wait_s=120.0, batch=4
+        )
         if not self.resumed:
             await self.driver.handle(lambda now: RunStarted(now))
         self.supervisor.spawn(self._ticker(), "ticker")
