@@ -86,6 +86,12 @@ class DemoRun:
             time.sleep(0.5)
         raise StackError(f"executions still running {self.drain_timeout_s:.0f} s after shutdown")
 
+    def _save_events(self, events: list[Any]) -> None:
+        """Every event of the run as JSON lines (`events.jsonl`), for inspection and tests."""
+        with open(self.run_dir / "events.jsonl", "w") as f:
+            for r in events:
+                f.write(_event_line(r) + "\n")
+
     @staticmethod
     def _check_alive(stack: StackState) -> None:
         dead = [p.name for p in stack.processes if not pid_alive(p.pid)]
@@ -101,6 +107,7 @@ class DemoRun:
             harness_errors_during_transitions=stats.errors_during_transitions, wall_s=wall_s,
             extra={"run_id": self.config.run.id, "run_dir": str(self.run_dir)},
         )
+        self._save_events(events)
         summary = summarize(events, facts)
         from sim.timeline import plot_timeline
 
@@ -109,6 +116,13 @@ class DemoRun:
         summary["reward_staleness_png"] = str(plot_reward_staleness(summary, self.run_dir / "reward_staleness.png"))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+def _event_line(r: Any) -> str:
+    from google.protobuf import json_format
+
+    return json.dumps({"subject": r.subject, "time_s": r.time_s, "type": r.event.DESCRIPTOR.full_name,
+                       "event": json_format.MessageToDict(r.event)})
 
 
 def role_names(st: scheduler_pb2.SchedulerState) -> str:

@@ -16,6 +16,7 @@ from gyre.ids import batch_id as make_batch_id
 from gyre.ids import microstep_queue
 from gyre.service import GyreService
 from gyre.store import WorkQueue
+from gyre.v1 import events_pb2 as ev
 from gyre.v1 import packer_pb2, packer_pb2_grpc
 from services.packer.batch import BatchProgress, fill_batch
 from services.packer.sources import GroupSource, TreeSource
@@ -32,13 +33,16 @@ class PackerService(GyreService):
         self.trees = TreeSource(self.redis, self.keys)
         packer_pb2_grpc.add_PackerServicer_to_server(_Servicer(self), self.server)
 
-    def open_batch(self, step: int, num_groups: int, policy_version: int) -> BatchProgress:
+    async def open_batch(self, step: int, num_groups: int, policy_version: int) -> BatchProgress:
         batch_id = make_batch_id(self.config.run.id, step)
         if batch_id in self.batches:  # a retried OpenBatch
             return self.batches[batch_id]
         cfg, sched = self.config.packer, self.config.scheduler
         progress = BatchProgress(batch_id, step, num_groups, policy_version)
         self.batches[batch_id] = progress
+        await self.bus.publish(
+            ev.BatchOpened(batch_id=batch_id, step=step, num_groups=num_groups), event_id=f"batch.opened:{batch_id}"
+        )
         queue = WorkQueue(self.redis, self.keys, microstep_queue(batch_id), self.config.redis.heartbeat_timeout_s)
         self.supervisor.spawn(
             fill_batch(
@@ -60,7 +64,7 @@ class _Servicer(packer_pb2_grpc.PackerServicer):
                         ) -> packer_pb2.OpenBatchResponse:
         if request.num_groups < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_groups must be at least 1")
-        progress = self.s.open_batch(request.step, request.num_groups, request.policy_version)
+        progress = await self.s.open_batch(request.step, request.num_groups, request.policy_version)
         return packer_pb2.OpenBatchResponse(batch_id=progress.batch_id)
 
     async def GetBatch(self, request: packer_pb2.GetBatchRequest, context: grpc.aio.ServicerContext

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -88,7 +89,10 @@ class DemoHarness(HarnessCommand):
     def argv(self, launch: Launch) -> list[str]:
         task = launch.task
         tools = ["--tools", ",".join(task.tools)] if task.tools else []
-        return [sys.executable, "-m", "harness", "--task", task.task_id, "--prompt", task.prompt, *tools]
+        # A seed per execution: tool-latency sleeps and retry jitter differ between the members of a group.
+        seed = str(zlib.crc32(launch.execution_id.encode()))
+        return [sys.executable, "-m", "harness", "--task", task.task_id, "--prompt", task.prompt, *tools,
+                "--seed", seed]
 
     def env(self, launch: Launch) -> dict[str, str]:
         return {**super().env(launch), "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1",

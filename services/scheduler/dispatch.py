@@ -35,7 +35,7 @@ class QuerySource:
                 suite = self.registry.suites.get(entry)
                 if suite is None:
                     raise ValueError(f"scheduler.tasks: unknown suite {entry!r}; have {sorted(self.registry.suites)}")
-                ids += [f"{entry}/{name}" for name in suite.task_ids()]
+                ids += suite.task_ids()
         if not ids:
             raise ValueError("scheduler.tasks selects no task")
         self._ids = ids

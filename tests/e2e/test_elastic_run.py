@@ -1,0 +1,77 @@
+"""The whole system for 2 optimizer steps in elastic mode: NATS, Redis, the six services, K = 3
+cell agents, the demo harness in sandboxes, real model calls through the proxy.
+
+The run is shaped so that elasticity is exercised: groups become ready at different times (seeded
+heavy-tailed tool sleeps), the core joins training while executions are live, and a satellite joins
+a batch the core is already in. Asserted from the run's stored events.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gyre.cli.demo import demo_config
+from gyre.demo.run import DemoRun
+
+pytestmark = pytest.mark.slow
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_two_elastic_steps_with_a_satellite_joining_mid_batch(tmp_path: Path) -> None:
+    config = demo_config(None, {
+        "run": {"id": "e2e", "dir": str(tmp_path / "runs")},
+        "scheduler": {
+            "num_cells": 3, "group_size": 2, "batch_groups": 3, "phi": 1 / 3, "mu": 2, "rho_min": 1 / 3,
+            "tau_s": 0.2, "cell_capacity": 10, "tasks": ["add"],
+        },
+        "runner": {"harness_args": ["--tool-latency-s", "2", "--tool-latency-max-s", "10"]},
+    })
+    summary = DemoRun(config, steps=2).execute()
+    events = _events(config.run.path)
+
+    assert summary["steps"] == 2
+    ex = summary["executions"]
+    assert ex["dispatched"] == sum(v for k, v in ex.items() if k != "dispatched")
+    assert ex["trained"] >= 2 * 3 * 2 - ex["excluded"] - ex["placeholder"]
+    assert summary["harness_errors_during_transitions"] == 0
+    terminated = [e["event"] for e in events if e["type"] == "gyre.v1.ExecutionTerminated"]
+    assert terminated and all(t.get("reason") in ("TERMINATION_REASON_COMPLETED", "TERMINATION_REASON_CANCELLED")
+                              for t in terminated)
+
+    # A role switch while executions were live: some harness was running when the core began to drain.
+    running, live_switches = 0, 0
+    for e in events:
+        if e["type"] == "gyre.v1.ExecutionStarted":
+            running += 1
+        elif e["type"] == "gyre.v1.ExecutionTerminated":
+            running -= 1
+        elif e["type"] == "gyre.v1.RoleTransitionBegun" and e["event"].get("toRole") == "CELL_ROLE_TRAINING":
+            live_switches += running > 0
+    assert live_switches >= 1
+
+    # A satellite joined a batch mid-way: its switch to training completed after the batch had
+    # started packing, and it took part in that batch's step.
+    first_packed: dict[str, float] = {}
+    for e in events:
+        if e["type"] == "gyre.v1.GroupPacked":
+            first_packed.setdefault(e["event"]["batchId"], e["time_s"])
+    steps = {e["event"]["batchId"]: e for e in events if e["type"] == "gyre.v1.StepCompleted"}
+    joined = [
+        e for e in events
+        if e["type"] == "gyre.v1.RoleTransitionCompleted" and e["event"].get("cell", 0) > 0
+        and e["event"].get("toRole") == "CELL_ROLE_TRAINING"
+    ]
+    mid_batch = [
+        (j["event"]["cell"], batch) for j in joined for batch, step in steps.items()
+        if first_packed.get(batch, float("inf")) < j["time_s"] < step["time_s"]
+        and j["event"]["cell"] in step["event"].get("cells", [])
+    ]
+    assert mid_batch, f"no satellite joined a batch in flight; joins at {[j['time_s'] for j in joined]}"
+    assert summary["transitions"]["count"] >= 2
