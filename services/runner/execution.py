@@ -122,6 +122,8 @@ class ExecutionController:
         self.running: dict[str, RunningExecution] = {}
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.started_total = 0
+        self.accepting = True
+        """False after `close()`: start requests then terminate as CANCELLED without starting."""
 
     # -- start ---------------------------------------------------------------------------------
     async def start(self, request: ev.ExecutionStartRequested) -> bool:
@@ -133,7 +135,13 @@ class ExecutionController:
             log.error("start_request_without_execution_id", task=request.task_id)
             return False
         if not await self.ownership.claim(eid):
-            log.info("start_request_skipped", holder=await self.ownership.holder(eid))
+            holder = await self.ownership.holder(eid)
+            interrupted = next((o for o in await self.ownership.owned() if o.execution_id == eid), None)
+            if holder == self.runner_id and interrupted is not None and eid not in self.running:
+                # A redelivery of a start this runner began and failed part-way: report it, never drop it.
+                await self._fail_before_start(interrupted, "the start was interrupted and its request redelivered")
+                return False
+            log.info("start_request_skipped", holder=holder)
             return False
         now_ms = int(time.time() * 1000)
         task: Task | None = None
@@ -150,6 +158,11 @@ class ExecutionController:
             budget_deadline_ms=now_ms + int(1000 * budget_s), workspace=str(self.workspace_root / eid),
         )
         await self.ownership.record(owned)
+        if not self.accepting:
+            log.info("execution_cancelled_before_start")
+            await self._report(owned, cm.TERMINATION_REASON_CANCELLED, 0, cm.WorkspaceRef(), 0.0,
+                               "not started: the runner stopped taking executions (the run is ending)")
+            return False
         if task is None:
             await self._fail_before_start(owned, error)
             return False
@@ -313,6 +326,10 @@ class ExecutionController:
             await self._finish(owned, handle, outcome, reason, note="runner lost the process while it was down")
             counts["terminated"] += 1
         return counts
+
+    def close(self) -> None:
+        """Take no more executions: later start requests terminate as CANCELLED without starting."""
+        self.accepting = False
 
     def cancel(self, execution_id: str | None) -> int:
         """Stop one running execution (or all with None); each terminates as CANCELLED."""
