@@ -184,7 +184,13 @@ class Router:
             raise UnknownEngineError(", ".join(unknown))
         order = [d for d in named if self.engines[d].serving] or self.destination_order(exclude=engine_id)
         if not order:
-            raise NoDestinationError(f"no serving engine to move {engine_id}'s calls to")
+            if self.in_flight.get(engine_id):
+                raise NoDestinationError(f"no serving engine to move {engine_id}'s calls to")
+            # The last serving engine leaves with nothing in flight (every execution has finished):
+            # nothing to move; later calls find no engine until one serves again.
+            source.serving = False
+            log.info("engine_drained", engine=engine_id, destinations=[], executions_moved=0, calls_rerouted=0)
+            return DrainResult(destinations=[])
         self.num_drains_active += 1
         try:
             source.serving = False

@@ -74,8 +74,14 @@ async def test_drain_refuses_unknown_engines_and_a_drain_with_nowhere_to_go() ->
     with pytest.raises(UnknownEngineError):
         await r.drain("cell-0", ["cell-9"], migrate_kv=False)
     await r.drain("cell-1", [], migrate_kv=False)
+    r.in_flight["cell-0"].add(object())  # type: ignore[arg-type]
     with pytest.raises(NoDestinationError):
         await r.drain("cell-0", [], migrate_kv=False)
+    assert r.engines["cell-0"].serving
+    r.in_flight["cell-0"].clear()
+    # The last serving engine may leave once nothing is in flight: there is nothing to move.
+    assert (await r.drain("cell-0", [], migrate_kv=False)).destinations == []
+    assert not r.engines["cell-0"].serving
     await r.aclose()
 
 
