@@ -72,3 +72,33 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             ports = f"grpc {r['grpc_port']}" if r["grpc_port"] else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())  # type: ignore[union-attr]
             typer.echo(f"{r['name']:<14} pid {r['pid']:<8} {r['health']:<12} {ports}")
+        scheduler = next((r for r in rows if r["name"] == "scheduler" and r["health"] == "SERVING"), None)
+        if scheduler is not None:
+            typer.echo(_run_state(int(scheduler["grpc_port"])))  # type: ignore[call-overload]
+
+
+def _run_state(port: int) -> str:
+    """The scheduler's view: roles, waterlevel, ledger, counters, version, staleness."""
+    import grpc
+
+    from gyre.stack.servers import LOOPBACK
+    from gyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+    with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
+        try:
+            st = scheduler_pb2_grpc.SchedulerStub(channel).GetState(scheduler_pb2.GetStateRequest(), timeout=5)
+        except grpc.RpcError as e:
+            return f"scheduler state unavailable: {e.code().name}"
+    roles = " ".join(
+        f"{c.cell}:{common_pb2.CellRole.Name(c.role).removeprefix('CELL_ROLE_').lower()}" for c in st.cells
+    )
+    c = st.counters
+    return (
+        f"run {st.run_id}  mode {common_pb2.SchedulingMode.Name(st.mode).removeprefix('SCHEDULING_MODE_').lower()}"
+        f"  version {st.policy_version} (published {st.published_version})  burst {st.burst}\n"
+        f"cells     {roles}\n"
+        f"counters  dispatched {c.dispatched}  started {c.started}  finished {c.finished}"
+        f"  (queued {c.dispatched - c.started}, running {c.started - c.finished})\n"
+        f"waterlevel {st.waterlevel}  rollout capacity C_R {st.rollout_capacity}  training cells {st.training_cells}"
+        f"  ready groups {st.ready_groups}  mean staleness {st.mean_staleness:.2f}"
+    )

@@ -80,7 +80,7 @@ class DemoRun:
         while time.monotonic() < deadline:
             self._check_alive(stack)
             st = scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
-            if st.counters.started == st.counters.finished:
+            if st.executions_in_flight == 0:
                 time.sleep(2.0)  # let the last evaluations land
                 return
             time.sleep(0.5)

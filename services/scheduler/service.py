@@ -199,6 +199,7 @@ class SchedulerService(GyreService):
             steps=snap.version, ready_groups=snap.ready_unclaimed, mean_staleness=snap.mean_staleness or 0.0,
             consumed_groups=snap.consumed_groups, transitions=snap.transitions_completed,
             last_step_reward=self.last_step_reward,
+            executions_in_flight=len(self.policy.state.placement.assignments()) + len(self.commanded),
         )
 
 

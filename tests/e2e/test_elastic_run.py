@@ -9,6 +9,8 @@ a batch the core is already in. Asserted from the run's stored events.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from gyre.cli.demo import demo_config
 from gyre.demo.run import DemoRun
 
 pytestmark = pytest.mark.slow
+
+GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
@@ -33,8 +37,22 @@ def test_two_elastic_steps_with_a_satellite_joining_mid_batch(tmp_path: Path) ->
         },
         "runner": {"harness_args": ["--tool-latency-s", "2", "--tool-latency-max-s", "10"]},
     })
-    summary = DemoRun(config, steps=2).execute()
+    status_file = tmp_path / "status.yaml"
+    status_file.write_text(f"run:\n  id: e2e\n  dir: {tmp_path / 'runs'}\n")
+    status_outputs: list[str] = []
+
+    def progress(state: Any, elapsed_s: float) -> None:
+        if not status_outputs and state.counters.started > state.counters.finished:
+            out = subprocess.run([*GYRE, "status", "--config", str(status_file)], capture_output=True, text=True,
+                                 timeout=60)
+            status_outputs.append(out.stdout)
+
+    summary = DemoRun(config, steps=2).execute(progress=progress)
     events = _events(config.run.path)
+
+    # `gyre status` during the run shows roles, waterlevel and counters.
+    assert status_outputs and "waterlevel" in status_outputs[0] and "0:rollout" in status_outputs[0]
+    assert "dispatched" in status_outputs[0] and "SERVING" in status_outputs[0]
 
     assert summary["steps"] == 2
     ex = summary["executions"]
