@@ -1,7 +1,7 @@
 """Benchmark of streaming training across cell agent processes: micro-steps per second with one cell
 and with two, and the scaling between them.
 
-    gyre bench train [--microsteps 32] [--token-budget 1024] [--steps 2]
+    gyre bench train [--microsteps 32] [--token-budget 1024] [--steps 4]
 
 What is measured: real `python -m services.cell_agent` processes (torch 1 thread each, gloo and
 Mooncake on loopback, real Redis and NATS started for the run) training the default embedded model
@@ -14,9 +14,13 @@ reduction, the optimizer step and the parameter broadcast.
     microsteps_per_s_1_cell    micro-steps / second with the core alone
     microsteps_per_s_2_cells   micro-steps / second with the core and one satellite
     scaling_2_vs_1             the ratio (goal >= 1.7)
+    compute_s_per_microstep_*  mean forward + backward of one micro-step inside a cell
+    overhead_fraction_*        1 − busiest cell's compute / step wall time (the framework's share)
 
 On a 2-core machine two cells use both cores, so the ratio is capped near 2 and sinks when anything
-else runs; `cpu_count` and `load_avg_1m` (before the run) are reported to read it honestly.
+else runs, or when two busy cores slow each other down (shared caches and memory bandwidth): the
+per-micro-step compute of both configurations separates that from the framework's own overhead.
+`cpu_count` and `load_avg_1m` (before the run) are reported to read it honestly.
 """
 
 from __future__ import annotations
@@ -29,10 +33,13 @@ import statistics
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from google.protobuf.message import Message
 
+from gyre.bus import Delivery, EventBus
 from gyre.config import GyreConfig, load_config
 from gyre.model.config import ModelConfig
 from gyre.model.transformer import build_model
@@ -42,6 +49,7 @@ from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Keys, WorkQueue, connect_redis
 from gyre.trainer.synthetic import synthetic_microsteps
 from gyre.v1 import common_pb2
+from gyre.v1 import events_pb2 as ev
 from services.cell_agent.local import LocalCells, with_cell_ports
 
 
@@ -69,13 +77,32 @@ def _steps(config: GyreConfig, args: argparse.Namespace, step: int) -> list[Micr
     return [MicroStep(**{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "index": i}) for i, s in enumerate(full)]
 
 
+@dataclass(frozen=True, slots=True)
+class Measured:
+    microsteps_per_s: float
+    """Median over the measured steps."""
+    compute_s_per_microstep: float
+    """Mean forward + backward time of one micro-step inside a cell (from MicroStepDone)."""
+    overhead_fraction: float
+    """1 − (busiest cell's compute) / (step wall time): claims, events, idling, reduction, update."""
+
+
 async def _run(
     num_cells: int, batches: list[list[MicroStep]], root: Path, nats_url: str, redis_url: str
-) -> float:
+) -> Measured:
     run_id = f"bench{uuid.uuid4().hex[:8]}"
     config = with_cell_ports(_config(root, nats_url, redis_url, run_id), num_cells)
     redis = await connect_redis(redis_url)
+    bus = await EventBus.connect(nats_url, run_id, "bench-train")
+    done: list[ev.MicroStepDone] = []
+
+    async def collect(event: Message, _: Delivery) -> None:
+        assert isinstance(event, ev.MicroStepDone)
+        done.append(event)
+
+    await bus.consume("bench-train", [ev.MicroStepDone], collect)
     rates: list[float] = []
+    overheads: list[float] = []
     with LocalCells(config, root / run_id) as cells:
         for k in range(num_cells):
             await cells.switch(k, common_pb2.CELL_ROLE_TRAINING)
@@ -91,16 +118,23 @@ async def _run(
             assert sum(r.microsteps for r in results) == len(steps)
             if step > 0:
                 rates.append(len(steps) / elapsed)
+                while sum(e.batch_id == f"b{step}" for e in done) < len(steps):
+                    await asyncio.sleep(0.01)
+                busiest = max(sum(e.duration_s for e in done if e.batch_id == f"b{step}" and e.cell == k)
+                              for k in range(num_cells))
+                overheads.append(1 - busiest / elapsed)
         await cells.close_channels()
+    measured = [e.duration_s for e in done if e.batch_id != "b0"]
+    await bus.close()
     await redis.aclose()
-    return statistics.median(rates)
+    return Measured(statistics.median(rates), statistics.fmean(measured), statistics.median(overheads))
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench train", description=__doc__.splitlines()[0])
     parser.add_argument("--microsteps", type=int, default=32)
     parser.add_argument("--token-budget", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per configuration (first is warmup)")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per configuration (first is warmup)")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step is a warmup)")
@@ -118,9 +152,13 @@ def main(argv: list[str]) -> None:
             nats.stop()
             redis.stop()
     print(json.dumps({
-        "microsteps_per_s_1_cell": round(one, 3),
-        "microsteps_per_s_2_cells": round(two, 3),
-        "scaling_2_vs_1": round(two / one, 3),
+        "microsteps_per_s_1_cell": round(one.microsteps_per_s, 3),
+        "microsteps_per_s_2_cells": round(two.microsteps_per_s, 3),
+        "scaling_2_vs_1": round(two.microsteps_per_s / one.microsteps_per_s, 3),
+        "compute_s_per_microstep_1_cell": round(one.compute_s_per_microstep, 4),
+        "compute_s_per_microstep_2_cells": round(two.compute_s_per_microstep, 4),
+        "overhead_fraction_1_cell": round(one.overhead_fraction, 3),
+        "overhead_fraction_2_cells": round(two.overhead_fraction, 3),
         "microsteps_per_step": args.microsteps,
         "token_budget": args.token_budget,
         "cpu_count": os.cpu_count(),

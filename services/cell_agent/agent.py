@@ -115,6 +115,11 @@ class CellAgent:
         if not 0 <= cell < self.num_cells:
             raise ValueError(f"cell {cell} is outside 0..{self.num_cells - 1} (scheduler.num_cells)")
         self.is_core = cell == 0
+        if 2 * self.section.trainer.heartbeat_interval_s >= config.redis.heartbeat_timeout_s:
+            raise ValueError(
+                f"cell_agent.trainer.heartbeat_interval_s ({self.section.trainer.heartbeat_interval_s}) must be under "
+                f"half of redis.heartbeat_timeout_s ({config.redis.heartbeat_timeout_s}), or live cells lose their claims"
+            )
         self.emit = emit
         self.engine_id = f"cell-{cell}"
         engine_section = self.section.engine

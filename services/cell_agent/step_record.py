@@ -20,7 +20,8 @@ list until the reduction is over; a dead cell's list — done or not — goes ba
 Participant rules checked by `try_close` (one Lua script, so one consistent view):
 - live: its heartbeat on the queue is fresher than the timeout;
 - clean: every item it marked done is still in its processing list (otherwise something was
-  reclaimed from it and its gradient includes work others redo: it is evicted);
+  reclaimed from it and its gradient includes work others redo: a satellite is evicted, the core —
+  which no step can do without — starts its part over with zeroed gradients, `reset`);
 - a prefix: the reduction runs over the pre-built group {0..m−1}, so a live cell above a gap (a dead
   cell below it) is evicted too and its items requeued;
 - the window closes only when the participants' processing lists hold every outstanding item.
@@ -121,6 +122,7 @@ class StepRecord:
         self._register = redis.register_script(scripts.REGISTER)
         self._mark_done = redis.register_script(scripts.MARK_DONE)
         self._release = redis.register_script(scripts.RELEASE)
+        self._reset = redis.register_script(scripts.RESET)
         self._evict_self = redis.register_script(scripts.EVICT_SELF)
         self._ack_all = redis.register_script(scripts.ACK_ALL)
         self._try_close = redis.register_script(scripts.TRY_CLOSE)
@@ -194,6 +196,16 @@ class StepRecord:
         return bool(
             await self._evict_self(
                 keys=[self.join_key, self.evicted_key, self.processing_key(cell), self.pending_key], args=[cell]
+            )
+        )
+
+    async def reset(self, cell: int) -> int:
+        """Start this cell's part of the step over: its claims go back to the queue, its finished
+        micro-steps and metrics are forgotten (the caller zeroes its gradients). What the core does
+        instead of being evicted, since no step completes without it."""
+        return int(
+            await self._reset(
+                keys=[self.processing_key(cell), self.pending_key, self.done_key(cell), self.metrics_key], args=[cell]
             )
         )
 

@@ -23,13 +23,14 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from google.protobuf.message import Message
 
 from gyre.log import get_logger
 from gyre.rl.codec import decode_microstep
 from gyre.rl.loss import LossMetrics
+from gyre.store import Claim
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.errors import CellStateError
 from services.cell_agent.step_record import Registration, StepRecord, StepState, StepStatus, consumer_name
@@ -65,6 +66,22 @@ class StepOutcome:
     """Core only: seconds from JoinBatch to the optimizer step's end."""
 
 
+@dataclass(slots=True)
+class _Work:
+    """What this cell computed in the step so far (kept until the reduction)."""
+
+    metrics: LossMetrics = field(default_factory=LossMetrics)
+    processed: int = 0
+    finished: set[str] = field(default_factory=set)
+
+    def reset(self) -> None:
+        self.metrics, self.processed, self.finished = LossMetrics(), 0, set()
+
+
+def _evicted(status: StepStatus) -> StepStatus:
+    return StepStatus(status.state, status.step, status.final_in_burst, status.cells, status.version, evicted=True)
+
+
 def metrics_json(metrics: LossMetrics) -> str:
     return json.dumps(asdict(metrics))
 
@@ -87,6 +104,9 @@ class StepRunner:
         await t.wait_connected(self.section.join_timeout_s)
         record = StepRecord(t.redis, t.keys, batch_id, heartbeat_timeout_s=self.heartbeat_timeout_s)
         if t.is_core:
+            status = await record.status(0)
+            if status.state is StepState.DONE and status.step == step:
+                return self._outcome(record, status, participated=False)  # a retried JoinBatch
             if t.trainer.version != step:
                 raise CellStateError(
                     f"batch {batch_id!r} trains step {step}; the core holds policy version {t.trainer.version}"
@@ -139,11 +159,11 @@ class StepRunner:
             await asyncio.sleep(self.section.heartbeat_interval_s)
 
     async def _consume(self, record: StepRecord, step: int) -> tuple[StepStatus, LossMetrics, int]:
+        """Claim and compute until the window closes; returns the final status, this cell's metrics
+        and its number of kept micro-steps."""
         t = self.training
         loop = asyncio.get_running_loop()
-        metrics = LossMetrics()
-        processed = 0
-        finished: set[str] = set()
+        work = _Work()
         last_reclaim = 0.0
         heartbeat = asyncio.create_task(self._heartbeat(record), name=f"heartbeat-{record.batch_id}")
         try:
@@ -151,55 +171,30 @@ class StepRunner:
                 if heartbeat.done():
                     heartbeat.result()
                 claim = await record.queue.claim(consumer_name(self.cell))
-                if claim is not None and claim.item_id in finished:
-                    # Reclaimed from this cell while it lapsed and handed back to it: computing it
-                    # again would count it twice. Leave the step, unless the window already closed
-                    # (then this cell's gradient holds each of its items exactly once).
-                    if await record.evict_self(self.cell):
-                        log.warning("evicted_self", batch=record.batch_id, item=claim.item_id)
-                        status = await record.status(self.cell)
-                        return status, metrics, processed
-                    continue
                 if claim is not None:
-                    microstep = decode_microstep(claim.payload)
-                    if microstep.batch_id != record.batch_id or microstep.step != step:
-                        raise ValueError(
-                            f"micro-step {claim.item_id} of batch {microstep.batch_id!r} step {microstep.step} "
-                            f"found in the queue of batch {record.batch_id!r} step {step}"
-                        )
-                    await self.emit(
-                        ev.MicroStepClaimed(batch_id=record.batch_id, step=step, microstep_id=claim.item_id,
-                                            cell=self.cell),
-                        f"microstep:{record.batch_id}:{claim.item_id}:claimed:{self.cell}",
-                    )
-                    began = time.perf_counter()
-                    result = await t.compute.run(t.trainer.accumulate, microstep)
-                    duration = time.perf_counter() - began
-                    merged = metrics.merge(result.metrics)
-                    if not await record.mark_done(self.cell, claim.item_id, metrics_json(merged)):
-                        released = await record.release(self.cell)
-                        log.warning("evicted_from_step", batch=record.batch_id, released=released)
+                    lost = claim.item_id in work.finished or not await self._compute(record, step, claim, work)
+                    # An item this cell already computed came back to it, or its claim was taken away
+                    # while it computed: its claims were reclaimed while it lapsed, so its gradient
+                    # holds work others redo.
+                    if lost and t.is_core:
+                        await self._restart(record, work, "core_claims_reclaimed")
+                    elif lost and (claim.item_id not in work.finished or await record.evict_self(self.cell)):
+                        await record.release(self.cell)
+                        log.warning("evicted_from_step", batch=record.batch_id, item=claim.item_id)
                         status = await record.status(self.cell)
-                        return StepStatus(status.state, status.step, status.final_in_burst, status.cells,
-                                          status.version, evicted=True), metrics, processed
-                    metrics = merged
-                    processed += 1
-                    finished.add(claim.item_id)
-                    t.microsteps_processed += 1
-                    await self.emit(
-                        ev.MicroStepDone(batch_id=record.batch_id, step=step, microstep_id=claim.item_id,
-                                         cell=self.cell, duration_s=duration, num_tokens=microstep.num_tokens),
-                        f"microstep:{record.batch_id}:{claim.item_id}:done:{self.cell}",
-                    )
+                        return _evicted(status), work.metrics, work.processed
                     continue
                 status = await (record.try_close() if t.is_core else record.status(self.cell))
+                if status.reason == "core_reset":
+                    await self._restart(record, work, status.reason)
+                    continue
                 if status.evicted:
                     await record.release(self.cell)
-                    return status, metrics, processed
+                    return status, work.metrics, work.processed
                 if status.state is StepState.CLOSING and self.cell in status.cells:
                     await record.confirm(self.cell)
                 elif status.state is not StepState.OPEN:
-                    return status, metrics, processed
+                    return status, work.metrics, work.processed
                 if loop.time() - last_reclaim >= self.section.heartbeat_interval_s:
                     last_reclaim = loop.time()
                     reclaimed = await record.queue.reclaim_dead()
@@ -208,6 +203,44 @@ class StepRunner:
                 await asyncio.sleep(self.section.poll_s)
         finally:
             heartbeat.cancel()
+
+    async def _compute(self, record: StepRecord, step: int, claim: Claim, work: _Work) -> bool:
+        """Forward + backward of a claimed micro-step; False when the claim no longer counts."""
+        t = self.training
+        microstep = decode_microstep(claim.payload)
+        if microstep.batch_id != record.batch_id or microstep.step != step:
+            raise ValueError(
+                f"micro-step {claim.item_id} of batch {microstep.batch_id!r} step {microstep.step} "
+                f"found in the queue of batch {record.batch_id!r} step {step}"
+            )
+        await self.emit(
+            ev.MicroStepClaimed(batch_id=record.batch_id, step=step, microstep_id=claim.item_id, cell=self.cell),
+            f"microstep:{record.batch_id}:{claim.item_id}:claimed:{self.cell}",
+        )
+        began = time.perf_counter()
+        result = await t.compute.run(t.trainer.accumulate, microstep)
+        duration = time.perf_counter() - began
+        t.microsteps_processed += 1
+        merged = work.metrics.merge(result.metrics)
+        if not await record.mark_done(self.cell, claim.item_id, metrics_json(merged)):
+            return False
+        work.metrics = merged
+        work.processed += 1
+        work.finished.add(claim.item_id)
+        await self.emit(
+            ev.MicroStepDone(batch_id=record.batch_id, step=step, microstep_id=claim.item_id, cell=self.cell,
+                             duration_s=duration, num_tokens=microstep.num_tokens),
+            f"microstep:{record.batch_id}:{claim.item_id}:done:{self.cell}",
+        )
+        return True
+
+    async def _restart(self, record: StepRecord, work: _Work, reason: str) -> None:
+        """The core lapsed and lost claims: it cannot leave the step, so it starts its part over."""
+        returned = await record.reset(self.cell)
+        await self.training.compute.run(self.training.trainer.zero_grads)
+        log.warning("core_restarts_its_part", batch=record.batch_id, reason=reason, returned=returned,
+                    discarded=work.processed)
+        work.reset()
 
     async def _reduce_and_update(
         self, record: StepRecord, status: StepStatus, metrics: LossMetrics, processed: int, started: float

@@ -34,13 +34,14 @@ return 'registered'
 """
 
 # KEYS: processing:<consumer>, done:<cell>, evicted, metrics, join; ARGV: item, cell, metrics json
+# (a satellite that finishes an item twice is evicted; the core never is: it resets, see RESET)
 MARK_DONE = """
 local state = redis.call('HGET', KEYS[5], 'state')
 if state ~= 'open' and state ~= 'closing' then return 0 end
 if redis.call('SISMEMBER', KEYS[3], ARGV[2]) == 1 then return 0 end
 if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then
-  redis.call('SADD', KEYS[3], ARGV[2])
+  if ARGV[2] ~= '0' then redis.call('SADD', KEYS[3], ARGV[2]) end
   return 0
 end
 redis.call('SADD', KEYS[2], ARGV[1])
@@ -57,6 +58,15 @@ local ids = redis.call('LRANGE', KEYS[3], 0, -1)
 for i = #ids, 1, -1 do redis.call('LPUSH', KEYS[4], ids[i]) end
 redis.call('DEL', KEYS[3])
 return 1
+"""
+
+# KEYS: processing:<consumer>, pending, done:<cell>, metrics; ARGV: cell
+RESET = """
+local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+for i = #ids, 1, -1 do redis.call('LPUSH', KEYS[2], ids[i]) end
+redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('HDEL', KEYS[4], ARGV[1])
+return #ids
 """
 
 # KEYS: processing:<consumer>, pending
@@ -118,7 +128,9 @@ for _, c in ipairs(cells) do
     for _, id in ipairs(redis.call('SMEMBERS', ARGV[3] .. cs)) do
       if not redis.call('LPOS', plist(cs), id) then clean = false break end
     end
-    if fresh and not clean then
+    if fresh and not clean and cs == '0' then
+      return wait('core_reset')
+    elseif fresh and not clean then
       evict(cs)
       return wait('evicted')
     elseif fresh then

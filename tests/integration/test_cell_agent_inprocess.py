@@ -1,5 +1,6 @@
 """CellAgent in-process (one cell, real Redis, events captured): the role machine's guards, the
-transition events, released engine weights restored without a publication, and publication rules."""
+transition events, released engine weights restored without a publication, publication rules, and a
+core that lapses mid-step (its claims reclaimed) starting its part over without losing exactness."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ import redis.asyncio as aioredis
 from google.protobuf.message import Message
 
 from gyre.engine import EngineClient
+from gyre.model.checkpoint import read_checkpoint
+from gyre.rl.loss import ObjectiveParams
 from gyre.stack.servers import ServerProcess
+from gyre.store import Keys
+from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
+from gyre.trainer.synthetic import synthetic_microsteps
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.agent import CellAgent
 from services.cell_agent.errors import CellStateError
 from services.cell_agent.roles import Role
-from tests.support.cells import cell_config
+from services.cell_agent.step_record import StepRecord, consumer_name
+from tests.support.cells import cell_config, enqueue
 
 Events = list[tuple[Message, str]]
 
@@ -85,3 +92,50 @@ async def test_publication_writes_the_file_and_records_it(agent_and_events: tupl
     assert len(published) == 1 and published[0].checkpoint_path == result.path
     await agent.publish_weights(None)
     assert len([e for e, _ in events if isinstance(e, ev.WeightsPublished)]) == 1, "one event per version"
+
+
+async def test_a_core_that_lapses_mid_step_starts_over_and_stays_exact(
+    agent_and_events: tuple[CellAgent, Events], redis: aioredis.Redis
+) -> None:
+    agent, events = agent_and_events
+    reference = create_trainer("torch", TrainerSpec(agent.section.trainer, agent.config.model, ObjectiveParams(),
+                                                    with_optimizer=True))
+    assert isinstance(reference, TorchTrainer)
+    steps = synthetic_microsteps(reference.model, batch_id="b0", step=0, num_groups=6, group_size=4,
+                                 token_budget=128, max_row_tokens=100, seed=4)
+    record = StepRecord(redis, Keys(agent.config.run.id), "b0", heartbeat_timeout_s=agent.heartbeat_timeout_s)
+    await enqueue(record.queue, steps, close=True)
+    await agent.switch_role(Role.TRAINING)
+    join = asyncio.create_task(agent.join_batch("b0", 0, True))
+    while await redis.scard(record.done_key(0)) < 2:
+        await asyncio.sleep(0.005)
+    taken: list[str] = []
+    while not taken:  # what a starved event loop looks like to the others: a stale heartbeat
+        await redis.zadd(record.heartbeats_key, {consumer_name(0): 1.0})
+        taken = await record.queue.reclaim_dead()
+    outcome = await join
+    for s in steps:
+        reference.accumulate(s)
+    reference.optimizer_step()
+    assert outcome.participated and outcome.policy_version == 1
+    assert outcome.microsteps == len(steps), "the core redid its part from scratch"
+    published = Path(agent.checkpoint_root / "published" / "v00000001.safetensors")
+    _, tensors, _ = read_checkpoint(published)
+    diff = max(float((tensors[n] - w).abs().max()) for n, w in reference.named_weights().items())
+    assert diff <= 1e-6
+    assert any(isinstance(e, ev.StepCompleted) for e, _ in events)
+
+
+async def test_heartbeats_must_fit_the_timeout(
+    tmp_path: Path, redis: aioredis.Redis, redis_server: ServerProcess, run_id: str
+) -> None:
+    config = cell_config(
+        tmp_path, nats_url="nats://unused", redis_url=redis_server.url, run_id=run_id, num_cells=1,
+        overrides={"redis": {"heartbeat_timeout_s": 1.0}, "cell_agent": {"trainer": {"heartbeat_interval_s": 0.6}}},
+    )
+
+    async def emit(event: Message, event_id: str) -> None:
+        raise AssertionError("nothing is emitted")
+
+    with pytest.raises(ValueError, match="heartbeat_interval_s"):
+        CellAgent(config, cell=0, redis=redis, emit=emit)

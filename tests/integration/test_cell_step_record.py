@@ -210,3 +210,39 @@ async def test_mark_done_needs_ownership(redis: aioredis.Redis, keys: Keys) -> N
     assert not await record.mark_done(1, claim.item_id, "{}")
     assert await record.release(0) == 1
     assert not await record.mark_done(0, claim.item_id, "{}")
+
+
+async def test_the_core_is_never_evicted_it_starts_over(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=False)
+    await record.register(0, 0)
+    await record.register(1, 0)
+    await _fill(record, 3)
+    core_done = await _work(record, 0, 2)
+    await asyncio.sleep(TIMEOUT_S + 0.2)  # the core's loop was starved past the heartbeat timeout
+    await record.heartbeat(1)
+    assert sorted(await record.queue.reclaim_dead()) == sorted(core_done)
+    await _work(record, 1, 5)  # the satellite redoes everything meanwhile
+    await record.heartbeat(0)
+    assert (await record.try_close()).reason == "core_reset", "unclean, but the core is not evicted"
+    assert not (await record.status(0)).evicted
+    assert await record.reset(0) == 0
+    assert await redis.scard(record.done_key(0)) == 0
+    assert (await record.try_close()).cells == (0, 1)
+
+
+async def test_the_core_finishing_an_item_twice_is_told_not_evicted(redis: aioredis.Redis, keys: Keys) -> None:
+    record = _record(redis, keys)
+    await record.open(0, final_in_burst=False)
+    await record.register(0, 0)
+    await _fill(record, 2)
+    core_done = await _work(record, 0, 1)
+    await asyncio.sleep(TIMEOUT_S + 0.2)
+    assert await record.queue.reclaim_dead() == core_done
+    again = await record.queue.claim(consumer_name(0))
+    assert again is not None and again.item_id == core_done[0]
+    assert not await record.mark_done(0, again.item_id, "{}")
+    assert not (await record.status(0)).evicted
+    assert await record.reset(0) == 1, "its claim goes back to the queue"
+    await _work(record, 0, 5)
+    assert (await record.try_close()).cells == (0,)
