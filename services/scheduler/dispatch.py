@@ -65,8 +65,6 @@ class Dispatcher:
         self._profile = profile
         self._fifo = keys.queue("exec_fifo", "list")
         self._seq = keys.queue("exec_fifo", "group_seq")
-        self.last_started: list[str] = []
-        """Executions of the most recent `start` call, in order."""
 
     async def dispatch(self, num_groups: int, group_size: int, policy_version: int, burst: int) -> list[str]:
         """Create `num_groups` groups; returns their ids in dispatch order."""
@@ -125,7 +123,6 @@ class Dispatcher:
                 event_id=f"exec.start:{execution_id}",
             )
             started.append(execution_id)
-        self.last_started = started
         return started
 
     async def queued(self) -> list[str]:

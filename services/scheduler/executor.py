@@ -87,6 +87,8 @@ class ActionExecutor:
         self.facts = facts
         self._pool_capacity = separate_pool_capacity
         self._tick_handles: list[asyncio.TimerHandle] = []
+        self.commanded: dict[str, int] = {}
+        """Executions whose start was commanded, not yet confirmed started, and their engines."""
         self._joins: dict[int, asyncio.Task[None]] = {}
         """The JoinBatch call in flight per cell: a cell leaves training only after it returned."""
 
@@ -130,7 +132,8 @@ class ActionExecutor:
     async def _start(self, a: StartExecutions) -> list[MakeEvent]:
         if self.facts.stopping:  # the run is over: queued executions stay unstarted (reported cancelled)
             return []
-        await self._dispatcher.start(engine_id(a.engine), a.count)
+        for execution_id in await self._dispatcher.start(engine_id(a.engine), a.count):
+            self.commanded[execution_id] = a.engine
         return []
 
     async def _reroute(self, a: RerouteExecutions) -> None:

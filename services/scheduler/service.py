@@ -26,7 +26,6 @@ from services.scheduler.executor import ActionExecutor, RunFacts
 from services.scheduler.naming import ROLE_TO_PROTO, engine_id, engine_index
 from services.scheduler.peers import Peers
 from services.scheduler.policy import (
-    Action,
     BatchStreamClosed,
     ExecutionStarted,
     ExecutionTerminated,
@@ -38,7 +37,6 @@ from services.scheduler.policy import (
     Policy,
     PolicyParams,
     RunStarted,
-    StartExecutions,
     StepCompleted,
     Tick,
 )
@@ -66,7 +64,6 @@ class SchedulerService(GyreService):
         self.resumed = state is not None
         self.policy = Policy(self.params, state)
         self.facts = RunFacts(max_steps=cfg.max_steps)
-        self.commanded: dict[str, int] = {}
         self.microstep_groups: dict[str, tuple[str, ...]] = {}
         self.group_reward: dict[str, float] = {}
         self.step_rewards: dict[int, list[float]] = {}
@@ -75,17 +72,11 @@ class SchedulerService(GyreService):
             driver=lambda: self.driver, peers=self.peers, dispatcher=self.dispatcher, supervisor=self.supervisor,
             facts=self.facts, separate_pool_capacity=cfg.separate_pool_capacity,
         )
-        self.driver = Driver(self.policy, self._execute, self._persist, start_s=state.now_s if state else 0.0)
+        self.commanded = self.executor.commanded
+        self.driver = Driver(self.policy, self.executor.execute, self._persist, start_s=state.now_s if state else 0.0)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(_Servicer(self), self.server)
         self.supervisor.spawn(self.driver.run(), "driver")
         self.supervisor.spawn(self._begin(), "begin")
-
-    async def _execute(self, action: Action) -> list[MakeEvent]:
-        out = await self.executor.execute(action)
-        if isinstance(action, StartExecutions):
-            for execution_id in self.dispatcher.last_started:
-                self.commanded[execution_id] = action.engine
-        return out
 
     async def _persist(self) -> None:
         await persist.save(self.redis, self.keys.scheduler_state(), self.policy, self.commanded)
