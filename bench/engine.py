@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 import torch
 
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
 from gyre.engine.migration import migrate_request_kv
 from gyre.model.config import ModelConfig

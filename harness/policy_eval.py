@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.engine.client import EngineClient
 from gyre.trajectory.messages import Message, ToolResultBlock
 from gyre.trajectory.profiles import PROFILES

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.engine.client import EngineClient
 from gyre.model.checkpoint import load_checkpoint
 from gyre.model.logprobs import token_logprobs

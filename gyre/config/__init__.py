@@ -4,6 +4,10 @@
     GYRE_SCHEDULER__PHI=1.5 gyre config show         # nested keys joined by "__"
 
 Bad values raise `ConfigError` whose one-line message names the field and the fix.
+
+Sections live one concern per module: `infra` (run, NATS, Redis, log), `model`, `scheduler`, `proxy`,
+`runner` (runner, evaluator and their sandboxes), `training` (objective, packer, trainer), `engine`,
+`cell_agent`; `base` holds the strict base model and the bounded field types (`AtLeastOne`, `Port`, ...).
 """
 
 from __future__ import annotations
@@ -17,19 +21,20 @@ import yaml
 from pydantic import Field, ValidationError
 
 from gyre.config.base import Section
+from gyre.config.cell_agent import CellAgentSection
+from gyre.config.engine import EngineSection
 from gyre.config.infra import LogSection, NatsSection, RedisSection, RunSection
 from gyre.config.model import ModelSection
-from gyre.config.scheduler import SchedulerSection
-from gyre.config.services import (
-    CellAgentSection,
-    EngineSection,
+from gyre.config.proxy import ProxySection
+from gyre.config.runner import (
     EvaluatorSection,
-    ObjectiveSection,
-    PackerSection,
-    ProxySection,
+    RunnerSandboxSection,
     RunnerSection,
-    TrainerSection,
+    SandboxSection,
+    VerifierSandboxSection,
 )
+from gyre.config.scheduler import SchedulerSection
+from gyre.config.training import ObjectiveSection, PackerSection, TrainerSection
 
 __all__ = [
     "CellAgentSection",
@@ -45,9 +50,12 @@ __all__ = [
     "ProxySection",
     "RedisSection",
     "RunSection",
+    "RunnerSandboxSection",
     "RunnerSection",
+    "SandboxSection",
     "SchedulerSection",
     "TrainerSection",
+    "VerifierSandboxSection",
     "load_config",
 ]
 

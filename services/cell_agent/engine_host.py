@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from gyre.config.engine import EngineSection
 from gyre.config.model import ModelSection
-from gyre.config.services import EngineSection
 from gyre.engine import EngineClient
 from gyre.engine.sglang_launcher import SGLangLauncher
 from services.cell_agent.engine import EngineServer

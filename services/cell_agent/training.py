@@ -23,7 +23,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from gyre.config.model import ModelSection
-from gyre.config.services import TrainerSection
+from gyre.config.training import TrainerSection
 from gyre.log import get_logger
 from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-from gyre.config.services import RunnerSection
+from gyre.config.runner import RunnerSection
 from harness.tasks import Task
 from services.runner.sandbox import SandboxLimits
 

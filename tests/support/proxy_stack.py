@@ -28,7 +28,7 @@ import grpc
 import httpx
 
 from gyre.config import GyreConfig, ModelSection
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.model.tokenizer import SPECIAL_TOKENS, ByteTokenizer
 from gyre.store.trees import TreeStore
 from gyre.trajectory import TrajectoryTree

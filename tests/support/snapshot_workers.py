@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gyre.config.model import ModelSection
-from gyre.config.services import TrainerSection
+from gyre.config.training import TrainerSection
 from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys, connect_redis
 from services.cell_agent.errors import SnapshotError

@@ -28,7 +28,7 @@ from typing import ClassVar
 import torch
 
 from gyre.config.model import ModelSection
-from gyre.config.services import TrainerSection
+from gyre.config.training import TrainerSection
 from gyre.model.config import ModelConfig
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep

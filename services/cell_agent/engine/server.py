@@ -27,8 +27,8 @@ import structlog
 import torch
 import uvicorn
 
+from gyre.config.engine import EngineSection
 from gyre.config.model import ModelSection
-from gyre.config.services import EngineSection
 from gyre.model.tokenizer import ByteTokenizer
 from services.cell_agent.engine.backends import BackendContext, create_backend
 from services.cell_agent.engine.protocol import SamplingParams

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gyre.config.model import ModelSection
-from gyre.config.services import TrainerSection
+from gyre.config.training import TrainerSection
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep
 from gyre.trainer.backends import TrainerSpec, create_trainer

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient, GenerateResult
 from gyre.trainer.checkpoint import write_published
 from services.cell_agent.engine import EngineServer

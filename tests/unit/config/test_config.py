@@ -30,6 +30,10 @@ def test_yaml_then_env_then_overrides(tmp_path: Path) -> None:
         ("model:\n  d_model: 100\n  num_heads: 3\n", "model", "num_heads must divide d_model"),
         ("scheduler:\n  no_such_field: 1\n", "scheduler.no_such_field", "Extra inputs"),
         ("packer:\n  j_max: 0\n", "packer.j_max", "at least 1"),
+        ("nats:\n  monitor_port: 70000\n", "nats.monitor_port", "in 0..65535"),
+        ("proxy:\n  engine_timeout_s: -1\n", "proxy.engine_timeout_s", "must be >= 0; got -1.0"),
+        ("cell_agent:\n  trainer:\n    lr: 0\n", "cell_agent.trainer.lr", "must be > 0; got 0.0"),
+        ("evaluator:\n  sandbox:\n    cpu_s: 0\n", "evaluator.sandbox.cpu_s", "at least 1, or null; got 0"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path: Path, yaml_text: str, field: str, hint: str) -> None:

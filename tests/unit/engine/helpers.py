@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
 from gyre.model.config import ModelConfig
 from gyre.model.logprobs import token_logprobs

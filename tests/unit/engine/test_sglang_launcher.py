@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
 from gyre.engine.sglang_launcher import SGLangLauncher, build_sglang_command
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.engine.client import EngineClient
 from gyre.model.checkpoint import load_checkpoint, read_checkpoint
 from gyre.model.config import ModelConfig

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from gyre.config.engine import EngineSection
 from gyre.config.model import ModelSection
-from gyre.config.services import EngineSection
 from gyre.model.tokenizer import ByteTokenizer
 from services.cell_agent.engine.request import FinishReason, RequestState
 

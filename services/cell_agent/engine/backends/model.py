@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gyre.config.services import EngineSection
+from gyre.config.engine import EngineSection
 from gyre.model.checkpoint import load_checkpoint, read_checkpoint
 from gyre.model.config import ModelConfig
 from gyre.model.paged import PagedBatch

@@ -1,0 +1,29 @@
+"""Config section of the cell agents: their ports, the engine hosted in the rollout role, the trainer
+run in the training role, and the time limits of switching between the two."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gyre.config.base import PositiveFloat, Section
+from gyre.config.engine import EngineSection
+from gyre.config.training import TrainerSection
+
+
+class CellAgentSection(Section):
+    ports: list[int] = Field(default_factory=list)
+    """gRPC port of each cell agent, index = cell; empty = free ports picked by `gyre up`."""
+    engine_ports: list[int] = Field(default_factory=list)
+    """HTTP port of each cell's rollout engine, index = cell; empty = free ports picked by `gyre up`."""
+    engine: EngineSection = Field(default_factory=EngineSection)
+    """The rollout engine hosted in the rollout role."""
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    """The trainer run in the training role."""
+    release_engine_weights: bool = False
+    """On rollout → training, release the engine's weights too (not only its KV cache); they are
+    reloaded from the newest published weights on the way back. Off on CPU, where the engine's
+    copy is small; on GPUs turn it on to give the trainer the memory."""
+    engine_ready_timeout_s: PositiveFloat = 60.0
+    """How long a switch to rollout waits for the engine to serve (SGLang start-up included)."""
+    publish_timeout_s: PositiveFloat = 120.0
+    """Time limit of pushing weights to one rollout engine."""

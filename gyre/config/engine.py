@@ -1,0 +1,72 @@
+"""Config section of a cell's rollout engine: the embedded engine (CPU, torch) or SGLang servers the
+cell agent launches (GPU clusters); `sglang_*` fields apply to SGLang only."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from gyre.config.base import AtLeastOne, Port, Section
+
+
+class EngineSection(Section):
+    backend: Literal["embedded", "sglang"] = "embedded"
+    """Rollout engine of a cell: the embedded engine (CPU, torch) or SGLang servers (GPU clusters)."""
+    host: str = "127.0.0.1"
+    """Address the engine listens on (embedded engine and launched SGLang). Keep loopback on one machine."""
+    port: Port = 0
+    """HTTP port of the engine; 0 picks a free one."""
+    output_source: str = "model"
+    """Embedded engine only: where outputs come from, a name in the backend registry of
+    `services.cell_agent.engine.backends` (`model` = GyreLM sampling, `scripted` = queued outputs)."""
+    max_batch_size: AtLeastOne = 32
+    """Requests decoded together (continuous batching)."""
+    max_prefill_tokens: AtLeastOne = 2048
+    """Prompt tokens computed per scheduling step; longer prompts are prefilled in chunks."""
+    block_size: AtLeastOne = 16
+    """Tokens per KV block (the unit of the prefix cache and of KV migration)."""
+    kv_cache_tokens: int = 65536
+    """KV pool capacity in tokens (rounded up to blocks); allocated lazily, so idle capacity costs no RSS."""
+    enable_prefix_cache: bool = True
+    """Reuse KV blocks of earlier requests with the same token prefix under the same weight version."""
+    incremental_streaming_output: bool = True
+    """Streamed `/generate` chunks carry only what is new (SGLang's `--incremental-streaming-output`);
+    off = every chunk repeats the whole output so far (SGLang's default, quadratic on long outputs)."""
+    health_check_timeout_s: float = 20.0
+    """`/health_generate` fails if a one-token probe does not finish within this time."""
+    num_threads: AtLeastOne = 1
+    """torch intra-op threads of the engine's compute thread (cores are shared with other processes)."""
+    seed: int = 0
+    """Sampling seed; a request's own generator is derived from it and the request id."""
+    weight_version: str = "0"
+    """Weight version reported before the first weight update."""
+    weights_cpu_backup: bool = False
+    """On `/release_memory_occupation` with tag `weights`, keep a copy to restore on resume (SGLang's
+    `--enable-weights-cpu-backup`); off = weights must be updated after resume before serving."""
+    sglang_model_path: str | None = None
+    """SGLang only: model path or HF id passed as `--model-path`."""
+    sglang_tp_size: AtLeastOne = 1
+    """SGLang only: tensor-parallel size (`--tp-size`)."""
+    sglang_mem_fraction_static: float | None = None
+    """SGLang only: `--mem-fraction-static`; None keeps SGLang's default."""
+    sglang_enable_memory_saver: bool = True
+    """SGLang only: `--enable-memory-saver`, needed to release and resume memory on role switches."""
+    sglang_python: str = "python"
+    """SGLang only: interpreter that runs `-m sglang.launch_server`."""
+    sglang_args: list[str] = Field(default_factory=list)
+    """Extra arguments for `python -m sglang.launch_server` (cluster only)."""
+
+    @field_validator("kv_cache_tokens")
+    @classmethod
+    def _kv_tokens(cls, v: int) -> int:
+        if v < 64:
+            raise ValueError(f"kv_cache_tokens must be at least 64; got {v}")
+        return v
+
+    @field_validator("sglang_mem_fraction_static")
+    @classmethod
+    def _mem_fraction(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v < 1:
+            raise ValueError(f"sglang_mem_fraction_static must be in (0, 1) or null; got {v}")
+        return v

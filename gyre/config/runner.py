@@ -1,0 +1,108 @@
+"""Config sections of the runner (harness executions) and the evaluator (verifier runs), and of the
+sandbox each runs its processes in.
+
+The two sandboxes share one shape (`SandboxSection`) with their own defaults (the verifier's uids start
+above the runner's range, and its processes get less CPU time).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Section
+
+
+class SandboxSection(Section):
+    """How harness executions (runner) and verifier runs (evaluator) are sandboxed."""
+
+    isolation: Literal["auto", "isolated", "process"] = "auto"
+    """`isolated`: own uid per slot, rlimits, network namespace with only the proxy relayed (root
+    only); `process`: own process group, scrubbed env, rlimits; `auto`: isolated when root."""
+    uid_base: int = 120000
+    """First sandbox uid; slot k runs as uid_base + k (instance i of a service adds i * 1000)."""
+    cpu_s: AtLeastOneOrNull = 3600
+    """CPU seconds per process; None = unlimited."""
+    memory_mb: AtLeastOneOrNull = 4096
+    """Address space per process in MiB (RLIMIT_AS); None = unlimited (JS runtimes need that)."""
+    max_processes: AtLeastOneOrNull = 512
+    """Processes and threads of one sandbox (RLIMIT_NPROC on its uid)."""
+    file_size_mb: AtLeastOneOrNull = 1024
+    """Largest file a sandboxed process may write, MiB."""
+    open_files: AtLeastOneOrNull = 1024
+    """Open file descriptors per process."""
+    kill_grace_s: NonNegativeFloat = 5.0
+    """Seconds between SIGTERM and SIGKILL when a sandbox is stopped."""
+
+    @field_validator("uid_base")
+    @classmethod
+    def _uid_base(cls, v: int) -> int:
+        if not 1000 <= v <= 2**31 - 100_000:
+            raise ValueError(f"uid_base must be in [1000, 2^31 - 100000] (unused uids); got {v}")
+        return v
+
+
+class RunnerSandboxSection(SandboxSection):
+    """Sandbox of harness executions."""
+
+    uid_base: int = 120000
+    """First sandbox uid; slot k runs as uid_base + k (instance i adds i * 1000). Keep the runner's and
+    the evaluator's ranges apart."""
+
+
+class VerifierSandboxSection(SandboxSection):
+    """Sandbox of verifier runs (no network at all, whatever `isolation` says about the proxy)."""
+
+    uid_base: int = 130000
+    """First verifier uid; slot k runs as uid_base + k (instance i adds i * 1000)."""
+    cpu_s: AtLeastOneOrNull = 600
+    """CPU seconds per verifier process; None = unlimited."""
+
+
+class RunnerSection(Section):
+    port: int = 0
+    """gRPC port; 0 picks a free one."""
+    max_concurrent: AtLeastOne = 32
+    """Executions this runner keeps running at once."""
+    harness: Literal["demo", "claude_code", "codex", "command"] = "demo"
+    """Which harness command the runner launches (`command` = the argv in `command`)."""
+    harness_args: list[str] = Field(default_factory=list)
+    """Extra arguments appended to the harness command (e.g. `--tool-latency-s 2` for the demo)."""
+    command: list[str] = Field(default_factory=list)
+    """argv of the `command` harness; `{prompt}`, `{task_id}`, `{execution_id}`, `{python}` are expanded."""
+    task_dirs: list[Path] = Field(default_factory=list)
+    """Directories of on-disk tasks (`<dir>/<name>/task.yaml`), besides the built-in suites."""
+    workspace_dir: Path | None = None
+    """Where workspaces are created; None = `<run dir>/workspaces`."""
+    sandbox: RunnerSandboxSection = Field(default_factory=RunnerSandboxSection)
+    """Sandbox of harness executions."""
+    on_stop: Literal["cancel", "detach"] = "cancel"
+    """At shutdown: cancel running executions (terminated, CANCELLED) or leave them running for
+    the next incarnation of this runner to adopt."""
+    open_attempts: AtLeastOne = 3
+    """OpenExecution attempts on the proxy before a start fails as INFRA_FAILURE."""
+
+    @model_validator(mode="after")
+    def _command_given(self) -> RunnerSection:
+        if self.harness == "command" and not self.command:
+            raise ValueError("harness `command` needs runner.command (an argv, e.g. [bash, -c, '{prompt}'])")
+        return self
+
+
+class EvaluatorSection(Section):
+    port: int = 0
+    """gRPC port; 0 picks a free one."""
+    max_attempts: AtLeastOne = 3
+    """Verifier attempts on one preserved workspace before the execution is excluded."""
+    backoff_s: NonNegativeFloat = 0.5
+    """First retry delay; doubles each attempt, bounded by the execution's overall budget."""
+    max_concurrent: AtLeastOne = 4
+    """Verifier runs at once."""
+    task_dirs: list[Path] = Field(default_factory=list)
+    """Directories of on-disk tasks; must match the runner's."""
+    work_dir: Path | None = None
+    """Where verifier attempts copy workspaces; None = `<run dir>/evaluations`."""
+    sandbox: VerifierSandboxSection = Field(default_factory=VerifierSandboxSection)
+    """Sandbox of verifier runs (network: none)."""

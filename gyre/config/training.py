@@ -1,0 +1,114 @@
+"""Config sections of the training side: the objective (GSPO-variant loss), the packer (groups to
+micro-steps) and the trainer a cell runs in its training role."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import field_validator
+
+from gyre.config.base import (
+    AtLeastOne,
+    AtLeastOneOrNull,
+    NonNegativeFloat,
+    NonNegativeInt,
+    Port,
+    PositiveFloat,
+    Section,
+)
+
+
+class ObjectiveSection(Section):
+    clip_low: float = 0.995
+    """Sequence-ratio bound under which an execution with negative advantage is masked."""
+    clip_high: float = 1.005
+    """Sequence-ratio bound above which an execution with positive advantage is masked."""
+    token_ratio_cap: float = 5.0
+    """Cap of the stop-gradient token importance weight."""
+    token_loss_cap: float = 100.0
+    """Cap of a token's loss."""
+
+
+class PackerSection(Section):
+    port: int = 0
+    """gRPC port; 0 picks a free one."""
+    j_max: AtLeastOne = 5
+    """J_max: trajectories admitted per execution."""
+    microstep_tokens: AtLeastOne = 8192
+    """Token budget of one micro-step."""
+    normalize_std: bool = False
+    """Divide group-relative advantages by the group's reward std (+eps)."""
+
+
+class TrainerSection(Section):
+    backend: Literal["torch", "megatron"] = "torch"
+    """Trainer backend of a cell, a name in the registry of `gyre.trainer.backends` (`torch` on the
+    embedded default; `megatron` is reserved for clusters and not registered yet)."""
+    device: str = "cpu"
+    """torch device of the trainer (`cpu`, `cuda`, `cuda:0`)."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Parameter, gradient and optimizer-state dtype."""
+    num_threads: AtLeastOne = 1
+    """torch intra-op threads of the trainer's compute thread (cores are shared with other processes)."""
+    lr: PositiveFloat = 1e-4
+    """AdamW learning rate (constant)."""
+    weight_decay: NonNegativeFloat = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW β1."""
+    adam_beta2: float = 0.999
+    """AdamW β2."""
+    adam_eps: PositiveFloat = 1e-8
+    """AdamW ε."""
+    grad_clip: NonNegativeFloat = 1.0
+    """Global gradient-norm clip applied by the core to the summed gradient (0 = no clipping)."""
+    chunk_tokens: AtLeastOneOrNull = None
+    """Token limit of one forward for a micro-step over its budget (chunked path); None = the budget."""
+    checkpoint_every_steps: NonNegativeInt = 0
+    """Checkpoint model + optimizer + version every this many steps (0 = only at shutdown)."""
+    checkpoint_dir: Path | None = None
+    """Where the core writes checkpoints and published weights; None = `<run dir>/checkpoints`.
+    Every cell must read the same directory (a shared volume on clusters)."""
+    keep_checkpoints: AtLeastOne = 2
+    """Checkpoints kept on disk (older ones are deleted); the newest published weights are always kept."""
+    dist_backend: Literal["gloo", "nccl"] = "gloo"
+    """torch.distributed backend."""
+    dist_port: Port = 0
+    """Port of the core's torch.distributed rendezvous store (TCPStore); 0 = the core picks a free one
+    and announces it through Redis."""
+    dist_socket_ifname: str | None = None
+    """Network interface gloo/NCCL bind (sets GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME); None = the
+    interface of the host name (loopback on a single machine)."""
+    collective_timeout_s: PositiveFloat = 600.0
+    """Timeout of one collective (gradient reduction, parameter broadcast, snapshot broadcast)."""
+    rendezvous_timeout_s: PositiveFloat = 120.0
+    """How long a cell waits for every cell to join the torch.distributed world at start-up."""
+    weight_transport: Literal["mooncake", "torch"] = "mooncake"
+    """How a satellite pulls the core's snapshot: Mooncake Transfer Engine (one flat buffer registered
+    by the core, read by satellites), or a torch.distributed broadcast from the core (fallback)."""
+    mooncake_protocol: Literal["tcp", "rdma"] = "tcp"
+    """Mooncake transport protocol (TCP on CPU machines, RDMA on clusters)."""
+    mooncake_device: str = ""
+    """Mooncake device list for RDMA (e.g. `mlx5_0`); empty = auto-discovery / none for TCP."""
+    mooncake_host: str | None = None
+    """Address the core announces to satellites for Mooncake reads; None = the core's peer host
+    (`run.peer_host("cell_agent", 0)`). Mooncake listens on 0.0.0.0 whatever is given here (see the
+    README's security notes)."""
+    snapshot_digest: bool = True
+    """The core publishes a SHA-256 of its weights with each snapshot and a satellite verifies the bytes
+    it pulled against it (costs one hash of the weights per step)."""
+    join_timeout_s: PositiveFloat = 120.0
+    """How long a cell waits for the core to open the batch it was asked to join."""
+    heartbeat_interval_s: PositiveFloat = 1.0
+    """Seconds between a training cell's heartbeats on the micro-step queue (must be well under
+    `redis.heartbeat_timeout_s`, after which its claimed micro-steps are reclaimed)."""
+    poll_s: PositiveFloat = 0.02
+    """Wait between two looks at an empty micro-step queue (the consistent point where a cell idles)."""
+
+    @field_validator("adam_beta1", "adam_beta2")
+    @classmethod
+    def _beta(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError(f"AdamW betas must be in [0, 1); got {v}")
+        return v
