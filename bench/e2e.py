@@ -1,0 +1,84 @@
+"""`gyre bench e2e`: the three scheduling modes on the same stack and workload, one after another.
+
+Each mode runs the full system (`gyre demo` machinery) for `--steps` optimizer steps on the demo
+tasks with heavy-tailed tool-latency sleeps in the demo harness, so wall time measures scheduling,
+not CPU. (φ, μ) are set for one matched target staleness E[d] = φ + (μ − 1)/2:
+
+    elastic (E[d] − 0.5, 2)   async (E[d], 1)   colocate (0, 2·E[d] + 1)
+
+Last line: {"elastic_s", "async_s", "colocate_s", "speedup_vs_async", "speedup_vs_colocate", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def mode_settings(target_staleness: float) -> dict[str, dict[str, Any]]:
+    """(φ, μ) per mode at one target staleness (async with T = 1 training cell)."""
+    return {
+        "elastic": {"mode": "elastic", "phi": target_staleness - 0.5, "mu": 2},
+        "async": {"mode": "async", "phi": target_staleness, "mu": 1, "async_training_cells": 1},
+        "colocate": {"mode": "colocate", "phi": 0.0, "mu": int(2 * target_staleness + 1)},
+    }
+
+
+def _progress(mode: str, steps: int) -> Any:
+    def show(state: Any, elapsed_s: float) -> None:
+        print(f"[{mode} {elapsed_s:5.0f}s] step {state.steps}/{steps}", file=sys.stderr)
+
+    return show
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="gyre bench e2e", description=__doc__)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--target-staleness", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tool-latency-s", type=float, default=8.0, help="median tool sleep of the harness")
+    parser.add_argument("--tool-latency-max-s", type=float, default=60.0, help="cap of one tool sleep")
+    parser.add_argument("--modes", default="elastic,async,colocate")
+    parser.add_argument("--config", default=None, help="YAML overlaid on the demo settings")
+    args = parser.parse_args(argv)
+
+    from gyre.cli.demo import demo_config
+    from gyre.demo.run import DemoRun
+
+    results: dict[str, Any] = {}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name in args.modes.split(","):
+        sched: dict[str, Any] = {**mode_settings(args.target_staleness)[name], "seed": args.seed}
+        overrides = {
+            "run": {"id": f"bench-e2e-{name}-{stamp}"},
+            "scheduler": sched,
+            "runner": {
+                "harness_args": [
+                    "--tool-latency-s",
+                    str(args.tool_latency_s),
+                    "--tool-latency-max-s",
+                    str(args.tool_latency_max_s),
+                ]
+            },
+        }
+        cfg = demo_config(Path(args.config) if args.config else None, overrides)
+        t0 = time.monotonic()
+        summary = DemoRun(cfg, steps=args.steps).execute(progress=_progress(name, args.steps))
+        results[name] = {"wall_s": round(time.monotonic() - t0, 1), "summary": summary}
+    out: dict[str, Any] = {f"{k}_s": v["wall_s"] for k, v in results.items()}
+    if "elastic" in results:
+        for other in ("async", "colocate"):
+            if other in results:
+                out[f"speedup_vs_{other}"] = round(results[other]["wall_s"] / results["elastic"]["wall_s"], 3)
+    out.update(
+        steps=args.steps,
+        target_staleness=args.target_staleness,
+        seed=args.seed,
+        mean_staleness={k: v["summary"]["mean_staleness"] for k, v in results.items()},
+        transitions={k: v["summary"]["transitions"]["count"] for k, v in results.items()},
+    )
+    print(json.dumps(out))
