@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from gyre.config.base import PositiveFloat, Section
+from gyre.config.base import Port, PositiveFloat, Section
 from gyre.config.engine import EngineSection
 from gyre.config.training import TrainerSection
 
 
 class CellAgentSection(Section):
-    ports: list[int] = Field(default_factory=list)
+    ports: list[Port] = Field(default_factory=list)
     """gRPC port of each cell agent, index = cell; empty = free ports picked by `gyre up`."""
-    engine_ports: list[int] = Field(default_factory=list)
+    engine_ports: list[Port] = Field(default_factory=list)
     """HTTP port of each cell's rollout engine, index = cell; empty = free ports picked by `gyre up`."""
     engine: EngineSection = Field(default_factory=EngineSection)
     """The rollout engine hosted in the rollout role."""

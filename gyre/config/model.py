@@ -6,23 +6,23 @@ from pathlib import Path
 
 from pydantic import model_validator
 
-from gyre.config.base import Section
+from gyre.config.base import AtLeastOne, PositiveFloat, Section
 
 
 class ModelSection(Section):
-    num_layers: int = 4
+    num_layers: AtLeastOne = 4
     """Transformer blocks."""
-    d_model: int = 128
+    d_model: AtLeastOne = 128
     """Hidden size."""
-    num_heads: int = 4
+    num_heads: AtLeastOne = 4
     """Attention heads; must divide d_model."""
-    ffn_hidden: int = 384
+    ffn_hidden: AtLeastOne = 384
     """SwiGLU hidden size."""
-    vocab_size: int = 272
+    vocab_size: AtLeastOne = 272
     """Embedding rows; at least the byte tokenizer's vocabulary (256 bytes + specials)."""
-    max_seq_len: int = 4096
+    max_seq_len: AtLeastOne = 4096
     """Longest sequence (positions) the model serves or trains on."""
-    rope_theta: float = 10000.0
+    rope_theta: PositiveFloat = 10000.0
     """Rotary embedding base."""
     checkpoint: Path | None = None
     """Safetensors file to start from (a warm start); None = random init under `seed`."""
