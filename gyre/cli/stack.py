@@ -19,6 +19,26 @@ def _config(file: Path | None) -> GyreConfig:
         raise typer.Exit(2) from None
 
 
+_RUN_OPTION = typer.Option(
+    None, "--run", help="Run id under run.dir; default: the configured run, else the only live one (e.g. a demo)."
+)
+
+
+def _run_dir(cfg: GyreConfig, run: str | None) -> Path:
+    """The run folder a stack command acts on; exits 1 naming the live runs when that is ambiguous."""
+    from gyre.stack.launcher import live_runs, resolve_run
+
+    run_dir = resolve_run(cfg.run.dir, cfg.run.id, run)
+    if run_dir is not None:
+        return run_dir
+    live = live_runs(cfg.run.dir)
+    if live:
+        typer.echo(f"several runs are live; pick one with --run: {', '.join(d.name for d in live)}", err=True)
+    else:
+        typer.echo(f"nothing running under {cfg.run.dir}/")
+    raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("up")
     def up_cmd(
@@ -46,29 +66,34 @@ def register(app: typer.Typer) -> None:
             down_state(state)
 
     @app.command("down")
-    def down_cmd(config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file.")) -> None:
+    def down_cmd(
+        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
+        run: str | None = _RUN_OPTION,
+    ) -> None:
         """Stop every process of the run (services, then Redis and NATS)."""
         from gyre.stack.launcher import down
 
-        cfg = _config(config)
-        typer.echo("stopped" if down(cfg.run.path) else f"nothing running for run {cfg.run.id!r}")
+        run_dir = _run_dir(_config(config), run)
+        typer.echo(f"stopped run {run_dir.name!r}" if down(run_dir) else f"nothing running for run {run_dir.name!r}")
 
     @app.command("status")
     def status_cmd(
         config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        run: str | None = _RUN_OPTION,
     ) -> None:
         """Each process of the run: pid, health (grpc.health.v1) and ports; the scheduler's state."""
         from gyre.stack.launcher import status
 
-        cfg = _config(config)
-        rows = status(cfg.run.path)
+        run_dir = _run_dir(_config(config), run)
+        rows = status(run_dir)
         if as_json:
             typer.echo(json.dumps(rows))
             return
         if not rows:
-            typer.echo(f"nothing running for run {cfg.run.id!r}")
+            typer.echo(f"nothing running for run {run_dir.name!r}")
             raise typer.Exit(1)
+        typer.echo(f"run {run_dir.name}")
         for r in rows:
             ports = f"grpc {r['grpc_port']}" if r["grpc_port"] else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())  # type: ignore[union-attr]
             typer.echo(f"{r['name']:<14} pid {r['pid']:<8} {r['health']:<12} {ports}")

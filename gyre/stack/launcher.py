@@ -232,6 +232,28 @@ def down(run_dir: Path, grace_s: float = 10.0) -> bool:
     return True
 
 
+def live_runs(runs_dir: Path) -> list[Path]:
+    """Run folders under `runs_dir` whose recorded stack still has a live process (newest first)."""
+    found = []
+    for stack_file in runs_dir.glob("*/stack.json"):
+        state = StackState.load(stack_file.parent)
+        if state is not None and any(pid_alive(p.pid) for p in state.processes):
+            found.append(stack_file.parent)
+    return sorted(found, key=lambda d: StackState.path(d).stat().st_mtime, reverse=True)
+
+
+def resolve_run(runs_dir: Path, configured: str, explicit: str | None) -> Path | None:
+    """The run a stack command acts on: `explicit` when given; else the configured run when it is live;
+    else the only live run under `runs_dir` (so `gyre status` finds a `gyre demo` run, whose id is
+    stamped). None when that is ambiguous or nothing runs."""
+    if explicit is not None:
+        return runs_dir / explicit
+    if StackState.load(runs_dir / configured) is not None:
+        return runs_dir / configured
+    live = live_runs(runs_dir)
+    return live[0] if len(live) == 1 else None
+
+
 def status(run_dir: Path) -> list[dict[str, object]]:
     """One row per process: name, pid, alive, health, ports."""
     state = StackState.load(run_dir.resolve())
