@@ -3,13 +3,13 @@ trees record with, and how it retries and drains calls on the rollout engines.""
 
 from __future__ import annotations
 
-from gyre.config.base import AtLeastOne, NonNegativeFloat, Section
+from gyre.config.base import AtLeastOne, NonNegativeFloat, Port, Section
 
 
 class ProxySection(Section):
-    port: int = 0
+    port: Port = 0
     """gRPC port (OpenExecution, UpdateRoutes, Drain); 0 picks a free one."""
-    http_port: int = 0
+    http_port: Port = 0
     """Harness-facing HTTP port (Anthropic / OpenAI APIs); 0 picks a free one."""
     max_body_bytes: AtLeastOne = 32 * 1024 * 1024
     """Requests with a larger body are answered 413."""

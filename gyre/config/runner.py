@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Section
+from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Port, Section
 
 
 class SandboxSection(Section):
@@ -62,7 +62,7 @@ class VerifierSandboxSection(SandboxSection):
 
 
 class RunnerSection(Section):
-    port: int = 0
+    port: Port = 0
     """gRPC port; 0 picks a free one."""
     max_concurrent: AtLeastOne = 32
     """Executions this runner keeps running at once."""
@@ -92,7 +92,7 @@ class RunnerSection(Section):
 
 
 class EvaluatorSection(Section):
-    port: int = 0
+    port: Port = 0
     """gRPC port; 0 picks a free one."""
     max_attempts: AtLeastOne = 3
     """Verifier attempts on one preserved workspace before the execution is excluded."""

@@ -11,11 +11,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gyre.config.base import AtLeastOne, NonNegativeFloat, NonNegativeInt, Section
+from gyre.config.base import AtLeastOne, NonNegativeFloat, NonNegativeInt, Port, Section
 
 
 class SchedulerSection(Section):
-    port: int = 0
+    port: Port = 0
     """gRPC port; 0 picks a free one."""
     tasks: list[str] = Field(default_factory=list)
     """Task ids (or suite names such as `add`) queries are drawn from; empty = the demo suite."""

@@ -31,7 +31,7 @@ class ObjectiveSection(Section):
 
 
 class PackerSection(Section):
-    port: int = 0
+    port: Port = 0
     """gRPC port; 0 picks a free one."""
     j_max: AtLeastOne = 5
     """J_max: trajectories admitted per execution."""
