@@ -104,13 +104,14 @@ def policy_step(model: GyreLM, optimizer: torch.optim.Optimizer, groups: dict[st
             "groups_with_variance": sum(len({r.reward for r in g}) > 1 for g in groups.values()) / len(groups)}
 
 
-async def evaluate(client: EngineClient, samples: int, tag: str) -> RewardReport:
-    groups = await sample_groups(client, demo_task_ids(), samples, tag)
+async def evaluate(client: EngineClient, pool: list[str], samples: int, tag: str) -> RewardReport:
+    groups = await sample_groups(client, pool, samples, tag)
     return RewardReport({t: [r.reward for r in g] for t, g in groups.items()})
 
 
 async def probe(checkpoint: Path, steps: int, tasks: int, samples: int, lr: float, eval_samples: int,
-                seed: int) -> dict[str, Any]:
+                seed: int, pool: list[str] | None = None) -> dict[str, Any]:
+    pool = pool or demo_task_ids()
     torch.manual_seed(seed)
     model, _ = load_checkpoint(checkpoint)
     model.train()
@@ -122,16 +123,16 @@ async def probe(checkpoint: Path, steps: int, tasks: int, samples: int, lr: floa
 
     async with EngineServer(section, model=copy.deepcopy(model).eval()) as engine, \
             EngineClient(engine.url, timeout_s=600) as client:
-        before = await evaluate(client, eval_samples, "eval0")
+        before = await evaluate(client, pool, eval_samples, "eval0")
         history = []
         for step in range(steps):
-            groups = await sample_groups(client, rng.sample(demo_task_ids(), tasks), samples, f"s{step}")
+            groups = await sample_groups(client, rng.sample(pool, tasks), samples, f"s{step}")
             stats = await asyncio.to_thread(policy_step, model, optimizer, groups)
             weights = {name: p.detach().clone() for name, p in model.named_parameters()}
             await engine.update_weights(weights, weight_version=str(step + 1))
             history.append({k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()})
             print(f"rl_probe: step {step + 1} {json.dumps(history[-1])}", flush=True)
-        after = await evaluate(client, eval_samples, "eval1")
+        after = await evaluate(client, pool, eval_samples, "eval1")
     return {
         "checkpoint": str(checkpoint), "steps": steps, "tasks_per_step": tasks, "samples_per_task": samples, "lr": lr,
         "eval_reward_start": round(before.mean_reward, 4), "eval_reward_end": round(after.mean_reward, 4),
@@ -152,9 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per demo task in the fixed evaluation")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pool", default="", help="task ids separated by ;  to draw from (default: the demo suite)")
     args = parser.parse_args(argv)
     print(json.dumps(asyncio.run(probe(args.checkpoint, args.steps, args.tasks, args.samples, args.lr,
-                                       args.eval_samples, args.seed))))
+                                       args.eval_samples, args.seed,
+                                       [t for t in args.pool.split(";") if t]))))
 
 
 if __name__ == "__main__":

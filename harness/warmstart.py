@@ -1,6 +1,6 @@
 """Warm start of the embedded model on teacher transcripts of the demo tasks.
 
-    python -m harness.warmstart --out harness/checkpoints/warmstart.safetensors --seconds 150
+    python -m harness.warmstart --out harness/checkpoints/warmstart.safetensors --seconds 480 --threads 2
 
 Trains GyreLM (the `model` config section's shape, here the defaults) from a seeded random init on
 transcripts of a mostly-right teacher (harness/teacher.py: 80% right, 10% wrong, 10% malformed
@@ -137,7 +137,7 @@ def save_fp16(model: GyreLM, path: Path, stats: dict[str, Any]) -> Path:
     return save_checkpoint(half, path, {"source": "harness.warmstart", **{k: str(v) for k, v in stats.items()}})
 
 
-def ensure_checkpoint(path: Path = DEFAULT_CHECKPOINT, seconds: float = 150.0, seed: int = 0) -> Path:
+def ensure_checkpoint(path: Path = DEFAULT_CHECKPOINT, seconds: float = 480.0, seed: int = 0) -> Path:
     """The warm-start checkpoint at `path`, trained and written first when it is absent."""
     if not path.exists():
         model, stats = train(seconds, seed=seed)
@@ -148,7 +148,7 @@ def ensure_checkpoint(path: Path = DEFAULT_CHECKPOINT, seconds: float = 150.0, s
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m harness.warmstart", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_CHECKPOINT, help="checkpoint to write")
-    parser.add_argument("--seconds", type=float, default=150.0, help="wall-clock training budget")
+    parser.add_argument("--seconds", type=float, default=480.0, help="wall-clock training budget")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is robust on shared cores)")
