@@ -26,6 +26,9 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         name: str = typer.Argument("", help="Benchmark name (a module of bench/)."),
         list_: bool = typer.Option(False, "--list", help="List the benchmarks."),
+        json_: bool = typer.Option(
+            False, "--json", help="Accepted by every benchmark: the last output line is always one JSON object."
+        ),
     ) -> None:
         """Run one benchmark; its last output line is a JSON object."""
         names = _names()
