@@ -15,40 +15,25 @@ import grpc
 from google.protobuf.message import Message
 
 from gyre.bus import Delivery
-from gyre.ids import step_of_batch
 from gyre.service import GyreService
 from gyre.v1 import common_pb2, proxy_pb2, runner_pb2, scheduler_pb2, scheduler_pb2_grpc
-from gyre.v1 import events_pb2 as ev
 from services.scheduler import persist
 from services.scheduler.dispatch import Dispatcher, QuerySource
-from services.scheduler.driver import Driver, MakeEvent
+from services.scheduler.driver import Driver
 from services.scheduler.executor import ActionExecutor, RunFacts
-from services.scheduler.naming import ROLE_TO_PROTO, engine_id, engine_index
+from services.scheduler.naming import ROLE_TO_PROTO, engine_id
 from services.scheduler.peers import Peers
 from services.scheduler.policy import (
-    BatchStreamClosed,
-    ExecutionStarted,
-    ExecutionTerminated,
-    GroupPacked,
-    GroupReady,
-    MicroStepClaimed,
-    MicroStepDone,
     Mode,
     Policy,
     PolicyParams,
     RunStarted,
-    StepCompleted,
     Tick,
 )
+from services.scheduler.translate import CONSUMED, EventTranslator
 
 _MODES = {Mode.ELASTIC: common_pb2.SCHEDULING_MODE_ELASTIC, Mode.ASYNC: common_pb2.SCHEDULING_MODE_ASYNC,
           Mode.COLOCATE: common_pb2.SCHEDULING_MODE_COLOCATE}
-
-CONSUMED: tuple[type[Message], ...] = (
-    ev.ExecutionStarted, ev.ExecutionTerminated, ev.GroupReady, ev.GroupPacked, ev.MicroStepEnqueued,
-    ev.MicroStepClaimed, ev.MicroStepDone, ev.StreamClosed, ev.StepCompleted,
-)
-
 
 class SchedulerService(GyreService):
     """Owns the run: dispatch, start decisions, the capacity ledger, waterlevel, transitions, bursts."""
@@ -64,15 +49,12 @@ class SchedulerService(GyreService):
         self.resumed = state is not None
         self.policy = Policy(self.params, state)
         self.facts = RunFacts(max_steps=cfg.max_steps)
-        self.microstep_groups: dict[str, tuple[str, ...]] = {}
-        self.group_reward: dict[str, float] = {}
-        self.step_rewards: dict[int, list[float]] = {}
-        self.last_step_reward = float("nan")
         self.executor = ActionExecutor(
             driver=lambda: self.driver, peers=self.peers, dispatcher=self.dispatcher, supervisor=self.supervisor,
             facts=self.facts, separate_pool_capacity=cfg.separate_pool_capacity,
         )
         self.commanded = self.executor.commanded
+        self.translator = EventTranslator(self.commanded)
         self.driver = Driver(self.policy, self.executor.execute, self._persist, start_s=state.now_s if state else 0.0)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(_Servicer(self), self.server)
         self.supervisor.spawn(self.driver.run(), "driver")
@@ -117,54 +99,8 @@ class SchedulerService(GyreService):
 
     # -- events --------------------------------------------------------------------------------------
     async def _on_event(self, event: Message, delivery: Delivery) -> None:
-        for make in self._translate(event):
+        for make in self.translator.translate(event):
             await self.driver.handle(make)
-
-    def _translate(self, e: Message) -> list[MakeEvent]:
-        match e:
-            case ev.ExecutionStarted():
-                eid, engine = e.execution.execution_id, engine_index(e.engine_id)
-                self.commanded.pop(eid, None)
-                return [lambda now: ExecutionStarted(now, eid, engine)]
-            case ev.ExecutionTerminated():
-                eid = e.execution.execution_id
-                out: list[MakeEvent] = []
-                if eid in self.commanded:  # terminated before it could report a start (infra failure)
-                    engine = self.commanded.pop(eid)
-                    out.append(lambda now: ExecutionStarted(now, eid, engine))
-                reason = common_pb2.TerminationReason.Name(e.reason)
-                out.append(lambda now: ExecutionTerminated(now, eid, reason))
-                return out
-            case ev.GroupReady():
-                gid = e.group_id
-                self.group_reward[gid] = e.mean_reward
-                return [lambda now: GroupReady(now, gid)]
-            case ev.GroupPacked():
-                gid, step = e.group_id, step_of_batch(e.batch_id)
-                if gid in self.group_reward:
-                    self.step_rewards.setdefault(step, []).append(self.group_reward.pop(gid))
-                return [lambda now: GroupPacked(now, gid, step)]
-            case ev.MicroStepEnqueued():
-                self.microstep_groups[e.microstep_id] = tuple(e.group_ids)
-                return []
-            case ev.MicroStepClaimed():
-                groups = tuple(e.group_ids) or self.microstep_groups.get(e.microstep_id, ())
-                cell, step = e.cell, int(e.step)
-                return [lambda now: MicroStepClaimed(now, cell, step, groups)]
-            case ev.MicroStepDone():
-                cell, step = e.cell, int(e.step)
-                self.microstep_groups.pop(e.microstep_id, None)
-                return [lambda now: MicroStepDone(now, cell, step)]
-            case ev.StreamClosed():
-                step, num = step_of_batch(e.batch_id), e.num_groups
-                return [lambda now: BatchStreamClosed(now, step, num)]
-            case ev.StepCompleted():
-                version = e.policy_version
-                rewards = self.step_rewards.pop(version - 1, [])
-                if rewards:
-                    self.last_step_reward = sum(rewards) / len(rewards)
-                return [lambda now: StepCompleted(now, version)]
-        return []
 
     async def teardown(self) -> None:
         if hasattr(self, "executor"):
@@ -189,7 +125,7 @@ class SchedulerService(GyreService):
             cells=cells, policy_version=snap.version, published_version=snap.published_version, burst=snap.burst,
             steps=snap.version, ready_groups=snap.ready_unclaimed, mean_staleness=snap.mean_staleness or 0.0,
             consumed_groups=snap.consumed_groups, transitions=snap.transitions_completed,
-            last_step_reward=self.last_step_reward,
+            last_step_reward=self.translator.last_step_reward,
             executions_in_flight=len(self.policy.state.placement.assignments()) + len(self.commanded),
         )
 

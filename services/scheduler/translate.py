@@ -1,0 +1,108 @@
+"""Bus events → policy events, for the scheduler's driver.
+
+Protobuf events from NATS become the pure policy's event types. The few facts the policy does not
+keep live here: starts commanded but not yet confirmed (shared with the executor, which records
+them), rewards of ready groups until a batch packs them (for the step's mean reward in `GetState`),
+and the groups of each enqueued micro-step.
+
+Each policy event is made by a `MakeEvent` closure that the driver calls inside its serialized
+apply, so a closure that reads or changes `commanded` sees the executor's writes in action order —
+a runner can report a start while the executor is still recording the command.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.message import Message
+
+from gyre.ids import step_of_batch
+from gyre.v1 import common_pb2
+from gyre.v1 import events_pb2 as ev
+from services.scheduler.driver import MakeEvent
+from services.scheduler.naming import engine_index
+from services.scheduler.policy import (
+    BatchStreamClosed,
+    ExecutionStarted,
+    ExecutionTerminated,
+    GroupPacked,
+    GroupReady,
+    MicroStepClaimed,
+    MicroStepDone,
+    StepCompleted,
+)
+
+CONSUMED: tuple[type[Message], ...] = (
+    ev.ExecutionStarted,
+    ev.ExecutionTerminated,
+    ev.GroupReady,
+    ev.GroupPacked,
+    ev.MicroStepEnqueued,
+    ev.MicroStepClaimed,
+    ev.MicroStepDone,
+    ev.StreamClosed,
+    ev.StepCompleted,
+)
+
+
+class EventTranslator:
+    def __init__(self, commanded: dict[str, int]) -> None:
+        self.commanded = commanded
+        """Execution id → engine, for starts commanded and not yet confirmed (the executor's dict)."""
+        self.microstep_groups: dict[str, tuple[str, ...]] = {}
+        self.group_reward: dict[str, float] = {}
+        self.step_rewards: dict[int, list[float]] = {}
+        self.last_step_reward = float("nan")
+        """Mean reward of the groups the last completed step trained on."""
+
+    def translate(self, e: Message) -> list[MakeEvent]:
+        """The policy events one bus event makes (none for bookkeeping-only events)."""
+        match e:
+            # `commanded` is read and changed inside the closures (the driver's serialized apply).
+            case ev.ExecutionStarted():
+                eid, engine = e.execution.execution_id, engine_index(e.engine_id)
+
+                def confirmed(now: float) -> ExecutionStarted:
+                    self.commanded.pop(eid, None)
+                    return ExecutionStarted(now, eid, engine)
+
+                return [confirmed]
+            case ev.ExecutionTerminated():
+                eid = e.execution.execution_id
+                reason = common_pb2.TerminationReason.Name(e.reason)
+
+                def never_started(now: float) -> ExecutionStarted | None:
+                    # terminated before it could report a start (an infra failure at start)
+                    return (
+                        ExecutionStarted(now, eid, self.commanded.pop(eid)) if eid in self.commanded else None
+                    )
+
+                return [never_started, lambda now: ExecutionTerminated(now, eid, reason)]
+            case ev.GroupReady():
+                gid = e.group_id
+                self.group_reward[gid] = e.mean_reward
+                return [lambda now: GroupReady(now, gid)]
+            case ev.GroupPacked():
+                gid, step = e.group_id, step_of_batch(e.batch_id)
+                if gid in self.group_reward:
+                    self.step_rewards.setdefault(step, []).append(self.group_reward.pop(gid))
+                return [lambda now: GroupPacked(now, gid, step)]
+            case ev.MicroStepEnqueued():
+                self.microstep_groups[e.microstep_id] = tuple(e.group_ids)
+                return []
+            case ev.MicroStepClaimed():
+                groups = tuple(e.group_ids) or self.microstep_groups.get(e.microstep_id, ())
+                cell, step = e.cell, int(e.step)
+                return [lambda now: MicroStepClaimed(now, cell, step, groups)]
+            case ev.MicroStepDone():
+                cell, step = e.cell, int(e.step)
+                self.microstep_groups.pop(e.microstep_id, None)
+                return [lambda now: MicroStepDone(now, cell, step)]
+            case ev.StreamClosed():
+                step, num = step_of_batch(e.batch_id), e.num_groups
+                return [lambda now: BatchStreamClosed(now, step, num)]
+            case ev.StepCompleted():
+                version = e.policy_version
+                rewards = self.step_rewards.pop(version - 1, [])
+                if rewards:
+                    self.last_step_reward = sum(rewards) / len(rewards)
+                return [lambda now: StepCompleted(now, version)]
+        return []
