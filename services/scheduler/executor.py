@@ -91,6 +91,12 @@ class ActionExecutor:
         """Executions whose start was commanded, not yet confirmed started, and their engines."""
         self._joins: dict[int, asyncio.Task[None]] = {}
         """The JoinBatch call in flight per cell: a cell leaves training only after it returned."""
+        self._routable: set[int] = set()
+        """Cells whose engines the proxy's table lists (rollout cells, and a cell while it drains)."""
+        self._table_lock = asyncio.Lock()
+        """Serializes the proxy's table changes: `UpdateRoutes` replaces the whole table and marks every
+        listed engine serving, so one sent while another cell drains (or from a stale view of the roles,
+        when cells return to rollout together) would re-enable or drop an engine."""
 
     @property
     def driver(self) -> Driver:
@@ -147,10 +153,12 @@ class ActionExecutor:
         if a.to_role is Role.TRAINING:
             roles = self.driver.policy.state.roles
             order = [engine_id(e) for e in destination_order(roles, self._pool_capacity) if e != cell]
-            drain = await self._peers.proxy.Drain(
-                proxy_pb2.DrainRequest(engine_id=engine_id(cell), destination_engine_ids=order, migrate_kv=True),
-                timeout=RPC_TIMEOUT_S,
-            )
+            async with self._table_lock:
+                drain = await self._peers.proxy.Drain(
+                    proxy_pb2.DrainRequest(engine_id=engine_id(cell), destination_engine_ids=order, migrate_kv=True),
+                    timeout=RPC_TIMEOUT_S,
+                )
+                self._routable.discard(cell)  # drained: the next table leaves it out
             resp = await stub.SwitchRole(
                 cell_agent_pb2.SwitchRoleRequest(role=common_pb2.CELL_ROLE_TRAINING), timeout=RPC_TIMEOUT_S
             )
@@ -165,10 +173,7 @@ class ActionExecutor:
                 cell_agent_pb2.SwitchRoleRequest(role=common_pb2.CELL_ROLE_ROLLOUT, weight_version=version),
                 timeout=RPC_TIMEOUT_S,
             )
-            # The engine table lists exactly the engines that serve: the rollout cells and this one.
-            roles = self.driver.policy.state.roles
-            serving = [e for c, e in enumerate(self._peers.engines) if c == cell or roles[c] is Role.ROLLOUT]
-            await self._peers.proxy.UpdateRoutes(proxy_pb2.UpdateRoutesRequest(engines=serving), timeout=30)
+            await self.publish_engine_table(add=cell)
             log.info("cell_rollout", cell=cell, weight_version=resp.weight_version, duration_s=resp.duration_s)
         self.facts.transitions.append(
             {"cell": cell, "to": str(a.to_role), "started_s": t0, "duration_s": self.driver.now() - t0}
@@ -177,6 +182,23 @@ class ActionExecutor:
         batch = self.facts.batch
         if a.to_role is Role.TRAINING and batch is not None:
             self._join(cell, batch)
+
+    async def publish_engine_table(self, *, add: int | None = None) -> None:
+        """Send the proxy the engines of the routable cells, plus `add` (a cell back in rollout).
+        Without `add` (the run starts or resumes): the rollout cells of the policy's roles, the
+        lowest of them the default engine."""
+        async with self._table_lock:
+            default = ""
+            if add is not None:
+                self._routable.add(add)
+            else:
+                roles = self.driver.policy.state.roles
+                self._routable = {c for c, r in enumerate(roles) if r is Role.ROLLOUT}
+                default = engine_id(min(self._routable)) if self._routable else ""
+            engines = [self._peers.engines[c] for c in sorted(self._routable)]
+            await self._peers.proxy.UpdateRoutes(
+                proxy_pb2.UpdateRoutesRequest(engines=engines, default_engine_id=default), timeout=30
+            )
 
     # -- batches -----------------------------------------------------------------------------------
     async def _open_batch(self, step: int) -> None:

@@ -16,12 +16,12 @@ from google.protobuf.message import Message
 
 from gyre.bus import Delivery
 from gyre.service import GyreService
-from gyre.v1 import common_pb2, proxy_pb2, runner_pb2, scheduler_pb2, scheduler_pb2_grpc
+from gyre.v1 import common_pb2, runner_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import persist
 from services.scheduler.dispatch import Dispatcher, QuerySource
 from services.scheduler.driver import Driver
 from services.scheduler.executor import ActionExecutor, RunFacts
-from services.scheduler.naming import ROLE_TO_PROTO, engine_id
+from services.scheduler.naming import ROLE_TO_PROTO
 from services.scheduler.peers import Peers
 from services.scheduler.policy import (
     Mode,
@@ -68,9 +68,7 @@ class SchedulerService(GyreService):
         await self._wait_for_peers()
         cfg = self.config.scheduler
         self.dispatcher.queries = QuerySource(cfg.tasks, cfg.seed)
-        await self.peers.proxy.UpdateRoutes(
-            proxy_pb2.UpdateRoutesRequest(engines=self.peers.engines, default_engine_id=engine_id(0)), timeout=30
-        )
+        await self.executor.publish_engine_table()
         await self.bus.consume(
             "scheduler", list(CONSUMED), self._on_event, max_ack_pending=1024, ack_wait_s=120.0, batch=4
         )

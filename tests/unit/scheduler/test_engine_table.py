@@ -1,0 +1,84 @@
+"""The proxy's engine table under concurrent role transitions (colocate returns every cell at once)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from gyre.lifecycle import Supervisor
+from gyre.v1 import cell_agent_pb2, common_pb2, proxy_pb2
+from services.scheduler.executor import ActionExecutor, RunFacts
+from services.scheduler.peers import Peers
+from services.scheduler.policy import BeginTransition, Role
+
+
+class FakeProxy:
+    """Records table updates; a drain takes a while, and no table update may land meanwhile."""
+
+    def __init__(self) -> None:
+        self.tables: list[list[str]] = []
+        self.draining = 0
+        self.updates_during_drain = 0
+
+    async def Drain(self, request: proxy_pb2.DrainRequest, timeout: float) -> proxy_pb2.DrainResponse:
+        self.draining += 1
+        await asyncio.sleep(0.02)
+        self.draining -= 1
+        return proxy_pb2.DrainResponse()
+
+    async def UpdateRoutes(self, request: proxy_pb2.UpdateRoutesRequest, timeout: float) -> Any:
+        self.updates_during_drain += self.draining > 0
+        await asyncio.sleep(0.01)  # replies come back in any order
+        if request.engines:
+            self.tables.append([e.engine_id for e in request.engines])
+        return proxy_pb2.UpdateRoutesResponse()
+
+
+class FakeCell:
+    async def SwitchRole(self, request: Any, timeout: float) -> cell_agent_pb2.SwitchRoleResponse:
+        await asyncio.sleep(0.01)
+        return cell_agent_pb2.SwitchRoleResponse()
+
+
+def _executor(num_cells: int, roles: list[Role]) -> tuple[ActionExecutor, FakeProxy]:
+    proxy = FakeProxy()
+    engines = [common_pb2.EngineEndpoint(engine_id=f"cell-{c}", url=f"http://127.0.0.1:{9000 + c}")
+               for c in range(num_cells)]
+    peers = Peers(channels=[], cells=[FakeCell() for _ in range(num_cells)], proxy=proxy,  # type: ignore[arg-type]
+                  packer=None, runner=None, engines=engines)  # type: ignore[arg-type]
+
+    async def handle(make: Any) -> None:
+        return None
+
+    driver = SimpleNamespace(policy=SimpleNamespace(state=SimpleNamespace(roles=roles, version=1)),
+                             now=lambda: 0.0, handle=handle)
+    executor = ActionExecutor(driver=lambda: driver, peers=peers, dispatcher=None,  # type: ignore[arg-type]
+                              supervisor=Supervisor("test"), facts=RunFacts(max_steps=0), separate_pool_capacity=0)
+    return executor, proxy
+
+
+async def test_cells_returning_together_all_end_up_in_the_table() -> None:
+    roles = [Role.ROLLOUT] * 3
+    executor, proxy = _executor(3, roles)
+    await executor.publish_engine_table()
+    assert proxy.tables[-1] == ["cell-0", "cell-1", "cell-2"]
+    # Colocate: every cell leaves together, then every cell comes back together. The policy's roles
+    # change only when each TransitionCompleted is applied, i.e. after these calls return.
+    await asyncio.gather(*(executor._transition(BeginTransition(c, Role.TRAINING)) for c in range(3)))
+    roles[:] = [Role.TRAINING] * 3
+    await asyncio.gather(*(executor._transition(BeginTransition(c, Role.ROLLOUT)) for c in range(3)))
+    assert proxy.tables[-1] == ["cell-0", "cell-1", "cell-2"]
+    assert proxy.updates_during_drain == 0
+
+
+async def test_a_drained_cell_leaves_the_next_table() -> None:
+    roles = [Role.ROLLOUT] * 3
+    executor, proxy = _executor(3, roles)
+    await executor.publish_engine_table()
+    await executor._transition(BeginTransition(0, Role.TRAINING))
+    roles[0] = Role.TRAINING
+    await executor._transition(BeginTransition(1, Role.TRAINING))
+    roles[1] = Role.TRAINING
+    await executor._transition(BeginTransition(1, Role.ROLLOUT))
+    assert proxy.tables[-1] == ["cell-1", "cell-2"]
