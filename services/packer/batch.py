@@ -88,7 +88,8 @@ async def fill_batch(
     await queue.close()
     await bus.publish(
         ev.StreamClosed(batch_id=progress.batch_id, num_microsteps=progress.microsteps_enqueued,
-                        num_groups=progress.groups_packed),
+                        num_groups=progress.groups_packed,
+                        mean_reward=sum(progress.rewards) / len(progress.rewards) if progress.rewards else 0.0),
         event_id=f"batch.stream_closed:{progress.batch_id}",
     )
     progress.closed = True

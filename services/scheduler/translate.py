@@ -2,8 +2,8 @@
 
 Protobuf events from NATS become the pure policy's event types. The few facts the policy does not
 keep live here: starts commanded but not yet confirmed (shared with the executor, which records
-them), rewards of ready groups until a batch packs them (for the step's mean reward in `GetState`),
-and the groups of each enqueued micro-step.
+them), each open batch's mean reward until its step completes (for `GetState`), and the groups of
+each enqueued micro-step.
 
 Each policy event is made by a `MakeEvent` closure that the driver calls inside its serialized
 apply, so a closure that reads or changes `commanded` sees the executor's writes in action order —
@@ -48,8 +48,8 @@ class EventTranslator:
         self.commanded = commanded
         """Execution id → engine, for starts commanded and not yet confirmed (the executor's dict)."""
         self.microstep_groups: dict[str, tuple[str, ...]] = {}
-        self.group_reward: dict[str, float] = {}
-        self.step_rewards: dict[int, list[float]] = {}
+        self.batch_reward: dict[int, float] = {}
+        """Step → mean reward of its batch (from the packer's StreamClosed) until the step completes."""
         self.last_step_reward = float("nan")
         """Mean reward of the groups the last completed step trained on."""
 
@@ -78,12 +78,9 @@ class EventTranslator:
                 return [never_started, lambda now: ExecutionTerminated(now, eid, reason)]
             case ev.GroupReady():
                 gid = e.group_id
-                self.group_reward[gid] = e.mean_reward
                 return [lambda now: GroupReady(now, gid)]
             case ev.GroupPacked():
                 gid, step = e.group_id, step_of_batch(e.batch_id)
-                if gid in self.group_reward:
-                    self.step_rewards.setdefault(step, []).append(self.group_reward.pop(gid))
                 return [lambda now: GroupPacked(now, gid, step)]
             case ev.MicroStepEnqueued():
                 self.microstep_groups[e.microstep_id] = tuple(e.group_ids)
@@ -98,11 +95,12 @@ class EventTranslator:
                 return [lambda now: MicroStepDone(now, cell, step)]
             case ev.StreamClosed():
                 step, num = step_of_batch(e.batch_id), e.num_groups
+                self.batch_reward[step] = e.mean_reward
                 return [lambda now: BatchStreamClosed(now, step, num)]
             case ev.StepCompleted():
                 version = e.policy_version
-                rewards = self.step_rewards.pop(version - 1, [])
-                if rewards:
-                    self.last_step_reward = sum(rewards) / len(rewards)
+                reward = self.batch_reward.pop(version - 1, None)
+                if reward is not None:
+                    self.last_step_reward = reward
                 return [lambda now: StepCompleted(now, version)]
         return []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 import redis.asyncio as aioredis
 from google.protobuf.message import Message
 
@@ -94,6 +95,9 @@ async def test_batch_stream_packs_b_groups_oldest_first(
     await consumer.stop()
     order = [type(e).__name__ for e in seen]
     assert order[0] == "GroupPacked" and order[-1] == "StreamClosed" and order.count("StreamClosed") == 1
+    closed = next(e for e in seen if isinstance(e, ev.StreamClosed))
+    # g-old: the excluded member does not count (mean 1.0); g-mid: 0.2. The batch's reward: their mean.
+    assert closed.num_groups == 2 and closed.mean_reward == pytest.approx((1.0 + 0.2) / 2)
 
     steps = []
     while (claim := await queue.claim("cell-0")) is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+from gyre.ids import batch_id
 from gyre.v1 import common_pb2
 from gyre.v1 import events_pb2 as ev
 from services.scheduler.naming import engine_id
@@ -40,3 +43,13 @@ def test_a_termination_without_a_reported_start_confirms_the_commanded_start_fir
         ExecutionTerminated(1.0, "g1-e1", "TERMINATION_REASON_INFRA_FAILURE"),
     ]
     assert commanded == {}
+
+
+def test_the_step_reward_is_the_packed_batch_reward_once_the_step_completes() -> None:
+    t = EventTranslator({})
+    t.translate(ev.StreamClosed(batch_id=batch_id("run", 0), num_groups=4, mean_reward=0.375))
+    assert math.isnan(t.last_step_reward)
+    t.translate(ev.StepCompleted(policy_version=1))
+    assert t.last_step_reward == 0.375
+    t.translate(ev.StepCompleted(policy_version=2))  # no batch reward known for it: keeps the last
+    assert t.last_step_reward == 0.375
