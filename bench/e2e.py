@@ -4,12 +4,13 @@ Each mode runs the full system (`gyre demo` machinery) for `--steps` optimizer s
 tasks with heavy-tailed tool-latency sleeps in the demo harness, so wall time measures scheduling,
 not CPU. (φ, μ) are set for one matched target staleness E[d] = φ + (μ − 1)/2:
 
-    elastic (E[d] − 0.5, 2)   async (E[d], 1)   colocate (0, 2·E[d] + 1)
+    elastic (E[d] − (μ_e − 1)/2, μ_e)   async (E[d], 1), T = 1 training cell   colocate (0, 2·E[d] + 1)
 
-The default 6 steps give every mode at least one whole burst after the first (colocate's μ = 3), so
-the mean staleness after the first burst is comparable across modes. The default tool sleeps (median
-20 s, Pareto tail capped at 120 s) make executions mostly wait, as agent executions do; with short
-sleeps the three modes are bound by the machine's two cores, which every cell shares.
+The defaults, E[d] = 1.5 and μ_e = 3, are the paper's Table 2 rows E0 (0.5, 3), A0 (1.5, 1) and
+C0 (0, 4). The default tool sleeps (median 20 s, Pareto tail capped at 120 s) make executions mostly
+wait, as agent executions do; with short sleeps the three modes are bound by the machine's two
+cores, which every cell shares. The runner may run as many executions as the cells hold (K · C_e),
+so the rollout capacity the policy plans with is the one it gets.
 
 Last line: {"elastic_s", "async_s", "colocate_s", "speedup_vs_async", "speedup_vs_colocate", ...}.
 """
@@ -24,10 +25,13 @@ from pathlib import Path
 from typing import Any
 
 
-def mode_settings(target_staleness: float) -> dict[str, dict[str, Any]]:
+def mode_settings(target_staleness: float, elastic_mu: int = 3) -> dict[str, dict[str, Any]]:
     """(φ, μ) per mode at one target staleness (async with T = 1 training cell)."""
+    elastic_phi = target_staleness - (elastic_mu - 1) / 2
+    if elastic_phi < 0:
+        raise ValueError(f"elastic μ={elastic_mu} overshoots target staleness {target_staleness}; lower μ")
     return {
-        "elastic": {"mode": "elastic", "phi": target_staleness - 0.5, "mu": 2},
+        "elastic": {"mode": "elastic", "phi": elastic_phi, "mu": elastic_mu},
         "async": {"mode": "async", "phi": target_staleness, "mu": 1, "async_training_cells": 1},
         "colocate": {"mode": "colocate", "phi": 0.0, "mu": int(2 * target_staleness + 1)},
     }
@@ -43,7 +47,8 @@ def _progress(mode: str, steps: int) -> Any:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench e2e", description=__doc__)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--target-staleness", type=float, default=1.0)
+    parser.add_argument("--target-staleness", type=float, default=1.5)
+    parser.add_argument("--elastic-mu", type=int, default=3, help="steps per elastic burst")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tool-latency-s", type=float, default=20.0, help="median tool sleep of the harness")
     parser.add_argument("--tool-latency-max-s", type=float, default=120.0, help="cap of one tool sleep")
@@ -54,20 +59,26 @@ def main(argv: list[str]) -> None:
     from gyre.cli.demo import demo_config
     from gyre.demo.run import DemoRun
 
+    base = demo_config(Path(args.config) if args.config else None, {}).scheduler
+    capacity = base.num_cells * base.cell_capacity + base.separate_pool_capacity
     results: dict[str, Any] = {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for name in args.modes.split(","):
-        sched: dict[str, Any] = {**mode_settings(args.target_staleness)[name], "seed": args.seed}
+        sched: dict[str, Any] = {
+            **mode_settings(args.target_staleness, args.elastic_mu)[name],
+            "seed": args.seed,
+        }
         overrides = {
             "run": {"id": f"bench-e2e-{name}-{stamp}"},
             "scheduler": sched,
             "runner": {
+                "max_concurrent": capacity,
                 "harness_args": [
                     "--tool-latency-s",
                     str(args.tool_latency_s),
                     "--tool-latency-max-s",
                     str(args.tool_latency_max_s),
-                ]
+                ],
             },
         }
         cfg = demo_config(Path(args.config) if args.config else None, overrides)
