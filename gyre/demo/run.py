@@ -10,9 +10,12 @@ from the scheduler's `GetState`; the report from the run's stored events (gyre/d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,23 +47,27 @@ class DemoRun:
             from harness.warmstart import ensure_checkpoint
 
             ensure_checkpoint(self.config.model.checkpoint)  # trains the warm start once when absent
-        state = up(self.config, wait_s=start_timeout_s)
-        try:
-            resolved = load_config(Path(state.config_path))
-            host = resolved.run.peer_host("scheduler")
-            with grpc.insecure_channel(f"{host}:{resolved.scheduler.port}") as sch_ch, grpc.insecure_channel(
-                f"{resolved.run.peer_host('proxy')}:{resolved.proxy.port}"
-            ) as proxy_ch:
-                scheduler = scheduler_pb2_grpc.SchedulerStub(sch_ch)
-                proxy = proxy_pb2_grpc.ProxyStub(proxy_ch)
-                self._train(scheduler, state, progress, t0)
-                scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120)
-                self._settle(scheduler, state)
-                stats = proxy.GetStats(proxy_pb2.GetStatsRequest(), timeout=30)
-            events = asyncio.run(read_events(resolved.nats.url or "", resolved.run.id))
-            return self._report(events, stats, time.monotonic() - t0)
-        finally:
-            down_state(state)
+        with _terminate_as_exit():
+            state = up(self.config, wait_s=start_timeout_s)
+            try:
+                return self._run(state, progress, t0)
+            finally:
+                down_state(state)
+
+    def _run(self, state: StackState, progress: Progress | None, t0: float) -> dict[str, Any]:
+        resolved = load_config(Path(state.config_path))
+        host = resolved.run.peer_host("scheduler")
+        with grpc.insecure_channel(f"{host}:{resolved.scheduler.port}") as sch_ch, grpc.insecure_channel(
+            f"{resolved.run.peer_host('proxy')}:{resolved.proxy.port}"
+        ) as proxy_ch:
+            scheduler = scheduler_pb2_grpc.SchedulerStub(sch_ch)
+            proxy = proxy_pb2_grpc.ProxyStub(proxy_ch)
+            self._train(scheduler, state, progress, t0)
+            scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120)
+            self._settle(scheduler, state)
+            stats = proxy.GetStats(proxy_pb2.GetStatsRequest(), timeout=30)
+        events = asyncio.run(read_events(resolved.nats.url or "", resolved.run.id))
+        return self._report(events, stats, time.monotonic() - t0)
 
     def _train(
         self, scheduler: scheduler_pb2_grpc.SchedulerStub, stack: StackState, progress: Progress | None, t0: float
@@ -129,3 +136,20 @@ def role_names(st: scheduler_pb2.SchedulerState) -> str:
     short = {common_pb2.CELL_ROLE_ROLLOUT: "R", common_pb2.CELL_ROLE_TRAINING: "T",
              common_pb2.CELL_ROLE_DRAINING: "D"}
     return "".join(short.get(c.role, "?") for c in st.cells)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM (a container stop, `kill`) unwinds like Ctrl-C, so the stack is brought down."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
