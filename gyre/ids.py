@@ -1,6 +1,11 @@
-"""Identifiers shared across services (batch ids and queue names), defined once."""
+"""Identifiers shared across services (engine ids, batch ids and queue names), defined once."""
 
 from __future__ import annotations
+
+
+def cell_engine_id(cell: int) -> str:
+    """The id of cell `cell`'s rollout engine (in the proxy's table and on the wire)."""
+    return f"cell-{cell}"
 
 
 def batch_id(run_id: str, step: int) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 import yaml
 
-from gyre.config import ConfigError, load_config
+from gyre.cli._config import config_or_exit
 
 config_app = typer.Typer(help="Inspect the resolved configuration.", no_args_is_help=True)
 
@@ -15,11 +15,7 @@ config_app = typer.Typer(help="Inspect the resolved configuration.", no_args_is_
 @config_app.command("show")
 def show(file: Path | None = typer.Option(None, "--file", "-f", help="YAML config file.")) -> None:
     """Print the resolved config; exit 2 with a one-line error naming the field if it is invalid."""
-    try:
-        config = load_config(file)
-    except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    config = config_or_exit(file)
     typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False).rstrip())
 
 

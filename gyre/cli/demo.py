@@ -17,7 +17,8 @@ from typing import Any
 import typer
 import yaml
 
-from gyre.config import ConfigError, GyreConfig, load_config
+from gyre.cli._config import config_or_exit
+from gyre.config import GyreConfig, load_config
 
 
 def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
@@ -42,11 +43,7 @@ def register(app: typer.Typer) -> None:
         overrides: dict[str, Any] = {"run": {"id": run_id or time.strftime("demo-%Y%m%d-%H%M%S")}}
         if mode:
             overrides["scheduler"] = {"mode": mode}
-        try:
-            cfg = demo_config(config, overrides)
-        except ConfigError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+        cfg = config_or_exit(load=lambda: demo_config(config, overrides))
         total = steps or cfg.scheduler.max_steps or 12
 
         def progress(st: Any, elapsed_s: float) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import typer
 from google.protobuf import json_format
 
-from gyre.config import ConfigError, load_config
+from gyre.cli._config import config_or_exit
+from gyre.config import load_config
 
 events_app = typer.Typer(help="Inspect the run's events.", no_args_is_help=True)
 
@@ -80,11 +81,7 @@ def tail(
     count: int = typer.Option(0, "--count", help="Exit after this many events (0 = never)."),
 ) -> None:
     """Print decoded events of a run, live."""
-    try:
-        cfg = load_config(config)
-    except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    cfg = config_or_exit(config)
     run_id = run or cfg.run.id
     url = cfg.nats.url
     if url is None:

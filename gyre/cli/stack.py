@@ -8,16 +8,8 @@ from pathlib import Path
 
 import typer
 
-from gyre.config import ConfigError, GyreConfig, load_config
-
-
-def _config(file: Path | None) -> GyreConfig:
-    try:
-        return load_config(file)
-    except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-
+from gyre.cli._config import config_or_exit
+from gyre.config import GyreConfig
 
 _RUN_OPTION = typer.Option(
     None, "--run", help="Run id under run.dir; default: the configured run, else the only live one (e.g. a demo)."
@@ -49,7 +41,7 @@ def register(app: typer.Typer) -> None:
         """Start nats-server, redis-server and every service; all bind 127.0.0.1."""
         from gyre.stack.launcher import StackError, down_state, up
 
-        cfg = _config(config)
+        cfg = config_or_exit(config)
         try:
             state = up(cfg, wait_s=wait_s)
         except StackError as e:
@@ -73,7 +65,7 @@ def register(app: typer.Typer) -> None:
         """Stop every process of the run (services, then Redis and NATS)."""
         from gyre.stack.launcher import down
 
-        run_dir = _run_dir(_config(config), run)
+        run_dir = _run_dir(config_or_exit(config), run)
         typer.echo(f"stopped run {run_dir.name!r}" if down(run_dir) else f"nothing running for run {run_dir.name!r}")
 
     @app.command("status")
@@ -85,7 +77,7 @@ def register(app: typer.Typer) -> None:
         """Each process of the run: pid, health (grpc.health.v1) and ports; the scheduler's state."""
         from gyre.stack.launcher import status
 
-        run_dir = _run_dir(_config(config), run)
+        run_dir = _run_dir(config_or_exit(config), run)
         rows = status(run_dir)
         if as_json:
             typer.echo(json.dumps(rows))

@@ -59,7 +59,6 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
     completed_steps: dict[int, ev.StepCompleted] = {}
     status: dict[str, int] = {}
     reason: dict[str, int] = {}
-    started: set[str] = set()
     durations: dict[str, list[float]] = {"training": [], "rollout": []}
     for r in events:
         e = r.event
@@ -76,8 +75,6 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
                 completed_steps[e.policy_version - 1] = e
             case ev.EvaluationDone():
                 status[e.execution.execution_id] = e.status
-            case ev.ExecutionStarted():
-                started.add(e.execution.execution_id)
             case ev.ExecutionTerminated():
                 reason[e.execution.execution_id] = e.reason
             case ev.RoleTransitionCompleted():

@@ -8,7 +8,7 @@ no advantage and no rows, but still count in the batch's B·N denominator.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gyre.rl.advantages import GroupAdvantages, MemberOutcome, MemberStatus, group_advantages
@@ -55,7 +55,3 @@ async def group_rows(
         rows.extend(materialize(tree, admitted))
     return GroupRows(rows, advantages, sum(r.num_targets for r in rows))
 
-
-def execution_groups(groups: Sequence[ReadyGroup]) -> dict[str, str]:
-    """execution id → group id for every member of `groups`."""
-    return {m.execution_id: g.group_id for g in groups for m in g.members}

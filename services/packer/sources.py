@@ -9,6 +9,7 @@ from gyre.log import get_logger
 from gyre.rl.advantages import MemberOutcome, MemberStatus
 from gyre.store import Keys
 from gyre.store.groups import GroupOutcomes
+from gyre.store.groups import ReadyGroup as StoredGroup
 from gyre.store.trees import TreeStore, UnknownTreeError
 from gyre.trajectory import TrajectoryTree
 from services.packer.rows import ReadyGroup
@@ -25,16 +26,17 @@ class GroupSource:
 
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self._outcomes = GroupOutcomes(redis, keys)
-        self._handed: dict[str, set[str]] = {}
+        self._earlier: dict[str, list[StoredGroup]] = {}
+        """Per batch: groups it claimed before this packer started, not handed out again yet."""
 
     async def claim(self, batch_id: str) -> ReadyGroup | None:
-        handed = self._handed.setdefault(batch_id, set())
-        earlier = [g for g in await self._outcomes.claimed(batch_id) if g.group_id not in handed]
-        taken = earlier[:1] or await self._outcomes.claim_ready(1, batch_id)
+        if batch_id not in self._earlier:  # read once per batch; later claims come from the ready set
+            self._earlier[batch_id] = await self._outcomes.claimed(batch_id)
+        earlier = self._earlier[batch_id]
+        taken = [earlier.pop(0)] if earlier else await self._outcomes.claim_ready(1, batch_id)
         if not taken:
             return None
         group = taken[0]
-        handed.add(group.group_id)
         members = tuple(MemberOutcome(m.execution_id, MemberStatus(m.status), m.reward) for m in group.members)
         return ReadyGroup(group.group_id, group.policy_version, members)
 

@@ -32,7 +32,6 @@ from services.scheduler.policy import (
     BeginTransition,
     DispatchGroups,
     EndBurst,
-    ExecutionStarted,
     GroupDispatched,
     OpenBatch,
     PublishWeights,
@@ -121,6 +120,7 @@ class ActionExecutor:
             case ScheduleTick():
                 delay = max(0.0, action.at_s - self.driver.now())
                 loop = asyncio.get_running_loop()
+                self._tick_handles = [h for h in self._tick_handles if h.when() > loop.time()]  # drop fired ones
                 self._tick_handles.append(loop.call_later(delay, self.driver.post, lambda now: Tick(now)))
             case _:
                 raise AssertionError(f"unhandled action {action!r}")
@@ -256,7 +256,3 @@ class ActionExecutor:
 
 def _dispatched(group_id: str, size: int, version: int) -> MakeEvent:
     return lambda now: GroupDispatched(now, group_id, size, version)
-
-
-def started(execution_id: str, engine: int) -> MakeEvent:
-    return lambda now: ExecutionStarted(now, execution_id, engine)

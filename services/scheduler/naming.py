@@ -1,4 +1,4 @@
-"""Names the scheduler shell shares with the other services: engine ids, batch ids, roles.
+"""Names the scheduler shell shares with the other services: engine ids and roles.
 
 The policy speaks in ints (a cell index, or -1 for the separate pool) and its own Role enum; the
 wire speaks in engine id strings and the protos' CellRole.
@@ -6,6 +6,7 @@ wire speaks in engine id strings and the protos' CellRole.
 
 from __future__ import annotations
 
+from gyre.ids import cell_engine_id
 from gyre.v1 import common_pb2 as common
 from services.scheduler.policy import SEPARATE_POOL, Engine, Role
 
@@ -14,7 +15,7 @@ _POOL_ID = "pool"
 
 def engine_id(engine: Engine) -> str:
     """`cell-<k>` for a cell's engine, `pool` for the separate pool."""
-    return _POOL_ID if engine == SEPARATE_POOL else f"cell-{engine}"
+    return _POOL_ID if engine == SEPARATE_POOL else cell_engine_id(engine)
 
 
 def engine_index(engine_id_: str) -> Engine:

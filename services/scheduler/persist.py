@@ -18,7 +18,7 @@ from services.scheduler.policy import GroupRecord, Policy, PolicyParams, PolicyS
 
 def snapshot(policy: Policy, commanded: dict[str, int]) -> dict[str, Any]:
     s = policy.state
-    running = {**{e: eng for e, eng in commanded.items()}, **s.placement.assignments()}
+    running = {**commanded, **s.placement.assignments()}
     return {
         "dispatched": s.dispatched,
         "started": s.started,

@@ -53,15 +53,14 @@ class SchedulerService(GyreService):
             driver=lambda: self.driver, peers=self.peers, dispatcher=self.dispatcher, supervisor=self.supervisor,
             facts=self.facts, separate_pool_capacity=cfg.separate_pool_capacity,
         )
-        self.commanded = self.executor.commanded
-        self.translator = EventTranslator(self.commanded)
+        self.translator = EventTranslator(self.executor.commanded)
         self.driver = Driver(self.policy, self.executor.execute, self._persist, start_s=state.now_s if state else 0.0)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(_Servicer(self), self.server)
         self.supervisor.spawn(self.driver.run(), "driver")
         self.supervisor.spawn(self._begin(), "begin")
 
     async def _persist(self) -> None:
-        await persist.save(self.redis, self.keys.scheduler_state(), self.policy, self.commanded)
+        await persist.save(self.redis, self.keys.scheduler_state(), self.policy, self.executor.commanded)
 
     async def _begin(self) -> None:
         """Wait for the engines, publish the engine table to the proxy, then start (or resume) the run."""
@@ -124,7 +123,7 @@ class SchedulerService(GyreService):
             steps=snap.version, ready_groups=snap.ready_unclaimed, mean_staleness=snap.mean_staleness or 0.0,
             consumed_groups=snap.consumed_groups, transitions=snap.transitions_completed,
             last_step_reward=self.translator.last_step_reward,
-            executions_in_flight=len(self.policy.state.placement.assignments()) + len(self.commanded),
+            executions_in_flight=len(self.policy.state.placement.assignments()) + len(self.executor.commanded),
         )
 
 

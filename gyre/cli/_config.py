@@ -1,0 +1,19 @@
+"""Loading the config for a command: a bad config exits 2 with the one-line error naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+
+from gyre.config import ConfigError, GyreConfig, load_config
+
+
+def config_or_exit(file: Path | None = None, load: Callable[[], GyreConfig] | None = None) -> GyreConfig:
+    """`load_config(file)`, or `load()` when given (e.g. the demo's layered settings)."""
+    try:
+        return load() if load is not None else load_config(file)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
