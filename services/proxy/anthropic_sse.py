@@ -16,14 +16,10 @@ from typing import Any
 import orjson
 
 from gyre.trajectory import AssistantOutput, ThinkingBlock, to_anthropic_content
-from services.proxy.api import StreamEncoder
+from services.proxy.api import StreamEncoder, sse
 from services.proxy.calls import CallResult, ModelCall
 from services.proxy.errors import ProxyError
 from services.proxy.streaming import StreamEvent, TextDelta, TextEnd, ThinkingDone, ToolCallDone
-
-
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 def stop_reason(result: CallResult) -> str:

@@ -57,6 +57,11 @@ class StreamEncoder(ABC):
         """An error event after the stream started."""
 
 
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event: `event:` and `data:` (JSON) lines."""
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
 class ApiAdapter(ABC):
     api: ClassVar[Api]
     request_id_header: ClassVar[str] = "x-request-id"

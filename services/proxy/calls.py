@@ -1,6 +1,6 @@
 """The TITO path of one harness request, independent of the API it came in through.
 
-    call = core.begin(state, request, api, request_id, clock)   # classify, restore, match, encode
+    call = core.begin(state, request, request_id, clock)        # classify, restore, match, encode
     result = await call.complete()                              # or: async for events in call.stream()
 
 `begin` runs the tree's `prepare` (profile classification, tool-call restoration, matching, and
@@ -207,6 +207,18 @@ def _decoded(text: Detokenizer, ids: list[int]) -> str:
         raise EngineOutputError(f"the engine output cannot be decoded: {e}") from e
 
 
+def prepare(state: ExecutionState, request: ModelRequest) -> PreparedCall:
+    """The tree's `prepare` of a request (nothing stored), its failures as proxy errors."""
+    try:
+        return state.tree.prepare(request)
+    except TreeClosedError as e:
+        raise ExecutionClosedError(str(e)) from e
+    except RequestError as e:
+        raise InvalidRequestError(str(e), e.field) from e
+    except ValueError as e:  # a template that cannot render this request (TemplateError)
+        raise InvalidRequestError(str(e)) from e
+
+
 def begin_call(
     *,
     state: ExecutionState,
@@ -221,14 +233,7 @@ def begin_call(
 ) -> ModelCall:
     """Prepare one call: validate sampling, match and encode against the execution's tree."""
     sampling, max_new_tokens = engine_sampling(request, template, settings.default_max_tokens)
-    try:
-        prepared = state.tree.prepare(request)
-    except TreeClosedError as e:
-        raise ExecutionClosedError(str(e)) from e
-    except RequestError as e:
-        raise InvalidRequestError(str(e), e.field) from e
-    except ValueError as e:  # a template that cannot render this request (TemplateError)
-        raise InvalidRequestError(str(e)) from e
+    prepared = prepare(state, request)
     generation = Generation(
         router,
         execution_id=state.execution_id,

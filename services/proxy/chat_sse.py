@@ -9,12 +9,12 @@ An error after the stream started is a `data: {"error": ...}` line.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import orjson
 
+from gyre.trajectory import AssistantOutput, to_openai_chat_message
 from services.proxy.api import StreamEncoder
 from services.proxy.calls import CallResult, ModelCall
 from services.proxy.errors import ProxyError
@@ -68,13 +68,8 @@ class ChatStream(StreamEncoder):
                 if event.text:
                     out.append(self._chunk({"reasoning_content": event.text}))
             elif isinstance(event, ToolCallDone):
-                call = event.call
-                delta = {
-                    "index": self._num_calls,
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": json.dumps(call.input, ensure_ascii=False)},
-                }
+                (entry,) = to_openai_chat_message(AssistantOutput((event.call,), True))["tool_calls"]
+                delta = {"index": self._num_calls, **entry}
                 self._num_calls += 1
                 out.append(self._chunk({"tool_calls": [delta]}))
         return b"".join(out)

@@ -22,17 +22,9 @@ import redis.asyncio as aioredis
 from gyre.config import ProxySection
 from gyre.store import Keys
 from gyre.store.trees import TreeStore
-from gyre.trajectory import (
-    ChatTemplate,
-    ModelRequest,
-    RequestError,
-    TreeClosedError,
-    get_profile,
-    make_template,
-)
-from services.proxy.calls import CallSettings, ModelCall, begin_call
+from gyre.trajectory import ChatTemplate, ModelRequest, get_profile, make_template
+from services.proxy.calls import CallSettings, ModelCall, begin_call, prepare
 from services.proxy.credentials import Credentials
-from services.proxy.errors import ExecutionClosedError, InvalidRequestError
 from services.proxy.executions import Executions, ExecutionState
 from services.proxy.metrics import OverheadClock, ProxyMetrics
 from services.proxy.route_store import RouteStore
@@ -114,14 +106,7 @@ class ProxyCore:
 
     def count_tokens(self, state: ExecutionState, request: ModelRequest) -> int:
         """Prompt tokens of a call (matched ids reused; nothing stored)."""
-        try:
-            return len(state.tree.prepare(request).input_ids)
-        except TreeClosedError as e:
-            raise ExecutionClosedError(str(e)) from e
-        except RequestError as e:
-            raise InvalidRequestError(str(e), e.field) from e
-        except ValueError as e:
-            raise InvalidRequestError(str(e)) from e
+        return len(prepare(state, request).input_ids)
 
     def in_transition(self, call: ModelCall | None) -> bool:
         """Whether an error now counts as one seen during a role transition."""

@@ -15,13 +15,10 @@ item's position. An error after the stream started is `response.failed`.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
-import orjson
-
 from gyre.trajectory import AssistantOutput, ThinkingBlock, to_responses_output
-from services.proxy.api import StreamEncoder
+from services.proxy.api import StreamEncoder, sse
 from services.proxy.calls import CallResult, ModelCall
 from services.proxy.errors import ProxyError
 from services.proxy.streaming import StreamEvent, TextDelta, TextEnd, ThinkingDone, ToolCallDone
@@ -70,7 +67,7 @@ class ResponsesStream(StreamEncoder):
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+        return sse(kind, data)
 
     def start(self, call: ModelCall) -> bytes:
         response = response_object(call, self.response_id, "in_progress", [], None)
@@ -208,16 +205,8 @@ class ResponsesStream(StreamEncoder):
         self.output.append(item)
 
     def _function_call(self, out: list[bytes], event: ToolCallDone) -> None:
-        call = event.call
-        arguments = json.dumps(call.input, ensure_ascii=False)
-        item = {
-            "type": "function_call",
-            "id": "fc_" + call.id,
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": arguments,
-            "status": "completed",
-        }
+        item = to_responses_output(AssistantOutput((event.call,), True))[0]
+        arguments = item["arguments"]
         index = len(self.output)
         out.append(
             self._event(
@@ -239,7 +228,7 @@ class ResponsesStream(StreamEncoder):
                 "response.function_call_arguments.done",
                 item_id=item["id"],
                 output_index=index,
-                name=call.name,
+                name=item["name"],
                 arguments=arguments,
             )
         )

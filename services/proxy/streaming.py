@@ -21,13 +21,12 @@ the final one before parsing).
 
 from __future__ import annotations
 
-import codecs
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gyre.model.tokenizer import NUM_BYTES, ByteTokenizer
+from gyre.model.tokenizer import ByteTokenizer, IncrementalDecoder
 from gyre.trajectory.messages import TextBlock, ThinkingBlock, ToolUseBlock
 from gyre.trajectory.output import AssistantOutput, ParsedCall, ToolCallParser, assemble_output, tool_call_id
 from gyre.trajectory.templates.base import ChatTemplate
@@ -91,15 +90,15 @@ def fold_events(events: Sequence[StreamEvent], stopped: bool) -> AssistantOutput
 class Detokenizer:
     """Output ids → text, incrementally, equal to the template's `decode_output` of all ids.
 
-    The byte tokenizer is decoded exactly with an incremental UTF-8 decoder; other tokenizers
-    with the usual offset window (a text ending in U+FFFD waits for its next id)."""
+    The byte tokenizer is decoded exactly with its own `IncrementalDecoder` (what its `decode`
+    uses); other tokenizers with the usual offset window (a text ending in U+FFFD waits for its
+    next id)."""
 
     def __init__(self, template: ChatTemplate) -> None:
         self._template = template
         self._stops = template.stop_token_ids
         tokenizer = getattr(template, "tokenizer", None)
-        self._bytes = tokenizer if isinstance(tokenizer, ByteTokenizer) else None
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._bytes = IncrementalDecoder(tokenizer) if isinstance(tokenizer, ByteTokenizer) else None
         self._ids: list[int] = []
         self._prefix = 0
         self._read = 0
@@ -124,7 +123,8 @@ class Detokenizer:
 
     def _decode(self, ids: list[int], final: bool) -> str:
         if self._bytes is not None:
-            return self._decode_bytes(ids, final)
+            text = self._bytes.feed(ids)
+            return text + self._bytes.flush() if final else text
         self._ids.extend(ids)
         prefix_text = self._window(self._ids[self._prefix : self._read])
         text = self._window(self._ids[self._prefix :])
@@ -136,20 +136,6 @@ class Detokenizer:
     def _window(self, ids: list[int]) -> str:
         """Decode ids as they are: `decode_output` strips one trailing stop id, so give it one."""
         return self._template.decode_output([*ids, self._sentinel] if self._sentinel is not None else ids)
-
-    def _decode_bytes(self, ids: list[int], final: bool) -> str:
-        assert self._bytes is not None
-        parts: list[str] = []
-        run = bytearray()
-        for token_id in ids:
-            if 0 <= token_id < NUM_BYTES:
-                run.append(token_id)
-                continue
-            parts.append(self._utf8.decode(bytes(run), final=True))
-            run.clear()
-            parts.append(self._bytes.token_text(token_id))
-        parts.append(self._utf8.decode(bytes(run), final=final))
-        return "".join(parts)
 
 
 class OutputStreamer(ABC):
