@@ -46,6 +46,13 @@ class Keys:
     def tree_meta(self, execution_id: str) -> str:
         return self._k("tree", execution_id, "meta")
 
+    # -- the runner: the executions a runner owns, and which runner claimed an execution -------------
+    def runner_owned(self, runner_id: str) -> str:
+        return self._k("runner", runner_id, "owned")
+
+    def execution_runner(self, execution_id: str) -> str:
+        return self._k("exec", execution_id, "runner")
+
     # -- the proxy: credentials (key digest → execution) and its routing table ----------------------
     def proxy_key(self, key_digest: str) -> str:
         return self._k("proxykey", key_digest, "record")

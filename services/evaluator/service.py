@@ -34,8 +34,7 @@ from gyre.v1 import events_pb2 as ev
 from harness.tasks import TaskRegistry
 from services.evaluator.store import Evaluation, EvaluationStore
 from services.evaluator.verifier import VerifierRunner
-from services.runner.sandbox import SandboxLimits, make_launcher, uid_range
-from services.runner.service import check_sandbox_uids, watch_consumer
+from services.runner.service import open_sandbox, watch_consumer
 
 TERMINATED_CONSUMER = "evaluator"
 QUEUE = "evaluations"
@@ -63,20 +62,16 @@ class EvaluatorService(GyreService):
 
     async def setup(self) -> None:
         section = self.config.evaluator
-        box = section.sandbox
-        uids = uid_range(box.uid_base, self.instance, section.max_concurrent)
-        check_sandbox_uids(self.config, evaluator=uids)
-        self.launcher = make_launcher(box.isolation, uids.start, len(uids))
-        self.log.info("sandbox_enforced", **self.launcher.enforced())
+        self.launcher, limits = open_sandbox(self, section)
         run_dir = self.config.run.path.resolve()
         self.verifier = VerifierRunner(
             registry=TaskRegistry(section.task_dirs),
             launcher=self.launcher,
             work_root=(section.work_dir or run_dir / "evaluations").resolve(),
-            limits=SandboxLimits(box.cpu_s, box.memory_mb, box.max_processes, box.file_size_mb, box.open_files),
+            limits=limits,
             max_attempts=section.max_attempts,
             backoff_s=section.backoff_s,
-            kill_grace_s=box.kill_grace_s,
+            kill_grace_s=section.sandbox.kill_grace_s,
         )
         self.evaluations = EvaluationStore(self.redis, self.keys)
         self.outcomes = GroupOutcomes(self.redis, self.keys)

@@ -21,11 +21,6 @@ from gyre.store import Keys
 from services.runner.sandbox import SandboxState
 
 
-def _key(keys: Keys, kind: str, entity: str, part: str) -> str:
-    """Same layout as gyre/store/keys.py: `gyre:<run>:<kind>:{<entity>}:<part>`."""
-    return f"gyre:{keys.run_id}:{kind}:{{{entity}}}:{part}"
-
-
 @dataclass(frozen=True, slots=True)
 class OwnedExecution:
     execution_id: str
@@ -63,10 +58,10 @@ class Ownership:
         self._redis = redis
         self._keys = keys
         self.runner_id = runner_id
-        self._owned_key = _key(keys, "runner", runner_id, "owned")
+        self._owned_key = keys.runner_owned(runner_id)
 
     def _claim_key(self, execution_id: str) -> str:
-        return _key(self._keys, "exec", execution_id, "runner")
+        return self._keys.execution_runner(execution_id)
 
     async def claim(self, execution_id: str) -> bool:
         """True when this runner may run the execution (fresh claim, or its own unfinished one)."""

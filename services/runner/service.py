@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from pathlib import Path
 
 import grpc
 
 from gyre.bus import Delivery, EventConsumer
 from gyre.config import ConfigError, GyreConfig
+from gyre.config.runner import EvaluatorSection, RunnerSection
 from gyre.service import GyreService
 from gyre.store import Counters
 from gyre.v1 import common_pb2 as cm
@@ -32,7 +32,7 @@ from services.runner.execution import ExecutionController, Slots
 from services.runner.harnesses import make_harness
 from services.runner.ownership import Ownership
 from services.runner.proxy_client import ProxyClient
-from services.runner.sandbox import SandboxLimits, check_disjoint, make_launcher, uid_range
+from services.runner.sandbox import SandboxLauncher, SandboxLimits, check_disjoint, make_launcher, uid_range
 
 #: Durable consumer shared by every runner instance (the work queue of start requests).
 START_CONSUMER = "runner"
@@ -55,11 +55,7 @@ class RunnerService(GyreService):
 
     async def setup(self) -> None:
         section = self.config.runner
-        box = section.sandbox
-        uids = uid_range(box.uid_base, self.instance, section.max_concurrent)
-        check_sandbox_uids(self.config, runner=uids)
-        self.launcher = make_launcher(box.isolation, uids.start, len(uids))
-        self.log.info("sandbox_enforced", **self.launcher.enforced())
+        self.launcher, limits = open_sandbox(self, section)
         run_dir = self.config.run.path.resolve()
         self.proxy = ProxyClient(f"{self.config.run.host}:{self.config.proxy.port}", attempts=section.open_attempts)
         self.slots = Slots(section.max_concurrent)
@@ -74,8 +70,8 @@ class RunnerService(GyreService):
             registry=TaskRegistry(section.task_dirs),
             workspace_root=(section.workspace_dir or run_dir / "workspaces").resolve(),
             sandbox_root=run_dir / "sandboxes",
-            limits=SandboxLimits(box.cpu_s, box.memory_mb, box.max_processes, box.file_size_mb, box.open_files),
-            kill_grace_s=box.kill_grace_s,
+            limits=limits,
+            kill_grace_s=section.sandbox.kill_grace_s,
             slots=self.slots,
             spawn=self.supervisor.spawn,
         )
@@ -128,6 +124,16 @@ async def watch_consumer(consumer: EventConsumer) -> None:
     raise RuntimeError(f"consumer {consumer.name!r} stopped on its own")
 
 
+def open_sandbox(service: GyreService, section: RunnerSection | EvaluatorSection) -> tuple[SandboxLauncher, SandboxLimits]:
+    """The service instance's launcher over its own sandbox uids, and the configured limits."""
+    box = section.sandbox
+    uids = uid_range(box.uid_base, service.instance, section.max_concurrent)
+    check_sandbox_uids(service.config, **{service.name: uids})
+    launcher = make_launcher(box.isolation, uids.start, len(uids))
+    service.log.info("sandbox_enforced", **launcher.enforced())
+    return launcher, SandboxLimits(box.cpu_s, box.memory_mb, box.max_processes, box.file_size_mb, box.open_files)
+
+
 def check_sandbox_uids(config: GyreConfig, **mine: range) -> None:
     """Refuse to start when this instance's sandbox uids overlap the other service's first ones."""
     ranges = {
@@ -156,7 +162,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServicer):
                                           index_in_group=r.owned.index_in_group, query_id=r.owned.query_id),
                 pid=r.handle.pid,
                 elapsed_s=now - r.owned.started_at_ms / 1000,
-                workspace_path=str(Path(r.owned.workspace)),
+                workspace_path=r.owned.workspace,
             )
             for r in controller.running.values()
         ]

@@ -223,10 +223,6 @@ class SandboxLauncher(ABC):
     def release(self, state: SandboxState) -> None:
         """Return the sandbox's slot (uid) to the pool."""
 
-    def sandbox_uid(self) -> int | None:
-        """The uid the next sandbox runs as (None = the caller's)."""
-        return None
-
     async def _start(self, spec: SandboxSpec, uid: int | None, network: NetworkPolicy) -> SandboxHandle:
         control, home = spec.control_dir, spec.home
         if spec.root.exists():
@@ -324,9 +320,6 @@ class IsolatedLauncher(SandboxLauncher):
             "rlimits": "CPU, address space, processes (per uid), file size, open files, no core dumps",
             "network": "own network namespace with only loopback; the proxy is relayed to 127.0.0.1:<port>",
         }
-
-    def sandbox_uid(self) -> int | None:
-        return self._free[0] if self._free else None
 
     async def launch(self, spec: SandboxSpec, wait_s: float = 60.0) -> SandboxHandle:
         """Waits up to `wait_s` for a free uid (callers normally bound their concurrency to the slots)."""
