@@ -34,6 +34,7 @@ from google.protobuf.message import Message
 
 from gyre.config import GyreConfig
 from gyre.engine import EngineClient
+from gyre.ids import cell_engine_id
 from gyre.log import get_logger
 from gyre.model.checkpoint import load_checkpoint
 from gyre.model.config import ModelConfig
@@ -121,7 +122,7 @@ class CellAgent:
                 f"half of redis.heartbeat_timeout_s ({config.redis.heartbeat_timeout_s}), or live cells lose their claims"
             )
         self.emit = emit
-        self.engine_id = f"cell-{cell}"
+        self.engine_id = cell_engine_id(cell)
         engine_section = self.section.engine
         if cell < len(self.section.engine_ports):
             engine_section = engine_section.model_copy(update={"port": self.section.engine_ports[cell]})

@@ -23,7 +23,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from google.protobuf.message import Message
 
@@ -78,10 +78,6 @@ class _Work:
         self.metrics, self.processed, self.finished = LossMetrics(), 0, set()
 
 
-def _evicted(status: StepStatus) -> StepStatus:
-    return StepStatus(status.state, status.step, status.final_in_burst, status.cells, status.version, evicted=True)
-
-
 def metrics_json(metrics: LossMetrics) -> str:
     return json.dumps(asdict(metrics))
 
@@ -118,26 +114,23 @@ class StepRunner:
             raise CellStateError(f"batch {batch_id!r} was opened for step {status.step}, not {step}")
         if status.state is StepState.DONE:
             return self._outcome(record, status, participated=False)
+        # Not in this step's reduction (joined too late, or left out): return at once, so the scheduler
+        # learns it now; the cell pulls the next version when it joins the next batch.
         if status.state is not StepState.OPEN:
-            return await self._sit_out(record, status)
+            return self._outcome(record, status, participated=False)
         if not t.is_core and t.trainer.version != step and not await t.pull_snapshot(step):
-            return await self._sit_out(record, await record.status(self.cell))
+            return self._outcome(record, await record.status(self.cell), participated=False)
         registration = await record.register(self.cell, step)
         if registration is not Registration.REGISTERED:
             log.info("step_not_joined", batch=batch_id, step=step, reason=registration.value)
-            return await self._sit_out(record, await record.status(self.cell))
+            return self._outcome(record, await record.status(self.cell), participated=False)
         await t.compute.run(t.trainer.zero_grads)
         status, metrics, processed = await self._consume(record, step)
         if status.evicted or self.cell not in status.cells:
             await t.compute.run(t.trainer.zero_grads)
             log.warning("step_left_out", batch=batch_id, step=step, evicted=status.evicted, cells=status.cells)
-            return await self._sit_out(record, status)
+            return self._outcome(record, status, participated=False)
         return await self._reduce_and_update(record, status, metrics, processed, started)
-
-    async def _sit_out(self, record: StepRecord, status: StepStatus) -> StepOutcome:
-        """Not in this step's reduction (joined too late, or left out): return at once, so the
-        scheduler learns it now; the cell pulls the next version when it joins the next batch."""
-        return self._outcome(record, status, participated=False)
 
     def _outcome(
         self, record: StepRecord, status: StepStatus, *, participated: bool, microsteps: int = 0, loss: float = 0.0
@@ -182,7 +175,7 @@ class StepRunner:
                         await record.release(self.cell)
                         log.warning("evicted_from_step", batch=record.batch_id, item=claim.item_id)
                         status = await record.status(self.cell)
-                        return _evicted(status), work.metrics, work.processed
+                        return replace(status, evicted=True), work.metrics, work.processed
                     continue
                 status = await (record.try_close() if t.is_core else record.status(self.cell))
                 if status.reason == "core_reset":

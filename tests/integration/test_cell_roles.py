@@ -5,7 +5,6 @@ afterwards its engine serves the newest published version, without stale prefix-
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,17 +21,10 @@ from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
 from gyre.trainer.synthetic import synthetic_microsteps
 from services.cell_agent.trainer_state import TrainerState
 from tests.support.cells import ROLLOUT, TRAINING, CellStack, enqueue
+from tests.support.torch_threads import one_torch_thread  # noqa: F401  (autouse: the references run here)
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """The reference computations run in this process: one thread (see tests/unit/cell_agent/conftest.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 LONG = {"max_new_tokens": 400, "ignore_eos": True, "temperature": 1.0}
 

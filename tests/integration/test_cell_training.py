@@ -5,7 +5,7 @@ parameters of a single-process reference step on the same batch."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -28,17 +28,10 @@ from gyre.v1 import events_pb2 as ev
 from services.cell_agent.step_record import StepRecord
 from services.cell_agent.trainer_state import TrainerState
 from tests.support.cells import TRAINING, CellStack, enqueue
+from tests.support.torch_threads import one_torch_thread  # noqa: F401  (autouse: the references run here)
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """The reference computations run in this process: one thread (see tests/unit/cell_agent/conftest.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 TOLERANCE = 1e-6
 
@@ -208,9 +201,7 @@ async def test_two_step_burst_broadcasts_after_the_first_step_torch_transport(
                 core, satellite = await cells.status(0), await cells.status(1)
                 assert satellite.policy_version == core.policy_version == 1
                 assert satellite.weights_digest == core.weights_digest, "new weights broadcast to the satellite"
-            for s in steps:
-                reference.accumulate(s)
-            reference.optimizer_step()
+            _reference_step(reference, steps)
         published = await TrainerState(redis, keys).published()
         satellite_after = await cells.status(1)
         late = await cells.join(1, "b1", 1, True)

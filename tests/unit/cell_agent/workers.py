@@ -18,14 +18,14 @@ _KEEP: list[Any] = []
 def _groups(rank: int, world: int, ports: Queue[Any]) -> CellGroups:
     if rank == 0:
         hosted = host_store(bind_host="127.0.0.1", port=0, world_size=world, timeout_s=30)
-        store, keep = hosted.store, hosted
+        _KEEP.append(hosted)  # the rank-0 store and its socket must outlive the world
+        store = hosted.store
         for _ in range(world - 1):
             ports.put(hosted.port)
     else:
-        keep = None
         store = connect_store(host="127.0.0.1", port=ports.get(timeout=30), world_size=world, timeout_s=30)
+        _KEEP.append(store)
     groups = CellGroups.initialize(store, cell=rank, num_cells=world, backend="gloo", timeout_s=30)
-    _KEEP.append((store, keep))  # the rank-0 store must outlive the world
     return groups
 
 
