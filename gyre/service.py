@@ -28,7 +28,9 @@ from gyre.bus import EventBus
 from gyre.config import ConfigError, GyreConfig, load_config
 from gyre.lifecycle import Supervisor, install_signal_handlers
 from gyre.log import bind_context, configure_logging, get_logger
+from gyre.model.arch import ModelError
 from gyre.store import Keys, connect_redis
+from gyre.trajectory.templates.base import TemplateError
 
 
 class GyreService:
@@ -157,4 +159,8 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
         finally:
             await service.stop()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (ModelError, TemplateError) as e:  # the model directory or its chat template: exit 2, one line
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,11 +1,11 @@
 """What reward a model gets on the demo tasks: samples it through the embedded engine with the
 demo harness's protocol and scores the answers with the demo verifier's rule.
 
-    report = asyncio.run(measure_reward(model, task_ids, samples_per_task=8, seed=0))
+    report = asyncio.run(measure_reward(model_dir, task_ids, samples_per_task=8, seed=0))
     report.mean_reward, report.groups_with_variance
 
-A rollout renders the request as the proxy would (harness system prompt and tools, `embedded`
-template), generates with temperature 1 on an in-process `EngineServer`, parses the output with
+A rollout renders the request as the proxy would (harness system prompt and tools,
+the demo model's chat template), generates with temperature 1 on an in-process `EngineServer`, parses the output with
 the template's tool-call parser, applies `write_file` calls to an in-memory workspace, answers
 each call with the tool result the harness would send, and continues until an answer without
 tool calls (or `max_turns`). One task's samples form a group, as in RL: the share of groups whose
@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gyre.config.engine import EngineSection
 from gyre.engine.client import EngineClient
 from gyre.trajectory.messages import Message, ToolResultBlock
 from gyre.trajectory.profiles import PROFILES
-from gyre.trajectory.templates import EmbeddedTemplate
+from gyre.trajectory.templates import ChatTemplate, template_for_model
 from harness import prompts
 from harness.tasks import Task, TaskRegistry
 from harness.teacher import answers
@@ -50,7 +51,7 @@ class RewardReport:
                 "num_groups": len(self.rewards), "samples": sum(len(g) for g in self.rewards.values())}
 
 
-def prompt_ids(task: Task, template: EmbeddedTemplate) -> list[int]:
+def prompt_ids(task: Task, template: ChatTemplate) -> list[int]:
     from gyre.trajectory.anthropic import from_anthropic
 
     body = {"system": prompts.MAIN_SYSTEM, "tools": tool_specs(task.tools or DEFAULT_TOOLS), "messages": [
@@ -74,7 +75,7 @@ class Rollout:
     """Per id: the engine's log-prob of a sampled id, 0.0 elsewhere."""
 
 
-async def rollout(client: EngineClient, task: Task, template: EmbeddedTemplate, rid: str, max_turns: int = 4,
+async def rollout(client: EngineClient, task: Task, template: ChatTemplate, rid: str, max_turns: int = 4,
                   max_new_tokens: int = 160, temperature: float = 1.0) -> Rollout:
     """One execution: the harness protocol against the engine, scored by the verifier's rule."""
     ids = prompt_ids(task, template)
@@ -92,7 +93,7 @@ async def rollout(client: EngineClient, task: Task, template: EmbeddedTemplate, 
         output = result.output_ids
         extend(output, sampled=True, logprobs=result.output_logprobs)
         extend(template.close_output(output))
-        if any(t >= template.tokenizer.vocab_size for t in output):
+        if any(t >= template.tokenizer.vocab_size for t in output):  # a padded-vocabulary id
             break  # an id past the tokenizer (unused embedding rows): undecodable, so a malformed output
         calls = template.parse_output(output, id_seed=f"{rid}-{turn}".encode()).tool_calls
         if not calls:
@@ -112,16 +113,18 @@ async def rollout(client: EngineClient, task: Task, template: EmbeddedTemplate, 
     return Rollout(reward, ids, targets, behaviour)
 
 
-async def measure_reward(model: Any, task_ids: list[str], samples_per_task: int = 8, seed: int = 0,
-                         concurrency: int = 32) -> RewardReport:
-    """Sample `model` (a GyreLM, served as is) on every task, `samples_per_task` times each."""
+async def measure_reward(model_dir: Path, task_ids: list[str], samples_per_task: int = 8, seed: int = 0,
+                         concurrency: int = 32, model: Any = None) -> RewardReport:
+    """Sample the model of `model_dir` (or `model`, a CausalLM of it, served as is) on every task,
+    `samples_per_task` times each."""
     from services.cell_agent.engine import EngineServer
 
-    registry, template = TaskRegistry(), EmbeddedTemplate()
+    registry, template = TaskRegistry(), template_for_model(model_dir)
     report = RewardReport()
     section = EngineSection(max_batch_size=concurrency, seed=seed, num_threads=2)
     limit = asyncio.Semaphore(concurrency)
-    async with EngineServer(section, model=model) as engine, EngineClient(engine.url, timeout_s=600) as client:
+    async with EngineServer(section, model_dir=model_dir, model=model) as engine, \
+            EngineClient(engine.url, timeout_s=600) as client:
 
         async def one(task_id: str, k: int) -> None:
             async with limit:

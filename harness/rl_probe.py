@@ -1,7 +1,7 @@
 """A short RL run on the demo tasks, on CPU, with this project's objective: does the warm-started
 model improve?
 
-    python -m harness.rl_probe --checkpoint harness/checkpoints/warmstart.safetensors --steps 40
+    python -m harness.rl_probe --checkpoint harness/checkpoints/warmstart --steps 40
 
 Each step samples `--tasks` demo tasks × `--samples` executions through the embedded engine with
 the demo harness's protocol (harness/policy_eval.py), computes group-relative advantages
@@ -30,12 +30,12 @@ import torch
 
 from gyre.config.engine import EngineSection
 from gyre.engine.client import EngineClient
-from gyre.model.checkpoint import load_checkpoint
+from gyre.model.causal_lm import CausalLM
 from gyre.model.logprobs import token_logprobs
-from gyre.model.transformer import GyreLM
+from gyre.model.weights import load_model
 from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
 from gyre.rl.loss import gspo_loss
-from gyre.trajectory.templates import EmbeddedTemplate
+from gyre.trajectory.templates import template_for_family
 from harness.policy_eval import RewardReport, Rollout, rollout
 from harness.tasks import TaskRegistry, demo_task_ids
 from harness.warmstart import DEFAULT_CHECKPOINT
@@ -45,7 +45,7 @@ MICRO_BATCH = 16
 
 
 async def sample_groups(client: EngineClient, task_ids: list[str], samples: int, tag: str) -> dict[str, list[Rollout]]:
-    registry, template = TaskRegistry(), EmbeddedTemplate()
+    registry, template = TaskRegistry(), template_for_family("chatml")
     groups: dict[str, list[Rollout]] = {t: [] for t in task_ids}
 
     async def one(task_id: str, k: int) -> None:
@@ -55,7 +55,7 @@ async def sample_groups(client: EngineClient, task_ids: list[str], samples: int,
     return groups
 
 
-def policy_step(model: GyreLM, optimizer: torch.optim.Optimizer, groups: dict[str, list[Rollout]]) -> dict[str, Any]:
+def policy_step(model: CausalLM, optimizer: torch.optim.Optimizer, groups: dict[str, list[Rollout]]) -> dict[str, Any]:
     """One optimizer step of the GSPO-variant objective over the sampled groups."""
     num_executions = sum(len(g) for g in groups.values())
     executions: list[tuple[Rollout, float]] = []
@@ -113,15 +113,14 @@ async def probe(checkpoint: Path, steps: int, tasks: int, samples: int, lr: floa
                 seed: int, pool: list[str] | None = None) -> dict[str, Any]:
     pool = pool or demo_task_ids()
     torch.manual_seed(seed)
-    model, _ = load_checkpoint(checkpoint)
-    model.train()
+    model = load_model(checkpoint).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = random.Random(seed)
     section = EngineSection(max_batch_size=64, seed=seed, num_threads=2)
     started = time.monotonic()
     from services.cell_agent.engine import EngineServer
 
-    async with EngineServer(section, model=copy.deepcopy(model).eval()) as engine, \
+    async with EngineServer(section, model_dir=checkpoint, model=copy.deepcopy(model).eval()) as engine, \
             EngineClient(engine.url, timeout_s=600) as client:
         before = await evaluate(client, pool, eval_samples, "eval0")
         history = []

@@ -5,8 +5,8 @@ A mostly-right teacher solves demo tasks through the demo harness's protocol: pe
 parser rejects, which ends the execution), then "Done.". Each transcript is rendered along the
 path of a live model call: the demo harness's system prompt and tool definitions in an Anthropic
 Messages body → the trajectory processor's Anthropic converter → the `generic` harness profile →
-the `embedded` chat template → token ids, with the assistant outputs (what the engine samples) as
-the training targets.
+the demo model's chat template (`chatml`) → token ids, with the assistant outputs (what the engine
+samples) as the training targets.
 
     rng = random.Random(0)
     ids, targets = render_transcript(teacher_body(task, rng))
@@ -23,7 +23,7 @@ from typing import Any
 from gyre.trajectory.anthropic import from_anthropic
 from gyre.trajectory.messages import Message, ToolUseBlock
 from gyre.trajectory.profiles import PROFILES
-from gyre.trajectory.templates import EmbeddedTemplate
+from gyre.trajectory.templates import ChatTemplate, template_for_family
 from harness import prompts
 from harness.tasks import Task
 from harness.tools import DEFAULT_TOOLS, tool_specs
@@ -76,9 +76,9 @@ def _body(messages: list[dict[str, Any]], tools: Sequence[str]) -> dict[str, Any
             "tools": tool_specs(tools), "messages": messages}
 
 
-def render_transcript(transcript: Transcript, template: EmbeddedTemplate | None = None) -> tuple[list[int], list[bool]]:
+def render_transcript(transcript: Transcript, template: ChatTemplate | None = None) -> tuple[list[int], list[bool]]:
     """Token ids and target mask (True on engine-sampled output tokens) along the proxy's path."""
-    template = template or EmbeddedTemplate()
+    template = template or template_for_family("chatml")
     request = from_anthropic(transcript.body, {})
     system = PROFILES["generic"].classify(request).system
     ids = template.render_system(system, request.tools)
@@ -96,7 +96,10 @@ def render_transcript(transcript: Transcript, template: EmbeddedTemplate | None 
         previous = message
     if transcript.malformed_output is not None:
         prompt = template.render_generation_prompt()
-        output = [template.call_start, *transcript.malformed_output.encode(), template.call_end, template.im_end]
+        # A malformed call is text the parser rejects; rendered as the engine would have emitted it.
+        output = template.encode_output(
+            Message.text("assistant", f"<tool_call>{transcript.malformed_output}</tool_call>")
+        )
         ids += prompt + output
         targets += [False] * len(prompt) + [True] * len(output)
     return ids, targets

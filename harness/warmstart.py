@@ -1,15 +1,16 @@
-"""Warm start of the embedded model on teacher transcripts of the demo tasks.
+"""Warm start of the embedded demo model on teacher transcripts of the demo tasks.
 
-    python -m harness.warmstart --out harness/checkpoints/warmstart.safetensors --seconds 480 --threads 2
+    python -m harness.warmstart --out harness/checkpoints/warmstart --seconds 480 --threads 2
 
-Trains GyreLM (the `model` config section's shape, here the defaults) from a seeded random init on
-transcripts of a mostly-right teacher (harness/teacher.py: 80% right, 10% wrong, 10% malformed
-`write_file` calls), rendered through the exact path the proxy uses, with the loss on the
-engine-sampled tokens only. It runs for a wall-clock budget, not a step count, so the result
-depends on the machine; the shipped checkpoint records its steps and tokens in its metadata. It is
-saved as fp16 safetensors (about 1.8 MB) by `gyre.model.checkpoint.save_checkpoint`, loadable by
-the engine and the trainer. Then it measures the reward the checkpoint gets on the demo tasks
-(harness/policy_eval.py) and prints one JSON line.
+The demo model is a Hugging Face Llama directory at the embedded default's size (`DEMO_MODEL`: 4
+layers, d=128, 0.9 M parameters, a byte tokenizer and Gyre's compact ChatML, `gyre.model.init`).
+This trains it from a seeded random init on transcripts of a mostly-right teacher
+(harness/teacher.py: 80% right, 10% wrong, 10% malformed `write_file` calls), rendered through the
+exact path the proxy uses, with the loss on the engine-sampled tokens only. It runs for a
+wall-clock budget, not a step count, so the result depends on the machine; the directory records
+its steps and tokens in the safetensors metadata. Weights are saved in fp16 (about 1.8 MB), an HF
+directory the engine, the trainer and `transformers` load. Then it measures the reward the
+checkpoint gets on the demo tasks (harness/policy_eval.py) and prints one JSON line.
 
 Why this shape (shared/FACTS.md, "Learning on CPU"): a warm start from a mostly-right teacher leaves
 the model imperfect but well-formed, so groups of samples disagree and RL has signal at step 0.
@@ -19,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import json
 import math
 import random
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,15 +31,27 @@ from typing import Any
 
 import torch
 
-from gyre.config.model import ModelSection
-from gyre.model.checkpoint import load_checkpoint, save_checkpoint
-from gyre.model.config import ModelConfig
-from gyre.model.transformer import GyreLM, build_model
-from gyre.trajectory.templates import EmbeddedTemplate
+from gyre.model.causal_lm import CausalLM
+from gyre.model.files import check_model_dir
+from gyre.model.init import init_model_dir
+from gyre.model.weights import load_model, write_model_dir
+from gyre.trajectory.templates import template_for_family
 from harness.tasks import TaskRegistry, demo_task_ids
 from harness.teacher import render_transcript, teacher_body
 
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "warmstart.safetensors"
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "warmstart"
+DEMO_MODEL: dict[str, Any] = {
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "intermediate_size": 384,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+}
+"""config.json of the embedded demo model (a Llama; `gyre model init` with these overrides)."""
 MULTI_PART_SHARE = 0.1
 """Share of teacher transcripts drawn from the multi-part suite (the rest: single additions)."""
 
@@ -46,7 +59,7 @@ MULTI_PART_SHARE = 0.1
 def transcripts(seed: int) -> Iterator[tuple[list[int], list[bool]]]:
     """An endless seeded stream of rendered teacher transcripts over the demo tasks."""
     rng = random.Random(seed)
-    registry, template = TaskRegistry(), EmbeddedTemplate()
+    registry, template = TaskRegistry(), template_for_family("chatml")
     ids = demo_task_ids()
     singles = [t for t in ids if t.startswith("add/")]
     multi = [t for t in ids if not t.startswith("add/")]
@@ -89,23 +102,34 @@ def lr_at(step: int, progress: float, peak: float, warmup_steps: int = 20) -> fl
 
 
 def train(seconds: float, seed: int = 0, lr: float = 3e-3, tokens_per_step: int = 4096, threads: int = 1,
-          config: ModelConfig | None = None, log_every: int = 25) -> tuple[GyreLM, dict[str, Any]]:
+          base: Path | None = None, log_every: int = 25) -> tuple[CausalLM, dict[str, Any]]:
     """Train for `seconds` of wall clock; returns the model and training stats.
 
     One torch thread by default: on a machine whose cores are shared (CI, the demo's own services),
-    two threads that get preempted stall each other and train several times slower than one."""
+    two threads that get preempted stall each other and train several times slower than one.
+    `base` is the model directory to start from (default: a fresh `DEMO_MODEL` init under `seed`)."""
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(seconds, seed, lr, tokens_per_step, threads, config, log_every)
+        return _train(seconds, seed, lr, tokens_per_step, threads, base, log_every)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _train(seconds: float, seed: int, lr: float, tokens_per_step: int, threads: int, config: ModelConfig | None,
-           log_every: int) -> tuple[GyreLM, dict[str, Any]]:
+def init_demo_model(out: Path, seed: int = 0) -> Path:
+    """A random-init demo model directory (fp16 weights, byte tokenizer, compact ChatML)."""
+    return init_model_dir(out, arch="llama", size="tiny", seed=seed, tokenizer="byte", family="chatml",
+                          dtype="float16", overrides=DEMO_MODEL)
+
+
+def _train(seconds: float, seed: int, lr: float, tokens_per_step: int, threads: int, base: Path | None,
+           log_every: int) -> tuple[CausalLM, dict[str, Any]]:
     torch.manual_seed(seed)
-    model = build_model(config or ModelConfig.from_section(ModelSection()), seed=seed).train()
+    if base is None:
+        with tempfile.TemporaryDirectory(prefix="gyre-warmstart-") as scratch:
+            model = load_model(init_demo_model(Path(scratch) / "init", seed)).train()
+    else:
+        model = load_model(base).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     stream = transcripts(seed)
     start = time.monotonic()
@@ -131,44 +155,41 @@ def _train(seconds: float, seed: int, lr: float, tokens_per_step: int, threads: 
     return model.eval(), stats
 
 
-def save_fp16(model: GyreLM, path: Path, stats: dict[str, Any]) -> Path:
-    """fp16 safetensors (half the bytes; loads into the fp32 model exactly as the fp16 values)."""
-    half = copy.deepcopy(model).half()
-    return save_checkpoint(half, path, {"source": "harness.warmstart", **{k: str(v) for k, v in stats.items()}})
-
-
-def ensure_checkpoint(path: Path = DEFAULT_CHECKPOINT, seconds: float = 480.0, seed: int = 0) -> Path:
-    """The warm-start checkpoint at `path`, trained and written first when it is absent."""
-    if not path.exists():
-        model, stats = train(seconds, seed=seed)
-        save_fp16(model, path, stats)
-    return path
+def save_fp16(model: CausalLM, out: Path, stats: dict[str, Any]) -> Path:
+    """An fp16 HF directory (half the bytes; loads into the fp32 model exactly as the fp16 values),
+    with the training stats in the safetensors metadata."""
+    metadata = {f"gyre_warmstart_{k}": str(v) for k, v in {"source": "harness.warmstart", **stats}.items()}
+    with tempfile.TemporaryDirectory(prefix="gyre-warmstart-") as scratch:
+        files = init_demo_model(Path(scratch) / "files")  # the tokenizer and template files to ship with it
+        return write_model_dir(out, arch=model.arch, tensors=dict(model.named_parameters()), source=files,
+                               metadata=metadata, dtype="float16")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m harness.warmstart", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_CHECKPOINT, help="checkpoint to write")
+    parser.add_argument("--out", type=Path, default=DEFAULT_CHECKPOINT, help="model directory to write")
     parser.add_argument("--seconds", type=float, default=480.0, help="wall-clock training budget")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is robust on shared cores)")
     parser.add_argument("--tokens-per-step", type=int, default=4096)
     parser.add_argument("--eval-samples", type=int, default=8, help="samples per demo task (0 = no measurement)")
-    parser.add_argument("--eval-only", type=Path, default=None, help="measure this checkpoint, train nothing")
+    parser.add_argument("--eval-only", type=Path, default=None, help="measure this model directory, train nothing")
     args = parser.parse_args(argv)
     if args.eval_only is not None:
-        model, metadata = load_checkpoint(args.eval_only)
-        report: dict[str, Any] = {"checkpoint": str(args.eval_only), **metadata}
+        path = args.eval_only
+        report: dict[str, Any] = {"checkpoint": str(path), **check_model_dir(path).metadata}
     else:
         model, stats = train(args.seconds, seed=args.seed, lr=args.lr, tokens_per_step=args.tokens_per_step,
                              threads=args.threads)
         path = save_fp16(model, args.out, stats)
-        model, _ = load_checkpoint(path)  # measure what was shipped (fp16 values), not the fp32 weights
-        report = {"checkpoint": str(path), "bytes": path.stat().st_size, **stats}
+        size = sum(f.stat().st_size for f in path.iterdir())
+        report = {"checkpoint": str(path), "bytes": size, **stats}
     if args.eval_samples:
         from harness.policy_eval import measure_reward
 
-        measured = asyncio.run(measure_reward(model, demo_task_ids(), args.eval_samples, seed=args.seed))
+        # Measure what was shipped (the fp16 values), not the fp32 weights that were trained.
+        measured = asyncio.run(measure_reward(path, demo_task_ids(), args.eval_samples, seed=args.seed))
         report |= measured.summary()
     print(json.dumps(report))
 

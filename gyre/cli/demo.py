@@ -24,6 +24,9 @@ from gyre.config import GyreConfig, load_config
 def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
     """The packaged demo settings ← the user's file ← GYRE_* ← CLI flags."""
     base = yaml.safe_load(resources.files("gyre.demo").joinpath("demo.yaml").read_text())
+    # The packaged warm start is named relative to the installed tree, not to the caller's directory.
+    root = Path(__file__).resolve().parents[2]
+    base["model"]["path"] = str(root / base["model"]["path"])
     return load_config(file, overrides=overrides, base=base)
 
 
@@ -38,6 +41,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run elastic RL on the demo tasks and write the run report."""
         from gyre.demo.run import DemoRun, role_names
+        from gyre.model.arch import ModelError
         from gyre.stack.launcher import StackError
 
         overrides: dict[str, Any] = {"run": {"id": run_id or time.strftime("demo-%Y%m%d-%H%M%S")}}
@@ -61,6 +65,9 @@ def register(app: typer.Typer) -> None:
                    err=as_json)
         try:
             summary = DemoRun(cfg, steps=total).execute(progress=progress)
+        except ModelError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
         except StackError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None

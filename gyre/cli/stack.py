@@ -39,11 +39,15 @@ def register(app: typer.Typer) -> None:
         wait_s: float = typer.Option(30.0, "--wait", help="Seconds to wait for SERVING."),
     ) -> None:
         """Start nats-server, redis-server and every service; all bind 127.0.0.1."""
+        from gyre.model.arch import ModelError
         from gyre.stack.launcher import StackError, down_state, up
 
         cfg = config_or_exit(config)
         try:
             state = up(cfg, wait_s=wait_s)
+        except ModelError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
         except StackError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None

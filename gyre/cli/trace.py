@@ -14,9 +14,10 @@ from typing import Annotated
 
 import typer
 
+from gyre.model.families import FAMILIES
 from gyre.trajectory.profiles import PROFILES, get_profile
 from gyre.trajectory.replay import load_captures, replay, summarize, summary_json
-from gyre.trajectory.templates import make_template
+from gyre.trajectory.templates import template_for_family, template_for_model
 
 trace_app = typer.Typer(help="Inspect recorded harness traffic.", no_args_is_help=True)
 
@@ -29,7 +30,12 @@ def replay_cmd(
     profile: Annotated[
         str, typer.Option(help=f"Harness profile: {', '.join(sorted(PROFILES))}.")
     ] = "generic",
-    template: Annotated[str, typer.Option(help="Chat template that encodes messages.")] = "embedded",
+    model: Annotated[
+        Path | None, typer.Option(help="Model directory whose chat template encodes messages.")
+    ] = None,
+    family: Annotated[
+        str, typer.Option(help=f"Without --model: a chat family ({', '.join(FAMILIES)}), byte tokenizer.")
+    ] = "chatml",
     j_max: Annotated[int, typer.Option("--j-max", min=1, help="Trajectories admission may take.")] = 5,
     seed: Annotated[int, typer.Option(help="Admission seed.")] = 0,
 ) -> None:
@@ -37,8 +43,9 @@ def replay_cmd(
     try:
         harness = get_profile(profile)
         calls = load_captures(files)
-        tree = replay(calls, make_template(template), harness)
-    except ValueError as e:
+        template = template_for_model(model) if model is not None else template_for_family(family)
+        tree = replay(calls, template, harness)
+    except (ValueError, KeyError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     typer.echo(summary_json(summarize(tree, len(calls), j_max=j_max, seed=seed)))

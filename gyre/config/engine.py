@@ -19,7 +19,11 @@ class EngineSection(Section):
     """HTTP port of the engine; 0 picks a free one."""
     output_source: str = "model"
     """Embedded engine only: where outputs come from, a name in the backend registry of
-    `services.cell_agent.engine.backends` (`model` = GyreLM sampling, `scripted` = queued outputs)."""
+    `services.cell_agent.engine.backends` (`model` = the checkpoint's forward and sampling,
+    `scripted` = queued outputs)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Embedded engine only: compute dtype of the served weights and KV cache (float32 is exact and
+    fastest on CPU; a bf16 checkpoint is upcast)."""
     max_batch_size: AtLeastOne = 32
     """Requests decoded together (continuous batching)."""
     max_prefill_tokens: AtLeastOne = 2048
@@ -45,7 +49,8 @@ class EngineSection(Section):
     """On `/release_memory_occupation` with tag `weights`, keep a copy to restore on resume (SGLang's
     `--enable-weights-cpu-backup`); off = weights must be updated after resume before serving."""
     sglang_model_path: str | None = None
-    """SGLang only: model path or HF id passed as `--model-path`."""
+    """SGLang only: model path or HF id passed as `--model-path`; None = `model.path` (the directory the
+    trainer starts from, so engine and trainer load the same weights)."""
     sglang_tp_size: AtLeastOne = 1
     """SGLang only: tensor-parallel size (`--tp-size`)."""
     sglang_mem_fraction_static: float | None = None

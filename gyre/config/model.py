@@ -1,36 +1,29 @@
-"""Config section of the embedded model (architecture and warm-start checkpoint)."""
+"""Config section of the model: the Hugging Face checkpoint directory every engine and trainer uses."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import model_validator
-
-from gyre.config.base import AtLeastOne, PositiveFloat, Section
+from gyre.config.base import Section
+from gyre.model.arch import ModelError
 
 
 class ModelSection(Section):
-    num_layers: AtLeastOne = 4
-    """Transformer blocks."""
-    d_model: AtLeastOne = 128
-    """Hidden size."""
-    num_heads: AtLeastOne = 4
-    """Attention heads; must divide d_model."""
-    ffn_hidden: AtLeastOne = 384
-    """SwiGLU hidden size."""
-    vocab_size: AtLeastOne = 272
-    """Embedding rows; at least the byte tokenizer's vocabulary (256 bytes + specials)."""
-    max_seq_len: AtLeastOne = 4096
-    """Longest sequence (positions) the model serves or trains on."""
-    rope_theta: PositiveFloat = 10000.0
-    """Rotary embedding base."""
-    checkpoint: Path | None = None
-    """Safetensors file to start from (a warm start); None = random init under `seed`."""
-    seed: int = 0
-    """Seed of the random initialization."""
+    path: Path | None = None
+    """Hugging Face checkpoint directory: config.json (Llama / Qwen2 / Qwen3 dense), model.safetensors
+    or shards with model.safetensors.index.json, tokenizer.json + tokenizer_config.json (chat
+    template), generation_config.json when present. Engines serve it, the core trains from it (or from
+    its newest checkpoint), the proxy renders with its chat template. Make a tiny one with
+    `gyre model init`; the demo sets the warm start (`harness/checkpoints/warmstart`). Checked when a
+    service starts (`gyre.model.check_model_dir`), not when the config is read."""
 
-    @model_validator(mode="after")
-    def _heads_divide(self) -> ModelSection:
-        if self.d_model % self.num_heads:
-            raise ValueError(f"num_heads must divide d_model; got d_model={self.d_model}, num_heads={self.num_heads}")
-        return self
+    def require_path(self) -> Path:
+        """The directory, or a `ModelError` saying how to set it."""
+        if self.path is None:
+            raise ModelError(
+                "config",
+                "model.path",
+                "not set: give a Hugging Face checkpoint directory (`gyre model init --out DIR` makes a tiny "
+                "one; the demo uses harness/checkpoints/warmstart)",
+            )
+        return self.path

@@ -1,7 +1,11 @@
-"""Config section of the harness-facing proxy: its ports, the chat template and tool-call parser the
-trees record with, and how it retries and drains calls on the rollout engines."""
+"""Config section of the harness-facing proxy: its ports, how it reads the model's chat template and tool
+calls, and how it retries and drains calls on the rollout engines."""
 
 from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
 
 from gyre.config.base import AtLeastOne, NonNegativeFloat, Port, Section
 
@@ -15,15 +19,18 @@ class ProxySection(Section):
     """Requests with a larger body are answered 413."""
     default_profile: str = "generic"
     """Harness profile used when an execution does not name one."""
-    template: str = "embedded"
-    """Chat template the trees record token ids with (a name in `gyre.trajectory.TEMPLATES`); it must be
-    the template of the model the engines serve. `hf` also needs `hf_tokenizer`."""
-    tool_call_parser: str = "hermes"
-    """Tool-call parser of engine outputs (a name in `gyre.trajectory.PARSERS`)."""
-    hf_tokenizer: str | None = None
-    """Template `hf` only: local path of the Hugging Face tokenizer whose chat template renders calls."""
-    hf_end_of_turn: str = "<|im_end|>"
-    """Template `hf` only: the token that ends an assistant turn."""
+    end_of_turn: str | None = None
+    """The token that ends an assistant turn; None = the chat family's (`<|im_end|>` for ChatML and
+    Qwen, `<|eot_id|>` for Llama 3), recognized from the model's chat template."""
+    tool_call_parser: str | None = None
+    """Tool-call parser of engine outputs (a name in `gyre.trajectory.output.PARSERS`: `hermes`,
+    `llama3_json`); None = the chat family's."""
+    template_strict: bool = True
+    """Refuse (at start) a chat template that is not append-only — e.g. one that drops the reasoning of
+    earlier turns (`gyre model verify-template` shows where). False keeps it: trees then record every
+    turn as sampled, which the template would have rendered differently."""
+    template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for the chat template (e.g. `enable_thinking: false` for Qwen3)."""
     default_max_tokens: AtLeastOne = 4096
     """Output budget of a call whose request names none (capped by the engine's context length)."""
     max_engine_attempts: AtLeastOne = 4

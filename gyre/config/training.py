@@ -47,8 +47,9 @@ class TrainerSection(Section):
     embedded default; `megatron` is reserved for clusters and not registered yet)."""
     device: str = "cpu"
     """torch device of the trainer (`cpu`, `cuda`, `cuda:0`)."""
-    dtype: Literal["float32", "float64"] = "float32"
-    """Parameter, gradient and optimizer-state dtype."""
+    dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    """Parameter, gradient and optimizer-state dtype (the checkpoint is converted on load; published
+    directories are written in it)."""
     num_threads: AtLeastOne = 1
     """torch intra-op threads of the trainer's compute thread (cores are shared with other processes)."""
     lr: PositiveFloat = 1e-4

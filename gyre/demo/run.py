@@ -43,10 +43,6 @@ class DemoRun:
 
     def execute(self, progress: Progress | None = None, start_timeout_s: float = 120.0) -> dict[str, Any]:
         t0 = time.monotonic()
-        if self.config.model.checkpoint is not None:
-            from harness.warmstart import ensure_checkpoint
-
-            ensure_checkpoint(self.config.model.checkpoint)  # trains the warm start once when absent
         with _terminate_as_exit():
             state = up(self.config, wait_s=start_timeout_s)
             try:

@@ -1,10 +1,16 @@
-"""The embedded model: a byte-level tokenizer and a small decoder-only transformer in plain torch.
+"""Models: Hugging Face checkpoint directories in and out, and the decoder Gyre serves and trains.
 
-Used by the embedded rollout engine and by the torch trainer, so parameter names are stable.
-This package file imports nothing, so `gyre.model.tokenizer` stays importable without torch:
+One model path for the whole framework: a directory with config.json (`LlamaForCausalLM`,
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM`), safetensors weights under their HF names, tokenizer.json +
+tokenizer_config.json (chat template). This package file imports nothing, so light modules
+(`arch`, `tokenizer`) stay importable without torch:
 
-    from gyre.model.config import ModelConfig
-    from gyre.model.transformer import GyreLM, build_model
-    from gyre.model.checkpoint import save_checkpoint, load_checkpoint
+    from gyre.model.arch import ModelArch, ModelError, read_arch        # config.json, checked
+    from gyre.model.tokenizer import Tokenizer                           # tokenizer.json + chat template
+    from gyre.model.files import check_model_dir
+    from gyre.model.weights import load_model, write_model_dir
+    from gyre.model.causal_lm import CausalLM                            # packed + paged forwards
+    from gyre.model.init import init_model_dir                           # `gyre model init`
+    from gyre.model.families import FAMILIES, detect_family              # chat formats and parsers
     from gyre.model.logprobs import token_logprobs
 """

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from gyre.model.config import ModelConfig
+from gyre.model.arch import ModelArch
 
 SCRATCH_SLOT = 0
 
 
 @dataclass(slots=True)
 class PagedKVCache:
-    """K and V of every layer: `k[layer, slot, head, dim]` (keys are stored after rotary)."""
+    """K and V of every layer: `k[layer, slot, kv_head, dim]` (keys are stored after rotary)."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -39,9 +39,9 @@ class PagedKVCache:
 
     @classmethod
     def allocate(
-        cls, config: ModelConfig, num_slots: int, block_size: int, dtype: torch.dtype = torch.float32
+        cls, arch: ModelArch, num_slots: int, block_size: int, dtype: torch.dtype = torch.float32
     ) -> PagedKVCache:
-        shape = (config.num_layers, num_slots, config.num_heads, config.head_dim)
+        shape = (arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim)
         # empty: pages are touched only when a slot is first written, so an idle pool costs no RSS.
         k = torch.empty(shape, dtype=dtype)
         v = torch.empty(shape, dtype=dtype)

@@ -24,6 +24,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gyre.config import GyreConfig
+from gyre.model.files import check_model_dir
 from gyre.stack.servers import LOOPBACK, free_port, start_nats, start_redis
 
 SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
@@ -105,7 +106,9 @@ def resolve_ports(config: GyreConfig) -> GyreConfig:
 
 
 def up(config: GyreConfig, wait_s: float = 15.0) -> StackState:
-    """Start brokers and services; on any failure stop what was started and raise `StackError`."""
+    """Start brokers and services; on any failure stop what was started and raise `StackError`. A model
+    directory the services could not load raises `ModelError` before anything starts."""
+    check_model_dir(config.model.require_path())
     run_dir = config.run.path.resolve()
     previous = StackState.load(run_dir)
     if previous and any(pid_alive(p.pid) for p in previous.processes):
@@ -113,6 +116,7 @@ def up(config: GyreConfig, wait_s: float = 15.0) -> StackState:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     config = config.model_copy(deep=True)
     config.run.dir = run_dir.parent
+    config.model.path = config.model.require_path().resolve()
     state = StackState(config.run.id, str(run_dir), str(run_dir / "config.yaml"))
     try:
         if not config.nats.url:

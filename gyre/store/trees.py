@@ -1,7 +1,7 @@
 """Trajectory trees in Redis: the proxy appends each commit's nodes, the packer loads closed trees.
 
     store = TreeStore(redis, Keys(run_id))
-    await store.create(execution_id, profile="claude_code", template="embedded", policy_version=3)
+    await store.create(execution_id, profile="claude_code", template=template.name, policy_version=3)
     await store.append(execution_id, result.new_nodes + result.changed_nodes, num_sampled=n)
     await store.close(execution_id)
     tree = await store.load(execution_id)          # TrajectoryTree.from_nodes, `closed` kept
@@ -26,7 +26,7 @@ from gyre.store.keys import Keys
 from gyre.trajectory.codec import encode_node
 from gyre.trajectory.node import Node
 from gyre.trajectory.profiles import HarnessProfile, get_profile
-from gyre.trajectory.templates import ChatTemplate, make_template
+from gyre.trajectory.templates.base import ChatTemplate
 from gyre.trajectory.tree import TrajectoryTree
 
 _CREATE = """
@@ -167,15 +167,15 @@ class TreeStore:
         template: ChatTemplate | None = None,
         profile: HarnessProfile | None = None,
     ) -> TrajectoryTree:
-        """Rebuild the tree. Without `template`/`profile` the stored names are used (a template
-        that needs arguments, like `hf`, must be passed in)."""
+        """Rebuild the tree. Without `template` it is read-only (admission and materialization need only
+        the recorded ids); without `profile` the stored profile name is used."""
         meta = await self.meta(execution_id)
         if meta is None:
             raise UnknownTreeError(execution_id)
         blobs = await self._redis.hvals(self._keys.tree_nodes(execution_id))
         return TrajectoryTree.from_nodes(
             execution_id,
-            template if template is not None else make_template(meta.template),
+            template,
             profile if profile is not None else get_profile(meta.profile),
             (b if isinstance(b, bytes) else b.encode() for b in blobs),
             closed=meta.closed,

@@ -1,24 +1,26 @@
-"""Trainer checkpoints (model + optimizer + policy version) and published weight files, on disk.
+"""Trainer checkpoints and published weights, as Hugging Face model directories.
 
 Layout under the checkpoint root (`cell_agent.trainer.checkpoint_dir`, default `<run dir>/checkpoints`):
 
-    step-00000012/model.safetensors    weights; metadata: architecture and `policy_version`
-    step-00000012/optimizer.pt         optimizer state (torch.save; loaded with weights_only=True)
-    step-00000012/trainer.json         {"policy_version": 12, "backend": "torch"}
-    published/v00000012.safetensors    the weights of a publication, read by engines on a switch to rollout
+    step-00000012/            an HF directory (config.json, model.safetensors, tokenizer files) ...
+    step-00000012/optimizer.pt      ... plus the optimizer state (torch.save; loaded with weights_only=True)
+    step-00000012/trainer.json      ... and {"policy_version": 12, "backend": "torch"}, written last
+    published/v00000012/      the weights of a publication: an HF directory engines load on a switch to
+                              rollout, `AutoModelForCausalLM.from_pretrained` loads and SGLang serves
+                              (`--model-path`, `/update_weights_from_disk`)
 
-Every file is written under a temporary name and renamed into place, so a reader never sees half a
-checkpoint; `trainer.json` is written last and marks the directory complete. The model file has the
-format of `gyre.model.checkpoint`, so an engine's `/update_weights_from_disk` reads it directly.
+The policy version rides in the safetensors metadata (`gyre_policy_version`), which transformers and
+SGLang ignore. Directories are written under a temporary name and renamed into place, so a reader
+never sees half of one; a checkpoint directory counts only once `trainer.json` is in it.
 
-    path = save_trainer_checkpoint(root, version=12, model=model, optimizer=opt)
+    path = save_trainer_checkpoint(root, version=12, arch=arch, tensors=named, optimizer=opt, backend="torch",
+                                   source=model_dir)
     latest = latest_checkpoint(root)
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -26,28 +28,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from gyre.model.checkpoint import CONFIG_KEY, DEFAULT_FILENAME, read_checkpoint
-from gyre.model.config import ModelConfig
+from gyre.model.arch import ModelArch
+from gyre.model.files import POLICY_VERSION_KEY, check_model_dir
+from gyre.model.weights import load_state_dict, write_model_dir
 
 OPTIMIZER_FILENAME = "optimizer.pt"
 TRAINER_FILENAME = "trainer.json"
 PUBLISHED_DIR = "published"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
-_PUBLISHED = re.compile(r"^v(\d{8})\.safetensors$")
+_PUBLISHED = re.compile(r"^v(\d{8})$")
 
 
 def write_weights(
-    path: Path, config: ModelConfig, tensors: Mapping[str, torch.Tensor], version: int
+    out: Path, *, arch: ModelArch, tensors: Mapping[str, torch.Tensor], version: int, source: Path
 ) -> Path:
-    """Write named weights (copied to the host) in the `gyre.model.checkpoint` format, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    host = {name: t.detach().to("cpu").clone().contiguous() for name, t in tensors.items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file(host, str(tmp), metadata={CONFIG_KEY: config.to_json(), "policy_version": str(version)})
-    tmp.replace(path)
-    return path
+    """An HF directory of `tensors` (copied to the host) tagged with the policy version, atomically."""
+    return write_model_dir(
+        out, arch=arch, tensors=tensors, source=source, metadata={POLICY_VERSION_KEY: str(version)}
+    )
 
 
 def step_dir(root: Path, version: int) -> Path:
@@ -58,79 +57,86 @@ def save_trainer_checkpoint(
     root: Path,
     *,
     version: int,
-    config: ModelConfig,
+    arch: ModelArch,
     tensors: Mapping[str, torch.Tensor],
     optimizer: torch.optim.Optimizer | None,
     backend: str,
+    source: Path,
     keep: int = 2,
 ) -> Path:
     """Write `step-<version>/` (replacing an older copy of the same version) and prune to `keep`."""
     final = step_dir(root, version)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write_weights(tmp / DEFAULT_FILENAME, config, tensors, version)
+    staged = write_weights(
+        final.with_name(f"{final.name}.staged"), arch=arch, tensors=tensors, version=version, source=source
+    )
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILENAME)
-    (tmp / TRAINER_FILENAME).write_text(json.dumps({"policy_version": version, "backend": backend}))
+        torch.save(optimizer.state_dict(), staged / OPTIMIZER_FILENAME)
+    (staged / TRAINER_FILENAME).write_text(json.dumps({"policy_version": version, "backend": backend}))
     if final.exists():
         shutil.rmtree(final)
-    tmp.replace(final)
+    staged.replace(final)
     prune_checkpoints(root, keep)
     return final
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The complete checkpoint with the highest version under `root`, if any."""
+def _complete(root: Path) -> list[tuple[int, Path]]:
     root = Path(root)
     if not root.is_dir():
-        return None
-    found = [
+        return []
+    return sorted(
         (int(m.group(1)), p)
         for p in root.iterdir()
         if (m := _STEP_DIR.match(p.name)) and (p / TRAINER_FILENAME).is_file()
-    ]
-    return max(found)[1] if found else None
+    )
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The complete checkpoint with the highest version under `root`, if any."""
+    found = _complete(root)
+    return found[-1][1] if found else None
 
 
 def prune_checkpoints(root: Path, keep: int) -> None:
     """Delete all but the `keep` newest complete checkpoints."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1; got {keep}")
-    complete = sorted(
-        (int(m.group(1)), p)
-        for p in Path(root).iterdir()
-        if (m := _STEP_DIR.match(p.name)) and (p / TRAINER_FILENAME).is_file()
-    )
-    for _, path in complete[:-keep]:
+    for _, path in _complete(root)[:-keep]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def read_trainer_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any] | None, int]:
+def read_trainer_checkpoint(
+    path: Path, dtype: torch.dtype = torch.float32
+) -> tuple[ModelArch, dict[str, torch.Tensor], dict[str, Any] | None, int]:
     """(architecture, weights, optimizer state or None, policy version) of a checkpoint directory."""
     path = Path(path)
     info_path = path / TRAINER_FILENAME
     if not info_path.is_file():
         raise ValueError(f"{path} is not a complete trainer checkpoint (no {TRAINER_FILENAME})")
     version = int(json.loads(info_path.read_text())["policy_version"])
-    config, tensors, _ = read_checkpoint(path / DEFAULT_FILENAME)
+    info = check_model_dir(path)
     optimizer_path = path / OPTIMIZER_FILENAME
     optimizer = torch.load(optimizer_path, weights_only=True) if optimizer_path.is_file() else None
-    return config, tensors, optimizer, version
+    return info.arch, load_state_dict(info, dtype), optimizer, version
 
 
 def published_path(root: Path, version: int) -> Path:
-    return Path(root) / PUBLISHED_DIR / f"v{version:08d}.safetensors"
+    return Path(root) / PUBLISHED_DIR / f"v{version:08d}"
 
 
 def write_published(
-    root: Path, *, version: int, config: ModelConfig, tensors: Mapping[str, torch.Tensor], keep: int = 2
+    root: Path,
+    *,
+    version: int,
+    arch: ModelArch,
+    tensors: Mapping[str, torch.Tensor],
+    source: Path,
+    keep: int = 2,
 ) -> Path:
-    """Write the weights of publication `version` and delete all but the `keep` newest publications."""
-    path = write_weights(published_path(root, version), config, tensors, version)
-    older = sorted(
-        (int(m.group(1)), p) for p in path.parent.iterdir() if (m := _PUBLISHED.match(p.name))
+    """Write publication `version` as an HF directory and delete all but the `keep` newest ones."""
+    path = write_weights(
+        published_path(root, version), arch=arch, tensors=tensors, version=version, source=source
     )
+    older = sorted((int(m.group(1)), p) for p in path.parent.iterdir() if (m := _PUBLISHED.match(p.name)))
     for _, p in older[:-keep]:
-        p.unlink(missing_ok=True)
+        shutil.rmtree(p, ignore_errors=True)
     return path

@@ -56,8 +56,13 @@ def host_store(*, bind_host: str, port: int, world_size: int, timeout_s: float) 
     listener.bind((bind_host, port))
     listener.listen(128)
     store = TCPStore(
-        bind_host or "127.0.0.1", listener.getsockname()[1], world_size, is_master=True,
-        timeout=_timeout(timeout_s), wait_for_workers=False, master_listen_fd=listener.fileno(),
+        bind_host or "127.0.0.1",
+        listener.getsockname()[1],
+        world_size,
+        is_master=True,
+        timeout=_timeout(timeout_s),
+        wait_for_workers=False,
+        master_listen_fd=listener.fileno(),
     )
     return HostedStore(store, listener)
 

@@ -96,7 +96,9 @@ class FlatParameters:
         missing = sorted(set(self.slots) - set(tensors))
         unexpected = sorted(set(tensors) - set(self.slots))
         if missing or unexpected:
-            raise ValueError(f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            raise ValueError(
+                f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
         with torch.no_grad():
             for name, s in self.slots.items():
                 t = tensors[name]

@@ -1,6 +1,6 @@
 """Synthetic batches of micro-steps for benchmarks and tests of the training path.
 
-Rows look like admitted agent trajectories at the embedded model's scale: byte tokens, 1..3 rows per
+Rows look like admitted agent trajectories of a small model: random token ids, 1..3 rows per
 execution sharing a prefix, about half of each row's suffix as targets, behaviour log-probs equal to
 the model's own log-probs plus a little noise (so token ratios sit near 1 and the sequence clip
 sometimes fires), and group-relative advantages. The micro-steps come out of the real packer
@@ -14,14 +14,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gyre.model.transformer import GyreLM
+from gyre.model.causal_lm import CausalLM
 from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
 from gyre.rl.microstep import MicroStep
 from gyre.rl.stream import StreamPacker
 from gyre.trajectory.row import TrajectoryRow
 
 
-def _row_logprobs(model: GyreLM, tokens: np.ndarray) -> np.ndarray:
+def _row_logprobs(model: CausalLM, tokens: np.ndarray) -> np.ndarray:
     ids = torch.as_tensor(tokens, dtype=torch.int64)
     with torch.no_grad():
         logits = model(ids, torch.arange(len(ids)), [0, len(ids)]).double()
@@ -30,16 +30,19 @@ def _row_logprobs(model: GyreLM, tokens: np.ndarray) -> np.ndarray:
 
 
 def _execution_rows(
-    rng: np.random.Generator, model: GyreLM, execution_id: str, min_len: int, max_len: int, noise: float
+    rng: np.random.Generator, model: CausalLM, execution_id: str, min_len: int, max_len: int, noise: float
 ) -> list[TrajectoryRow]:
-    first = rng.integers(0, 256, size=int(rng.integers(min_len, max_len + 1)))
+    vocab = min(model.arch.vocab_size, 256)
+    first = rng.integers(0, vocab, size=int(rng.integers(min_len, max_len + 1)))
     rows: list[TrajectoryRow] = []
     for j in range(int(rng.integers(1, 4))):
         if j == 0:
             tokens, shared = first, max(1, len(first) // 3)
         else:
             shared = int(rng.integers(1, len(first)))
-            tokens = np.concatenate([first[:shared], rng.integers(0, 256, size=int(rng.integers(2, max_len // 2 + 3)))])
+            tokens = np.concatenate(
+                [first[:shared], rng.integers(0, vocab, size=int(rng.integers(2, max_len // 2 + 3)))]
+            )
         targets = rng.random(len(tokens)) < 0.5
         targets[:shared] = False
         targets[0] = False
@@ -59,7 +62,7 @@ def _execution_rows(
 
 
 def synthetic_microsteps(
-    model: GyreLM,
+    model: CausalLM,
     *,
     batch_id: str,
     step: int,
@@ -72,15 +75,19 @@ def synthetic_microsteps(
     seed: int = 0,
 ) -> list[MicroStep]:
     """The micro-steps of one batch of `num_groups` × `group_size` executions, in stream order."""
-    if max_row_tokens > model.config.max_seq_len:
-        raise ValueError(f"max_row_tokens {max_row_tokens} exceeds the model's max_seq_len {model.config.max_seq_len}")
+    if max_row_tokens > model.max_positions:
+        raise ValueError(
+            f"max_row_tokens {max_row_tokens} exceeds the model's max_position_embeddings {model.max_positions}"
+        )
     rng = np.random.default_rng(seed)
     stream = StreamPacker(
         batch_id=batch_id, step=step, num_batch_executions=num_groups * group_size, token_budget=token_budget
     )
     steps: list[MicroStep] = []
     for g in range(num_groups):
-        members = [MemberOutcome(f"g{g}e{k}", MemberStatus.VALID, float(rng.random())) for k in range(group_size)]
+        members = [
+            MemberOutcome(f"g{g}e{k}", MemberStatus.VALID, float(rng.random())) for k in range(group_size)
+        ]
         advantages = group_advantages(members).advantages
         rows = [
             row

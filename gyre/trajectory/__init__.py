@@ -33,13 +33,18 @@ from gyre.trajectory.output import PARSERS, AssistantOutput, ToolCallParser
 from gyre.trajectory.profiles import PROFILES, AgentKind, HarnessProfile, LeafClass, RequestKind, get_profile
 from gyre.trajectory.row import TrajectoryRow
 from gyre.trajectory.stats import TreeStats, tree_stats
-from gyre.trajectory.templates import TEMPLATES, ChatTemplate, TemplateError, make_template
+from gyre.trajectory.templates import (
+    ChatTemplate,
+    HFChatTemplate,
+    TemplateError,
+    template_for_family,
+    template_for_model,
+)
 from gyre.trajectory.tree import CommitResult, PreparedCall, TrajectoryTree, TreeClosedError
 
 __all__ = [
     "PARSERS",
     "PROFILES",
-    "TEMPLATES",
     "AdmittedTrajectory",
     "AgentKind",
     "Api",
@@ -47,6 +52,7 @@ __all__ = [
     "CallMeta",
     "ChatTemplate",
     "CommitResult",
+    "HFChatTemplate",
     "HarnessProfile",
     "LeafClass",
     "Message",
@@ -76,9 +82,10 @@ __all__ = [
     "from_openai_chat",
     "from_openai_responses",
     "get_profile",
-    "make_template",
     "materialize",
     "openai_finish_reason",
+    "template_for_family",
+    "template_for_model",
     "to_anthropic_content",
     "to_openai_chat_message",
     "to_responses_output",

@@ -162,6 +162,18 @@ class ModelRequest:
         )
 
 
+def append_tool_result(messages: list[Message], result: ToolResultBlock) -> None:
+    """Add a tool result: consecutive results form ONE `tool` message, as Anthropic's API sends them.
+
+    OpenAI's APIs send one message (or item) per result; chat templates that group a run of results
+    into one turn (Qwen's) then render each result only once the run is complete, so a message per
+    result would not be append-only."""
+    if messages and messages[-1].role == "tool":
+        messages[-1] = Message("tool", (*messages[-1].blocks, result))
+    else:
+        messages.append(Message("tool", (result,)))
+
+
 def canonical_json(value: JSONValue) -> str:
     """Compact JSON with sorted keys: the order-insensitive form of a tool input."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -38,6 +38,7 @@ from gyre.trajectory.messages import (
     ToolResultBlock,
     ToolSpec,
     ToolUseBlock,
+    append_tool_result,
 )
 from gyre.trajectory.output import AssistantOutput
 
@@ -67,7 +68,7 @@ def from_openai_chat(body: Mapping[str, Any], headers: Mapping[str, str] | None 
         elif role in ("tool", "function"):
             call_id = get_str(item, "tool_call_id" if role == "tool" else "name", field)
             result = ToolResultBlock(call_id, _content_text(item.get("content"), f"{field}.content"))
-            messages.append(Message("tool", (result,)))
+            append_tool_result(messages, result)
         else:
             raise RequestError(f"unknown role {role!r}", f"{field}.role")
     tools = tuple(

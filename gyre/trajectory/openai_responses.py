@@ -39,6 +39,7 @@ from gyre.trajectory.messages import (
     ToolResultBlock,
     ToolSpec,
     ToolUseBlock,
+    append_tool_result,
 )
 from gyre.trajectory.output import AssistantOutput
 
@@ -87,7 +88,7 @@ def from_openai_responses(body: Mapping[str, Any], headers: Mapping[str, str] | 
         elif kind in _OUTPUT_ITEMS:
             output = item.get("output", "")
             text = output if isinstance(output, str) else _content_text(output, f"{field}.output")
-            messages.append(Message("tool", (ToolResultBlock(get_str(item, "call_id", field), text),)))
+            append_tool_result(messages, ToolResultBlock(get_str(item, "call_id", field), text))
         elif kind is None:
             raise RequestError("input item has no type", field)
     if turn:

@@ -108,9 +108,54 @@ def _hermes_call(raw: str) -> ParsedCall | None:
         obj = json.loads(raw)
     except ValueError:
         return None
+    return _json_call(obj, raw, arguments_key="arguments")
+
+
+class Llama3JsonParser(ToolCallParser):
+    """Llama 3.1 JSON tool calls: the output ends in one or more `{"name": …, "parameters": {…}}`
+    objects (optionally after `<|python_tag|>`), each starting a line, separated by newlines or `;`.
+    Text before the first call is the message's text (one newline before the call is the
+    template's separator, not text); anything that does not parse stays text."""
+
+    name = "llama3_json"
+    _decoder = json.JSONDecoder()
+
+    def parse(self, text: str) -> list[TextBlock | ThinkingBlock | ParsedCall]:
+        starts = [i for i, ch in enumerate(text) if ch == "{" and (i == 0 or text[i - 1] == "\n")]
+        tag = text.find("<|python_tag|>")
+        if tag >= 0:
+            starts.insert(0, tag + len("<|python_tag|>"))
+        for start in starts:
+            calls = self._calls_from(text, start)
+            if calls is None:
+                continue
+            prefix = text[:tag] if tag >= 0 and start == tag + len("<|python_tag|>") else text[:start]
+            prefix = prefix[:-1] if prefix.endswith("\n") else prefix
+            return ([TextBlock(prefix)] if prefix else []) + list(calls)
+        return [TextBlock(text)] if text else []
+
+    def _calls_from(self, text: str, pos: int) -> list[ParsedCall] | None:
+        calls: list[ParsedCall] = []
+        while True:
+            while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+                pos += 1
+            if pos == len(text):
+                return calls or None
+            try:
+                obj, end = self._decoder.raw_decode(text, pos)
+            except ValueError:
+                return None
+            call = _json_call(obj, text[pos:end], arguments_key="parameters")
+            if call is None:
+                return None
+            calls.append(call)
+            pos = end
+
+
+def _json_call(obj: object, raw: str, arguments_key: str) -> ParsedCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    arguments = obj.get("arguments", obj.get("parameters", {}))
+    arguments = obj.get(arguments_key, obj.get("arguments", {}))
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -121,7 +166,7 @@ def _hermes_call(raw: str) -> ParsedCall | None:
     return ParsedCall(obj["name"], arguments, raw)
 
 
-PARSERS: dict[str, type[ToolCallParser]] = {HermesParser.name: HermesParser}
+PARSERS: dict[str, type[ToolCallParser]] = {HermesParser.name: HermesParser, Llama3JsonParser.name: Llama3JsonParser}
 
 
 def tool_call_id(id_seed: bytes, index: int, raw: str, prefix: str = "call_") -> str:

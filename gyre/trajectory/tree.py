@@ -1,6 +1,6 @@
 """The trajectory tree of one execution, with a two-phase insert for the proxy.
 
-    tree = TrajectoryTree(execution_id, template=make_template("embedded"), profile=get_profile("claude_code"))
+    tree = TrajectoryTree(execution_id, template=template_for_model(model_dir), profile=get_profile("claude_code"))
     prepared = tree.prepare(request)        # pure: classify, restore tool calls, match, encode new messages
     engine.generate(prepared.input_ids)     # the exact prompt: stored ids of the matched path + new ids
     result = tree.commit(prepared, output_ids, output_logprobs, CallMeta(...))   # append; persist result.new_nodes
@@ -131,9 +131,9 @@ class CommitResult:
 class TrajectoryTree:
     """Message-level prefix tree of one execution's model calls."""
 
-    def __init__(self, execution_id: str, template: ChatTemplate, profile: HarnessProfile) -> None:
+    def __init__(self, execution_id: str, template: ChatTemplate | None, profile: HarnessProfile) -> None:
         self.execution_id = execution_id
-        self.template = template
+        self._template = template
         self.profile = profile
         self.roots: dict[bytes, Node] = {}
         self.nodes: dict[int, Node] = {}
@@ -143,6 +143,14 @@ class TrajectoryTree:
         self._hot: list[tuple[list[bytes], list[Node]]] = []
 
     # -- the two-phase insert -------------------------------------------------------------
+
+
+    @property
+    def template(self) -> ChatTemplate:
+        """The chat template new calls are encoded with; a tree loaded only to be read has none."""
+        if self._template is None:
+            raise RuntimeError(f"tree {self.execution_id} was loaded without a chat template (read-only)")
+        return self._template
 
     def prepare(self, request: ModelRequest) -> PreparedCall:
         """Classify, restore tool calls, match and encode; changes nothing in the tree."""
@@ -290,7 +298,7 @@ class TrajectoryTree:
     def from_nodes(
         cls,
         execution_id: str,
-        template: ChatTemplate,
+        template: ChatTemplate | None,
         profile: HarnessProfile,
         blobs: Iterable[bytes],
         closed: bool = False,

@@ -10,12 +10,12 @@ calls (the gRPC servicer is a thin translation of these).
 Rollout → training: stop admitting, abort what is in flight (the proxy retries it elsewhere; the
 count is reported), release the engine's KV cache (and weights where configured). The trainer and the
 communication groups stay resident across switches. Training → rollout: take the memory back, load the
-newest published weights (the core's published file: `published/v<version>.safetensors` under the
+newest published weights (the core's published HF directory `published/v<version>/` under the
 checkpoint root, named in Redis), admit again, report ready. A switch to rollout asking for version v
 waits until v is published.
 
 Weight publication (core): after the final step of a burst, and on an explicit PublishWeights, the
-core writes the published file and pushes the weights to every rollout engine (`update_weights_*`
+core writes the published directory and pushes the weights to every rollout engine (`update_weights_*`
 with the new weight version; engines flush their prefix cache), then emits WeightsPublished.
 """
 
@@ -36,9 +36,6 @@ from gyre.config import GyreConfig
 from gyre.engine import EngineClient
 from gyre.ids import cell_engine_id
 from gyre.log import get_logger
-from gyre.model.checkpoint import load_checkpoint
-from gyre.model.config import ModelConfig
-from gyre.model.transformer import build_model
 from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys
 from gyre.trainer.checkpoint import published_path, write_published
@@ -232,19 +229,11 @@ class CellAgent:
         if published is not None and (self.engine.weights_released or serving != str(published.version)):
             await self.engine.load_weights(Path(published.path), published.version)
         elif self.engine.weights_released:
-            await self.engine.push_weights(await asyncio.to_thread(self._initial_weights), 0)
+            await self.engine.load_weights(self.config.model.require_path(), 0)
         torch.set_num_threads(self.section.engine.num_threads)
         await self.engine.reopen()
         await self.engine.wait_ready(self.section.engine_ready_timeout_s)
         return self._as_version(await self.engine.weight_version())
-
-    def _initial_weights(self) -> dict[str, torch.Tensor]:
-        model_section = self.config.model
-        if model_section.checkpoint is not None:
-            model, _ = load_checkpoint(model_section.checkpoint)
-        else:
-            model = build_model(ModelConfig.from_section(model_section), seed=model_section.seed)
-        return {name: p.detach() for name, p in model.named_parameters()}
 
     async def _register_engine(self) -> None:
         role = self.roles.role
@@ -316,7 +305,13 @@ class CellAgent:
             def freeze() -> dict[str, torch.Tensor]:
                 named = {name: w.detach().clone() for name, w in t.trainer.named_weights().items()}
                 if not path.exists():
-                    write_published(self.checkpoint_root, version=version, config=t.trainer.config, tensors=named)
+                    write_published(
+                        self.checkpoint_root,
+                        version=version,
+                        arch=t.trainer.arch,
+                        tensors=named,
+                        source=self.config.model.require_path(),
+                    )
                 return named
 
             named = await t.compute.run(freeze)

@@ -91,7 +91,7 @@ class EmbeddedEngineHost(EngineHost):
 
     def __init__(self, section: EngineSection, model_section: ModelSection) -> None:
         super().__init__(section, model_section)
-        self.server = EngineServer(section, model_section=model_section)
+        self.server = EngineServer(section, model_dir=model_section.require_path())
 
     @property
     def url(self) -> str:
@@ -209,6 +209,8 @@ class SGLangEngineHost(HttpEngineHost):
     name: ClassVar[str] = "sglang"
 
     def __init__(self, section: EngineSection, model_section: ModelSection) -> None:
+        if not section.sglang_model_path:
+            section = section.model_copy(update={"sglang_model_path": str(model_section.require_path())})
         super().__init__(section, model_section)
         self.launcher = SGLangLauncher(section)
         self._base_url = self.launcher.url

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from google.protobuf.message import Message
 
+from gyre.config import GyreConfig
+from gyre.model.files import check_model_dir
 from gyre.service import GyreService
 
 if TYPE_CHECKING:
@@ -23,6 +25,11 @@ class CellAgentService(GyreService):
     """One cell: its role, its rollout engine, its trainer, weights and gradient collectives."""
 
     name = "cell_agent"
+
+    def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
+        super().__init__(config, instance)
+        # Before any connection: a model directory the engine and trainer cannot load stops the cell here.
+        check_model_dir(config.model.require_path())
 
     @property
     def cell(self) -> int:

@@ -1,6 +1,6 @@
 """ProxyCore: the proxy's parts wired together, behind the HTTP app and the gRPC servicer.
 
-    core = ProxyCore(config.proxy, redis=redis, keys=Keys(run_id))
+    core = ProxyCore(config.proxy, template=build_template(config), redis=redis, keys=Keys(run_id))
     await core.start()                                   # reload the routing table
     key = await core.open_execution("e1", profile="claude_code", engine_id="", policy_version=0)
     await core.update_routes([EngineSpec("cell-0", url, 0)], {}, "cell-0")
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from gyre.config import ProxySection
+from gyre.config import GyreConfig, ProxySection
 from gyre.store import Keys
 from gyre.store.trees import TreeStore
-from gyre.trajectory import ChatTemplate, ModelRequest, get_profile, make_template
+from gyre.trajectory import ChatTemplate, ModelRequest, get_profile, template_for_model
 from services.proxy.calls import CallSettings, ModelCall, begin_call, prepare
 from services.proxy.credentials import Credentials
 from services.proxy.executions import Executions, ExecutionState
@@ -38,30 +38,26 @@ class CloseSummary:
     num_sampled_tokens: int
 
 
-def build_template(section: ProxySection) -> ChatTemplate:
-    """The chat template named by `proxy.template` (`hf` loads `proxy.hf_tokenizer`)."""
-    if section.template == "hf":
-        if not section.hf_tokenizer:
-            raise ValueError(
-                "proxy.template is 'hf' but proxy.hf_tokenizer is not set; give the tokenizer path"
-            )
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(section.hf_tokenizer)
-        return make_template(
-            "hf",
-            tokenizer=tokenizer,
-            end_of_turn=section.hf_end_of_turn,
-            tool_call_parser=section.tool_call_parser,
-        )
-    return make_template(section.template, tool_call_parser=section.tool_call_parser)
+def build_template(config: GyreConfig) -> ChatTemplate:
+    """The chat template of `model.path` (its tokenizer, template, family), as `proxy` configures it;
+    raises `TemplateError` for a template that is not append-only when `proxy.template_strict`."""
+    section = config.proxy
+    return template_for_model(
+        config.model.require_path(),
+        end_of_turn=section.end_of_turn,
+        tool_call_parser=section.tool_call_parser,
+        template_kwargs=section.template_kwargs,
+        strict=section.template_strict,
+    )
 
 
 class ProxyCore:
-    def __init__(self, section: ProxySection, *, redis: aioredis.Redis, keys: Keys) -> None:
+    def __init__(
+        self, section: ProxySection, *, template: ChatTemplate, redis: aioredis.Redis, keys: Keys
+    ) -> None:
         self.section = section
         get_profile(section.default_profile)  # ValueError names the known profiles
-        self.template = build_template(section)
+        self.template = template
         self.metrics = ProxyMetrics()
         self.store = TreeStore(redis, keys)
         self.executions = Executions(

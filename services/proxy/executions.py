@@ -133,7 +133,7 @@ class Executions:
         if meta.template != self.template.name:
             raise ValueError(
                 f"execution {execution_id} was recorded with template {meta.template!r}; this proxy renders "
-                f"with {self.template.name!r} (proxy.template)"
+                f"with {self.template.name!r} (the chat template of model.path changed)"
             )
         if meta.closed:
             self._closed.add(execution_id)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gyre.config import GyreConfig
 from gyre.service import GyreService
 from gyre.v1 import proxy_pb2_grpc
 from services.proxy.app import build_app
-from services.proxy.core import ProxyCore
+from services.proxy.core import ProxyCore, build_template
 from services.proxy.grpc_api import ProxyServicer
 from services.proxy.http_server import HttpServer
 
@@ -23,8 +24,13 @@ class ProxyService(GyreService):
 
     name = "proxy"
 
+    def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
+        super().__init__(config, instance)
+        # Before any connection: a model directory or chat template the proxy cannot use stops it here.
+        self.template = build_template(config)
+
     async def setup(self) -> None:
-        self.core = ProxyCore(self.config.proxy, redis=self.redis, keys=self.keys)
+        self.core = ProxyCore(self.config.proxy, template=self.template, redis=self.redis, keys=self.keys)
         await self.core.start()
         self.http = HttpServer(
             build_app(self.core), host=self.config.run.host, port=self.config.proxy.http_port

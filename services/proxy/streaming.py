@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gyre.model.tokenizer import ByteTokenizer, IncrementalDecoder
 from gyre.trajectory.messages import TextBlock, ThinkingBlock, ToolUseBlock
 from gyre.trajectory.output import AssistantOutput, ParsedCall, ToolCallParser, assemble_output, tool_call_id
 from gyre.trajectory.templates.base import ChatTemplate
@@ -88,17 +87,12 @@ def fold_events(events: Sequence[StreamEvent], stopped: bool) -> AssistantOutput
 
 
 class Detokenizer:
-    """Output ids → text, incrementally, equal to the template's `decode_output` of all ids.
-
-    The byte tokenizer is decoded exactly with its own `IncrementalDecoder` (what its `decode`
-    uses); other tokenizers with the usual offset window (a text ending in U+FFFD waits for its
-    next id)."""
+    """Output ids → text, incrementally, equal to the template's `decode_output` of all ids: the
+    usual offset window (a text ending in U+FFFD waits for its next id)."""
 
     def __init__(self, template: ChatTemplate) -> None:
         self._template = template
         self._stops = template.stop_token_ids
-        tokenizer = getattr(template, "tokenizer", None)
-        self._bytes = IncrementalDecoder(tokenizer) if isinstance(tokenizer, ByteTokenizer) else None
         self._ids: list[int] = []
         self._prefix = 0
         self._read = 0
@@ -122,9 +116,6 @@ class Detokenizer:
         return self._decode([], final=True)
 
     def _decode(self, ids: list[int], final: bool) -> str:
-        if self._bytes is not None:
-            text = self._bytes.feed(ids)
-            return text + self._bytes.flush() if final else text
         self._ids.extend(ids)
         prefix_text = self._window(self._ids[self._prefix : self._read])
         text = self._window(self._ids[self._prefix :])

@@ -29,7 +29,7 @@ import torch
 
 from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
-from gyre.model.config import ModelConfig
+from gyre.model.arch import ModelArch
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep
 from gyre.rl.step_loss import StepResult
@@ -59,8 +59,8 @@ class TrainerBackend(ABC):
 
     @property
     @abstractmethod
-    def config(self) -> ModelConfig:
-        """The architecture of the weights (what published files and engines must match)."""
+    def arch(self) -> ModelArch:
+        """The architecture of the weights (what published directories and engines must match)."""
 
     @property
     @abstractmethod
@@ -87,14 +87,15 @@ class TrainerBackend(ABC):
 
     @abstractmethod
     def named_weights(self) -> dict[str, torch.Tensor]:
-        """name → parameter (views; copy before the next optimizer step if you keep them)."""
+        """Hugging Face name → full parameter (views; copy before the next optimizer step if you keep
+        them). What publication writes and engines load."""
 
     @abstractmethod
     def load_weights(self, tensors: Mapping[str, torch.Tensor], version: int | None) -> None: ...
 
     @abstractmethod
     def save_checkpoint(self, directory: Path) -> Path:
-        """Write model + optimizer + version under `directory`; returns the checkpoint path."""
+        """Write model + optimizer + version under `directory` as an HF directory; returns its path."""
 
     @abstractmethod
     def load_checkpoint(self, path: Path) -> None: ...

@@ -1,5 +1,5 @@
-"""The `torch` trainer backend: GyreLM (the embedded engine's model, same parameter names) trained on
-packed micro-steps with the GSPO-variant objective, AdamW on the core.
+"""The `torch` trainer backend: the checkpoint's `CausalLM` (the embedded engine's model, the same HF
+parameter names) trained on packed micro-steps with the GSPO-variant objective, AdamW on the core.
 
 Parameters and gradients live in flat buffers (`gyre.trainer.flat`), so the reduction of a step is
 one collective over `flat_grads` and a snapshot is one read of `flat_params`. `accumulate` runs
@@ -19,9 +19,9 @@ from typing import ClassVar
 
 import torch
 
-from gyre.model.checkpoint import load_checkpoint
-from gyre.model.config import ModelConfig
-from gyre.model.transformer import GyreLM, build_model
+from gyre.model.arch import ModelArch
+from gyre.model.causal_lm import CausalLM
+from gyre.model.weights import load_model
 from gyre.rl.microstep import MicroStep
 from gyre.rl.step_loss import StepResult, train_microstep
 from gyre.trainer.backends.base import TrainerBackend, TrainerSpec
@@ -29,13 +29,13 @@ from gyre.trainer.checkpoint import read_trainer_checkpoint, save_trainer_checkp
 from gyre.trainer.flat import FlatParameters
 from gyre.trainer.optimizer import build_adamw, clip_flat_grads
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 class TorchTrainer(TrainerBackend):
     name: ClassVar[str] = "torch"
 
-    def __init__(self, spec: TrainerSpec, model: GyreLM, version: int | None) -> None:
+    def __init__(self, spec: TrainerSpec, model: CausalLM, version: int | None) -> None:
         section = spec.section
         self.spec = spec
         self.device = torch.device(section.device)
@@ -46,16 +46,14 @@ class TorchTrainer(TrainerBackend):
 
     @classmethod
     def create(cls, spec: TrainerSpec) -> TorchTrainer:
-        """The initial weights of the run: `model.checkpoint` if set, else the seeded init (version 0)."""
-        if spec.model_section.checkpoint is not None:
-            model, _ = load_checkpoint(spec.model_section.checkpoint)
-        else:
-            model = build_model(ModelConfig.from_section(spec.model_section), seed=spec.model_section.seed)
-        return cls(spec, model, version=0)
+        """The initial weights of the run: the `model.path` directory (version 0)."""
+        return cls(
+            spec, load_model(spec.model_section.require_path(), _DTYPES[spec.section.dtype]), version=0
+        )
 
     @property
-    def config(self) -> ModelConfig:
-        return self.model.config
+    def arch(self) -> ModelArch:
+        return self.model.arch
 
     @property
     def flat_params(self) -> torch.Tensor:
@@ -102,17 +100,20 @@ class TorchTrainer(TrainerBackend):
         return save_trainer_checkpoint(
             directory,
             version=self.version,
-            config=self.config,
+            arch=self.arch,
             tensors=self.named_weights(),
             optimizer=self.optimizer,
             backend=self.name,
+            source=self.spec.model_section.require_path(),
             keep=self.spec.section.keep_checkpoints,
         )
 
     def load_checkpoint(self, path: Path) -> None:
-        config, tensors, optimizer_state, version = read_trainer_checkpoint(path)
-        if config != self.config:
-            raise ValueError(f"checkpoint {path} has architecture {config}; this trainer has {self.config}")
+        arch, tensors, optimizer_state, version = read_trainer_checkpoint(path, self.flat.params.dtype)
+        if arch.fingerprint() != self.arch.fingerprint():
+            raise ValueError(
+                f"checkpoint {path} has a different architecture than model.path ({self.arch.architecture})"
+            )
         self.flat.load_named(tensors)
         if self.optimizer is not None and optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from gyre.trajectory.messages import Message, ToolSpec
 from gyre.trajectory.output import PARSERS, AssistantOutput, ToolCallParser, assemble_output
@@ -45,9 +44,10 @@ class AppendOnlyReport:
 
 
 class ChatTemplate(ABC):
-    """Renders messages to token segments. Subclasses set `name` and register in `TEMPLATES`."""
+    """Renders messages to token segments. `name` identifies the rendering (trees record it, and a
+    tree is only ever extended by a template of the same name)."""
 
-    name: ClassVar[str]
+    name: str
 
     def __init__(self, tool_call_parser: str = "hermes") -> None:
         if tool_call_parser not in PARSERS:

@@ -1,24 +1,30 @@
-"""The `hf` chat template: an adapter over a Hugging Face tokenizer with a Jinja chat template.
+"""`HFChatTemplate`: message segments from a model's own Hugging Face chat template.
 
-Used when the rollout engine serves a real model (SGLang). Rendering goes through the tokenizer's
-own `apply_chat_template` (Jinja), so the recorded prompt is what the model was trained to read.
-A message's segment is the text its render appends to a short, fixed context (a stand-in system
-turn and the previous message), tokenized on its own — cost proportional to the message, not to
-the history. That is only correct for append-only templates whose segments tokenize
-independently, so the constructor probes the template with a conversation that has thinking, a
-tool call and a tool result and raises `TemplateError` when `check_append_only` finds a violation
-(typical culprit: templates that drop the thinking of earlier turns). Pass `strict=False` to keep
-a non-append-only template anyway; `report` then says what breaks.
+The proxy records prompts as the model was trained to read them: rendering goes through the
+checkpoint's Jinja chat template with transformers' renderer (`gyre.model.chat`), tokenized by the
+checkpoint's tokenizer (`gyre.model.tokenizer`). A message's segment is the text its render appends
+to a short, fixed context (a stand-in system turn and the previous message), tokenized on its own —
+cost proportional to the message, not to the history. That is only correct for append-only
+templates whose segments tokenize independently, so the constructor probes the template with a
+conversation that has thinking, tool calls, tool results, a second user turn and a sub-agent-style
+fresh system prompt, and raises `TemplateError` when `check_append_only` finds a violation (the
+usual culprit: a template that drops the reasoning of turns before the last user query, as the
+template Qwen3 checkpoints ship does). `strict=False` keeps such a template anyway: segments then
+carry every turn as it was sampled (the TITO rule), which is not what the template would render,
+and `report` says where the two part.
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained("/models/qwen")   # a local directory
-    template = HFChatTemplate(tokenizer, end_of_turn="<|im_end|>")
+    template = HFChatTemplate(Tokenizer.from_dir(path), end_of_turn="<|im_end|>", tool_call_parser="hermes")
+    template = template_for_family("chatml")        # the embedded demo model's format, no files needed
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+from gyre.model.chat import render_chat
+from gyre.model.tokenizer import Tokenizer
 from gyre.trajectory.messages import (
     Message,
     TextBlock,
@@ -29,46 +35,39 @@ from gyre.trajectory.messages import (
 )
 from gyre.trajectory.templates.base import AppendOnlyReport, ChatTemplate, TemplateError
 
-
-class HFTokenizer(Protocol):
-    """The part of a `transformers` tokenizer the adapter uses."""
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, token_ids: Any, skip_special_tokens: bool = ...) -> str: ...
-
-    def convert_tokens_to_ids(self, tokens: Any) -> Any: ...
-
-
 _STUB = "S"
 
 
 class HFChatTemplate(ChatTemplate):
     """Per-message segments of a Jinja chat template (see the module docstring)."""
 
-    name = "hf"
-
     def __init__(
         self,
-        tokenizer: HFTokenizer,
+        tokenizer: Tokenizer,
+        *,
         end_of_turn: str,
         tool_call_parser: str = "hermes",
+        stop_token_ids: Iterable[int] = (),
         chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
         strict: bool = True,
     ) -> None:
         super().__init__(tool_call_parser)
         self.tokenizer = tokenizer
-        self.chat_template = chat_template
+        template = chat_template or tokenizer.chat_template
+        if not template:
+            raise TemplateError(f"{tokenizer.source or 'the tokenizer'} has no chat template")
+        self.chat_template = template
         self.end_of_turn = end_of_turn
-        eot_id = tokenizer.convert_tokens_to_ids(end_of_turn)
-        if (
-            not isinstance(eot_id, int)
-            or tokenizer.decode([eot_id], skip_special_tokens=False) != end_of_turn
-        ):
+        self._variables = {**tokenizer.template_variables(), **dict(template_kwargs or {})}
+        if not tokenizer.has_token(end_of_turn):
+            raise TemplateError(f"end-of-turn marker {end_of_turn!r} is not a token of this tokenizer")
+        eot_id = tokenizer.encode(end_of_turn)
+        if len(eot_id) != 1:
             raise TemplateError(f"end-of-turn marker {end_of_turn!r} is not a single token of this tokenizer")
-        self._stop = frozenset((eot_id,))
+        self._stop = frozenset((eot_id[0], *stop_token_ids))
+        digest = hashlib.sha256(f"{template}\0{end_of_turn}\0{tool_call_parser}".encode()).hexdigest()
+        self.name = f"hf-{digest[:12]}"
         base = [{"role": "system", "content": _STUB}, {"role": "user", "content": _STUB}]
         without = self._text(base, None, False)
         with_prompt = self._text(base, None, True)
@@ -76,7 +75,7 @@ class HFChatTemplate(ChatTemplate):
             raise TemplateError("the generation prompt rewrites the conversation before it")
         self._generation_text = with_prompt[len(without) :]
         self._generation_prompt = self._encode(self._generation_text)
-        self.report = self.check_append_only(*_probe())
+        self.report = self.check_append_only(*probe_conversation())
         if strict:
             self.report.raise_if_violated(self.name)
 
@@ -138,36 +137,48 @@ class HFChatTemplate(ChatTemplate):
     def _text(
         self, dicts: list[dict[str, Any]], tools: Sequence[ToolSpec] | None, add_generation_prompt: bool
     ) -> str:
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if tools:
-            kwargs["tools"] = [
+        specs = (
+            [
                 {
                     "type": "function",
                     "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
                 }
                 for t in tools
             ]
-        if self.chat_template is not None:
-            kwargs["chat_template"] = self.chat_template
-        text = self.tokenizer.apply_chat_template(dicts, **kwargs)
-        assert isinstance(text, str)
-        return text
+            if tools
+            else None
+        )
+        try:
+            return render_chat(
+                self.chat_template,
+                dicts,
+                tools=specs,
+                add_generation_prompt=add_generation_prompt,
+                variables=self._variables,
+            )
+        except Exception as e:  # Jinja raises its own error types (and the template's raise_exception)
+            raise TemplateError(f"the chat template failed to render: {e}") from e
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.tokenizer.encode(text)
 
 
 def _to_dicts(message: Message) -> list[dict[str, Any]]:
     """One internal message → the OpenAI-style dicts HF chat templates read."""
     if message.role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": message.text_content()}
-        thinking = "\n".join(b.thinking for b in message.blocks if isinstance(b, ThinkingBlock))
+        thinking = [b.thinking for b in message.blocks if isinstance(b, ThinkingBlock)]
         if thinking:
-            out["reasoning_content"] = thinking
+            out["reasoning_content"] = "\n".join(thinking)
         calls = [b for b in message.blocks if isinstance(b, ToolUseBlock)]
         if calls:
             out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.input},
+                    **({"raw": c.raw} if c.raw is not None else {}),
+                }
                 for c in calls
             ]
         return [out]
@@ -178,7 +189,14 @@ def _to_dicts(message: Message) -> list[dict[str, Any]]:
             if texts:
                 dicts.append({"role": message.role, "content": "\n".join(texts)})
                 texts = []
-            dicts.append({"role": "tool", "content": block.content, "tool_call_id": block.tool_use_id})
+            dicts.append(
+                {
+                    "role": "tool",
+                    "content": block.content,
+                    "tool_call_id": block.tool_use_id,
+                    "is_error": block.is_error,
+                }
+            )
         elif isinstance(block, TextBlock):
             texts.append(block.text)
     if texts or not dicts:
@@ -186,21 +204,26 @@ def _to_dicts(message: Message) -> list[dict[str, Any]]:
     return dicts
 
 
-def _probe() -> tuple[str, list[ToolSpec], list[Message]]:
-    """A conversation exercising thinking, a tool call, a tool result and a second user turn."""
+def probe_conversation() -> tuple[str, list[ToolSpec], list[Message]]:
+    """A conversation exercising thinking, parallel tool calls, tool results and a second user turn."""
     tools = [ToolSpec("probe", "A probe tool.", {"type": "object", "properties": {"x": {"type": "string"}}})]
     messages = [
         Message.text("user", "first question"),
         Message(
             "assistant",
-            (ThinkingBlock("reasoning"), TextBlock("Calling."), ToolUseBlock("call_1", "probe", {"x": "1"})),
+            (
+                ThinkingBlock("reasoning"),
+                TextBlock("Calling."),
+                ToolUseBlock("call_1", "probe", {"x": "1"}),
+                ToolUseBlock("call_2", "probe", {"x": "2"}),
+            ),
         ),
-        Message("tool", (ToolResultBlock("call_1", "result"),)),
+        Message("tool", (ToolResultBlock("call_1", "result 1"), ToolResultBlock("call_2", "result 2"))),
         Message("assistant", (ThinkingBlock("more reasoning"), TextBlock("Answer."))),
         Message.text("user", "second question"),
-        Message("assistant", (TextBlock("Final."),)),
+        Message("assistant", (ThinkingBlock("last reasoning"), TextBlock("Final."))),
     ]
     return "You are a probe.", tools, messages
 
 
-__all__ = ["AppendOnlyReport", "HFChatTemplate", "HFTokenizer"]
+__all__ = ["AppendOnlyReport", "HFChatTemplate", "probe_conversation"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gyre.config import EngineSection, ModelSection
+    from gyre.config import EngineSection
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,17 +37,17 @@ def main(argv: list[str] | None = None) -> None:
     section = config.cell_agent.engine
     if args.port is not None:
         section = section.model_copy(update={"port": args.port})
-    asyncio.run(_serve(section, config.model))
+    asyncio.run(_serve(section, config.model.require_path()))
 
 
-async def _serve(section: EngineSection, model_section: ModelSection) -> None:
+async def _serve(section: EngineSection, model_dir: Path) -> None:
     from services.cell_agent.engine.server import EngineServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with EngineServer(section, model_section=model_section) as engine:
+    async with EngineServer(section, model_dir=model_dir) as engine:
         sys.stdout.write(json.dumps({"url": engine.url}) + "\n")
         sys.stdout.flush()
         await stop.wait()

@@ -219,7 +219,7 @@ def build_app(server: EngineServer) -> Starlette:
             return Response(status_code=200)
         probe = GenerateRequest(
             rid=f"{HEALTH_CHECK_RID_PREFIX}{time.time()}",
-            input_ids=(server.tokenizer.eos_id,),
+            input_ids=(server.eos_token_ids[0] if server.eos_token_ids else 0,),
             sampling=server.probe_sampling,
         )
         changed = asyncio.Event()
@@ -239,7 +239,7 @@ def build_app(server: EngineServer) -> Starlette:
         return _json(
             {
                 "model_path": info.get("model_path"),
-                "tokenizer_path": None,
+                "tokenizer_path": str(server.model_dir),
                 "is_generation": True,
                 "preferred_sampling_params": None,
                 "weight_version": weight_version(),

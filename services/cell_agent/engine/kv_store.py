@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gyre.model.config import ModelConfig
+from gyre.model.arch import ModelArch
 from gyre.model.paged import PagedKVCache
 from services.cell_agent.engine.backends.base import BackendError, KVPin
 from services.cell_agent.engine.blocks import BlockManager, version_root
@@ -49,9 +49,16 @@ class _Pin:
 
 class KVStore:
     def __init__(
-        self, config: ModelConfig, *, num_tokens: int, block_size: int, enable_prefix_cache: bool
+        self,
+        arch: ModelArch,
+        *,
+        num_tokens: int,
+        block_size: int,
+        enable_prefix_cache: bool,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
-        self.config = config
+        self.arch = arch
+        self.dtype = dtype
         self.block_size = block_size
         self.num_blocks = 1 + -(-num_tokens // block_size)
         self.enable_prefix_cache = enable_prefix_cache
@@ -70,7 +77,7 @@ class KVStore:
     def allocate(self) -> None:
         if self.cache is None:
             self.cache = PagedKVCache.allocate(
-                self.config, self.num_blocks * self.block_size, self.block_size
+                self.arch, self.num_blocks * self.block_size, self.block_size, self.dtype
             )
 
     def drop(self) -> None:
@@ -223,7 +230,7 @@ class KVStore:
         payload = KVPayload(
             token_ids=pin.token_ids,
             weight_version=pin.weight_version,
-            fingerprint=self.config.fingerprint(),
+            fingerprint=self.arch.fingerprint(),
             k=pool.k.index_select(1, slots),
             v=pool.v.index_select(1, slots),
         )
@@ -233,7 +240,7 @@ class KVStore:
         """Write exported KV into fresh blocks and index them in the prefix cache (evictable, most
         recently used). Returns the number of tokens now reusable."""
         payload = decode_kv(blob)
-        if payload.fingerprint != self.config.fingerprint():
+        if payload.fingerprint != self.arch.fingerprint():
             raise BackendError("KV payload comes from a different model architecture", 409)
         if payload.weight_version != weight_version:
             raise BackendError(
@@ -248,7 +255,7 @@ class KVStore:
         n = payload.num_tokens
         if n == 0:
             return 0
-        expected = (self.config.num_layers, n, self.config.num_heads, self.config.head_dim)
+        expected = (self.arch.num_layers, n, self.arch.num_kv_heads, self.arch.head_dim)
         if tuple(payload.k.shape) != expected:
             raise BackendError(f"KV payload shape {tuple(payload.k.shape)} does not match {expected}")
         bs = self.block_size

@@ -21,12 +21,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gyre.model.tokenizer import ByteTokenizer, IncrementalDecoder
+from gyre.model.tokenizer import IncrementalDecoder, Tokenizer
 from services.cell_agent.engine.request import RequestState
 
 
 class OutputBuilder:
-    def __init__(self, state: RequestState, tokenizer: ByteTokenizer, incremental: bool) -> None:
+    def __init__(self, state: RequestState, tokenizer: Tokenizer, incremental: bool) -> None:
         self._state = state
         self._tokenizer = tokenizer
         self._incremental = incremental

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gyre.model.tokenizer import ByteTokenizer
+from gyre.model.tokenizer import Tokenizer
 
 DEFAULT_MAX_NEW_TOKENS = 128
 
@@ -160,7 +160,7 @@ def parse_sampling_params(raw: Mapping[str, Any] | None, vocab_size: int) -> Sam
     )
 
 
-def parse_generate(body: Any, tokenizer: ByteTokenizer, vocab_size: int, max_seq_len: int) -> GenerateRequest:
+def parse_generate(body: Any, tokenizer: Tokenizer, vocab_size: int, max_seq_len: int) -> GenerateRequest:
     """Validate a `/generate` body into a `GenerateRequest` (raises `RequestError`)."""
     if not isinstance(body, Mapping):
         raise RequestError("the request body must be a JSON object")

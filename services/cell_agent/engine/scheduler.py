@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from gyre.model.tokenizer import ByteTokenizer
+from gyre.model.tokenizer import Tokenizer
 from services.cell_agent.engine.backends.base import MEMORY_TAGS, BackendError, EngineBackend, KVPin, Sampled
 from services.cell_agent.engine.protocol import GenerateRequest, RequestError
 from services.cell_agent.engine.request import FinishReason, Phase, RequestState
@@ -47,7 +47,7 @@ class EngineCore:
         self,
         backend: EngineBackend,
         *,
-        tokenizer: ByteTokenizer,
+        tokenizer: Tokenizer,
         eos_token_ids: frozenset[int],
         max_batch_size: int,
         seed: int,

@@ -1,14 +1,14 @@
 """EngineServer: the embedded rollout engine as an async context manager (HTTP on 127.0.0.1).
 
-    async with EngineServer(config.cell_agent.engine, model_section=config.model) as engine:
+    async with EngineServer(config.cell_agent.engine, model_dir=config.model.require_path()) as engine:
         client = EngineClient(engine.url)
         ...
         await engine.update_weights(named_tensors, weight_version="3")   # in-process path
 
 The server binds its socket before serving, so port 0 picks a free port and `url` is known once
-`start()` returns. A `model` passed in is served as is and updated in place by weight updates (pass a
-copy if the caller keeps training it); without one the engine loads `model_section.checkpoint` or
-initializes from `model_section.seed`. The scheduling loop and uvicorn run as tasks of the caller's event loop; model
+`start()` returns. It serves the Hugging Face model directory `model_dir` (its tokenizer and stop ids
+always come from there); a `model` passed in is served instead of the directory's weights and updated
+in place by weight updates (pass a copy if the caller keeps training it). The scheduling loop and uvicorn run as tasks of the caller's event loop; model
 compute runs on one worker thread. `stop()` is idempotent and time-capped; if the scheduling loop
 crashed, `stop()` raises its error (after shutting everything down) so it is never swallowed.
 """
@@ -28,8 +28,8 @@ import torch
 import uvicorn
 
 from gyre.config.engine import EngineSection
-from gyre.config.model import ModelSection
-from gyre.model.tokenizer import ByteTokenizer
+from gyre.model.arch import ModelArch, read_arch
+from gyre.model.tokenizer import Tokenizer, generation_eos_ids
 from services.cell_agent.engine.backends import BackendContext, create_backend
 from services.cell_agent.engine.protocol import SamplingParams
 from services.cell_agent.engine.scheduler import EngineCore
@@ -37,9 +37,13 @@ from services.cell_agent.engine.scheduler import EngineCore
 log = structlog.get_logger(__name__)
 
 
-def default_eos_token_ids(tokenizer: ByteTokenizer) -> frozenset[int]:
-    """Stop ids every request honours unless `ignore_eos` (Qwen-style: end of text and end of turn)."""
-    return frozenset({tokenizer.eos_id, tokenizer.special_id("<|im_end|>")})
+def model_stop_ids(model_dir: Path, arch: ModelArch, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """Stop ids every request honours unless `ignore_eos`, as SGLang takes them: generation_config.json's
+    eos ids, then config.json's, then the tokenizer's eos token (end of turn first, no repeats)."""
+    ids = [*generation_eos_ids(model_dir), *arch.eos_token_ids]
+    if tokenizer.eos_id is not None:
+        ids.append(tokenizer.eos_id)
+    return tuple(dict.fromkeys(i for i in ids if 0 <= i < arch.vocab_size))
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -55,7 +59,7 @@ class EngineServer:
         self,
         section: EngineSection,
         *,
-        model_section: ModelSection | None = None,
+        model_dir: Path,
         model: Any = None,
         script: Sequence[Any] = (),
     ) -> None:
@@ -65,9 +69,10 @@ class EngineServer:
                 "(use gyre.engine.sglang_launcher for SGLang)"
             )
         self.section = section
-        self.model_section = model_section or ModelSection()
-        self.tokenizer = ByteTokenizer()
-        self.eos_token_ids = default_eos_token_ids(self.tokenizer)
+        self.model_dir = Path(model_dir)
+        self.arch = read_arch(self.model_dir)
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.eos_token_ids = model_stop_ids(self.model_dir, self.arch, self.tokenizer)
         self.probe_sampling = SamplingParams(max_new_tokens=1, temperature=0.0)
         self._model = model
         self._script = list(script)
@@ -100,7 +105,8 @@ class EngineServer:
         torch.set_num_threads(self.section.num_threads)
         ctx = BackendContext(
             section=self.section,
-            model_section=self.model_section,
+            model_dir=self.model_dir,
+            arch=self.arch,
             tokenizer=self.tokenizer,
             eos_token_ids=self.eos_token_ids,
             weight_version=self.section.weight_version,
@@ -111,7 +117,7 @@ class EngineServer:
         self._core = EngineCore(
             backend,
             tokenizer=self.tokenizer,
-            eos_token_ids=self.eos_token_ids,
+            eos_token_ids=frozenset(self.eos_token_ids),
             max_batch_size=self.section.max_batch_size,
             seed=self.section.seed,
         )

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import torch
 
 from gyre.config.engine import EngineSection
-from gyre.config.model import ModelSection
-from gyre.model.tokenizer import ByteTokenizer
+from gyre.model.arch import ModelArch
+from gyre.model.tokenizer import Tokenizer
 from services.cell_agent.engine.request import FinishReason, RequestState
 
 #: Memory tags of `/release_memory_occupation` (SGLang's names); None in a request means all.
@@ -73,9 +73,11 @@ class BackendContext:
     """Everything a backend may be built from; `create` picks what it needs."""
 
     section: EngineSection
-    model_section: ModelSection
-    tokenizer: ByteTokenizer
-    eos_token_ids: frozenset[int]
+    model_dir: Path
+    arch: ModelArch
+    tokenizer: Tokenizer
+    eos_token_ids: tuple[int, ...]
+    """The model's stop ids, end of turn first (generation_config.json, then config.json)."""
     weight_version: str
     model: Any = None
     script: Sequence[Any] = ()

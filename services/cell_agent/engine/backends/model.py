@@ -1,4 +1,4 @@
-"""The `model` backend: GyreLM forwards over the paged KV pool, real sampling, real log-probs.
+"""The `model` backend: the checkpoint's forward over the paged KV pool, real sampling, real log-probs.
 
 One step computes every running request's pending tokens: requests still in prefill get a chunk
 (at most `max_prefill_tokens` prompt tokens per step in total), decoding requests get their last
@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from gyre.config.engine import EngineSection
-from gyre.model.checkpoint import load_checkpoint, read_checkpoint
-from gyre.model.config import ModelConfig
+from gyre.model.arch import ModelError
+from gyre.model.causal_lm import CausalLM
+from gyre.model.files import check_model_dir
 from gyre.model.paged import PagedBatch
-from gyre.model.transformer import GyreLM, build_model
+from gyre.model.weights import assign_weights, load_model, load_state_dict, torch_dtype
 from services.cell_agent.engine.backends.base import (
     BackendContext,
     BackendError,
@@ -48,10 +49,11 @@ class ModelBackend(EngineBackend):
     name = "model"
 
     def __init__(
-        self, *, section: EngineSection, model: GyreLM, weight_version: str, model_path: str | None = None
+        self, *, section: EngineSection, model: CausalLM, weight_version: str, model_path: str | None = None
     ) -> None:
-        self._model: GyreLM | None = model.eval()
-        self._config = model.config
+        self._dtype = torch_dtype(section.dtype)
+        self._model: CausalLM | None = model.to(self._dtype).eval()
+        self._arch = model.arch
         self._version = weight_version
         self._num_updates = 0
         self._model_path = model_path
@@ -61,24 +63,20 @@ class ModelBackend(EngineBackend):
         self._unloaded: set[str] = set()
         self._holders: set[RequestState] = set()
         self.store = KVStore(
-            model.config,
+            model.arch,
             num_tokens=section.kv_cache_tokens,
             block_size=section.block_size,
             enable_prefix_cache=section.enable_prefix_cache,
+            dtype=self._dtype,
         )
 
     @classmethod
     def create(cls, ctx: BackendContext) -> ModelBackend:
-        """Serve `ctx.model` if given, else the checkpoint of the model section, else a seeded init."""
-        model, path = ctx.model, None
-        if model is None and ctx.model_section.checkpoint is not None:
-            model, _ = load_checkpoint(ctx.model_section.checkpoint)
-            path = str(ctx.model_section.checkpoint)
-        if model is None:
-            model = build_model(ModelConfig.from_section(ctx.model_section), seed=ctx.model_section.seed)
-        if not isinstance(model, GyreLM):
-            raise ValueError(f"the model backend serves a GyreLM; got {type(model).__name__}")
-        return cls(section=ctx.section, model=model, weight_version=ctx.weight_version, model_path=path)
+        """Serve `ctx.model` if given (updated in place by weight updates), else the model directory."""
+        model = ctx.model if ctx.model is not None else load_model(ctx.model_dir, torch_dtype(ctx.section.dtype))
+        if not isinstance(model, CausalLM):
+            raise ValueError(f"the model backend serves a CausalLM; got {type(model).__name__}")
+        return cls(section=ctx.section, model=model, weight_version=ctx.weight_version, model_path=str(ctx.model_dir))
 
     # ---- properties --------------------------------------------------------------------------
 
@@ -93,18 +91,18 @@ class ModelBackend(EngineBackend):
 
     @property
     def context_len(self) -> int:
-        return self._config.max_seq_len
+        return self._arch.max_position_embeddings
 
     @property
     def vocab_size(self) -> int:
-        return self._config.vocab_size
+        return self._arch.vocab_size
 
     @property
     def ready(self) -> bool:
         return self._model is not None and not self._unloaded and self.store.resident
 
     @property
-    def model(self) -> GyreLM:
+    def model(self) -> CausalLM:
         if self._model is None:
             raise BackendError("model weights are released; call /resume_memory_occupation first", 503)
         return self._model
@@ -199,10 +197,14 @@ class ModelBackend(EngineBackend):
         if self._model is None:
             raise BackendError("model weights are released; resume_memory_occupation(tags=['weights']) first")
         params = dict(self._model.named_parameters())
+        named_tensors = {
+            n: t for n, t in named_tensors.items() if not (n == "lm_head.weight" and self._arch.tie_word_embeddings)
+        }
         for name, tensor in named_tensors.items():
             if name not in params:
                 raise BackendError(
-                    f"unknown parameter {name!r}; expected GyreLM names such as 'embed.weight'"
+                    f"unknown parameter {name!r}; this engine serves {self._arch.architecture} with Hugging Face "
+                    "names such as 'model.embed_tokens.weight'"
                 )
             if tuple(tensor.shape) != tuple(params[name].shape):
                 raise BackendError(
@@ -217,14 +219,17 @@ class ModelBackend(EngineBackend):
         return f"Succeeded to update {len(named_tensors)} parameters."
 
     def load_weights_from_disk(self, path: Path, weight_version: str | None) -> str:
+        """Load every parameter of a Hugging Face model directory (SGLang's `model_path`)."""
         try:
-            config, tensors, _ = read_checkpoint(path)
-        except (OSError, ValueError) as e:
-            raise BackendError(f"cannot load weights from {path}: {e}") from e
-        if config != self._config:
+            info = check_model_dir(Path(path))
+        except ModelError as e:
+            raise BackendError(f"cannot load weights: {e}") from e
+        if info.arch.fingerprint() != self._arch.fingerprint():
             raise BackendError(
-                f"checkpoint {path} has architecture {config}, this engine serves {self._config}"
+                f"{path} holds a different architecture ({info.arch.architecture}, {info.arch.num_layers} layers, "
+                f"hidden {info.arch.hidden_size}) than this engine serves"
             )
+        tensors = load_state_dict(info, self._dtype)
         self._model_path = str(path)
         return self.update_weights(tensors, weight_version)
 
@@ -244,9 +249,9 @@ class ModelBackend(EngineBackend):
         if "kv_cache" in tags:
             self.store.allocate()
         if "weights" in tags and self._model is None:
-            model = GyreLM(self._config).eval()
+            model = CausalLM(self._arch).to(self._dtype).eval()
             if self._weights_backup is not None:
-                model.load_state_dict(self._weights_backup, strict=True)
+                assign_weights(model, self._weights_backup)
                 self._weights_backup = None
             else:
                 self._unloaded = {n for n, _ in model.named_parameters()}
@@ -274,4 +279,4 @@ class ModelBackend(EngineBackend):
         }
 
     def model_info(self) -> dict[str, Any]:
-        return {"model_path": self._model_path, "model_fingerprint": self._config.fingerprint()}
+        return {"model_path": self._model_path, "model_fingerprint": self._arch.fingerprint()}

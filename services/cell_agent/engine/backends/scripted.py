@@ -8,9 +8,10 @@ constructor or `POST /gyre/script`, and the engine serves them through the same 
 An entry is `{"text": ...}` or `{"output_ids": [...]}`, plus optional `rid` (served only to that
 request id; entries without `rid` are served first-in first-out), `finish` (`stop`, the default, or
 `length`), `stop_token_id`, `logprobs` and `token_interval_s` (a delay per token, to make a stream
-slow enough to abort or pause). Special-token strings in `text` (`<tool_call>`, `<|im_end|>`, ...)
-become their ids. With `finish: stop` the terminator is appended unless the tokens already end in a
-stop token: `stop_token_id`, else the request's smallest `stop_token_ids`, else `<|im_end|>`.
+slow enough to abort or pause). `text` is encoded by the model's tokenizer, so special-token strings
+in it (`<tool_call>`, `<|im_end|>`, ...) become their ids. With `finish: stop` the terminator is
+appended unless the tokens already end in a stop token: `stop_token_id`, else the request's smallest
+`stop_token_ids`, else the model's first stop id (its end of turn).
 
 Log-prob rule: token i of an entry reports `logprobs[i]` if given, else `scripted_logprob(i)` =
 -0.01 * (1 + i % 100), distinct per position so a test can check alignment.
@@ -22,7 +23,6 @@ and an import makes later requests report the covered prefix as `cached_tokens`.
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from gyre.model.tokenizer import ByteTokenizer
+from gyre.model.tokenizer import Tokenizer
 from services.cell_agent.engine.backends.base import (
     BackendContext,
     BackendError,
@@ -113,18 +113,19 @@ class ScriptedBackend(EngineBackend):
     def __init__(
         self,
         *,
-        tokenizer: ByteTokenizer,
+        tokenizer: Tokenizer,
         weight_version: str,
         context_len: int,
         vocab_size: int,
         script: Sequence[ScriptEntry | Mapping[str, Any]] = (),
-        eos_token_ids: frozenset[int] = frozenset(),
+        eos_token_ids: Sequence[int] = (),
     ) -> None:
         self._tokenizer = tokenizer
         self._version = weight_version
         self._context_len = context_len
         self._vocab_size = vocab_size
-        self._eos = eos_token_ids
+        self._eos = frozenset(eos_token_ids)
+        self._default_stop = eos_token_ids[0] if eos_token_ids else None
         self._queue: deque[ScriptEntry] = deque()
         self._cursors: dict[RequestState, _Cursor] = {}
         self._imported: set[tuple[int, ...]] = set()
@@ -133,16 +134,14 @@ class ScriptedBackend(EngineBackend):
         self._released: set[str] = set()
         self._served = 0
         self.add_script(script)
-        specials = sorted(tokenizer.special_tokens, key=len, reverse=True)
-        self._special_re = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")")
 
     @classmethod
     def create(cls, ctx: BackendContext) -> ScriptedBackend:
         return cls(
             tokenizer=ctx.tokenizer,
             weight_version=ctx.weight_version,
-            context_len=ctx.model_section.max_seq_len,
-            vocab_size=ctx.model_section.vocab_size,
+            context_len=ctx.arch.max_position_embeddings,
+            vocab_size=ctx.arch.vocab_size,
             script=ctx.script,
             eos_token_ids=ctx.eos_token_ids,
         )
@@ -160,13 +159,7 @@ class ScriptedBackend(EngineBackend):
         return {"queued": len(self._queue), "served": self._served}
 
     def _encode(self, text: str) -> list[int]:
-        ids: list[int] = []
-        for part in self._special_re.split(text):
-            if part in self._tokenizer.special_tokens:
-                ids.append(self._tokenizer.special_id(part))
-            elif part:
-                ids.extend(self._tokenizer.encode(part))
-        return ids
+        return self._tokenizer.encode(text)
 
     def _take(self, rid: str) -> ScriptEntry:
         for i, entry in enumerate(self._queue):
@@ -212,8 +205,10 @@ class ScriptedBackend(EngineBackend):
                     terminator = entry.stop_token_id
                 elif state.request.sampling.stop_token_ids:
                     terminator = min(state.request.sampling.stop_token_ids)
+                elif self._default_stop is not None:
+                    terminator = self._default_stop
                 else:
-                    terminator = self._tokenizer.special_id("<|im_end|>")
+                    raise RequestError("the scripted entry needs stop_token_id: the model declares no stop ids")
                 tokens.append(terminator)
             logprobs = list(entry.logprobs) if entry.logprobs is not None else []
             logprobs += [scripted_logprob(i) for i in range(len(logprobs), len(tokens))]

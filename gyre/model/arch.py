@@ -1,0 +1,326 @@
+"""The architecture of a Hugging Face checkpoint, read from its `config.json` and checked once.
+
+Gyre serves and trains one family of decoders: `LlamaForCausalLM`, `Qwen2ForCausalLM` and
+`Qwen3ForCausalLM` (dense). They differ only in a few switches, which `ModelArch` names:
+
+    GQA               num_key_value_heads divides num_attention_heads
+    Qwen2             bias on q/k/v (not o)
+    Qwen3             RMSNorm on each head of q and k (before rotary), explicit head_dim
+    Llama             attention_bias (q/k/v/o) and mlp_bias switches
+    all               tied or untied embeddings, RoPE with `rope_theta` and a scaling kind
+                      (`default`, `linear`, `llama3`, `yarn`), RMSNorm eps, SwiGLU
+
+Both spellings of RoPE settings are read: the legacy `rope_theta` + `rope_scaling` of the Hub's
+configs and transformers 5's `rope_parameters`. Anything else (another architecture, sliding
+window, a rope kind we do not implement, a missing field) raises `ModelError`, whose one-line
+message names the file and the field — the process stops at start, before anything serves.
+
+    arch = read_arch(Path("/models/qwen3-0.6b"))
+    arch.num_kv_heads, arch.head_dim, arch.rope.kind
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "config.json"
+
+#: architecture → (family, the transformers config class defaults we rely on when a key is absent)
+_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "LlamaForCausalLM": (
+        "llama",
+        {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False},
+    ),
+    "Qwen2ForCausalLM": ("qwen2", {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768}),
+    "Qwen3ForCausalLM": (
+        "qwen3",
+        {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "attention_bias": False, "head_dim": 128},
+    ),
+}
+SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
+ROPE_KINDS = ("default", "linear", "llama3", "yarn")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ModelError(ValueError):
+    """A model directory Gyre cannot use; the message is one line naming the file and the field."""
+
+    def __init__(self, path: Path | str, field_name: str, problem: str) -> None:
+        super().__init__(f"{path}: {field_name}: {problem}")
+        self.path = str(path)
+        self.field = field_name
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSpec:
+    """Rotary settings in transformers' `rope_parameters` terms (only what the kind uses is set)."""
+
+    kind: str = "default"
+    theta: float = 10000.0
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArch:
+    """Shapes and switches of one checkpoint (what engine, trainer and KV migration must agree on)."""
+
+    architecture: str
+    family: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope: RopeSpec
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    """Bias on q/k/v projections (Qwen2; Llama's attention_bias)."""
+    o_bias: bool = False
+    """Bias on the output projection (Llama's attention_bias only)."""
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    """RMSNorm over each head of q and k before rotary (Qwen3)."""
+    dtype: str = "float32"
+    """The weights' dtype as the checkpoint declares it (`torch_dtype` / `dtype`)."""
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """The config.json as read: publication writes it back unchanged but for the dtype."""
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def fingerprint(self) -> str:
+        """A short stable id of everything that shapes KV and logits (KV moves only between equals)."""
+        data = asdict(self)
+        data.pop("raw")
+        data.pop("dtype")
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter of the checkpoint by its HF name (`lm_head.weight` only when untied)."""
+        h, inter = self.hidden_size, self.intermediate_size
+        shapes: dict[str, tuple[int, ...]] = {
+            "model.embed_tokens.weight": (self.vocab_size, h),
+            "model.norm.weight": (h,),
+        }
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (self.vocab_size, h)
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            shapes[p + "input_layernorm.weight"] = (h,)
+            shapes[p + "post_attention_layernorm.weight"] = (h,)
+            shapes[p + "self_attn.q_proj.weight"] = (self.q_size, h)
+            shapes[p + "self_attn.k_proj.weight"] = (self.kv_size, h)
+            shapes[p + "self_attn.v_proj.weight"] = (self.kv_size, h)
+            shapes[p + "self_attn.o_proj.weight"] = (h, self.q_size)
+            if self.qkv_bias:
+                shapes[p + "self_attn.q_proj.bias"] = (self.q_size,)
+                shapes[p + "self_attn.k_proj.bias"] = (self.kv_size,)
+                shapes[p + "self_attn.v_proj.bias"] = (self.kv_size,)
+            if self.o_bias:
+                shapes[p + "self_attn.o_proj.bias"] = (h,)
+            if self.qk_norm:
+                shapes[p + "self_attn.q_norm.weight"] = (self.head_dim,)
+                shapes[p + "self_attn.k_norm.weight"] = (self.head_dim,)
+            for proj, shape in (
+                ("gate_proj", (inter, h)),
+                ("up_proj", (inter, h)),
+                ("down_proj", (h, inter)),
+            ):
+                shapes[p + f"mlp.{proj}.weight"] = shape
+                if self.mlp_bias:
+                    shapes[p + f"mlp.{proj}.bias"] = (shape[0],)
+        return shapes
+
+    def num_parameters(self) -> int:
+        total = 0
+        for shape in self.parameter_shapes().values():
+            n = 1
+            for d in shape:
+                n *= d
+            total += n
+        return total
+
+
+def read_arch(directory: Path) -> ModelArch:
+    """Parse and check `<directory>/config.json`; `ModelError` names the field that is wrong."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise ModelError(path, CONFIG_FILE, "missing: a Hugging Face model directory needs config.json")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(path, CONFIG_FILE, f"not readable JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise ModelError(path, CONFIG_FILE, "top level must be an object")
+    return arch_from_config(raw, path)
+
+
+def arch_from_config(raw: dict[str, Any], path: Path | str = CONFIG_FILE) -> ModelArch:
+    """`ModelArch` of a config dict (`path` only names the source in errors)."""
+    archs = raw.get("architectures")
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in _FAMILIES:
+        raise ModelError(
+            path,
+            "architectures",
+            f"{archs!r} is not supported; Gyre runs one of {', '.join(SUPPORTED_ARCHITECTURES)}",
+        )
+    architecture = archs[0]
+    family, defaults = _FAMILIES[architecture]
+    cfg = {**defaults, **raw}
+
+    def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
+        value = cfg.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ModelError(path, key, f"must be an integer >= {minimum}; got {value!r}")
+        return value
+
+    def flag(key: str, default: bool = False) -> bool:
+        value = cfg.get(key, default)
+        if not isinstance(value, bool):
+            raise ModelError(path, key, f"must be true or false; got {value!r}")
+        return value
+
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ModelError(
+            path, "hidden_act", f"{cfg['hidden_act']!r} is not supported (SwiGLU with silu only)"
+        )
+    if flag("use_sliding_window"):
+        raise ModelError(
+            path, "use_sliding_window", "sliding-window attention is not supported; set it false"
+        )
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        raise ModelError(path, "layer_types", "only full_attention layers are supported")
+    if cfg.get("pretraining_tp", 1) not in (1, None):
+        raise ModelError(path, "pretraining_tp", f"must be 1; got {cfg['pretraining_tp']!r}")
+    if cfg.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):
+        raise ModelError(path, "partial_rotary_factor", "partial rotary embeddings are not supported")
+
+    hidden = integer("hidden_size")
+    heads = integer("num_attention_heads")
+    kv_heads = integer("num_key_value_heads", heads if family == "llama" else 32)
+    if heads % kv_heads:
+        raise ModelError(path, "num_key_value_heads", f"{kv_heads} must divide num_attention_heads={heads}")
+    head_dim_default = hidden // heads if hidden % heads == 0 else None
+    head_dim = integer("head_dim", head_dim_default) if cfg.get("head_dim") is not None else head_dim_default
+    if head_dim is None:
+        raise ModelError(path, "head_dim", f"needed: hidden_size={hidden} is not a multiple of {heads} heads")
+    if head_dim % 2:
+        raise ModelError(path, "head_dim", f"must be even for rotary embeddings; got {head_dim}")
+    attention_bias = flag("attention_bias")
+    dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+    if dtype not in DTYPES:
+        raise ModelError(path, "torch_dtype", f"{dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    max_positions = integer("max_position_embeddings")
+    return ModelArch(
+        architecture=architecture,
+        family=family,
+        hidden_size=hidden,
+        num_layers=integer("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=integer("intermediate_size"),
+        vocab_size=integer("vocab_size"),
+        max_position_embeddings=max_positions,
+        rms_norm_eps=_positive(cfg, "rms_norm_eps", path),
+        rope=read_rope(cfg, max_positions, path),
+        tie_word_embeddings=flag("tie_word_embeddings"),
+        qkv_bias=family == "qwen2" or attention_bias,
+        o_bias=attention_bias,
+        mlp_bias=flag("mlp_bias") if family == "llama" else False,
+        qk_norm=family == "qwen3",
+        dtype=dtype,
+        eos_token_ids=tuple(int(t) for t in eos_ids),
+        bos_token_id=cfg.get("bos_token_id"),
+        raw=raw,
+    )
+
+
+def _positive(cfg: dict[str, Any], key: str, path: Path | str) -> float:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ModelError(path, key, f"must be a number > 0; got {value!r}")
+    return float(value)
+
+
+def read_rope(cfg: dict[str, Any], max_positions: int, path: Path | str = CONFIG_FILE) -> RopeSpec:
+    """RoPE from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (the Hub's configs)."""
+    params = cfg.get("rope_parameters")
+    key = "rope_parameters"
+    if params is None:
+        params, key = cfg.get("rope_scaling"), "rope_scaling"
+    params = dict(params or {})
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise ModelError(path, key, "per-layer-type rope parameters are not supported")
+    kind = str(params.get("rope_type", params.get("type", "default")))
+    if kind not in ROPE_KINDS:
+        raise ModelError(
+            path, f"{key}.rope_type", f"{kind!r} is not supported; use one of {', '.join(ROPE_KINDS)}"
+        )
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    if not isinstance(theta, int | float) or not theta > 0:
+        raise ModelError(path, "rope_theta", f"must be a number > 0; got {theta!r}")
+
+    def number(name: str, required: bool = False) -> float | None:
+        value = params.get(name)
+        if value is None:
+            if required:
+                raise ModelError(path, f"{key}.{name}", f"required for rope_type {kind!r}")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ModelError(path, f"{key}.{name}", f"must be a number; got {value!r}")
+        return float(value)
+
+    if kind == "default":
+        return RopeSpec(theta=float(theta))
+    original = params.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    if kind == "linear":
+        return RopeSpec(kind=kind, theta=float(theta), factor=float(number("factor", True) or 1.0))
+    if kind == "llama3":
+        return RopeSpec(
+            kind=kind,
+            theta=float(theta),
+            factor=float(number("factor", True) or 1.0),
+            low_freq_factor=number("low_freq_factor", True),
+            high_freq_factor=number("high_freq_factor", True),
+            original_max_position_embeddings=int(original or max_positions),
+        )
+    return RopeSpec(
+        kind=kind,
+        theta=float(theta),
+        factor=float(number("factor", True) or 1.0),
+        original_max_position_embeddings=int(original or max_positions),
+        beta_fast=number("beta_fast"),
+        beta_slow=number("beta_slow"),
+        attention_factor=number("attention_factor"),
+        mscale=number("mscale"),
+        mscale_all_dim=number("mscale_all_dim"),
+        truncate=bool(params.get("truncate", True)),
+    )

@@ -1,0 +1,223 @@
+"""`CausalLM`: Llama / Qwen2 / Qwen3 (dense) in plain torch, with the Hugging Face parameter names.
+
+One module serves and trains every supported checkpoint, so the engine, the trainer and the
+published directories share one parameter set, named exactly as in the checkpoint's safetensors:
+
+    model.embed_tokens.weight                                     [V, d]
+    model.layers.{i}.input_layernorm.weight                       [d]
+    model.layers.{i}.self_attn.{q,k,v}_proj.weight (+ .bias)      [H·hd | Hkv·hd, d]
+    model.layers.{i}.self_attn.o_proj.weight (+ .bias)            [d, H·hd]
+    model.layers.{i}.self_attn.{q,k}_norm.weight      (Qwen3)     [hd]
+    model.layers.{i}.post_attention_layernorm.weight              [d]
+    model.layers.{i}.mlp.{gate,up,down}_proj.weight (+ .bias)
+    model.norm.weight                                             [d]
+    lm_head.weight                                  (untied only) [V, d]
+
+so a checkpoint loads as its own state dict (`gyre.model.weights`). Two forwards share the modules:
+
+- training (packed): `logits = model(input_ids, position_ids, cu_seqlens)` over S rows concatenated
+  into T tokens with block-diagonal causal attention (`gyre.rl.attention`), logits [T, V];
+- serving (paged): `model.forward_paged(input_ids, cache, batch)` over B rows of new tokens that
+  attend K/V held in a `PagedKVCache` (`gyre.model.paged`), keys stored after rotary.
+
+Every op follows transformers' modeling files (RMSNorm in float32 then `weight * x`, rotate-half
+rotary, q/k norm before rotary), so log-probs agree with a `transformers` forward (tested).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gyre.model.arch import ModelArch
+from gyre.model.paged import PagedBatch, PagedKVCache
+from gyre.model.rope import Rotary, apply_rotary
+from gyre.rl.attention import block_causal_attention
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        out: torch.Tensor = self.weight * normed.to(x.dtype)
+        return out
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        d = arch.hidden_size
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.scale = arch.head_dim**-0.5
+        self.q_proj = nn.Linear(d, arch.q_size, bias=arch.qkv_bias)
+        self.k_proj = nn.Linear(d, arch.kv_size, bias=arch.qkv_bias)
+        self.v_proj = nn.Linear(d, arch.kv_size, bias=arch.qkv_bias)
+        self.o_proj = nn.Linear(arch.q_size, d, bias=arch.o_bias)
+        self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+
+    def _qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lead = x.shape[:-1]
+        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor
+    ) -> torch.Tensor:
+        """Packed: x [T, d]; each row of `cu_seqlens` attends causally to itself only."""
+        q, k, v = self._qkv(x, cos, sin)
+        out = block_causal_attention(q, k, v, cu_seqlens, scale=self.scale)
+        projected: torch.Tensor = self.o_proj(out.reshape(*x.shape[:-1], -1))
+        return projected
+
+    def forward_paged(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: PagedKVCache,
+        layer: int,
+        batch: PagedBatch,
+    ) -> torch.Tensor:
+        """Paged: x [B, Lq, d]; writes the new K/V into the pool, then attends `batch.read_slots`."""
+        q, k, v = self._qkv(x, cos, sin)
+        flat_write = batch.write_slots.reshape(-1)
+        cache.write(
+            layer,
+            flat_write,
+            k.reshape(-1, self.num_kv_heads, self.head_dim),
+            v.reshape(-1, self.num_kv_heads, self.head_dim),
+        )
+        keys, values = cache.gather(layer, batch.read_slots)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            keys.transpose(1, 2).to(q.dtype),
+            values.transpose(1, 2).to(q.dtype),
+            attn_mask=batch.mask,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+        return projected
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        d, inter, bias = arch.hidden_size, arch.intermediate_size, arch.mlp_bias
+        self.gate_proj = nn.Linear(d, inter, bias=bias)
+        self.up_proj = nn.Linear(d, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, d, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = Attention(arch)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = MLP(arch)
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """A decoder of `arch` with HF parameter names. Build it empty (`CausalLM(arch)`), then load
+    weights (`gyre.model.weights.load_model`) or `init_weights(seed)` for a random model."""
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.model = DecoderModel(arch)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = Rotary(arch.rope, arch.head_dim)
+
+    @property
+    def max_positions(self) -> int:
+        return self.arch.max_position_embeddings
+
+    @torch.no_grad()
+    def init_weights(self, seed: int, std: float = 0.02) -> CausalLM:
+        """Deterministic random init as transformers does it: N(0, std) weights, zero biases, unit norms."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
+        return self
+
+    def _check_positions(self, position_ids: torch.Tensor) -> None:
+        if position_ids.numel() and int(position_ids.max()) >= self.max_positions:
+            raise ValueError(
+                f"position {int(position_ids.max())} is beyond max_position_embeddings={self.max_positions} "
+                "of the model (config.json); shorten the sequence"
+            )
+
+    def _layers(self) -> list[DecoderLayer]:
+        return [layer for layer in self.model.layers if isinstance(layer, DecoderLayer)]
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor | list[int]
+    ) -> torch.Tensor:
+        """Packed training forward: input_ids/position_ids [T], cu_seqlens [S+1] → logits [T, V]."""
+        if input_ids.dim() != 1 or position_ids.shape != input_ids.shape:
+            raise ValueError(
+                f"input_ids and position_ids must both be 1-D [T]; got {tuple(input_ids.shape)} and "
+                f"{tuple(position_ids.shape)}"
+            )
+        bounds = torch.as_tensor(cu_seqlens, dtype=torch.int64)
+        self._check_positions(position_ids)
+        cos, sin = self.rotary.cos_sin(position_ids)
+        h = self.model.embed_tokens(input_ids)
+        for layer in self._layers():
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, bounds)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits: torch.Tensor = self.lm_head(self.model.norm(h))
+        return logits
+
+    def forward_paged(
+        self,
+        input_ids: torch.Tensor,
+        cache: PagedKVCache,
+        batch: PagedBatch,
+        last_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Serving forward: input_ids [B, Lq] at `batch.positions` → logits [B, Lq, V], or [B, V] at
+        the query index `last_index[b]` of each row when given (the only position a step samples)."""
+        self._check_positions(batch.positions)
+        cos, sin = self.rotary.cos_sin(batch.positions)
+        h = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self._layers()):
+            h = h + layer.self_attn.forward_paged(layer.input_layernorm(h), cos, sin, cache, i, batch)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if last_index is not None:
+            h = h[torch.arange(h.shape[0]), last_index]
+        logits: torch.Tensor = self.lm_head(self.model.norm(h))
+        return logits
