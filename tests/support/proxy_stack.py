@@ -39,7 +39,7 @@ from services.proxy.service import ProxyService
 T = TypeVar("T")
 SCRIPTED_CONTEXT = 4_000_000
 """Context length of scripted engines: a Claude Code history near compaction is ~1M byte tokens."""
-_TOKENIZER = ByteTokenizer()
+_TOKENIZER = Tokenizer.from_dir(small_dir())
 _SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 
 

@@ -10,36 +10,37 @@ import torch
 
 from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
-from gyre.model.config import ModelConfig
+from gyre.model.causal_lm import CausalLM
 from gyre.model.logprobs import token_logprobs
-from gyre.model.transformer import GyreLM, build_model
 from services.cell_agent.engine import EngineServer
+from tests.support.models import load_small, small_dir
 
 
 def engine_section(**overrides: Any) -> EngineSection:
     return EngineSection(**{"kv_cache_tokens": 8192, **overrides})
 
 
-def small_model(seed: int = 0) -> GyreLM:
-    return build_model(ModelConfig(max_seq_len=1024), seed=seed)
+def small_model(seed: int = 0) -> CausalLM:
+    """The small test model (a 2-layer Llama with the demo model's byte tokenizer and template)."""
+    return load_small(seed)
 
 
 @asynccontextmanager
 async def serve(
-    section: EngineSection | None = None, *, model: GyreLM | None = None, script: Sequence[Any] = ()
+    section: EngineSection | None = None, *, model: CausalLM | None = None, script: Sequence[Any] = ()
 ) -> AsyncIterator[tuple[EngineServer, EngineClient]]:
     section = section or engine_section()
     if model is None and section.output_source == "model":
         model = small_model()
     async with (
-        EngineServer(section, model=model, script=script) as server,
+        EngineServer(section, model_dir=small_dir(), model=model, script=script) as server,
         EngineClient(server.url, timeout_s=60) as client,
     ):
         yield server, client
 
 
 def reference_logprobs(
-    model: GyreLM, input_ids: Sequence[int], output_ids: Sequence[int], temperature: float
+    model: CausalLM, input_ids: Sequence[int], output_ids: Sequence[int], temperature: float
 ) -> torch.Tensor:
     """Log-probs of `output_ids` from one fresh full forward over prompt + output."""
     ids = torch.tensor([*input_ids, *output_ids])
@@ -49,7 +50,7 @@ def reference_logprobs(
     return token_logprobs(logits[start : start + len(output_ids)], torch.tensor(output_ids), temperature)
 
 
-def max_logprob_error(model: GyreLM, input_ids: Sequence[int], result: Any, temperature: float) -> float:
+def max_logprob_error(model: CausalLM, input_ids: Sequence[int], result: Any, temperature: float) -> float:
     ref = reference_logprobs(model, input_ids, result.output_ids, temperature)
     got = torch.tensor(result.output_logprobs)
     assert got.shape == ref.shape, (got.shape, ref.shape)

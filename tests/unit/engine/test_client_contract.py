@@ -109,7 +109,7 @@ async def test_pause_continue_flush_and_memory(engine: Engine) -> None:
 
 async def test_weight_update_and_info(engine: Engine) -> None:
     client = engine.client
-    params = {"norm.weight": torch.ones(128)}
+    params = {"model.norm.weight": torch.ones(32)}
     await client.update_weights_from_tensor(params, weight_version="5")
     assert await client.get_weight_version() == "5"
     info = await client.get_model_info()

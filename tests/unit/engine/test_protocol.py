@@ -6,14 +6,15 @@ from typing import Any
 
 import pytest
 
-from gyre.model.tokenizer import ByteTokenizer
+from gyre.model.tokenizer import Tokenizer
+from tests.support.models import small_dir
 from services.cell_agent.engine.protocol import DEFAULT_MAX_NEW_TOKENS, RequestError, parse_generate
 
-TOK = ByteTokenizer()
+TOK = Tokenizer.from_dir(small_dir())
 
 
 def parse(body: dict[str, Any], max_seq_len: int = 512) -> Any:
-    return parse_generate(body, TOK, 272, max_seq_len)
+    return parse_generate(body, TOK, 264, max_seq_len)
 
 
 def test_defaults_follow_sglang() -> None:

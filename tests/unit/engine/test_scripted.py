@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from gyre.engine import EngineRequestError
-from gyre.model.tokenizer import ByteTokenizer
+from gyre.model.tokenizer import Tokenizer
+from tests.support.models import small_dir
 from services.cell_agent.engine.backends.scripted import ScriptEntry, scripted_logprob
 from services.cell_agent.engine.protocol import RequestError
 from tests.unit.engine.helpers import engine_section, serve
 
-TOK = ByteTokenizer()
+TOK = Tokenizer.from_dir(small_dir())
 IM_END = TOK.special_id("<|im_end|>")
 SCRIPTED = engine_section(output_source="scripted")
 

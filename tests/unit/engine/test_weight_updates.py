@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from gyre.engine import EngineRequestError
-from gyre.model.checkpoint import save_checkpoint
-from gyre.model.config import ModelConfig
-from gyre.model.transformer import build_model
+from gyre.model.init import init_model_dir
+from gyre.model.weights import write_model_dir
 from tests.unit.engine.helpers import (
     engine_section,
     engine_stats,
@@ -20,6 +19,7 @@ from tests.unit.engine.helpers import (
     serve,
     small_model,
 )
+from tests.support.models import SMALL, small_dir
 
 
 @pytest.mark.parametrize("flush_cache", [True, False])
@@ -80,31 +80,33 @@ async def test_a_request_spanning_an_update_caches_and_pins_nothing() -> None:
 async def test_partial_update_and_validation() -> None:
     model = small_model()
     async with serve(model=model) as (_, client):
-        norm = torch.full((128,), 2.0)
-        await client.update_weights_from_tensor({"norm.weight": norm}, weight_version="7")
-        assert torch.equal(model.norm.weight.detach(), norm)
+        norm = torch.full((32,), 2.0)
+        await client.update_weights_from_tensor({"model.norm.weight": norm}, weight_version="7")
+        assert torch.equal(model.model.norm.weight.detach(), norm)
         with pytest.raises(EngineRequestError, match="unknown parameter"):
             await client.update_weights_from_tensor({"nope.weight": norm})
         with pytest.raises(EngineRequestError, match="shape"):
-            await client.update_weights_from_tensor({"norm.weight": torch.zeros(3)})
+            await client.update_weights_from_tensor({"model.norm.weight": torch.zeros(3)})
         with pytest.raises(EngineRequestError, match="unpickle"):
-            await client.update_weights_from_tensor({"norm.weight": norm}, encoding="sglang")
+            await client.update_weights_from_tensor({"model.norm.weight": norm}, encoding="sglang")
         assert await client.get_weight_version() == "7"
 
 
 async def test_update_from_disk(tmp_path: Path) -> None:
     new = small_model(seed=2)
-    path = save_checkpoint(new, tmp_path / "step3" / "model.safetensors")
-    other = save_checkpoint(build_model(ModelConfig(num_layers=1), seed=0), tmp_path / "other.safetensors")
+    path = write_model_dir(tmp_path / "step3", arch=new.arch, tensors=dict(new.named_parameters()), source=small_dir())
+    other = init_model_dir(
+        tmp_path / "other", arch="llama", tokenizer="byte", family="chatml", overrides={**SMALL, "num_hidden_layers": 1}
+    )
     ids = prompt(20, seed=1)
     async with serve() as (_, client):
-        await client.update_weights_from_disk(str(path.parent), weight_version="3")
+        await client.update_weights_from_disk(str(path), weight_version="3")
         result = await client.generate(ids, {"max_new_tokens": 5})
         assert result.weight_version == "3" and max_logprob_error(new, ids, result, 1.0) <= 1e-4
-        assert (await client.get_model_info())["model_path"] == str(path.parent)
+        assert (await client.get_model_info())["model_path"] == str(path)
         with pytest.raises(EngineRequestError, match="architecture"):
             await client.update_weights_from_disk(str(other))
-        with pytest.raises(EngineRequestError, match="does not exist"):
+        with pytest.raises(EngineRequestError, match="not a directory"):
             await client.update_weights_from_disk(str(tmp_path / "missing"))
         assert (await engine_stats(client))["weight_version"] == "3"
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.model.tokenizer import ByteTokenizer
+from gyre.model.tokenizer import Tokenizer
+from tests.support.models import small_dir
 from gyre.trajectory import TextBlock, ThinkingBlock, make_template
 from gyre.trajectory.output import PARSERS, HermesParser, ParsedCall, ToolCallParser
 from gyre.trajectory.templates.embedded import EmbeddedTemplate
@@ -27,7 +28,7 @@ from services.proxy.streaming import (
     make_streamer,
 )
 
-TOKENIZER = ByteTokenizer()
+TOKENIZER = Tokenizer.from_dir(small_dir())
 THINK, END_THINK = TOKENIZER.special_id("<think>"), TOKENIZER.special_id("</think>")
 CALL, END_CALL = TOKENIZER.special_id("<tool_call>"), TOKENIZER.special_id("</tool_call>")
 IM_END, EOS = TOKENIZER.special_id("<|im_end|>"), TOKENIZER.special_id("<|endoftext|>")

@@ -1,0 +1,66 @@
+"""Model directories for tests, made by `gyre.model.init` on first use and kept for the session.
+
+    small_dir()                 # a 2-layer Llama, byte tokenizer + compact ChatML (the demo model's format)
+    cell_dir()                  # the same format with grouped-query attention, for cell-agent processes
+    hf_dir("qwen3")             # `gyre model init --arch qwen3 --size tiny` (BPE tokenizer, the family's template)
+    load_small()                # CausalLM of small_dir(), fp32
+
+Nothing is committed: every directory is generated into one temporary root per test process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gyre.model.causal_lm import CausalLM
+from gyre.model.init import init_model_dir
+from gyre.model.weights import load_model
+
+_ROOT = Path(tempfile.mkdtemp(prefix="gyre-test-models-"))
+atexit.register(shutil.rmtree, _ROOT, True)
+
+SMALL: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 64,
+    "max_position_embeddings": 1024,
+    "rope_theta": 10000.0,
+}
+CELL: dict[str, Any] = {**SMALL, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 512}
+
+
+@functools.cache
+def small_dir(seed: int = 0) -> Path:
+    return init_model_dir(
+        _ROOT / f"small-{seed}", arch="llama", tokenizer="byte", family="chatml", seed=seed, overrides=SMALL
+    )
+
+
+@functools.cache
+def cell_dir(seed: int = 3) -> Path:
+    return init_model_dir(
+        _ROOT / f"cell-{seed}", arch="llama", tokenizer="byte", family="chatml", seed=seed, overrides=CELL
+    )
+
+
+@functools.cache
+def hf_dir(arch: str, size: str = "tiny", seed: int = 0) -> Path:
+    return init_model_dir(_ROOT / f"{arch}-{size}-{seed}", arch=arch, size=size, seed=seed)
+
+
+def load_small(seed: int = 0) -> CausalLM:
+    return load_model(small_dir(seed))
+
+
+def copy_dir(src: Path, dst: Path) -> Path:
+    """A writable copy (tests that corrupt a directory must not touch the shared one)."""
+    shutil.copytree(src, dst)
+    return dst

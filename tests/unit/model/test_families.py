@@ -1,0 +1,92 @@
+"""Contract of the chat families: every template is append-only, its tool calls parse back with the
+family's parser, directories are recognized; `gyre model verify-template` names the first turn of a
+template that drops earlier reasoning, and the proxy refuses that template unless told otherwise."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gyre.cli import app
+from gyre.model.families import FAMILIES, detect_family
+from gyre.model.tokenizer import Tokenizer
+from gyre.trajectory.messages import Message, TextBlock, ThinkingBlock, ToolUseBlock
+from gyre.trajectory.templates import TemplateError, template_for_family, template_for_model
+from tests.support.models import copy_dir, hf_dir, small_dir
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "templates" / "qwen3_drops_reasoning.jinja"
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_is_append_only_and_parses_its_own_tool_calls(name: str) -> None:
+    template = template_for_family(name, kind="bpe")  # strict: raises if the probe finds a violation
+    assert template.report.ok
+    message = Message(
+        "assistant",
+        (TextBlock("Writing it."), ToolUseBlock("c1", "write_file", {"path": "a.txt", "content": "x = 1"})),
+    )
+    output = template.encode_output(message)
+    assert output[-1] in template.stop_token_ids
+    parsed = template.parse_output(output, id_seed=b"s")
+    assert [(c.name, c.input) for c in parsed.tool_calls] == [("write_file", {"path": "a.txt", "content": "x = 1"})]
+    assert parsed.text.strip() == "Writing it."
+
+
+def test_malformed_tool_call_json_stays_text() -> None:
+    for name in FAMILIES:
+        template = template_for_family(name)
+        broken = template.tokenizer.encode('<tool_call>{"name": "write_file", "arguments": {</tool_call>')
+        out = template.parse_output([*broken, min(template.stop_token_ids)], id_seed=b"x")
+        assert not out.tool_calls and "write_file" in out.text
+
+
+@pytest.mark.parametrize(("arch", "family"), [("qwen3", "qwen3"), ("qwen2", "qwen2"), ("llama", "llama3")])
+def test_initialized_directories_are_recognized(arch: str, family: str) -> None:
+    assert detect_family(Tokenizer.from_dir(hf_dir(arch))).name == family
+    assert detect_family(Tokenizer.from_dir(small_dir())).name == "chatml"
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
+def test_verify_template_passes_on_the_three_families(arch: str) -> None:
+    result = runner.invoke(app, ["model", "verify-template", str(hf_dir(arch)), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["append_only"] and all(c["first_break"] is None for c in report["conversations"])
+    assert sum(len(c["turns"]) for c in report["conversations"]) >= 12
+
+
+def _drops_reasoning(tmp_path: Path) -> Path:
+    path = copy_dir(hf_dir("qwen3"), tmp_path / "qwen3-drops")
+    shutil.copy(FIXTURE, path / "chat_template.jinja")
+    return path
+
+
+def test_verify_template_names_the_turn_where_earlier_reasoning_is_dropped(tmp_path: Path) -> None:
+    path = _drops_reasoning(tmp_path)
+    result = runner.invoke(app, ["model", "verify-template", str(path), "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    multi = next(c for c in report["conversations"] if c["name"].startswith("multi-turn"))
+    assert multi["first_break"]["index"] == 6 and multi["first_break"]["role"] == "user"
+    assert "<think>" in multi["first_break"]["detail"]
+    assert "turn 6 (user)" in result.stderr
+
+
+def test_the_proxy_refuses_a_template_that_is_not_append_only(tmp_path: Path) -> None:
+    path = _drops_reasoning(tmp_path)
+    with pytest.raises(TemplateError, match="not append-only"):
+        template_for_model(path)
+    kept = template_for_model(path, strict=False)  # proxy.template_strict: false keeps it, with the report
+    assert not kept.report.ok
+
+
+def test_thinking_is_parsed_from_qwen3_outputs() -> None:
+    template = template_for_model(hf_dir("qwen3"))
+    message = Message("assistant", (ThinkingBlock("plan"), TextBlock("answer")))
+    out = template.parse_output(template.encode_output(message), id_seed=b"t")
+    assert out.thinking.strip() == "plan" and out.text.strip() == "answer"
