@@ -11,8 +11,9 @@ from gyre.rl.microstep import MicroStep
 from gyre.trainer.backends import TrainerSpec, create_trainer
 from gyre.trainer.backends.base import TrainerBackend
 from gyre.trainer.synthetic import synthetic_microsteps
+from tests.support.models import small_dir
 
-SMALL = ModelSection(num_layers=2, d_model=32, num_heads=2, ffn_hidden=64, max_seq_len=256, seed=5)
+SMALL = ModelSection(path=small_dir(5))
 
 
 def spec(*, with_optimizer: bool = True, **trainer: Any) -> TrainerSpec:

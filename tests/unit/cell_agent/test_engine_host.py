@@ -33,7 +33,7 @@ async def _host(kind: str) -> AsyncIterator[EngineHost]:
         finally:
             await host.stop()
         return
-    async with EngineServer(SECTION, model_section=SMALL) as server:
+    async with EngineServer(SECTION, model_dir=SMALL.require_path()) as server:
         host = HttpEngineHost(SECTION, SMALL, base_url=server.url)
         await host.start()
         try:
@@ -55,7 +55,7 @@ async def _running(client: EngineClient, n: int) -> None:
 async def test_switch_cycle(kind: str, tmp_path: Path) -> None:
     t = trainer()
     t.flat_params.add_(0.01)  # weights the engine does not have yet
-    path = write_published(tmp_path, version=5, config=t.config, tensors=t.named_weights())
+    path = write_published(tmp_path, version=5, arch=t.arch, tensors=t.named_weights(), source=SMALL.require_path())
     async with _host(kind) as host, EngineClient(host.url, timeout_s=60) as client:
         calls = [asyncio.create_task(client.generate([1, 2, 3, i], LONG)) for i in range(3)]
         await _running(client, 3)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gyre.model.config import ModelConfig
-from gyre.model.transformer import build_model
+from tests.support.models import load_small
 from gyre.trainer.flat import FlatParameters
 
 
 def _model() -> torch.nn.Module:
-    return build_model(ModelConfig(num_layers=1, d_model=16, num_heads=2, ffn_hidden=32, max_seq_len=64), seed=1).train()
+    return load_small(1).train()
 
 
 def test_parameters_and_gradients_live_in_the_buffers() -> None:
@@ -29,20 +28,20 @@ def test_parameters_and_gradients_live_in_the_buffers() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     optimizer.step()
     flat.check_views()
-    assert not torch.equal(flat.named_tensors()["embed.weight"], before["embed.weight"])
+    assert not torch.equal(flat.named_tensors()["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
 
 
 def test_load_named_is_strict_and_digest_tracks_bytes() -> None:
     flat = FlatParameters(_model())
     digest = flat.digest()
     named = {n: t.clone() for n, t in flat.named_tensors().items()}
-    named["norm.weight"] = named["norm.weight"] + 1
+    named["model.norm.weight"] = named["model.norm.weight"] + 1
     flat.load_named(named)
     assert flat.digest() != digest
     with pytest.raises(ValueError, match="missing"):
-        flat.load_named({k: v for k, v in named.items() if k != "norm.weight"})
+        flat.load_named({k: v for k, v in named.items() if k != "model.norm.weight"})
     with pytest.raises(ValueError, match="shape"):
-        flat.load_named({**named, "norm.weight": torch.zeros(3)})
+        flat.load_named({**named, "model.norm.weight": torch.zeros(3)})
 
 
 def test_zeroing_gradients_by_none_is_detected() -> None:

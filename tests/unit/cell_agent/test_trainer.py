@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from gyre.model.transformer import GyreLM
+from gyre.model.causal_lm import CausalLM
+from gyre.model.init import init_model_dir
+from gyre.model.weights import assign_weights
 from gyre.rl.step_loss import train_microstep
 from gyre.trainer.backends.torch_backend import TorchTrainer
 from gyre.trainer.checkpoint import latest_checkpoint
+from tests.support.models import SMALL
 from tests.unit.cell_agent.helpers import batch, trainer
 
 
@@ -19,8 +22,8 @@ from tests.unit.cell_agent.helpers import batch, trainer
 def test_step_equals_plain_torch_reference(grad_clip: float) -> None:
     t = trainer(grad_clip=grad_clip, lr=1e-3, weight_decay=0.01)
     assert isinstance(t, TorchTrainer)
-    reference = GyreLM(t.config)
-    reference.load_state_dict({n: w.clone() for n, w in t.named_weights().items()})
+    reference = CausalLM(t.arch)
+    assign_weights(reference, {n: w.clone() for n, w in t.named_weights().items()})
     reference.train()
     optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.01)
     for s in batch(t):
@@ -34,7 +37,7 @@ def test_step_equals_plain_torch_reference(grad_clip: float) -> None:
     norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), grad_clip or float("inf"))
     optimizer.step()
     got_norm = t.optimizer_step()
-    assert got_norm == pytest.approx(float(norm), rel=1e-6)
+    assert got_norm == pytest.approx(float(norm), rel=1e-5)  # one flat-buffer norm vs norms of per-tensor norms
     if grad_clip:
         assert got_norm > grad_clip, "the clip must be active for this case to mean something"
     # Without a clip the step is bit-identical; with one, the norm of one flat buffer and torch's norm
@@ -97,8 +100,10 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path: Path) -> None:
     a = trainer()
     path = a.save_checkpoint(tmp_path)
     other = trainer()
+    wide_dir = init_model_dir(tmp_path / "wide", arch="llama", tokenizer="byte", family="chatml",
+                              overrides={**SMALL, "intermediate_size": 96})
     wide = TorchTrainer.create(
-        type(other.spec)(other.spec.section, other.spec.model_section.model_copy(update={"d_model": 64}),
+        type(other.spec)(other.spec.section, other.spec.model_section.model_copy(update={"path": wide_dir}),
                          other.spec.objective, with_optimizer=True)
     )
     with pytest.raises(ValueError, match="architecture"):

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gyre.model.config import ModelConfig
-from gyre.model.transformer import GyreLM
+from gyre.model.files import check_model_dir
 from gyre.trainer.backends import TRAINER_BACKENDS, create_trainer
 from tests.unit.cell_agent.helpers import batch, spec, trainer
 
@@ -19,8 +18,8 @@ def test_backend_contract(name: str, tmp_path: Path) -> None:
     assert t.version == 0
     params, grads = t.flat_params, t.flat_grads
     assert params.is_contiguous() and grads.shape == params.shape
-    names = {n for n, _ in GyreLM(ModelConfig(num_layers=2, d_model=32, num_heads=2, ffn_hidden=64)).named_parameters()}
-    assert set(t.named_weights()) == names, "parameter names are the embedded model's"
+    names = set(check_model_dir(t.spec.model_section.require_path()).arch.parameter_shapes())
+    assert set(t.named_weights()) == names, "parameter names are the checkpoint's (Hugging Face) names"
     before = t.digest()
     steps = batch(t)
     for s in steps:
