@@ -1,17 +1,21 @@
-"""Benchmark of the embedded engine over real HTTP: decode throughput, batching gain, TTFT, prefix-cache
-and KV-import speedups, and log-prob exactness.
+"""Benchmark of the embedded engine over real HTTP on a Hugging Face model: decode throughput against
+`transformers`' own `generate`, batching gain, TTFT, prefix-cache and KV-import speedups, log-prob
+exactness.
 
-    gyre bench engine [--threads N] [--decode-tokens N] [--long-prompt N]
+    gyre bench engine [--model DIR] [--threads N] [--decode-tokens N] [--long-prompt N]
 
-Prints one JSON object (last line):
-    decode_tokens_per_s_b1 / _b16   generated tokens per second with 1 / 16 concurrent requests
-    batching_gain_b16               b16 / b1 (continuous batching; the goal is >= 3)
+`--model` defaults to `gyre model init --arch qwen3 --size tiny` (1.8 M parameters). Prints one JSON
+object (last line):
+    hf_decode_tokens_per_s_b1 / _b16      engine: generated tokens per second, 1 / 16 concurrent requests
+    transformers_generate_tokens_per_s_*  `model.generate` (sampling, KV cache) on the same prompts, same run
+    vs_transformers_generate_b1 / _b16    engine / transformers (goal: >= 2 at b16, >= 1 at b1)
+    batching_gain_b16                     b16 / b1 (continuous batching; the goal is >= 3)
     ttft_ms_p50                     median time to the first streamed token, `ttft_prompt_tokens` prompt
     prefix_cache_hit_speedup        cold / warm time of a `long_prompt_tokens` prompt (1 output token)
     kv_import_vs_recompute_speedup  recompute time / (export + import + continue) time of a migrated request
     logprob_max_abs_err             max |engine log-prob - fresh full forward| over the b16 outputs
 Rates and times are medians of three repetitions on whatever cores the machine lends; ratios are
-the point.
+the point. Both sides run with `--threads` torch threads.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import asyncio
 import json
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -30,17 +36,36 @@ import torch
 from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
 from gyre.engine.migration import migrate_request_kv
-from gyre.model.config import ModelConfig
+from gyre.model.causal_lm import CausalLM
+from gyre.model.init import init_model_dir
 from gyre.model.logprobs import token_logprobs
-from gyre.model.transformer import GyreLM, build_model
+from gyre.model.weights import load_model
 from services.cell_agent.engine import EngineServer
+
+VOCAB = 256  # prompts use the first 256 ids: bytes of the demo tokenizer, frequent merges of BPE ones
 
 
 def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _max_err(model: GyreLM, ids: list[int], output_ids: list[int], logprobs: list[float]) -> float:
+def _transformers_rate(path: Path, batch: int, tokens: int, seed: int, threads: int) -> float:
+    """Tokens per second of `transformers`' own generate (sampling at temperature 1, its KV cache)."""
+    import transformers
+
+    torch.set_num_threads(threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = torch.tensor([_prompt(32, seed + i) for i in range(batch)])
+    kwargs = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "pad_token_id": 0}
+    with torch.no_grad():
+        model.generate(prompts[:1], max_new_tokens=8, min_new_tokens=8, **kwargs)  # warm-up
+        start = time.perf_counter()
+        out = model.generate(prompts, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
+        elapsed = time.perf_counter() - start
+    return (out.shape[1] - prompts.shape[1]) * batch / elapsed
+
+
+def _max_err(model: CausalLM, ids: list[int], output_ids: list[int], logprobs: list[float]) -> float:
     full = torch.tensor([*ids, *output_ids])
     with torch.no_grad():
         logits = model(full, torch.arange(len(full)), [0, len(full)])
@@ -118,29 +143,38 @@ async def _import_speedup(
     }
 
 
-async def run(threads: int, decode_tokens: int, long_prompt: int) -> dict[str, Any]:
-    model = build_model(ModelConfig(), seed=0)
-    section = EngineSection(num_threads=threads, max_batch_size=32)
+async def run(path: Path, threads: int, decode_tokens: int, long_prompt: int) -> dict[str, Any]:
+    model = load_model(path)
+    section = EngineSection(num_threads=threads, max_batch_size=32, kv_cache_tokens=65536)
     async with (
-        EngineServer(section, model=model) as engine,
-        EngineServer(section, model=model) as peer,
+        EngineServer(section, model_dir=path, model=model) as engine,
+        EngineServer(section, model_dir=path, model=model) as peer,
         EngineClient(engine.url) as client,
         EngineClient(peer.url) as peer_client,
     ):
         await _decode_rate(client, 4, 16, seed=0)  # warm-up
-        rate_b1 = statistics.median(
-            [(await _decode_rate(client, 1, decode_tokens, seed=10 + i))[0] for i in range(3)]
-        )
-        runs_b16 = [await _decode_rate(client, 16, decode_tokens, seed=100 + 16 * i) for i in range(3)]
-        rate_b16 = statistics.median(rate for rate, _ in runs_b16)
+        # Engine and transformers alternate, repetition by repetition, so both see the same load.
+        engine_b1, engine_b16, hf_b1s, hf_b16s = [], [], [], []
+        runs_b16 = []
+        for i in range(3):
+            engine_b1.append((await _decode_rate(client, 1, decode_tokens, seed=10 + i))[0])
+            hf_b1s.append(await asyncio.to_thread(_transformers_rate, path, 1, decode_tokens, 10 + i, threads))
+            runs_b16.append(await _decode_rate(client, 16, decode_tokens, seed=100 + 16 * i))
+            hf_b16s.append(await asyncio.to_thread(_transformers_rate, path, 16, decode_tokens, 100 + 16 * i, threads))
+        rate_b1, rate_b16 = statistics.median(engine_b1), statistics.median(rate for rate, _ in runs_b16)
+        hf_b1, hf_b16 = statistics.median(hf_b1s), statistics.median(hf_b16s)
         outputs = [pair for _, pairs in runs_b16 for pair in pairs]
         err = max(_max_err(model, p, r.output_ids, r.output_logprobs) for p, r in outputs)
         ttft = await _ttft_ms(client, 512, 9)
         prefix = await _prefix_speedup(client, long_prompt, 3)
         migration = await _import_speedup(client, peer_client, long_prompt, 3)
     return {
-        "decode_tokens_per_s_b1": round(rate_b1, 1),
-        "decode_tokens_per_s_b16": round(rate_b16, 1),
+        "hf_decode_tokens_per_s_b1": round(rate_b1, 1),
+        "hf_decode_tokens_per_s_b16": round(rate_b16, 1),
+        "transformers_generate_tokens_per_s_b1": round(hf_b1, 1),
+        "transformers_generate_tokens_per_s_b16": round(hf_b16, 1),
+        "vs_transformers_generate_b1": round(rate_b1 / hf_b1, 2),
+        "vs_transformers_generate_b16": round(rate_b16 / hf_b16, 2),
         "batching_gain_b16": round(rate_b16 / rate_b1, 2),
         "ttft_ms_p50": round(ttft, 2),
         "ttft_prompt_tokens": 512,
@@ -152,17 +186,23 @@ async def run(threads: int, decode_tokens: int, long_prompt: int) -> dict[str, A
         "logprob_max_abs_err": err,
         "torch_threads": threads,
         "decode_tokens": decode_tokens,
+        "model": model.arch.architecture,
+        "model_parameters": model.arch.num_parameters(),
+        "regime": "CPU, embedded engine in-process over loopback HTTP",
     }
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench engine", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="HF model directory (default: a tiny Qwen3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engines")
     parser.add_argument("--decode-tokens", type=int, default=256, help="tokens generated per request")
     parser.add_argument("--long-prompt", type=int, default=2048, help="prompt tokens of the cache/KV runs")
     args = parser.parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    result = asyncio.run(run(args.threads, args.decode_tokens, args.long_prompt))
+    with tempfile.TemporaryDirectory(prefix="gyre-bench-engine-") as tmp:
+        path = args.model or init_model_dir(Path(tmp) / "qwen3-tiny", arch="qwen3", size="tiny")
+        result = asyncio.run(run(path, args.threads, args.decode_tokens, args.long_prompt))
     print(json.dumps(result))
 
 

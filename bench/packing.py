@@ -1,7 +1,7 @@
 """`gyre bench packing`: how fast and how tightly the stream packer turns one batch of admitted rows
 into micro-steps, against the naive layout (one row per sequence, padded to the longest).
 
-The batch is synthetic but shaped like xLong agent data, scaled to the embedded model's context:
+The batch is synthetic but shaped like xLong agent data, scaled to the demo model's 4K context:
 B groups × N executions; per execution 1..J_max rows (geometric: most executions have only the main
 trajectory, compaction and sub-agents add more); row lengths heavy-tailed — an execution-level
 log-normal scale times a row-level log-normal, clipped to [64, max_row_tokens] — so a few executions
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from gyre.config import ModelSection, PackerSection
+from gyre.config import PackerSection
 from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
 from gyre.rl.codec import decode_microstep, encode_microstep
 from gyre.rl.microstep import MicroStep, row_chunks
@@ -119,14 +119,15 @@ def naive_microbatch_padding(lengths: list[int], budget: int) -> float:
 
 
 def main(argv: list[str]) -> None:
-    model, packer = ModelSection(), PackerSection()
+    packer = PackerSection()
+    context = 4096  # the embedded demo model's max_position_embeddings
     parser = argparse.ArgumentParser(prog="gyre bench packing", description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=32, help="B: groups per batch")
     parser.add_argument("--group-size", type=int, default=16, help="N: executions per group")
     parser.add_argument("--j-max", type=int, default=packer.j_max, help="rows per execution at most")
     parser.add_argument("--token-budget", type=int, default=packer.microstep_tokens)
-    parser.add_argument("--max-row-tokens", type=int, default=model.max_seq_len)
-    parser.add_argument("--median-row-tokens", type=int, default=model.max_seq_len // 4)
+    parser.add_argument("--max-row-tokens", type=int, default=context)
+    parser.add_argument("--median-row-tokens", type=int, default=context // 4)
     parser.add_argument("--sigma", type=float, default=1.0, help="log-normal shape of execution sizes")
     parser.add_argument("--target-fraction", type=float, default=0.25)
     parser.add_argument(

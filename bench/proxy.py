@@ -42,8 +42,9 @@ import structlog
 import yaml
 
 from gyre.engine import EngineClient
+from gyre.model.init import init_model_dir
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
-from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profile, make_template
+from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profile, template_for_family
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 
 OUTPUT = "Done.<|im_end|>"
@@ -164,7 +165,7 @@ class Execution:
         self.key = key
         self.body = body
         self.grows = grows
-        self.tree = TrajectoryTree("mirror", make_template("embedded"), get_profile("claude_code"))
+        self.tree = TrajectoryTree("mirror", template_for_family("chatml"), get_profile("claude_code"))
         self.turn = 0
 
     def prompt_ids(self) -> list[int]:
@@ -265,6 +266,14 @@ async def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float
     return dict(json.loads(path.read_text()))
 
 
+def _bench_model(out: Path) -> Path:
+    """The demo model's format (byte tokenizer, compact ChatML) with a context that holds 800 KB
+    histories; the engine's outputs are scripted, so the weights never run."""
+    dims = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "head_dim": 16, "intermediate_size": 64, "max_position_embeddings": 4_000_000}
+    return init_model_dir(out, arch="llama", tokenizer="byte", family="chatml", overrides=dims)
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     nats: ServerProcess = start_nats(workdir / "nats")
     redis: ServerProcess = start_redis(workdir / "redis", appendonly=False)
@@ -275,7 +284,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "nats": {"url": nats.url},
             "redis": {"url": redis.url},
             "log": {"level": "warning", "format": "json"},
-            "model": {"max_seq_len": 4_000_000},
+            "model": {"path": str(_bench_model(workdir / "model"))},
             "cell_agent": {"engine": {"output_source": "scripted", "max_batch_size": 128}},
         }
         config_path = workdir / "gyre.yaml"

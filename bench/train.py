@@ -1,17 +1,18 @@
 """Benchmark of streaming training across cell agent processes: micro-steps per second with one cell
 and with two, and the scaling between them.
 
-    gyre bench train [--microsteps 32] [--token-budget 1024] [--steps 4]
+    gyre bench train [--model DIR] [--microsteps 32] [--token-budget 1024] [--steps 4]
 
 What is measured: real `python -m services.cell_agent` processes (torch 1 thread each, gloo and
-Mooncake on loopback, real Redis and NATS started for the run) training the default embedded model
-on the same synthetic micro-steps of `--token-budget` tokens (generated before any cell starts). Per
+Mooncake on loopback, real Redis and NATS started for the run) training the Hugging Face model of
+`--model` (default: `gyre model init --arch qwen3 --size tiny`, 1.8 M parameters) on the same
+synthetic micro-steps of `--token-budget` tokens (generated before any cell starts). Per
 configuration, `--steps` optimizer steps run back to back; the first is a warmup (it also pulls the satellite's first snapshot) and is not
 counted. A step is timed from the JoinBatch calls to the last return, with every micro-step already
 in the queue and the stream closed, so the time covers claims, forward + backward, the gradient
 reduction, the optimizer step and the parameter broadcast.
 
-    microsteps_per_s_1_cell    micro-steps / second with the core alone
+    microsteps_per_s_1_cell    micro-steps / second with the core alone (tokens_per_s_*: the same in tokens)
     microsteps_per_s_2_cells   micro-steps / second with the core and one satellite
     scaling_2_vs_1             the ratio (goal >= 1.7)
     compute_s_per_microstep_*  mean forward + backward of one micro-step inside a cell
@@ -41,8 +42,9 @@ from google.protobuf.message import Message
 
 from gyre.bus import Delivery, EventBus
 from gyre.config import GyreConfig, load_config
-from gyre.model.config import ModelConfig
-from gyre.model.transformer import build_model
+from gyre.model.files import check_model_dir
+from gyre.model.init import init_model_dir
+from gyre.model.weights import load_model
 from gyre.rl.codec import encode_microstep
 from gyre.rl.microstep import MicroStep
 from gyre.stack.servers import start_nats, start_redis
@@ -53,9 +55,10 @@ from gyre.v1 import events_pb2 as ev
 from services.cell_agent.local import LocalCells, with_cell_ports
 
 
-def _config(run_dir: Path, nats_url: str, redis_url: str, run_id: str) -> GyreConfig:
+def _config(run_dir: Path, nats_url: str, redis_url: str, run_id: str, model: Path) -> GyreConfig:
     return load_config(None, environ={}, overrides={
         "run": {"id": run_id, "dir": str(run_dir)},
+        "model": {"path": str(model)},
         "nats": {"url": nats_url},
         "redis": {"url": redis_url},
         "log": {"format": "json", "level": "warning"},
@@ -64,7 +67,7 @@ def _config(run_dir: Path, nats_url: str, redis_url: str, run_id: str) -> GyreCo
 
 
 def _steps(config: GyreConfig, args: argparse.Namespace, step: int) -> list[MicroStep]:
-    model = build_model(ModelConfig.from_section(config.model), seed=config.model.seed)
+    model = load_model(config.model.require_path())
     out: list[MicroStep] = []
     seed = 0
     while len(out) < args.microsteps:
@@ -88,10 +91,10 @@ class Measured:
 
 
 async def _run(
-    num_cells: int, batches: list[list[MicroStep]], root: Path, nats_url: str, redis_url: str
+    num_cells: int, batches: list[list[MicroStep]], root: Path, nats_url: str, redis_url: str, model: Path
 ) -> Measured:
     run_id = f"bench{uuid.uuid4().hex[:8]}"
-    config = with_cell_ports(_config(root, nats_url, redis_url, run_id), num_cells)
+    config = with_cell_ports(_config(root, nats_url, redis_url, run_id, model), num_cells)
     redis = await connect_redis(redis_url)
     bus = await EventBus.connect(nats_url, run_id, "bench-train")
     done: list[ev.MicroStepDone] = []
@@ -132,6 +135,7 @@ async def _run(
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench train", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="HF model directory (default: a tiny Qwen3)")
     parser.add_argument("--microsteps", type=int, default=32)
     parser.add_argument("--token-budget", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per configuration (first is warmup)")
@@ -142,12 +146,15 @@ def main(argv: list[str]) -> None:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gyre-bench-train-") as tmp:
         root = Path(tmp)
-        base = _config(root, "nats://unused", "redis://unused", "bench")
+        model = args.model or init_model_dir(root / "model", arch="qwen3", size="tiny")
+        arch = check_model_dir(model).arch
+        base = _config(root, "nats://unused", "redis://unused", "bench", model)
         batches = [_steps(base, args, step) for step in range(args.steps)]
+        tokens_per_microstep = statistics.fmean(s.num_tokens for b in batches for s in b)
         nats, redis = start_nats(root / "nats"), start_redis(root / "redis", appendonly=False)
         try:
-            one = asyncio.run(_run(1, batches, root, nats.url, redis.url))
-            two = asyncio.run(_run(2, batches, root, nats.url, redis.url))
+            one = asyncio.run(_run(1, batches, root, nats.url, redis.url, model))
+            two = asyncio.run(_run(2, batches, root, nats.url, redis.url, model))
         finally:
             nats.stop()
             redis.stop()
@@ -155,6 +162,10 @@ def main(argv: list[str]) -> None:
         "microsteps_per_s_1_cell": round(one.microsteps_per_s, 3),
         "microsteps_per_s_2_cells": round(two.microsteps_per_s, 3),
         "scaling_2_vs_1": round(two.microsteps_per_s / one.microsteps_per_s, 3),
+        "tokens_per_s_1_cell": round(one.microsteps_per_s * tokens_per_microstep, 1),
+        "tokens_per_s_2_cells": round(two.microsteps_per_s * tokens_per_microstep, 1),
+        "model": str(args.model or f"gyre model init --arch qwen3 --size tiny ({arch.num_parameters()} parameters)"),
+        "backend": "torch",
         "compute_s_per_microstep_1_cell": round(one.compute_s_per_microstep, 4),
         "compute_s_per_microstep_2_cells": round(two.compute_s_per_microstep, 4),
         "overhead_fraction_1_cell": round(one.overhead_fraction, 3),

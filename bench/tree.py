@@ -3,7 +3,7 @@
     gyre bench tree [--repeats 40] [--quick]
 
 Insert = `prepare` + `commit` of one model call whose history already lies in the tree plus one
-new message (a ~1,700-token tool result) and a ~300-token output, with the embedded template
+new message (a ~1,700-token tool result) and a ~300-token output, with the demo model's template (byte tokens, compact ChatML)
 (byte-level: one token per byte). Measured at 10k and 1M history tokens; the goal is that the 1M
 insert costs at most twice the 10k one (cost ∝ new content, plus one dictionary step per history
 message). The history echoes each output the way Claude Code does (tool input re-serialized, so
@@ -36,8 +36,8 @@ from gyre.trajectory import (
     admit,
     encode_node,
     get_profile,
-    make_template,
     materialize,
+    template_for_family,
 )
 from gyre.trajectory.messages import Api, TextBlock, ToolResultBlock, ToolSpec, ToolUseBlock
 from gyre.trajectory.stats import tree_stats
@@ -122,7 +122,7 @@ def _output_ids(rng: random.Random) -> list[int]:
 
 def measure_insert(history_tokens: int, repeats: int, seed: int) -> dict[str, float]:
     rng = random.Random(seed)
-    tree = TrajectoryTree("bench", make_template("embedded"), get_profile("generic"))
+    tree = TrajectoryTree("bench", template_for_family("chatml"), get_profile("generic"))
     session = Session(tree, "You are a coding agent. " + _text(rng, 2000), rng)
     while session.history_tokens < history_tokens:
         session.call()
@@ -154,7 +154,7 @@ def measure_insert(history_tokens: int, repeats: int, seed: int) -> dict[str, fl
 def appendix_c_tree(seed: int) -> TrajectoryTree:
     """Main agent and a sub-agent, each compacting once, with retries: ~10 leaves, ~600 requests."""
     rng = random.Random(seed)
-    tree = TrajectoryTree("appendix-c", make_template("embedded"), get_profile("generic"))
+    tree = TrajectoryTree("appendix-c", template_for_family("chatml"), get_profile("generic"))
     main = Session(tree, "You are the main agent.", rng)
     sub = Session(tree, "You are a sub-agent.", rng, {"x-gyre-agent": "sub"})
     for i in range(330):

@@ -43,6 +43,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the common case: skip the two no-op casts (each is a dispatch)
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         out: torch.Tensor = self.weight * normed.to(x.dtype)
@@ -61,14 +63,26 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(arch.q_size, d, bias=arch.o_bias)
         self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self._fused: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def fuse(self) -> None:
+        """One matmul for q, k and v (see `CausalLM.fuse_projections`)."""
+        if self._fused is None:
+            self._fused = _fuse((self.q_proj, self.k_proj, self.v_proj))
 
     def _qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lead = x.shape[:-1]
-        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        if self._fused is not None:
+            qkv = F.linear(x, *self._fused)
+            q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q_flat, k_flat, v_flat = qkv.split((q_out, kv_out, kv_out), dim=-1)
+        else:
+            q_flat, k_flat, v_flat = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q_flat.view(*lead, self.num_heads, self.head_dim)
+        k = k_flat.view(*lead, self.num_kv_heads, self.head_dim)
+        v = v_flat.view(*lead, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
@@ -120,10 +134,37 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, inter, bias=bias)
         self.up_proj = nn.Linear(d, inter, bias=bias)
         self.down_proj = nn.Linear(inter, d, bias=bias)
+        self._fused: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def fuse(self) -> None:
+        """One matmul for gate and up (see `CausalLM.fuse_projections`)."""
+        if self._fused is None:
+            self._fused = _fuse((self.gate_proj, self.up_proj))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self._fused is not None:
+            gate, up = F.linear(x, *self._fused).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return out
+
+
+@torch.no_grad()
+def _fuse(layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Re-home the weights (and biases) of `layers` as row blocks of one tensor; returns it. Each
+    parameter keeps its name and values and becomes a view, so in-place weight updates reach both."""
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    has_bias = layers[0].bias is not None
+    bias = torch.cat([layer.bias.detach() for layer in layers if layer.bias is not None]) if has_bias else None
+    row = 0
+    for layer in layers:
+        rows = layer.weight.shape[0]
+        layer.weight.data = weight[row : row + rows]
+        if bias is not None and layer.bias is not None:
+            layer.bias.data = bias[row : row + rows]
+        row += rows
+    return weight, bias
 
 
 class DecoderLayer(nn.Module):
@@ -173,6 +214,16 @@ class CausalLM(nn.Module):
                 param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
         return self
 
+    def fuse_projections(self) -> CausalLM:
+        """Serve with one matmul for q/k/v and one for gate/up per layer (fewer, larger matmuls: on
+        CPU a small model's decode step is bound by per-op overhead). Parameters stay as they are by
+        name and value; they become views of the fused tensors, so weight updates (in-place copies)
+        keep working. For inference only: the trainer's flat buffers re-home parameters themselves."""
+        for layer in self._layers():
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
+
     def _check_positions(self, position_ids: torch.Tensor) -> None:
         if position_ids.numel() and int(position_ids.max()) >= self.max_positions:
             raise ValueError(
@@ -194,7 +245,7 @@ class CausalLM(nn.Module):
             )
         bounds = torch.as_tensor(cu_seqlens, dtype=torch.int64)
         self._check_positions(position_ids)
-        cos, sin = self.rotary.cos_sin(position_ids)
+        cos, sin = self.rotary.cos_sin(position_ids, self.lm_head.weight.dtype)
         h = self.model.embed_tokens(input_ids)
         for layer in self._layers():
             h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, bounds)
@@ -212,7 +263,7 @@ class CausalLM(nn.Module):
         """Serving forward: input_ids [B, Lq] at `batch.positions` → logits [B, Lq, V], or [B, V] at
         the query index `last_index[b]` of each row when given (the only position a step samples)."""
         self._check_positions(batch.positions)
-        cos, sin = self.rotary.cos_sin(batch.positions)
+        cos, sin = self.rotary.cos_sin(batch.positions, self.lm_head.weight.dtype)
         h = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self._layers()):
             h = h + layer.self_attn.forward_paged(layer.input_layernorm(h), cos, sin, cache, i, batch)

@@ -42,6 +42,8 @@ class Family:
     """A string only this family's templates contain (how `detect_family` recognizes it)."""
     stop_tokens: tuple[str, ...] = ()
     """Every token generation stops on (generation_config.json `eos_token_id`), end of turn first."""
+    reasoning: bool = False
+    """The template renders an assistant turn's reasoning (`<think>…</think>`); others drop it."""
 
     @property
     def chat_template(self) -> str:
@@ -69,6 +71,7 @@ FAMILIES: dict[str, Family] = {
             pad_token="<|pad|>",
             marker="'# Tools'",
             stop_tokens=("<|im_end|>", "<|endoftext|>"),
+            reasoning=True,
         ),
         Family(
             name="qwen2",
@@ -98,6 +101,7 @@ FAMILIES: dict[str, Family] = {
             pad_token="<|endoftext|>",
             marker="<think>",
             stop_tokens=("<|im_end|>", "<|endoftext|>"),
+            reasoning=True,
         ),
         Family(
             name="llama3",

@@ -7,7 +7,7 @@ formula by formula, and cos/sin are computed the way its rotary modules compute 
 ~1e-4 at position 4k. Layout is "rotate half" (pairs are the first and second half of a head).
 
     rope = Rotary(arch.rope, arch.head_dim)
-    cos, sin = rope.cos_sin(position_ids)          # [..., head_dim]
+    cos, sin = rope.cos_sin(position_ids)          # [..., 1, head_dim], sin with the rotation's signs
     q = apply_rotary(q, cos, sin)                  # q [..., heads, head_dim]
 """
 
@@ -94,17 +94,24 @@ class Rotary(nn.Module):
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [..., head_dim] (float32) at `position_ids` [...]."""
+    def cos_sin(
+        self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [..., 1, head_dim] at `position_ids` [...], ready to broadcast over heads.
+
+        transformers rotates as `x·cos + rotate_half(x)·sin` with rotate_half(x) = (−x₂, x₁); here
+        the minus sign is folded into the first half of `sin`, so `apply_rotary` needs no negation
+        (the same products, in the same order: bit-identical)."""
         freqs = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos() * self.scaling, emb.sin() * self.scaling
+        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(-2)
+        cos, sin = emb.cos() * self.scaling, emb.sin() * self.scaling
+        half = sin.shape[-1] // 2
+        sin[..., :half].neg_()
+        return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` [..., H, D] by cos/sin [..., D] (broadcast over heads)."""
-    cos = cos.unsqueeze(-2).to(x.dtype)
-    sin = sin.unsqueeze(-2).to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """Rotate `x` [..., H, D] by `cos_sin`'s cos/sin: x·cos + (x₂, x₁)·sin (three ops, no copies of
+    cos/sin per head)."""
+    swapped = torch.roll(x, shifts=x.shape[-1] // 2, dims=-1)
+    return torch.addcmul(x * cos, swapped, sin)

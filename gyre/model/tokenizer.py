@@ -135,7 +135,12 @@ class Tokenizer:
         return list(self._backend.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
+        """Text of `ids`; `ValueError` for an id outside the vocabulary (a padded row of the embedding,
+        which the Rust decoder would drop silently)."""
+        ids = list(ids)
+        if ids and not 0 <= min(ids) <= max(ids) < self.vocab_size:
+            raise ValueError(f"token ids outside the vocabulary (size {self.vocab_size}): {min(ids)}..{max(ids)}")
+        return str(self._backend.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_text(self, token_id: int) -> str:
         """The text of one token as a log-prob triple reports it."""

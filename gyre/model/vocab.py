@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -86,8 +87,10 @@ def build_tokenizer(family: Family, kind: str = "bpe", vocab_size: int = 8192) -
     return tok
 
 
+@functools.cache
 def family_tokenizer(name: str, kind: str = "byte", vocab_size: int = 8192) -> GyreTokenizer:
-    """A tokenizer of family `name` with its chat template, in memory (tests, benches, trace replay)."""
+    """A tokenizer of family `name` with its chat template, in memory (tests, benches, trace replay);
+    built once per process (the BPE kind trains in about a second)."""
     family = FAMILIES[name]
     named = {"eos_token": family.eos_token}
     if family.bos_token:

@@ -23,7 +23,7 @@ from gyre.store import Keys, WorkQueue
 from gyre.store.groups import GroupOutcomes
 from gyre.store.groups import MemberOutcome as StoredOutcome
 from gyre.store.trees import TreeStore
-from gyre.trajectory import CallMeta, TrajectoryTree, get_profile, make_template
+from gyre.trajectory import CallMeta, TrajectoryTree, get_profile, template_for_family
 from gyre.trajectory import Message as ChatMessage
 from gyre.trajectory.messages import Api, ModelRequest
 from gyre.v1 import events_pb2 as ev
@@ -36,7 +36,7 @@ N = 2
 async def _record_tree(store: TreeStore, execution_id: str, answer: str) -> int:
     """One model call: a prompt and a sampled answer; returns its sampled-token count."""
     await store.create(execution_id, profile="generic", template="embedded", policy_version=0)
-    tree = TrajectoryTree(execution_id, make_template("embedded"), get_profile("generic"))
+    tree = TrajectoryTree(execution_id, template_for_family("chatml"), get_profile("generic"))
     prepared = tree.prepare(ModelRequest(Api.ANTHROPIC, ("Add.",), (ChatMessage.text("user", "2+3"),)))
     ids = [*answer.encode(), 258]
     result = tree.commit(prepared, ids, [-0.25] * len(ids), CallMeta(request_id=execution_id, policy_version=0))

@@ -13,14 +13,14 @@ from gyre.config.model import ModelSection
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.store.trees import TreeStore, UnknownTreeError
-from gyre.trajectory import CallMeta, Message, TrajectoryTree, encode_node, get_profile, make_template
+from gyre.trajectory import CallMeta, Message, TrajectoryTree, encode_node, get_profile, template_for_family
 from gyre.trajectory.messages import Api, ModelRequest
 from services.cell_agent.engine import EngineServer
 from tests.support.proxy_stack import SCRIPTED_CONTEXT, proxy_stack, scripted_engine
 
 
 def _tree_with_two_calls() -> tuple[TrajectoryTree, list[list[int]]]:
-    tree = TrajectoryTree("e1", make_template("embedded"), get_profile("generic"))
+    tree = TrajectoryTree("e1", template_for_family("chatml"), get_profile("generic"))
     outputs = [[*b"first", 258], [*b"second", 258]]
     history = [Message.text("user", "hi")]
     for i, ids in enumerate(outputs):

@@ -13,6 +13,7 @@ The end-of-turn token and the tool-call parser come from the directory's chat fa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,10 @@ def template_for_model(
     )
 
 
+@functools.cache
 def template_for_family(name: str, *, kind: str = "byte", strict: bool = True) -> HFChatTemplate:
-    """A family's template over an in-memory tokenizer (`byte`, or `bpe` trained on Gyre's text)."""
+    """A family's template over an in-memory tokenizer (`byte`, or `bpe` trained on Gyre's text); one
+    per process and arguments (templates hold no per-call state)."""
     family = FAMILIES[name]
     tokenizer = family_tokenizer(name, kind)
     stops = [tokenizer.special_id(t) for t in family.stop_tokens]

@@ -27,14 +27,14 @@ def test_yaml_then_env_then_overrides(tmp_path: Path) -> None:
     [
         ("scheduler:\n  rho_min: 1.5\n", "scheduler.rho_min", "(0, 1]"),
         ("run:\n  id: 'a.b'\n", "run.id", "NATS subject token"),
-        ("model:\n  d_model: 100\n  num_heads: 3\n", "model", "num_heads must divide d_model"),
+        ("model:\n  num_heads: 3\n", "model.num_heads", "Extra inputs"),  # shapes come from config.json
         ("scheduler:\n  no_such_field: 1\n", "scheduler.no_such_field", "Extra inputs"),
         ("packer:\n  j_max: 0\n", "packer.j_max", "at least 1"),
         ("nats:\n  monitor_port: 70000\n", "nats.monitor_port", "in 0..65535"),
         ("proxy:\n  engine_timeout_s: -1\n", "proxy.engine_timeout_s", "must be >= 0; got -1.0"),
         ("cell_agent:\n  trainer:\n    lr: 0\n", "cell_agent.trainer.lr", "must be > 0; got 0.0"),
         ("evaluator:\n  sandbox:\n    cpu_s: 0\n", "evaluator.sandbox.cpu_s", "at least 1, or null; got 0"),
-        ("model:\n  num_heads: 0\n", "model.num_heads", "at least 1; got 0"),
+        ("proxy:\n  template_strict: maybe\n", "proxy.template_strict", "valid boolean"),
         ("cell_agent:\n  ports: [1, 70000]\n", "cell_agent.ports.1", "in 0..65535"),
     ],
 )

@@ -6,12 +6,13 @@ import random
 from collections import Counter
 
 from gyre.trajectory.anthropic import from_anthropic
-from gyre.trajectory.templates import EmbeddedTemplate
+from gyre.trajectory.templates import template_for_family
 from harness import prompts
 from harness.tasks import TaskRegistry
 from harness.teacher import DONE, answers, render_transcript, teacher_body
 
-TEMPLATE = EmbeddedTemplate()
+TEMPLATE = template_for_family("chatml")
+IM_END = TEMPLATE.tokenizer.special_id("<|im_end|>")
 
 
 def outputs(ids: list[int], targets: list[bool]) -> list[list[int]]:
@@ -36,7 +37,7 @@ def test_render_matches_the_template_and_targets_exactly_the_outputs() -> None:
     runs = outputs(ids, targets)
     assert len(runs) == 3  # two write_file calls, then the final answer
     for run in runs:
-        assert run[-1] == TEMPLATE.im_end
+        assert run[-1] == IM_END
     calls = [TEMPLATE.parse_output(run).tool_calls for run in runs]
     assert [(c[0].name, c[0].input["path"]) for c in calls[:2]] == [("write_file", "a.txt"), ("write_file", "b.txt")]
     assert not calls[2] and TEMPLATE.decode_output(runs[2]) == DONE

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from gyre.trajectory import Message, make_template
+from gyre.trajectory import Message, template_for_family
 from gyre.trajectory.messages import Api, ModelRequest, SamplingParams
 from services.proxy.api import api_key_of, check_declared_size
 from services.proxy.calls import engine_sampling
 from services.proxy.errors import BodyTooLargeError, InvalidRequestError
 
-TEMPLATE = make_template("embedded")
+TEMPLATE = template_for_family("chatml")
 
 
 def request(**sampling: object) -> ModelRequest:

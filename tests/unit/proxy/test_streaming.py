@@ -3,8 +3,8 @@ it does stream: text after a decided head goes out before the output ends."""
 
 from __future__ import annotations
 
+import copy
 import itertools
-from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from gyre.model.tokenizer import Tokenizer
 from tests.support.models import small_dir
-from gyre.trajectory import TextBlock, ThinkingBlock, make_template
+from gyre.trajectory import TextBlock, ThinkingBlock, template_for_family
 from gyre.trajectory.output import PARSERS, HermesParser, ParsedCall, ToolCallParser
-from gyre.trajectory.templates.embedded import EmbeddedTemplate
+from gyre.model.vocab import family_tokenizer
+from gyre.trajectory.templates import ChatTemplate, HFChatTemplate
 from services.proxy.streaming import (
     STREAMERS,
     BufferedStreamer,
@@ -59,26 +60,12 @@ PIECES: list[list[int]] = [
 ]
 
 
-class WindowTemplate(EmbeddedTemplate):
-    """The embedded template seen through the generic (non-byte) detokenizer path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bytes_tokenizer, self.tokenizer = self.tokenizer, None  # type: ignore[assignment]
-
-    def decode_output(self, output_ids: Sequence[int]) -> str:
-        ids = list(output_ids)
-        if ids and ids[-1] in self.stop_token_ids:
-            ids.pop()
-        return self.bytes_tokenizer.decode(ids)
-
-
 outputs = st.lists(st.sampled_from(PIECES), min_size=1, max_size=10).map(
     lambda ps: [i for p in ps for i in p]
 )
 
 
-def stream(template: EmbeddedTemplate, ids: list[int], cuts: list[int]) -> list[StreamEvent]:
+def stream(template: ChatTemplate, ids: list[int], cuts: list[int]) -> list[StreamEvent]:
     text = Detokenizer(template)
     streamer = make_streamer(template, SEED, PREFIX)
     events: list[StreamEvent] = []
@@ -98,7 +85,7 @@ def test_streamed_events_fold_into_the_recorded_parse(
     ids: list[int], stop: list[int], cuts: list[int]
 ) -> None:
     ids = ids + stop
-    template = make_template("embedded")
+    template = template_for_family("chatml")
     expected = template.parse_output(ids, SEED, PREFIX)
     events = stream(template, ids, cuts)  # type: ignore[arg-type]
     assert fold_events(events, expected.stopped) == expected
@@ -107,8 +94,8 @@ def test_streamed_events_fold_into_the_recorded_parse(
 
 @settings(max_examples=200, deadline=None)
 @given(ids=outputs, cuts=st.lists(st.integers(0, 400), max_size=12))
-def test_generic_detokenizer_matches_one_shot_decoding(ids: list[int], cuts: list[int]) -> None:
-    template = WindowTemplate()
+def test_detokenizer_matches_one_shot_decoding(ids: list[int], cuts: list[int]) -> None:
+    template = template_for_family("chatml")
     text = Detokenizer(template)
     bounds = sorted({c % (len(ids) + 1) for c in cuts} | {0, len(ids)})
     pieces = [text.feed(ids[a:b]) for a, b in itertools.pairwise(bounds)]
@@ -118,7 +105,7 @@ def test_generic_detokenizer_matches_one_shot_decoding(ids: list[int], cuts: lis
 
 
 def test_text_streams_once_the_head_is_decided() -> None:
-    template = make_template("embedded")
+    template = template_for_family("chatml")
     text, streamer = Detokenizer(template), make_streamer(template, SEED, PREFIX)
     assert streamer.feed(text.feed([THINK, *b"plan"])) == []  # thinking is undecided until </think>
     assert streamer.feed(text.feed([END_THINK, *b"Hello wor"])) == [
@@ -134,7 +121,7 @@ def test_text_streams_once_the_head_is_decided() -> None:
 
 
 def test_a_malformed_call_stays_text_and_the_text_block_continues() -> None:
-    template = make_template("embedded")
+    template = template_for_family("chatml")
     ids = [*b"a", CALL, *b"{bad", END_CALL, *b"b", CALL, *b'{"name": "f", "arguments": {}}', END_CALL, IM_END]
     events = stream(template, ids, [1, 2, 3, 5, 9])
     folded = fold_events(events, True)
@@ -144,7 +131,7 @@ def test_a_malformed_call_stays_text_and_the_text_block_continues() -> None:
 
 def test_out_of_vocabulary_ids_raise_value_error() -> None:
     with pytest.raises(ValueError):
-        Detokenizer(make_template("embedded")).feed([TOKENIZER.vocab_size + 3])
+        Detokenizer(template_for_family("chatml")).feed([TOKENIZER.vocab_size + 3])
 
 
 class _EverythingIsText(ToolCallParser):
@@ -155,7 +142,7 @@ class _EverythingIsText(ToolCallParser):
 
 
 def test_a_parser_without_a_streamer_is_buffered_and_still_exact() -> None:
-    template = make_template("embedded")
+    template = copy.copy(template_for_family("chatml"))  # the family's template is shared: change a copy
     template.parser = _EverythingIsText()
     streamer = make_streamer(template, SEED, PREFIX)
     assert isinstance(streamer, BufferedStreamer)
@@ -169,5 +156,5 @@ def test_a_parser_without_a_streamer_is_buffered_and_still_exact() -> None:
 @pytest.mark.parametrize("parser_name", sorted(STREAMERS))
 def test_every_registered_streamer_belongs_to_a_registered_parser(parser_name: str) -> None:
     assert parser_name in PARSERS
-    template = make_template("embedded", tool_call_parser=parser_name)
+    template = HFChatTemplate(family_tokenizer("chatml"), end_of_turn="<|im_end|>", tool_call_parser=parser_name)
     assert type(make_streamer(template, SEED, PREFIX)) is STREAMERS[parser_name]

@@ -1,4 +1,4 @@
-"""A packed micro-step through the embedded model gives the same per-token log-probs as running
+"""A packed micro-step through the model gives the same per-token log-probs as running
 each row alone (the contract between gyre.rl's packing and gyre.model's packed forward)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import itertools
 import numpy as np
 import torch
 
-from gyre.model.config import ModelConfig
 from gyre.model.logprobs import token_logprobs
-from gyre.model.transformer import build_model
+from gyre.model.weights import load_model
 from gyre.rl.packing import pack
 from gyre.trajectory.row import TrajectoryRow
+from tests.support.models import cell_dir
 
 
 def _row(execution_id: str, length: int, rng: np.random.Generator, index: int = 0) -> TrajectoryRow:
@@ -28,7 +28,7 @@ def _row(execution_id: str, length: int, rng: np.random.Generator, index: int = 
 
 def test_packed_microstep_matches_rows_alone() -> None:
     torch.manual_seed(0)
-    model = build_model(ModelConfig(num_layers=2, d_model=64, num_heads=4, ffn_hidden=128), seed=0).eval()
+    model = load_model(cell_dir()).eval()
     rng = np.random.default_rng(0)
     rows = [_row("a", 37, rng), _row("a", 11, rng, 1), _row("b", 64, rng), _row("c", 5, rng)]
     steps = pack(rows, {"a": 1.0, "b": -1.0, "c": 0.5}, num_batch_executions=3, token_budget=256)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gyre.trajectory import CallMeta, PreparedCall, TrajectoryTree, from_anthropic, get_profile, make_template
+from gyre.trajectory import CallMeta, PreparedCall, TrajectoryTree, from_anthropic, get_profile, template_for_family
 from gyre.trajectory.anthropic import to_anthropic_content
 
 CALL_START, CALL_END, IM_END = 259, 260, 258
@@ -62,7 +62,7 @@ class SimulatedExecution:
 
     def __init__(self, seed: int, tool_prob: float = 0.7, text_len: tuple[int, int] = (8, 40)) -> None:
         self.rng = random.Random(seed)
-        self.tree = TrajectoryTree(f"exec-{seed}", make_template("embedded"), get_profile("claude_code"))
+        self.tree = TrajectoryTree(f"exec-{seed}", template_for_family("chatml"), get_profile("claude_code"))
         self.commits: list[Commit] = []
         self.tool_prob = tool_prob
         self.text_len = text_len

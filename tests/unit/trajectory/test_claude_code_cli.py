@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gyre.cli import app
-from gyre.trajectory import CallMeta, PreparedCall, TrajectoryTree, from_anthropic, get_profile, make_template
+from gyre.trajectory import CallMeta, PreparedCall, TrajectoryTree, from_anthropic, get_profile, template_for_family
 from gyre.trajectory.anthropic import to_anthropic_content
 from gyre.trajectory.tree import CommitResult
 from tests.support.anthropic_capture import CaptureServer, Reply
@@ -51,7 +51,7 @@ class RecordingModel:
     count (`(text, tokens)`): a huge one makes Claude Code compact before its next call."""
 
     def __init__(self, outputs: Mapping[str, list[str | tuple[str, int]]]) -> None:
-        self.tree = TrajectoryTree("cli", make_template("embedded"), get_profile("claude_code"))
+        self.tree = TrajectoryTree("cli", template_for_family("chatml"), get_profile("claude_code"))
         self.outputs = {k: list(v) for k, v in outputs.items()}
         self.prepared: list[PreparedCall] = []
         self.results: list[CommitResult] = []

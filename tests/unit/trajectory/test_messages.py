@@ -16,7 +16,7 @@ from gyre.trajectory import (
     from_anthropic,
     from_openai_chat,
     from_openai_responses,
-    make_template,
+    template_for_family,
     to_anthropic_content,
     to_openai_chat_message,
     to_responses_output,
@@ -244,7 +244,7 @@ def _output() -> object:
         260,
         258,
     ]
-    return make_template("embedded").parse_output(ids, b"seed", "toolu_")
+    return template_for_family("chatml").parse_output(ids, b"seed", "toolu_")
 
 
 def test_outputs_to_each_api_and_back_match_the_output_digest() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gyre.trajectory import PARSERS, TextBlock, ThinkingBlock, make_template
+from gyre.trajectory import PARSERS, TextBlock, ThinkingBlock, template_for_family
 from gyre.trajectory.output import ParsedCall, tool_call_id
 
 
@@ -49,7 +49,7 @@ def test_malformed_tool_calls_stay_text(bad: str) -> None:
 
 
 def test_parse_output_ids_are_deterministic_and_finish_reasons() -> None:
-    template = make_template("embedded")
+    template = template_for_family("chatml")
     call = [259, *b'{"name": "f", "arguments": {}}', 260]
     two_calls = template.parse_output([*call, *call, 258], b"seed")
     ids = [c.id for c in two_calls.tool_calls]

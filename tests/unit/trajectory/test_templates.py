@@ -1,5 +1,6 @@
-"""Chat templates: the registry contract, the embedded layout, and the Hugging Face adapter on a
-tokenizer built here (no hub download)."""
+"""Chat templates: the contract of every family's template, the demo model's compact ChatML layout,
+and the Hugging Face adapter on a template and tokenizer built here (no hub download), checked
+against transformers' own `apply_chat_template`."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ from typing import Any
 
 import pytest
 
+from gyre.model.families import FAMILIES
+from gyre.model.tokenizer import Tokenizer
 from gyre.trajectory import (
-    TEMPLATES,
     Message,
     TemplateError,
     TextBlock,
     ThinkingBlock,
     ToolSpec,
-    make_template,
+    template_for_family,
 )
 from gyre.trajectory.messages import ToolResultBlock, ToolUseBlock
 from gyre.trajectory.templates import ChatTemplate, HFChatTemplate
@@ -39,11 +41,14 @@ CONVERSATION = [
 
 
 def _build(name: str) -> ChatTemplate:
-    """Every registered template; `hf` needs a tokenizer, built here."""
-    return _hf_template(CHATML) if name == "hf" else TEMPLATES[name]()
+    """Every family's template (byte and BPE tokenizers), and a custom template built here."""
+    if name == "custom":
+        return _hf_template(CHATML)
+    family, kind = name.split(":")
+    return template_for_family(family, kind=kind)
 
 
-@pytest.mark.parametrize("name", sorted(TEMPLATES))
+@pytest.mark.parametrize("name", [f"{f}:{k}" for f in sorted(FAMILIES) for k in ("byte", "bpe")] + ["custom"])
 def test_template_contract(name: str) -> None:
     template = _build(name)
     report = template.check_append_only("You are helpful.", TOOLS, CONVERSATION)
@@ -55,8 +60,9 @@ def test_template_contract(name: str) -> None:
     out = template.encode_output(CONVERSATION[2])
     assert out[-1] in template.stop_token_ids
     parsed = template.parse_output(out, b"s")
+    reasoning = name == "custom" or FAMILIES[name.split(":")[0]].reasoning
     assert (
-        parsed.thinking == "plan"
+        parsed.thinking.strip() == ("plan" if reasoning else "")
         and parsed.text.strip() == "Running."
         and parsed.tool_calls[0].input == {"command": "ls"}
     )
@@ -64,7 +70,7 @@ def test_template_contract(name: str) -> None:
 
 
 def test_embedded_layout_is_compact_chatml() -> None:
-    t = make_template("embedded")
+    t = template_for_family("chatml")
     system = t.render_system("Sys", TOOLS)
     assert system[0] == 257 and system[-1] == 258
     assert (
@@ -89,8 +95,6 @@ def test_embedded_layout_is_compact_chatml() -> None:
         i for i in t.encode_output(Message("assistant", (emitted,))) if i < 256
     )
     assert t.render_system("", []) == []
-    with pytest.raises(ValueError, match="unknown chat template"):
-        make_template("nope")
 
 
 CHATML = """
@@ -121,11 +125,11 @@ SPECIALS = [
 ]
 
 
-def _hf_tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+def _backend() -> Any:
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    tok = Tokenizer(models.BPE())
+    tok = Backend(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     corpus = [
@@ -137,23 +141,24 @@ def _hf_tokenizer() -> Any:
             vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
         ),
     )
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
+    return tok
 
 
 def _hf_template(template: str, strip_old: bool = False, strict: bool = True) -> HFChatTemplate:
     prefix = "{%- set strip_old = " + ("true" if strip_old else "false") + " %}" + SET_NS
-    return HFChatTemplate(_hf_tokenizer(), "<|im_end|>", chat_template=prefix + template, strict=strict)
+    tokenizer = Tokenizer(_backend(), chat_template=prefix + template, named={"eos_token": "<|im_end|>"})
+    return HFChatTemplate(tokenizer, end_of_turn="<|im_end|>", strict=strict)
 
 
-def test_hf_segments_concatenate_to_the_tokenized_full_render() -> None:
+def test_hf_segments_concatenate_to_transformers_apply_chat_template() -> None:
+    from transformers import PreTrainedTokenizerFast
+
     t = _hf_template(CHATML)
-    full_text = t.tokenizer.apply_chat_template(
-        [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "do it"}],
-        tokenize=False,
-        chat_template=t.chat_template,
-    )
+    reference = PreTrainedTokenizerFast(tokenizer_object=_backend(), eos_token="<|im_end|>")
+    conversation = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "do it"}]
+    full = reference.apply_chat_template(conversation, tokenize=False, chat_template=t.chat_template)
     segments = t.render_segments("You are helpful.", [], [Message.text("user", "do it")])
-    assert [i for s in segments for i in s] == t.tokenizer.encode(full_text, add_special_tokens=False)
+    assert [i for s in segments for i in s] == reference.encode(full, add_special_tokens=False)
     assert t.tokenizer.decode(t.render_generation_prompt()) == "<|im_start|>assistant\n"
     out = t.encode_output(Message.text("assistant", "Done."))
     assert t.tokenizer.decode(out) == "Done.<|im_end|>"

@@ -18,7 +18,7 @@ from gyre.trajectory import (
     from_anthropic,
     from_openai_chat,
     get_profile,
-    make_template,
+    template_for_family,
 )
 from gyre.trajectory.anthropic import to_anthropic_content
 from gyre.trajectory.node import NodeKind
@@ -34,7 +34,7 @@ SYSTEM = [
 
 
 def _tree(profile: str = "claude_code") -> TrajectoryTree:
-    return TrajectoryTree("e1", make_template("embedded"), get_profile(profile))
+    return TrajectoryTree("e1", template_for_family("chatml"), get_profile(profile))
 
 
 def _body(messages: list[dict[str, object]], system: list[dict[str, str]] | None = None) -> dict[str, object]:

@@ -52,7 +52,7 @@ class ModelBackend(EngineBackend):
         self, *, section: EngineSection, model: CausalLM, weight_version: str, model_path: str | None = None
     ) -> None:
         self._dtype = torch_dtype(section.dtype)
-        self._model: CausalLM | None = model.to(self._dtype).eval()
+        self._model: CausalLM | None = model.to(self._dtype).eval().fuse_projections()
         self._arch = model.arch
         self._version = weight_version
         self._num_updates = 0
@@ -249,7 +249,7 @@ class ModelBackend(EngineBackend):
         if "kv_cache" in tags:
             self.store.allocate()
         if "weights" in tags and self._model is None:
-            model = CausalLM(self._arch).to(self._dtype).eval()
+            model = CausalLM(self._arch).to(self._dtype).eval().fuse_projections()
             if self._weights_backup is not None:
                 assign_weights(model, self._weights_backup)
                 self._weights_backup = None
