@@ -154,7 +154,9 @@ async def run(path: Path, threads: int, decode_tokens: int, long_prompt: int) ->
     ):
         await _decode_rate(client, 4, 16, seed=0)  # warm-up
         # Engine and transformers alternate, repetition by repetition, so both see the same load.
-        engine_b1, engine_b16, hf_b1s, hf_b16s = [], [], [], []
+        engine_b1: list[float] = []
+        hf_b1s: list[float] = []
+        hf_b16s: list[float] = []
         runs_b16 = []
         for i in range(3):
             engine_b1.append((await _decode_rate(client, 1, decode_tokens, seed=10 + i))[0])
