@@ -13,7 +13,8 @@ import redis.asyncio as aioredis
 from google.protobuf.message import Message
 
 from gyre.engine import EngineClient
-from gyre.model.checkpoint import read_checkpoint
+from gyre.model.files import check_model_dir
+from gyre.model.weights import load_state_dict
 from gyre.rl.loss import ObjectiveParams
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
@@ -86,7 +87,7 @@ async def test_waiting_for_an_unpublished_version_times_out(agent_and_events: tu
 async def test_publication_writes_the_file_and_records_it(agent_and_events: tuple[CellAgent, Events]) -> None:
     agent, events = agent_and_events
     result = await agent.publish_weights(None)
-    assert result.policy_version == 0 and Path(result.path).is_file()
+    assert result.policy_version == 0 and (Path(result.path) / "model.safetensors").is_file()
     assert result.engine_ids == ("cell-0",), "the core in rollout updates its own engine"
     published = [e for e, _ in events if isinstance(e, ev.WeightsPublished)]
     assert len(published) == 1 and published[0].checkpoint_path == result.path
@@ -119,8 +120,8 @@ async def test_a_core_that_lapses_mid_step_starts_over_and_stays_exact(
     reference.optimizer_step()
     assert outcome.participated and outcome.policy_version == 1
     assert outcome.microsteps == len(steps), "the core redid its part from scratch"
-    published = Path(agent.checkpoint_root / "published" / "v00000001.safetensors")
-    _, tensors, _ = read_checkpoint(published)
+    published = Path(agent.checkpoint_root / "published" / "v00000001")
+    tensors = load_state_dict(check_model_dir(published))
     diff = max(float((tensors[n] - w).abs().max()) for n, w in reference.named_weights().items())
     assert diff <= 1e-6
     assert any(isinstance(e, ev.StepCompleted) for e, _ in events)

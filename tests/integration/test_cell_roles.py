@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 import torch
 
 from gyre.engine import EngineClient, GenerateResult
-from gyre.model.checkpoint import load_checkpoint
+from gyre.model.weights import load_model
 from gyre.model.logprobs import token_logprobs
 from gyre.rl.loss import ObjectiveParams
 from gyre.stack.servers import ServerProcess
@@ -83,7 +83,7 @@ async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
             assert again.cached_tokens == 0, "no prefix-cache entry computed under version 0 is served"
             published = await TrainerState(redis, keys).published()
             assert published is not None and published.version == 1
-            model, _ = load_checkpoint(Path(published.path))
+            model = load_model(Path(published.path))
             ids = torch.tensor([*prompt, *again.output_ids])
             with torch.no_grad():
                 logits = model(ids, torch.arange(len(ids)), [0, len(ids)])

@@ -16,7 +16,8 @@ from google.protobuf.message import Message
 
 from gyre.bus import Delivery, EventBus
 from gyre.config import GyreConfig
-from gyre.model.checkpoint import read_checkpoint
+from gyre.model.files import check_model_dir
+from gyre.model.weights import load_state_dict
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep
 from gyre.stack.servers import ServerProcess
@@ -60,8 +61,9 @@ def _reference_step(reference: TrainerBackend, steps: list[MicroStep]) -> dict[s
 
 
 def _max_diff(published: str, expected: dict[str, torch.Tensor]) -> float:
-    _, tensors, metadata = read_checkpoint(Path(published))
-    assert metadata["policy_version"] == "1"
+    info = check_model_dir(Path(published))
+    tensors = load_state_dict(info)
+    assert info.policy_version == 1
     assert set(tensors) == set(expected)
     return max(float((tensors[n] - w).abs().max()) for n, w in expected.items())
 
@@ -209,6 +211,6 @@ async def test_two_step_burst_broadcasts_after_the_first_step_torch_transport(
     assert satellite_after.policy_version == 1, "no broadcast after the final step (engines get the publication)"
     assert not late.participated and late.policy_version == 2, "joining a finished step is answered, not trained"
     assert published is not None and published.version == 2
-    _, tensors, _ = read_checkpoint(Path(published.path))
+    tensors = load_state_dict(check_model_dir(Path(published.path)))
     diff = max(float((tensors[n] - w).abs().max()) for n, w in reference.named_weights().items())
     assert diff <= TOLERANCE

@@ -9,14 +9,13 @@ import anthropic
 import pytest
 import redis.asyncio as aioredis
 
-from gyre.config.model import ModelSection
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.store.trees import TreeStore, UnknownTreeError
 from gyre.trajectory import CallMeta, Message, TrajectoryTree, encode_node, get_profile, template_for_family
 from gyre.trajectory.messages import Api, ModelRequest
 from services.cell_agent.engine import EngineServer
-from tests.support.proxy_stack import SCRIPTED_CONTEXT, proxy_stack, scripted_engine
+from tests.support.proxy_stack import proxy_stack, scripted_engine
 
 
 def _tree_with_two_calls() -> tuple[TrajectoryTree, list[list[int]]]:
@@ -65,7 +64,7 @@ async def test_a_restarted_proxy_keeps_keys_trees_and_routes(
     nats_server: ServerProcess, redis_server: ServerProcess, tmp_path: Path, run_id: str
 ) -> None:
     spec = scripted_engine()
-    async with EngineServer(spec.section, model_section=ModelSection(max_seq_len=SCRIPTED_CONTEXT)) as engine:
+    async with EngineServer(spec.section, model_dir=spec.model_dir) as engine:
         engines = {"cell-0": engine}
         async with proxy_stack(nats_server.url, redis_server.url, tmp_path, run_id, engines) as first:
             key = await first.open("e1")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from gyre.stack.launcher import pid_alive
+from tests.support.models import small_dir
 
 GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
 
@@ -30,7 +31,9 @@ def _listeners(pids: set[int]) -> list[str]:
 
 def test_up_status_down(tmp_path: Path) -> None:
     config = tmp_path / "gyre.yaml"
-    config.write_text(f"run:\n  id: stacktest\n  dir: {tmp_path / 'runs'}\nscheduler:\n  num_cells: 3\n")
+    config.write_text(
+        f"run:\n  id: stacktest\n  dir: {tmp_path / 'runs'}\nscheduler:\n  num_cells: 3\nmodel:\n  path: {small_dir()}\n"
+    )
     up = _gyre("up", "--detach", "--wait", "15", config=config)
     assert up.returncode == 0, up.stderr
     try:

@@ -18,11 +18,13 @@ from gyre.rl.microstep import MicroStep
 from gyre.store import WorkQueue
 from gyre.v1 import common_pb2
 from services.cell_agent.local import LocalCells, with_cell_ports
+from tests.support.models import cell_dir
 
 ROLLOUT = common_pb2.CELL_ROLE_ROLLOUT
 TRAINING = common_pb2.CELL_ROLE_TRAINING
 
-SMALL_MODEL = {"num_layers": 2, "d_model": 64, "num_heads": 4, "ffn_hidden": 128, "max_seq_len": 512, "seed": 3}
+SMALL_MODEL = {"path": str(cell_dir())}
+"""A 2-layer Llama with grouped-query attention in the demo model's format (tests/support/models.py)."""
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

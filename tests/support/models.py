@@ -2,6 +2,7 @@
 
     small_dir()                 # a 2-layer Llama, byte tokenizer + compact ChatML (the demo model's format)
     cell_dir()                  # the same format with grouped-query attention, for cell-agent processes
+    byte_dir(seed=1, context=4_000_000)   # the demo format at any seed, context and size
     hf_dir("qwen3")             # `gyre model init --arch qwen3 --size tiny` (BPE tokenizer, the family's template)
     load_small()                # CausalLM of small_dir(), fp32
 
@@ -38,17 +39,23 @@ CELL: dict[str, Any] = {**SMALL, "hidden_size": 64, "num_attention_heads": 4, "i
 
 
 @functools.cache
+def byte_dir(seed: int = 0, context: int = 1024, **dims: int) -> Path:
+    """A Llama in the demo model's format (byte tokenizer, compact ChatML); `dims` override SMALL's
+    config.json keys (hidden_size=..., num_hidden_layers=...)."""
+    name = "-".join(f"{k}{v}" for k, v in sorted(dims.items()))
+    overrides = {**SMALL, **dims, "max_position_embeddings": context}
+    return init_model_dir(
+        _ROOT / f"byte-{seed}-{context}-{name}", arch="llama", tokenizer="byte", family="chatml", seed=seed,
+        overrides=overrides,
+    )
+
+
 def small_dir(seed: int = 0) -> Path:
-    return init_model_dir(
-        _ROOT / f"small-{seed}", arch="llama", tokenizer="byte", family="chatml", seed=seed, overrides=SMALL
-    )
+    return byte_dir(seed)
 
 
-@functools.cache
 def cell_dir(seed: int = 3) -> Path:
-    return init_model_dir(
-        _ROOT / f"cell-{seed}", arch="llama", tokenizer="byte", family="chatml", seed=seed, overrides=CELL
-    )
+    return byte_dir(seed, CELL["max_position_embeddings"], **{k: v for k, v in CELL.items() if k != "max_position_embeddings"})
 
 
 @functools.cache

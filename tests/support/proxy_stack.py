@@ -10,13 +10,13 @@ embedded engines behind it, and helpers to open executions, route, script output
 
 Engines are `EngineServer`s of the embedded engine: `scripted` (outputs from a queue — the only
 double allowed in the harness conformance tests: it stands in for the model, not the harness)
-or `model` (a small GyreLM; engines with the same model seed serve the same policy).
+or `model` (a small Llama in the demo model's format; engines with the same seed serve the same
+policy). Every engine and the proxy read the same byte tokenizer and chat template.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -27,52 +27,49 @@ from typing import Any, TypeVar
 import grpc
 import httpx
 
-from gyre.config import GyreConfig, ModelSection
+from gyre.config import GyreConfig
 from gyre.config.engine import EngineSection
-from gyre.model.tokenizer import SPECIAL_TOKENS, ByteTokenizer
 from gyre.store.trees import TreeStore
 from gyre.trajectory import TrajectoryTree
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 from services.cell_agent.engine import EngineServer
 from services.proxy.service import ProxyService
+from tests.support.models import byte_dir
 
 T = TypeVar("T")
 SCRIPTED_CONTEXT = 4_000_000
 """Context length of scripted engines: a Claude Code history near compaction is ~1M byte tokens."""
-_TOKENIZER = Tokenizer.from_dir(small_dir())
-_SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
+
+
+def scripted_model_dir() -> Path:
+    """The model directory of scripted engines and of the proxy (its weights never run)."""
+    return byte_dir(0, SCRIPTED_CONTEXT, num_hidden_layers=1)
 
 
 def scripted_ids(text: str) -> list[int]:
     """The ids a scripted engine emits for `text` (special-token strings are their ids)."""
-    ids: list[int] = []
-    for part in _SPECIAL.split(text):
-        if part in SPECIAL_TOKENS:
-            ids.append(_TOKENIZER.special_id(part))
-        elif part:
-            ids += _TOKENIZER.encode(part)
-    return ids
+    from gyre.model.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(scripted_model_dir()).encode(text)
 
 
 @dataclass(frozen=True)
 class EngineSpec:
     section: EngineSection
-    model_section: ModelSection
+    model_dir: Path
     cell: int = 0
 
 
 def scripted_engine(cell: int = 0, **section: Any) -> EngineSpec:
     return EngineSpec(
-        EngineSection(output_source="scripted", kv_cache_tokens=8192, **section),
-        ModelSection(max_seq_len=SCRIPTED_CONTEXT),
-        cell,
+        EngineSection(output_source="scripted", kv_cache_tokens=8192, **section), scripted_model_dir(), cell
     )
 
 
 def model_engine(cell: int = 0, seed: int = 0, max_seq_len: int = 2048, **section: Any) -> EngineSpec:
     return EngineSpec(
         EngineSection(output_source="model", **{"kv_cache_tokens": 65536, "max_batch_size": 64, **section}),
-        ModelSection(max_seq_len=max_seq_len, seed=seed, vocab_size=264),
+        byte_dir(seed, max_seq_len),
         cell,
     )
 
@@ -159,6 +156,7 @@ async def proxy_stack(
             "nats": {"url": nats_url},
             "redis": {"url": redis_url},
             "proxy": {"default_profile": "generic", **(proxy or {})},
+            "model": {"path": str(scripted_model_dir())},
         }
     )
     async with AsyncExitStack() as stack:
@@ -167,7 +165,7 @@ async def proxy_stack(
             if isinstance(spec, EngineServer):
                 servers[name] = spec
             else:
-                server = EngineServer(spec.section, model_section=spec.model_section)
+                server = EngineServer(spec.section, model_dir=spec.model_dir)
                 servers[name] = await stack.enter_async_context(server)
         service = ProxyService(config)
         await service.start()

@@ -18,8 +18,12 @@ from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys, connect_redis
 from services.cell_agent.errors import SnapshotError
 from services.cell_agent.training import TrainingSide
+from tests.support.models import byte_dir
 
-MODEL = ModelSection(num_layers=4, d_model=256, num_heads=4, ffn_hidden=768, max_seq_len=128, seed=1)
+MODEL = ModelSection(
+    path=byte_dir(1, 128, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                  head_dim=64, intermediate_size=768)
+)
 
 
 async def _side(cell: int, redis_url: str, run_id: str, root: Path) -> TrainingSide:
