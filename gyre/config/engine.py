@@ -3,6 +3,7 @@ cell agent launches (GPU clusters); `sglang_*` fields apply to SGLang only."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -24,6 +25,12 @@ class EngineSection(Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Embedded engine only: compute dtype of the served weights and KV cache (float32 is exact and
     fastest on CPU; a bf16 checkpoint is upcast)."""
+    script_file: Path | None = None
+    """Scripted output sources only: a JSONL file of script entries queued at start (one
+    `{"text": ...}` or `{"output_ids": [...]}` object per line; see `backends/scripted.py`)."""
+    script_repeat: bool = False
+    """Scripted output sources only: when the queue runs dry, serve `script_file`'s entries again (a
+    stand-in policy that keeps a long CI run going)."""
     max_batch_size: AtLeastOne = 32
     """Requests decoded together (continuous batching)."""
     max_prefill_tokens: AtLeastOne = 2048

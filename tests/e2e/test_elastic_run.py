@@ -3,7 +3,10 @@ cell agents, the demo harness in sandboxes, real model calls through the proxy.
 
 The run is shaped so that elasticity is exercised: groups become ready at different times (seeded
 heavy-tailed tool sleeps), the core joins training while executions are live, and a satellite joins
-a batch the core is already in. Asserted from the run's stored events.
+a batch the core is already in. Asserted from the run's stored events. Two models: the demo's warm
+start (sampled), and a tiny random Qwen3 made by `gyre model init` whose engine emits a scripted
+write_file call with the model's own log-probs (`scored_script`); its published weights are then
+loaded by `transformers`.
 """
 
 from __future__ import annotations
@@ -15,30 +18,74 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import transformers
 
 from gyre.cli.demo import demo_config
 from gyre.demo.run import DemoRun
+from gyre.model.files import check_model_dir
+from gyre.model.init import init_model_dir
+from gyre.model.weights import load_model
+from gyre.trainer.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 
 GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+WRITE_8 = '<tool_call>\n{"name": "write_file", "arguments": {"path": "answer.txt", "content": "8"}}\n</tool_call>'
+"""The tiny model's scripted call, in Qwen3's Hermes format (every `add/` task asks for answer.txt)."""
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
+SHAPE: dict[str, Any] = {
+    "scheduler": {
+        "num_cells": 3, "group_size": 2, "batch_groups": 3, "phi": 1 / 3, "mu": 2, "rho_min": 1 / 3,
+        "tau_s": 0.2, "cell_capacity": 10, "tasks": ["add"],
+    },
+    "runner": {"harness_args": ["--tool-latency-s", "6", "--tool-latency-max-s", "40"]},
+}
+
+
 def test_two_elastic_steps_with_a_satellite_joining_mid_batch(tmp_path: Path) -> None:
+    config = demo_config(None, {"run": {"id": "e2e", "dir": str(tmp_path / "runs")}, **SHAPE})
+    summary, events = _run_with_status(config, tmp_path)
+    _assert_elastic(summary, events)
+
+
+def test_two_elastic_steps_on_a_tiny_qwen3_and_its_publication_loads_in_transformers(tmp_path: Path) -> None:
+    model_dir = init_model_dir(tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0)
+    script = tmp_path / "script.jsonl"
+    script.write_text("\n".join(json.dumps({"text": t}) for t in (WRITE_8, "Done.")) + "\n")
     config = demo_config(None, {
-        "run": {"id": "e2e", "dir": str(tmp_path / "runs")},
-        "scheduler": {
-            "num_cells": 3, "group_size": 2, "batch_groups": 3, "phi": 1 / 3, "mu": 2, "rho_min": 1 / 3,
-            "tau_s": 0.2, "cell_capacity": 10, "tasks": ["add"],
-        },
-        "runner": {"harness_args": ["--tool-latency-s", "6", "--tool-latency-max-s", "40"]},
+        "run": {"id": "e2eqwen", "dir": str(tmp_path / "runs")},
+        "model": {"path": str(model_dir)},
+        "cell_agent": {"engine": {"output_source": "scored_script", "script_file": str(script),
+                                  "script_repeat": True}},
+        **SHAPE,
     })
+    summary, events = _run_with_status(config, tmp_path)
+    _assert_elastic(summary, events)
+    published = config.run.path / "checkpoints" / "published" / "v00000002"
+    assert check_model_dir(published).policy_version == 2
+    checkpoint = latest_checkpoint(config.run.path / "checkpoints")
+    assert checkpoint is not None and checkpoint.name == "step-00000002"
+    trainer = load_model(checkpoint)  # the core's own weights after step 2
+    hf = transformers.AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32).eval()
+    ids = torch.arange(100, 164)
+    with torch.no_grad():
+        ours = trainer(ids, torch.arange(64), [0, 64])
+        theirs = hf(ids[None]).logits[0]
+    assert float((ours - theirs).abs().max()) <= 1e-5
+    initial = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert float((initial(ids[None]).logits[0] - theirs).abs().max()) > 1e-6, "two steps changed the weights"
+
+
+def _run_with_status(config: Any, tmp_path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     status_file = tmp_path / "status.yaml"
-    status_file.write_text(f"run:\n  id: e2e\n  dir: {tmp_path / 'runs'}\n")
+    status_file.write_text(f"run:\n  id: {config.run.id}\n  dir: {tmp_path / 'runs'}\n")
     status_outputs: list[str] = []
 
     def progress(state: Any, elapsed_s: float) -> None:
@@ -48,12 +95,13 @@ def test_two_elastic_steps_with_a_satellite_joining_mid_batch(tmp_path: Path) ->
             status_outputs.append(out.stdout)
 
     summary = DemoRun(config, steps=2).execute(progress=progress)
-    events = _events(config.run.path)
-
     # `gyre status` during the run shows roles, waterlevel and counters.
     assert status_outputs and "waterlevel" in status_outputs[0] and "0:rollout" in status_outputs[0]
     assert "dispatched" in status_outputs[0] and "SERVING" in status_outputs[0]
+    return summary, _events(config.run.path)
 
+
+def _assert_elastic(summary: dict[str, Any], events: list[dict[str, Any]]) -> None:
     assert summary["steps"] == 2
     ex = summary["executions"]
     assert ex["dispatched"] == sum(v for k, v in ex.items() if k != "dispatched")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -44,6 +45,25 @@ def model_stop_ids(model_dir: Path, arch: ModelArch, tokenizer: Tokenizer) -> tu
     if tokenizer.eos_id is not None:
         ids.append(tokenizer.eos_id)
     return tuple(dict.fromkeys(i for i in ids if 0 <= i < arch.vocab_size))
+
+
+def _script_file(path: Path | None) -> list[dict[str, Any]]:
+    """The entries of `engine.script_file` (JSONL); a line that is not a JSON object is a ValueError
+    naming the file and the line."""
+    if path is None:
+        return []
+    entries: list[dict[str, Any]] = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}:{number}: not JSON ({e})") from e
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}:{number}: a script entry must be a JSON object")
+        entries.append(entry)
+    return entries
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -75,7 +95,7 @@ class EngineServer:
         self.eos_token_ids = model_stop_ids(self.model_dir, self.arch, self.tokenizer)
         self.probe_sampling = SamplingParams(max_new_tokens=1, temperature=0.0)
         self._model = model
-        self._script = list(script)
+        self._script = [*_script_file(section.script_file), *script]
         self._core: EngineCore | None = None
         self._core_task: asyncio.Task[None] | None = None
         self._http: _EmbeddedUvicorn | None = None

@@ -30,7 +30,7 @@ class Engine:
 
     async def expect(self, num_tokens: int, **entry: object) -> None:
         """Make the next request produce `num_tokens` tokens (queues a script for `scripted`)."""
-        if self.name == "scripted":
+        if self.name in ("scripted", "scored_script"):
             ids = [65 + i % 26 for i in range(num_tokens)]
             response = await self.client._http.post(
                 "/gyre/script", json={"entries": [{"output_ids": ids, "finish": "length", **entry}]}
@@ -154,7 +154,7 @@ async def test_kv_migration_between_two_engines(engine: Engine) -> None:
         first = await task
         assert first.finish_reason is not None and first.finish_reason.aborted
         assert moved.num_tokens == moved.pinned_tokens >= len(ids)
-        if engine.name == "scripted":
+        if engine.name in ("scripted", "scored_script"):
             await destination._http.post(
                 "/gyre/script", json={"entries": [{"output_ids": [66], "finish": "length"}]}
             )

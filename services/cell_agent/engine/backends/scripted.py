@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -98,6 +98,8 @@ class _Cursor:
     logprobs: list[float]
     finish_length: bool
     interval_s: float
+    scored: bool = True
+    """False until a backend that scores scripted tokens has filled `logprobs` (scored_script)."""
 
 
 @dataclass(slots=True)
@@ -109,6 +111,8 @@ class _Pin:
 class ScriptedBackend(EngineBackend):
     name = "scripted"
     probe_by_generation = False
+    scores_with_model: ClassVar[bool] = False
+    """Subclasses that compute the log-probs of scripted tokens with a model set this."""
 
     def __init__(
         self,
@@ -119,6 +123,7 @@ class ScriptedBackend(EngineBackend):
         vocab_size: int,
         script: Sequence[ScriptEntry | Mapping[str, Any]] = (),
         eos_token_ids: Sequence[int] = (),
+        repeat: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
         self._version = weight_version
@@ -134,6 +139,7 @@ class ScriptedBackend(EngineBackend):
         self._released: set[str] = set()
         self._served = 0
         self.add_script(script)
+        self._repeat = tuple(self._queue) if repeat else ()
 
     @classmethod
     def create(cls, ctx: BackendContext) -> ScriptedBackend:
@@ -144,6 +150,7 @@ class ScriptedBackend(EngineBackend):
             vocab_size=ctx.arch.vocab_size,
             script=ctx.script,
             eos_token_ids=ctx.eos_token_ids,
+            repeat=ctx.section.script_repeat,
         )
 
     # ---- the script --------------------------------------------------------------------------
@@ -170,6 +177,9 @@ class ScriptedBackend(EngineBackend):
             if entry.rid is None:
                 del self._queue[i]
                 return entry
+        if self._repeat:  # the configured script starts over (`engine.script_repeat`)
+            self._queue.extend(self._repeat)
+            return self._take(rid)
         raise RequestError(f"no scripted output is queued for request {rid!r}; POST entries to /gyre/script")
 
     # ---- properties --------------------------------------------------------------------------
@@ -212,7 +222,13 @@ class ScriptedBackend(EngineBackend):
                 tokens.append(terminator)
             logprobs = list(entry.logprobs) if entry.logprobs is not None else []
             logprobs += [scripted_logprob(i) for i in range(len(logprobs), len(tokens))]
-            self._cursors[state] = _Cursor(tokens, logprobs, entry.finish == "length", entry.token_interval_s)
+            self._cursors[state] = _Cursor(
+                tokens,
+                logprobs,
+                entry.finish == "length",
+                entry.token_interval_s,
+                scored=entry.logprobs is not None or not self.scores_with_model,
+            )
         state.num_computed = 0
         covered = max((len(p) for p in self._imported if tuple(state.tokens[: len(p)]) == p), default=0)
         covered = min(covered, len(state.tokens) - 1)

@@ -1,0 +1,94 @@
+"""The `scored_script` backend: outputs come from a script, their log-probs from the served model.
+
+A tiny random-init model does not call tools, spawn sub-agents or compact, so a CI run on it would
+never exercise a harness's real traffic. This source fixes the *tokens* the engine emits to a script
+(exactly as `scripted` does: `/gyre/script`, `engine.script_file`, `engine.script_repeat`) and
+computes each scripted token's behaviour log-prob with the served weights, teacher-forced on the
+request's own prompt: log_softmax(logits / T) of the prompt plus the scripted tokens, T the request's
+(effective) temperature. Training on such a run sees real importance ratios π_θ / p_roll, weight
+updates reach the scoring model, and the harness sees real tool calls — only the choice of tokens is
+a stand-in for sampling. Use it where the harness, not the policy, is what the run must exercise.
+
+    cell_agent: {engine: {output_source: scored_script, script_file: script.jsonl, script_repeat: true}}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gyre.model.arch import ModelError
+from gyre.model.causal_lm import CausalLM
+from gyre.model.files import check_model_dir
+from gyre.model.logprobs import effective_temperature, token_logprobs
+from gyre.model.weights import assign_weights, load_model, load_state_dict
+from services.cell_agent.engine.backends.base import BackendContext, BackendError, Sampled, StepPlan
+from services.cell_agent.engine.backends.scripted import ScriptedBackend
+
+
+class ScoredScriptBackend(ScriptedBackend):
+    name = "scored_script"
+    scores_with_model = True
+
+    def __init__(self, *, model: CausalLM, **scripted: Any) -> None:
+        super().__init__(**scripted)
+        self._model = model.eval()
+
+    @classmethod
+    def create(cls, ctx: BackendContext) -> ScoredScriptBackend:
+        model = ctx.model if isinstance(ctx.model, CausalLM) else load_model(ctx.model_dir)
+        return cls(
+            model=model,
+            tokenizer=ctx.tokenizer,
+            weight_version=ctx.weight_version,
+            context_len=ctx.arch.max_position_embeddings,
+            vocab_size=ctx.arch.vocab_size,
+            script=ctx.script,
+            eos_token_ids=ctx.eos_token_ids,
+            repeat=ctx.section.script_repeat,
+        )
+
+    @torch.no_grad()
+    def execute(self, plan: StepPlan) -> list[Sampled]:
+        for row in plan.rows:
+            cursor = self._cursors[row.state]
+            if not cursor.scored:
+                prompt = row.state.tokens[: len(row.state.tokens) - row.state.num_output]
+                ids = torch.tensor([*prompt, *cursor.tokens])
+                logits = self._model(ids, torch.arange(len(ids)), [0, len(ids)])
+                temperature = effective_temperature(row.state.request.sampling.temperature)
+                scored = token_logprobs(logits[len(prompt) - 1 : -1], ids[len(prompt) :], temperature)
+                cursor.logprobs = scored.tolist()
+                cursor.scored = True
+        return super().execute(plan)
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], weight_version: str | None) -> str:
+        tied = self._model.arch.tie_word_embeddings
+        tensors = {n: t for n, t in named_tensors.items() if not (tied and n == "lm_head.weight")}
+        try:
+            assign_weights(self._model, tensors, strict=False)
+        except ValueError as e:
+            raise BackendError(str(e)) from e
+        super().update_weights(tensors, weight_version)
+        return f"Succeeded to update {len(tensors)} parameters (they score the scripted outputs)."
+
+    def load_weights_from_disk(self, path: Path, weight_version: str | None) -> str:
+        try:
+            info = check_model_dir(Path(path))
+        except ModelError as e:
+            raise BackendError(f"cannot load weights: {e}") from e
+        if info.arch.fingerprint() != self._model.arch.fingerprint():
+            raise BackendError(f"{path} holds a different architecture than this engine serves")
+        return self.update_weights(load_state_dict(info), weight_version)
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "scores_with_model": 1}
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": None, "model_fingerprint": self._model.arch.fingerprint()}
+
+
