@@ -108,14 +108,14 @@ async def test_a_redis_user_reaches_only_its_runs_keys_and_the_commands_it_needs
         await client.time()
         for forbidden in (client.set("gyre:other-run:x", b"1"), client.flushall(), client.config_get("*"),
                           client.keys("*"), client.execute_command("SHUTDOWN")):
-            with pytest.raises(redis.ResponseError, match="NOPERM|permission"):
+            with pytest.raises(redis.ResponseError, match=r"NOPERM|permission"):
                 await forbidden
     finally:
         await client.aclose()
     cli: aioredis.Redis = await connect_redis(redis_auth.url, _login(creds.redis_template, "cli"))
     try:
         assert await cli.get(keys.counters()) == b"1"
-        with pytest.raises(redis.ResponseError, match="NOPERM|permission"):
+        with pytest.raises(redis.ResponseError, match=r"NOPERM|permission"):
             await cli.set(keys.counters(), b"2")
     finally:
         await cli.aclose()

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,8 @@ import redis
 from gyre.bus import login_url
 from gyre.config import load_config
 from gyre.demo.events import read_events
+from gyre.stack.health import grpc_health
+from gyre.stack.state import ProcessEntry, StackState
 
 pytestmark = pytest.mark.slow
 
@@ -58,10 +61,18 @@ def _wait(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None
         time.sleep(0.3)
 
 
+def _recorded(config: Path) -> dict[str, ProcessEntry]:
+    """stack.json's processes by name, read directly (cheaper than `gyre status` in a wait loop)."""
+    state = StackState.load(load_config(config).run.path)
+    return {p.name: p for p in state.processes} if state is not None else {}
+
+
 def _restarted(config: Path, name: str, old_pid: int) -> Callable[[], bool]:
     def check() -> bool:
-        row = _rows(config).get(name, {})
-        return bool(row.get("alive")) and row.get("pid") != old_pid and row.get("health") in ("SERVING", "RUNNING")
+        entry = _recorded(config).get(name)
+        if entry is None or entry.pid == old_pid or not entry.alive():
+            return False
+        return not entry.grpc_port or grpc_health(entry.grpc_port) == "SERVING"
     return check
 
 
@@ -119,6 +130,11 @@ def test_killed_service_nats_and_redis_are_restarted_with_their_data(tmp_path: P
     assert _all_gone(pids, 1.0) == []
 
 
+def _phase(config: Path) -> str:
+    state = StackState.load(load_config(config).run.path)
+    return state.phase if state is not None else ""
+
+
 def _ping(client: redis.Redis) -> bool:
     try:
         return bool(client.ping())
@@ -131,7 +147,7 @@ def test_a_process_out_of_restarts_stops_a_foreground_run(tmp_path: Path) -> Non
     up = subprocess.Popen([*GYRE, "up", "--config", str(config), "--wait", "60"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
-        _wait("the stack up", lambda: _rows(config).get("packer", {}).get("health") == "SERVING", 90)
+        _wait("the stack up", lambda: _phase(config) == "serving", 90)
         rows = _rows(config)
         pids = {r["pid"] for r in rows.values()}
         os.kill(rows["packer"]["pid"], signal.SIGKILL)
@@ -149,7 +165,7 @@ def test_ctrl_c_on_a_foreground_up_stops_every_process_within_the_bound(tmp_path
     up = subprocess.Popen([*GYRE, "up", "--config", str(config), "--wait", "60"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
-        _wait("the stack up", lambda: _rows(config).get("supervisor", {}).get("health") == "SERVING", 90)
+        _wait("the stack up", lambda: _phase(config) == "serving", 90)
         pids = {p.pid for p in psutil.Process(up.pid).children(recursive=True)}
         assert len(pids) >= 8  # supervisor, nats, redis, five services, one cell agent
         t0 = time.monotonic()
@@ -161,3 +177,29 @@ def test_ctrl_c_on_a_foreground_up_stops_every_process_within_the_bound(tmp_path
             up.kill()
     assert left == [] and up.returncode == 128 + signal.SIGINT
     assert not (tmp_path / "runs" / "ctrlc" / "stack.json").exists()
+
+
+def test_a_service_that_cannot_start_fails_the_start_and_leaves_nothing_running(tmp_path: Path) -> None:
+    config = _config(tmp_path, "nostart")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        config.write_text(config.read_text() + f"packer: {{port: {taken.getsockname()[1]}}}\n")
+        up = _gyre("up", "--detach", "--wait", "60", config=config)
+    assert up.returncode == 1 and "packer exited during start-up" in up.stderr, up.stderr
+    log = (tmp_path / "runs" / "nostart" / "logs" / "supervisor.log").read_text()
+    assert "stack_stopped" in log and not (tmp_path / "runs" / "nostart" / "stack.json").exists()
+    assert _gyre("status", config=config).returncode == 1
+
+
+def test_a_killed_supervisor_takes_its_processes_down_and_down_adopts_the_record(tmp_path: Path) -> None:
+    config = _config(tmp_path, "orphans")
+    assert _gyre("up", "--detach", "--wait", "60", config=config).returncode == 0
+    state = StackState.load(tmp_path / "runs" / "orphans")
+    assert state is not None
+    pids = {p.pid for p in state.processes}
+    os.kill(state.supervisor_pid, signal.SIGKILL)
+    assert _all_gone(pids, STOP_BOUND_S) == []  # each child got SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    down = _gyre("down", config=config)
+    assert down.returncode == 0 and "stopped run 'orphans'" in down.stdout
+    assert not (tmp_path / "runs" / "orphans" / "stack.json").exists()
