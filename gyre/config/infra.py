@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gyre.config.base import Port, Section
+from gyre.config.base import Port, PositiveFloat, Section
 from gyre.config.supervisor import SupervisorSection
 
 PEER_SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
@@ -118,7 +118,7 @@ class NatsSection(Section):
     """Path of each client's NATS credentials, `{service}` standing for the client (`scheduler`, `proxy`,
     `runner`, `evaluator`, `packer`, `cell_agent`, `supervisor`, `cli`); None = connect without credentials.
     `gyre up` sets it to `runs/<run>/credentials/nats/{service}.json` for the server it starts."""
-    sync_interval_s: float = 1.0
+    sync_interval_s: PositiveFloat = 1.0
     """How often a started nats-server fsyncs its JetStream files (a machine crash loses at most this much;
     a nats-server crash loses nothing acknowledged: messages are written before the ack)."""
 

@@ -170,6 +170,8 @@ class StackSupervisor:
                 await asyncio.to_thread(wait_ready, m.server, 15.0, supervisor_login if m.server.name == "redis" else None)
             except TimeoutError as e:
                 raise StartFailed(f"{m.entry.name}: {e}; last log lines:\n{tail(m.entry.log)}") from None
+        if self.stop_requested.is_set():
+            return
         for m in self.members:
             if m.server is None:
                 self._spawn(m)
