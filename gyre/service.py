@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -80,9 +81,13 @@ class GyreService:
         bind_context(run=self.config.run.id, service=self.instance_name)
         if not self.config.nats.url or not self.config.redis.url:
             raise ConfigError("nats.url and redis.url must be set for a service (gyre up sets them)")
+        try:
+            nats_login, redis_login = self.config.nats.login_for(self.name), self.config.redis.login_for(self.name)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.supervisor = Supervisor(self.instance_name)
-        self.redis = await connect_redis(self.config.redis.url)
-        self.bus = await EventBus.connect(self.config.nats.url, self.config.run.id, self.instance_name)
+        self.redis = await connect_redis(self.config.redis.url, redis_login)
+        self.bus = await EventBus.connect(self.config.nats.url, self.config.run.id, self.instance_name, login=nats_login)
         self.server = grpc.aio.server()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -137,7 +142,12 @@ class GyreService:
 
 
 def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
-    """Parse `--config F [--instance K]`, configure logging, serve until SIGTERM/SIGINT."""
+    """Parse `--config F [--instance K]`, configure logging, serve until SIGTERM/SIGINT.
+
+    Shutdown is bounded: `run.supervisor.service_stop_timeout_s` after the stop began (a signal or a
+    crash), the process exits at once, whatever its `stop()` still waits for (a compute thread mid-step,
+    a sandbox that ignores SIGTERM). The stack's supervisor SIGKILLs later still; this bound holds too
+    when no supervisor is left (it was killed: the kernel sends SIGTERM, see gyre/stack/procs.py)."""
     parser = argparse.ArgumentParser(prog=f"python -m services.{cls.name}", description=cls.__doc__)
     parser.add_argument("--config", type=Path, default=None, help="resolved YAML config (gyre up writes one)")
     parser.add_argument("--instance", type=int, default=None, help="instance index (cell agents: the cell)")
@@ -149,6 +159,8 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     configure_logging(config.log.format, config.log.level)
 
+    stop_timeout_s = config.run.supervisor.service_stop_timeout_s
+
     async def main() -> None:
         stop = asyncio.Event()
         install_signal_handlers(stop)
@@ -157,6 +169,7 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
             await service.start()
             await service.serve(stop)
         finally:
+            exit_after(stop_timeout_s, service.log)
             await service.stop()
 
     try:
@@ -164,3 +177,16 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
     except (ModelError, TemplateError) as e:  # the model directory or its chat template: exit 2, one line
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def exit_after(timeout_s: float, log: Any) -> threading.Timer:
+    """Exit the process (status 1) `timeout_s` from now unless it has exited by then: a stop's hard cap."""
+
+    def hard_exit() -> None:
+        log.error("service_stop_timed_out", timeout_s=timeout_s)
+        os._exit(1)
+
+    timer = threading.Timer(timeout_s, hard_exit)
+    timer.daemon = True
+    timer.start()
+    return timer

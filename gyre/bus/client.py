@@ -1,6 +1,6 @@
 """EventBus: publish events idempotently and consume them through durable pull consumers.
 
-    bus = await EventBus.connect(url, run_id="r1", source="evaluator")
+    bus = await EventBus.connect(url, run_id="r1", source="evaluator", login=config.nats.login_for("evaluator"))
     await bus.publish(events_pb2.EvaluationDone(...), event_id=f"eval:{execution_id}:{hash}")
     consumer = await bus.consume("evaluator", [events_pb2.ExecutionTerminated], handle)
     ...
@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import nats
 import nats.errors
@@ -31,7 +32,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from gyre.bus.codec import TYPE_HEADER, decode_event, encode_event, event_type_name
+from gyre.bus.permissions import inbox_prefix
 from gyre.bus.subjects import StreamSpec, command_stream, event_stream, stream_of, subject_for
+from gyre.config.infra import ClientLogin
 from gyre.log import get_logger
 from gyre.v1 import events_pb2 as ev
 
@@ -72,6 +75,21 @@ class EventConsumer:
             self._psub = None
 
 
+def nats_auth(login: ClientLogin | None) -> dict[str, str]:
+    """`nats.connect` keyword arguments for `login`: user, password and the user's own inbox prefix."""
+    if login is None:
+        return {}
+    return {"user": login.user, "password": login.password, "inbox_prefix": inbox_prefix(login.user)}
+
+
+def login_url(url: str, login: ClientLogin | None) -> str:
+    """`url` with `login` in it (`nats://user:password@host:port`), for clients that take only a URL."""
+    if login is None:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{quote(login.user, safe='')}:{quote(login.password, safe='')}@{rest.rpartition('@')[2]}"
+
+
 class EventBus:
     """A run's view of NATS JetStream."""
 
@@ -83,8 +101,13 @@ class EventBus:
         self._consumers: list[EventConsumer] = []
 
     @classmethod
-    async def connect(cls, url: str, run_id: str, source: str, ensure_streams: bool = True) -> EventBus:
-        nc = await nats.connect(url, name=f"gyre-{source}", max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    async def connect(
+        cls, url: str, run_id: str, source: str, ensure_streams: bool = True, login: ClientLogin | None = None
+    ) -> EventBus:
+        """Connect (as `login`'s user, replies on its own inbox prefix) and declare the streams."""
+        nc = await nats.connect(
+            url, name=f"gyre-{source}", max_reconnect_attempts=-1, reconnect_time_wait=0.5, **nats_auth(login)  # type: ignore[arg-type]
+        )
         bus = cls(nc, run_id, source)
         if ensure_streams:
             await bus.ensure_streams()

@@ -31,6 +31,7 @@ EVENT_ROUTES: dict[type[Message], tuple[str, str]] = {
     ev.RoleTransitionCompleted: ("cell", "transition_completed"),
     ev.WeightsPublished: ("weights", "published"),
     ev.StepCompleted: ("train", "step_completed"),
+    ev.ProcessExited: ("stack", "process_exited"),
 }
 
 #: Command type → (area, name); commands live on the work-queue stream.

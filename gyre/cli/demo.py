@@ -2,7 +2,8 @@
 
 Starts the local stack (NATS, Redis, every service, K = 3 cell agents), trains on the demo tasks
 through the demo harness for `--steps` optimizer steps with live progress, shuts down cleanly and
-writes `runs/<run>/summary.json`, `role_timeline.png` and `reward_staleness.png`.
+writes `runs/<run>/summary.json`, `role_timeline.png` and `reward_staleness.png`. Ctrl-C or SIGTERM
+stops the run within 20 s (exit status 128 + signal).
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def register(app: typer.Typer) -> None:
         except StackError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
+        except SystemExit as e:
+            if isinstance(e.code, int) and e.code > 128:
+                typer.echo(f"gyre demo: stopped by signal {e.code - 128}; every process of the run is down", err=True)
+            raise
         if as_json:
             typer.echo(json.dumps(summary))
         else:

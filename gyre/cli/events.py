@@ -32,13 +32,13 @@ def _line(subject: str, headers: dict[str, str] | None, data: bytes) -> str:
     return json.dumps({"subject": subject, "type": type_name, "event": event})
 
 
-async def _tail(url: str, run_id: str, subject: str, history: bool, count: int) -> None:
+async def _tail(url: str, run_id: str, subject: str, history: bool, count: int, auth: dict[str, str]) -> None:
     import nats
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
     from gyre.bus.subjects import event_stream
 
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, **auth)  # type: ignore[arg-type]
     printed = 0
     done = asyncio.Event()
     try:
@@ -83,16 +83,24 @@ def tail(
     """Print decoded events of a run, live."""
     cfg = config_or_exit(config)
     run_id = run or cfg.run.id
-    url = cfg.nats.url
-    if url is None:
+    nats_section = cfg.nats
+    if nats_section.url is None:
         resolved = cfg.run.path / "config.yaml"
         if resolved.exists():
-            url = load_config(resolved).nats.url
+            nats_section = load_config(resolved).nats
+    url = nats_section.url
     if url is None:
         typer.echo(f"error: no NATS url: run `gyre up` first or pass --config runs/{run_id}/config.yaml", err=True)
         raise typer.Exit(2)
+    from gyre.bus import nats_auth
+
+    try:
+        auth = nats_auth(nats_section.login_for("cli"))  # the run's read-only user, when it has credentials
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_tail(url, run_id, subject or f"gyre.{run_id}.>", history, count))
+        asyncio.run(_tail(url, run_id, subject or f"gyre.{run_id}.>", history, count, auth))
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import typer
@@ -40,26 +39,34 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start nats-server, redis-server and every service; all bind 127.0.0.1."""
         from gyre.model.arch import ModelError
-        from gyre.stack.launcher import StackError, down_state, up
+        from gyre.stack.launcher import StackError, StackState, down_state, up
+        from gyre.stack.signals import StopSignals
 
         cfg = config_or_exit(config)
-        try:
-            state = up(cfg, wait_s=wait_s)
-        except ModelError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
-        except StackError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(1) from None
-        typer.echo(f"run {state.run_id} up: {len(state.processes)} processes; config {state.config_path}")
-        if detach:
-            return
-        typer.echo("Ctrl-C stops the stack.")
-        try:
-            while True:
-                time.sleep(1)
-        except KeyboardInterrupt:
-            down_state(state)
+        with StopSignals() as stop:
+            try:
+                state = up(cfg, wait_s=wait_s, attached=not detach, stop=stop.event)
+            except ModelError as e:
+                typer.echo(f"error: {e}", err=True)
+                raise typer.Exit(2) from None
+            except StackError as e:
+                typer.echo(f"error: {e}", err=True)
+                raise typer.Exit(1) from None
+            typer.echo(f"run {state.run_id} up: {len(state.processes)} processes; config {state.config_path}")
+            if detach:
+                return
+            typer.echo(f"Ctrl-C stops the stack (within {state.stop_bound_s:.0f} s).")
+            stop.on_stop = lambda: down_state(state)
+            if stop.event.is_set() and not stop.teardown_started:  # a signal came while the start finished
+                down_state(state)
+            while not stop.event.wait(0.5):
+                if not state.supervisor_alive():
+                    final = StackState.load(Path(state.run_dir))
+                    typer.echo(f"error: {final.error if final and final.error else 'the stack stopped'}", err=True)
+                    down_state(state)
+                    raise typer.Exit(1)
+        typer.echo("stack stopped")
+        raise typer.Exit(stop.exit_code)
 
     @app.command("down")
     def down_cmd(
@@ -92,7 +99,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"run {run_dir.name}")
         for r in rows:
             ports = f"grpc {r['grpc_port']}" if r["grpc_port"] else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())  # type: ignore[union-attr]
-            typer.echo(f"{r['name']:<14} pid {r['pid']:<8} {r['health']:<12} {ports}")
+            restarts = f"  restarts {r['restarts']} (last: {r['last_exit']})" if r.get("restarts") else ""
+            typer.echo(f"{r['name']:<14} pid {r['pid']:<8} {r['health']:<12} {ports}{restarts}")
+            if r.get("error"):
+                typer.echo(f"  error: {r['error']}")
         scheduler = next((r for r in rows if r["name"] == "scheduler" and r["health"] == "SERVING"), None)
         if scheduler is not None:
             typer.echo(_run_state(int(scheduler["grpc_port"])))  # type: ignore[call-overload]

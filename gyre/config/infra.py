@@ -1,14 +1,23 @@
-"""Config sections for the run, the broker (NATS), the store (Redis) and logging."""
+"""Config sections for the run, the broker (NATS), the store (Redis) and logging.
+
+NATS and Redis take an optional credentials file per client (`credentials_file`, with `{service}` in its
+path): JSON `{"user": …, "password": …}`, mode 0600. `gyre up` / `gyre demo` generate one per service and
+run into `runs/<run>/credentials/`; the servers they start refuse clients without them.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gyre.config.base import Port, Section
+from gyre.config.base import Port, PositiveFloat, Section
+from gyre.config.supervisor import SupervisorSection
 
 PEER_SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
 """Services another process may dial (the keys of `run.peer_hosts`)."""
@@ -29,6 +38,8 @@ class RunSection(Section):
     `evaluator`, `packer`, `cell_agent`); `{cell}` in the `cell_agent` value becomes the cell index. A
     service not named here is reached at `host` (loopback when `host` is a wildcard). Compose and
     Kubernetes set DNS names (`deploy/`); on one machine leave it empty."""
+    supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
+    """Restarts and bounded stops of the local stack's processes (`gyre up`, `gyre demo`)."""
 
     @field_validator("peer_hosts")
     @classmethod
@@ -63,6 +74,35 @@ class RunSection(Section):
         return self.dir / self.id
 
 
+@dataclass(frozen=True, slots=True)
+class ClientLogin:
+    """A user name and password for NATS or Redis."""
+
+    user: str
+    password: str
+
+
+def read_login(template: str | None, service: str) -> ClientLogin | None:
+    """The credentials of `service` from `template` (`{service}` replaced); None when no template is set.
+
+    The file must be JSON `{"user": …, "password": …}` readable by its owner only (mode 0600)."""
+    if template is None:
+        return None
+    path = Path(template.replace("{service}", service))
+    try:
+        mode = path.stat().st_mode
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"credentials file {path} not found (`gyre up` writes it; or fix credentials_file)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"credentials file {path} is not JSON: {e}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"credentials file {path} is readable by others (mode {stat.S_IMODE(mode):o}): chmod 600 it")
+    if not isinstance(raw, dict) or not isinstance(raw.get("user"), str) or not isinstance(raw.get("password"), str):
+        raise ValueError(f"credentials file {path} must hold {{\"user\": …, \"password\": …}}")
+    return ClientLogin(raw["user"], raw["password"])
+
+
 class NatsSection(Section):
     url: str | None = None
     """URL of an existing NATS server; None starts one (`nats-server` from PyPI) with the stack."""
@@ -74,6 +114,17 @@ class NatsSection(Section):
     """Bound on unacknowledged messages per durable consumer (back-pressure)."""
     ack_wait_s: float = 30.0
     """Seconds before an unacknowledged message is redelivered."""
+    credentials_file: str | None = None
+    """Path of each client's NATS credentials, `{service}` standing for the client (`scheduler`, `proxy`,
+    `runner`, `evaluator`, `packer`, `cell_agent`, `supervisor`, `cli`); None = connect without credentials.
+    `gyre up` sets it to `runs/<run>/credentials/nats/{service}.json` for the server it starts."""
+    sync_interval_s: PositiveFloat = 1.0
+    """How often a started nats-server fsyncs its JetStream files (a machine crash loses at most this much;
+    a nats-server crash loses nothing acknowledged: messages are written before the ack)."""
+
+    def login_for(self, service: str) -> ClientLogin | None:
+        """The NATS user of `service` (None: no credentials configured)."""
+        return read_login(self.credentials_file, service)
 
 
 class RedisSection(Section):
@@ -83,8 +134,19 @@ class RedisSection(Section):
     """Port when the stack starts the server; 0 picks a free port."""
     appendonly: bool = True
     """Turn on AOF persistence for a started server."""
+    appendfsync: Literal["always", "everysec", "no"] = "everysec"
+    """AOF fsync policy of a started server. `everysec`: a redis-server crash loses nothing acknowledged (the AOF
+    is written before the reply), a machine crash loses at most ~1 s (2 s while the disk stalls an fsync);
+    `always` loses nothing even then, at one fsync per write batch."""
+    credentials_file: str | None = None
+    """Path of each client's Redis ACL user, `{service}` standing for the client (as `nats.credentials_file`);
+    None = connect without credentials. `gyre up` sets it to `runs/<run>/credentials/redis/{service}.json`."""
     heartbeat_timeout_s: float = 10.0
     """A work-queue consumer that has not heartbeated this long is dead; its items are reclaimed."""
+
+    def login_for(self, service: str) -> ClientLogin | None:
+        """The Redis ACL user of `service` (None: no credentials configured)."""
+        return read_login(self.credentials_file, service)
 
 
 class LogSection(Section):

@@ -85,9 +85,11 @@ class TrainerSection(Section):
     """Timeout of one collective (gradient reduction, parameter broadcast, snapshot broadcast)."""
     rendezvous_timeout_s: PositiveFloat = 120.0
     """How long a cell waits for every cell to join the torch.distributed world at start-up."""
-    weight_transport: Literal["mooncake", "torch"] = "mooncake"
-    """How a satellite pulls the core's snapshot: Mooncake Transfer Engine (one flat buffer registered
-    by the core, read by satellites), or a torch.distributed broadcast from the core (fallback)."""
+    weight_transport: Literal["mooncake", "torch"] = "torch"
+    """How a satellite pulls the core's snapshot: a torch.distributed broadcast from the core over the cells'
+    own gloo/NCCL groups (the embedded default: no extra listener, loopback only), or the Mooncake Transfer
+    Engine (one flat buffer registered by the core, read by satellites; clusters select it, deploy/k8s,
+    where the NetworkPolicy confines it: it listens on 0.0.0.0 whatever it is given)."""
     mooncake_protocol: Literal["tcp", "rdma"] = "tcp"
     """Mooncake transport protocol (TCP on CPU machines, RDMA on clusters)."""
     mooncake_device: str = ""

@@ -3,28 +3,31 @@
     run = DemoRun(config, steps=12)
     summary = run.execute(progress=print)     # starts the stack, trains, shuts down, reports
 
-The stack is the one `gyre up` starts (NATS, Redis, every service, K cell agents); progress comes
-from the scheduler's `GetState`; the report from the run's stored events (gyre/demo/report.py).
+The stack is the one `gyre up` starts (NATS, Redis, every service, K cell agents), tied to this process:
+a process that exits is restarted by the stack's supervisor; if the supervisor gives up, the run fails.
+SIGTERM or SIGINT stops the run within the stack's stop bound (20 s by default) whatever the demo is doing
+(gyre/stack/signals.py), then exits with 128 + signum; if this process is killed, the supervisor stops the
+run by itself. Progress comes from the scheduler's `GetState`; the report from the run's stored events
+(gyre/demo/report.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from gyre.bus import login_url
 from gyre.config import GyreConfig, load_config
 from gyre.demo.events import read_events
 from gyre.demo.report import RunFacts, plot_reward_staleness, summarize, timeline
-from gyre.stack.launcher import StackError, StackState, down_state, pid_alive, up
+from gyre.stack.launcher import StackError, StackState, down_state, up
+from gyre.stack.signals import StopSignals
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 Progress = Callable[[scheduler_pb2.SchedulerState, float], None]
@@ -36,6 +39,7 @@ class DemoRun:
         self.config.scheduler.max_steps = steps
         self.steps = steps
         self.drain_timeout_s = drain_timeout_s
+        self._stop = StopSignals()
 
     @property
     def run_dir(self) -> Path:
@@ -43,12 +47,24 @@ class DemoRun:
 
     def execute(self, progress: Progress | None = None, start_timeout_s: float = 120.0) -> dict[str, Any]:
         t0 = time.monotonic()
-        with _terminate_as_exit():
-            state = up(self.config, wait_s=start_timeout_s)
+        with StopSignals() as stop:
+            self._stop = stop
+            try:
+                state = up(self.config, wait_s=start_timeout_s, attached=True, stop=stop.event)
+            except StackError:
+                if stop.event.is_set():
+                    raise SystemExit(stop.exit_code) from None
+                raise
+            stop.on_stop = lambda: down_state(state)
             try:
                 return self._run(state, progress, t0)
+            except Exception:
+                if stop.event.is_set():  # the teardown under way broke what the demo was waiting on
+                    raise SystemExit(stop.exit_code) from None
+                raise
             finally:
-                down_state(state)
+                if not stop.teardown_started:
+                    down_state(state)
 
     def _run(self, state: StackState, progress: Progress | None, t0: float) -> dict[str, Any]:
         resolved = load_config(Path(state.config_path))
@@ -62,7 +78,8 @@ class DemoRun:
             scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120)
             self._settle(scheduler, state)
             stats = proxy.GetStats(proxy_pb2.GetStatsRequest(), timeout=30)
-        events = asyncio.run(read_events(resolved.nats.url or "", resolved.run.id))
+        events = asyncio.run(read_events(login_url(resolved.nats.url or "", resolved.nats.login_for("cli")),
+                                         resolved.run.id))
         return self._report(events, stats, time.monotonic() - t0)
 
     def _train(
@@ -75,7 +92,12 @@ class DemoRun:
                 progress(st, time.monotonic() - t0)
             if st.steps >= self.steps:
                 return
-            time.sleep(1.0)
+            self._pause(1.0)
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, or end the run at once when a stop was requested (the teardown runs on its own thread)."""
+        if self._stop.event.wait(seconds):
+            raise SystemExit(self._stop.exit_code)
 
     def _settle(self, scheduler: scheduler_pb2_grpc.SchedulerStub, stack: StackState) -> None:
         """Wait until every started execution terminated (cancelled ones included)."""
@@ -84,9 +106,9 @@ class DemoRun:
             self._check_alive(stack)
             st = scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
             if st.executions_in_flight == 0:
-                time.sleep(2.0)  # let the last evaluations land
+                self._pause(2.0)  # let the last evaluations land
                 return
-            time.sleep(0.5)
+            self._pause(0.5)
         raise StackError(f"executions still running {self.drain_timeout_s:.0f} s after shutdown")
 
     def _save_events(self, events: list[Any]) -> None:
@@ -95,11 +117,15 @@ class DemoRun:
             for r in events:
                 f.write(_event_line(r) + "\n")
 
-    @staticmethod
-    def _check_alive(stack: StackState) -> None:
-        dead = [p.name for p in stack.processes if not pid_alive(p.pid)]
-        if dead:
-            raise StackError(f"processes died during the run: {', '.join(dead)} (logs in {stack.run_dir}/logs)")
+    def _check_alive(self, stack: StackState) -> None:
+        """The stack still runs: its supervisor restarts processes that exit, and stops the run when one is
+        out of restarts (then its error is raised here)."""
+        if self._stop.event.is_set():
+            raise SystemExit(self._stop.exit_code)
+        if not stack.supervisor_alive():
+            final = StackState.load(Path(stack.run_dir))
+            reason = final.error if final is not None and final.error else "the stack's supervisor exited"
+            raise StackError(f"{reason} (logs in {stack.run_dir}/logs)")
 
     def _report(self, events: list[Any], stats: proxy_pb2.ProxyStats, wall_s: float) -> dict[str, Any]:
         c = self.config.scheduler
@@ -132,20 +158,3 @@ def role_names(st: scheduler_pb2.SchedulerState) -> str:
     short = {common_pb2.CELL_ROLE_ROLLOUT: "R", common_pb2.CELL_ROLE_TRAINING: "T",
              common_pb2.CELL_ROLE_DRAINING: "D"}
     return "".join(short.get(c.role, "?") for c in st.cells)
-
-
-@contextlib.contextmanager
-def _terminate_as_exit() -> Iterator[None]:
-    """SIGTERM (a container stop, `kill`) unwinds like Ctrl-C, so the stack is brought down."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def exit_on_term(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, exit_on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

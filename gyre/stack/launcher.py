@@ -1,98 +1,55 @@
 """`gyre up` / `gyre down` / `gyre status`: the local stack as processes on 127.0.0.1.
 
-`up` starts nats-server and redis-server (unless the config names existing ones), assigns free
-ports to every service, writes the resolved config to `runs/<run>/config.yaml`, spawns one process
-per service (K cell agents) with logs under `runs/<run>/logs/`, waits until each answers SERVING on
-grpc.health.v1, and records pids and ports in `runs/<run>/stack.json`. `down` stops them all
-(SIGTERM, grace, SIGKILL) in reverse order; `status` reports each process, its health and ports.
+`up` resolves the run (free ports for every server and service, gloo on loopback, fresh per-service
+credentials for the NATS and Redis it starts), writes `runs/<run>/config.yaml`, and starts the run's
+supervisor (gyre/stack/supervisor.py), which starts and watches every process; `up` returns once all
+answer SERVING (from `runs/<run>/stack.json`). `attached=True` (a foreground `gyre up`, `gyre demo`)
+ties the supervisor to the calling thread: when the caller dies, the kernel stops the run.
+
+`down` SIGTERMs the supervisor, which stops everything within `run.supervisor.stop_bound_s`; when no
+supervisor is left (it was SIGKILLed), `down` adopts the recorded processes and stops them itself.
+`status` reports each process, its health, ports and restarts.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import grpc
+import psutil
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gyre.config import GyreConfig
 from gyre.model.files import check_model_dir
-from gyre.stack.servers import LOOPBACK, free_port, start_nats, start_redis
+from gyre.stack.credentials import generate
+from gyre.stack.health import grpc_health, tail
+from gyre.stack.procs import alive as _alive
+from gyre.stack.procs import die_with_parent, stop_processes
+from gyre.stack.servers import LOOPBACK, free_port
+from gyre.stack.state import ProcessEntry, StackState
+from gyre.stack.supervisor import SERVICES
 
-SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
+__all__ = ["SERVICES", "ProcessEntry", "StackError", "StackState", "down", "down_state", "grpc_health",
+           "live_runs", "pid_alive", "resolve_run", "status", "up"]
 
 
 class StackError(RuntimeError):
     """The stack could not be brought up or down; the message says which process and why."""
 
 
-@dataclass
-class ProcessEntry:
-    name: str
-    pid: int
-    grpc_port: int = 0
-    ports: dict[str, int] = field(default_factory=dict)
-    log: str = ""
-
-
-@dataclass
-class StackState:
-    run_id: str
-    run_dir: str
-    config_path: str
-    processes: list[ProcessEntry] = field(default_factory=list)
-
-    @staticmethod
-    def path(run_dir: Path) -> Path:
-        return run_dir / "stack.json"
-
-    def save(self) -> None:
-        StackState.path(Path(self.run_dir)).write_text(json.dumps(asdict(self), indent=2))
-
-    @classmethod
-    def load(cls, run_dir: Path) -> StackState | None:
-        p = cls.path(run_dir)
-        if not p.exists():
-            return None
-        raw = json.loads(p.read_text())
-        raw["processes"] = [ProcessEntry(**e) for e in raw["processes"]]
-        return cls(**raw)
-
-
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def grpc_health(port: int, timeout_s: float = 1.0) -> str:
-    """SERVING / NOT_SERVING / UNKNOWN / UNREACHABLE for a gRPC server on loopback."""
-    with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
-        try:
-            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-        except grpc.RpcError:
-            return "UNREACHABLE"
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+    """`pid` runs and is not a zombie."""
+    return _alive(pid)
 
 
 def resolve_ports(config: GyreConfig) -> GyreConfig:
-    """A copy of `config` where every 0 port is a free loopback port."""
+    """A copy of `config` where every 0 port is a free loopback port, and gloo binds loopback when the run
+    does (the embedded default): nothing of it listens outside 127.0.0.1."""
     c = config.model_copy(deep=True)
     for section in (c.scheduler, c.proxy, c.runner, c.evaluator, c.packer):
         if section.port == 0:
@@ -102,137 +59,114 @@ def resolve_ports(config: GyreConfig) -> GyreConfig:
     k = c.scheduler.num_cells
     c.cell_agent.ports = [p or free_port() for p in (c.cell_agent.ports + [0] * k)[:k]]
     c.cell_agent.engine_ports = [p or free_port() for p in (c.cell_agent.engine_ports + [0] * k)[:k]]
+    if c.run.host == LOOPBACK and c.cell_agent.trainer.dist_socket_ifname is None:
+        c.cell_agent.trainer.dist_socket_ifname = "lo"
     return c
 
 
-def up(config: GyreConfig, wait_s: float = 15.0) -> StackState:
-    """Start brokers and services; on any failure stop what was started and raise `StackError`. A model
-    directory the services could not load raises `ModelError` before anything starts."""
+def _plan_servers(config: GyreConfig, run_dir: Path) -> list[str]:
+    """Fix the ports, URLs and credentials of the servers the stack starts (those without a URL)."""
+    servers = []
+    if not config.nats.url:
+        servers.append("nats")
+        config.nats.port = config.nats.port or free_port()
+        config.nats.monitor_port = config.nats.monitor_port or free_port()
+        config.nats.url = f"nats://{LOOPBACK}:{config.nats.port}"
+    if not config.redis.url:
+        servers.append("redis")
+        config.redis.port = config.redis.port or free_port()
+        config.redis.url = f"redis://{LOOPBACK}:{config.redis.port}/0"
+    if servers:
+        creds = generate(run_dir, config.run.id)
+        if "nats" in servers:
+            config.nats.credentials_file = creds.nats_template
+        if "redis" in servers:
+            config.redis.credentials_file = creds.redis_template
+    return servers
+
+
+def up(
+    config: GyreConfig, wait_s: float = 15.0, attached: bool = True, stop: threading.Event | None = None
+) -> StackState:
+    """Start the run's supervisor and wait until every service is SERVING; on failure, or when `stop` is set
+    meanwhile, stop everything started and raise `StackError`. A model directory the services could not
+    load raises `ModelError` before anything starts."""
     check_model_dir(config.model.require_path())
     run_dir = config.run.path.resolve()
     previous = StackState.load(run_dir)
-    if previous and any(pid_alive(p.pid) for p in previous.processes):
+    if previous is not None and previous.live():
         raise StackError(f"run {config.run.id!r} is already up (see `gyre status`); run `gyre down` first")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    StackState.path(run_dir).unlink(missing_ok=True)
     config = config.model_copy(deep=True)
     config.run.dir = run_dir.parent
     config.model.path = config.model.require_path().resolve()
-    state = StackState(config.run.id, str(run_dir), str(run_dir / "config.yaml"))
-    try:
-        if not config.nats.url:
-            nats = start_nats(run_dir / "nats", config.nats.port, config.nats.monitor_port, run_dir / "logs" / "nats.log")
-            config.nats.url = nats.url
-            state.processes.append(ProcessEntry("nats", nats.proc.pid, 0, {"client": nats.port, **nats.extra_ports}))
-        if not config.redis.url:
-            redis = start_redis(run_dir / "redis", config.redis.port, config.redis.appendonly,
-                                run_dir / "logs" / "redis.log")
-            config.redis.url = redis.url
-            state.processes.append(ProcessEntry("redis", redis.proc.pid, 0, {"client": redis.port}))
-        config = resolve_ports(config)
-        Path(state.config_path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        state.save()
-        for name, instance, port in _service_plan(config):
-            state.processes.append(_spawn(name, instance, port, state, run_dir))
-        state.save()
-        _wait_serving(state, wait_s)
-    except BaseException:
-        down_state(state)
-        raise
-    return state
-
-
-def _service_plan(config: GyreConfig) -> list[tuple[str, int | None, int]]:
-    plan: list[tuple[str, int | None, int]] = []
-    for name in SERVICES:
-        if name == "cell_agent":
-            plan += [(name, k, port) for k, port in enumerate(config.cell_agent.ports)]
-        else:
-            plan.append((name, None, int(getattr(config, name).port)))
-    return plan
-
-
-def _spawn(name: str, instance: int | None, port: int, state: StackState, run_dir: Path) -> ProcessEntry:
-    label = name if instance is None else f"{name}-{instance}"
-    log_path = run_dir / "logs" / f"{label}.log"
-    cmd = [sys.executable, "-m", f"services.{name}", "--config", state.config_path]
-    if instance is not None:
-        cmd += ["--instance", str(instance)]
-    with open(log_path, "ab") as log:
+    servers = _plan_servers(config, run_dir)
+    config = resolve_ports(config)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    argv = [sys.executable, "-m", "gyre.stack.supervisor", "--config", str(config_path),
+            "--servers", ",".join(servers), "--wait-s", str(wait_s)]
+    with open(run_dir / "logs" / "supervisor.log", "ab") as out:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent() if attached else None,
         )
-    return ProcessEntry(label, proc.pid, port, {}, str(log_path))
-
-
-def _wait_serving(state: StackState, wait_s: float) -> None:
-    deadline = time.monotonic() + wait_s
-    waiting = [p for p in state.processes if p.grpc_port]
-    while waiting:
-        for p in list(waiting):
-            if not pid_alive(p.pid):
-                raise StackError(f"{p.name} exited during start-up; last log lines:\n{_tail(p.log)}")
-            if grpc_health(p.grpc_port, timeout_s=0.5) == "SERVING":
-                waiting.remove(p)
-        if waiting and time.monotonic() > deadline:
-            names = ", ".join(p.name for p in waiting)
-            raise StackError(f"not SERVING after {wait_s:.0f} s: {names}; last log lines of {waiting[0].name}:\n"
-                             f"{_tail(waiting[0].log)}")
-        if waiting:
-            time.sleep(0.1)
-
-
-def _tail(path: str, lines: int = 15) -> str:
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+        return _wait_serving(proc, run_dir, wait_s + 30.0, stop or threading.Event())
+    except BaseException:
+        _stop_supervisor(proc.pid, config.run.supervisor.stop_bound_s)
+        raise
 
 
-def _stop_pid(pid: int, grace_s: float) -> None:
-    if not pid_alive(pid):
-        return
+def _wait_serving(proc: subprocess.Popen[bytes], run_dir: Path, timeout_s: float, stop: threading.Event) -> StackState:
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        state = StackState.load(run_dir)
+        if state is not None and state.phase == "serving":
+            return state
+        if proc.poll() is not None:
+            error = state.error if state is not None and state.error else tail(str(run_dir / "logs" / "supervisor.log"))
+            StackState.path(run_dir).unlink(missing_ok=True)
+            raise StackError(error)
+        if time.monotonic() > deadline:
+            raise StackError(f"the stack did not come up within {timeout_s:.0f} s (logs in {run_dir}/logs)")
+        time.sleep(0.1)
+    raise StackError("stopped during start-up")
+
+
+def _stop_supervisor(pid: int, bound_s: float) -> bool:
+    """SIGTERM the supervisor and wait for it (it stops the run); SIGKILL it past the bound. True if it was alive."""
     try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while pid_alive(pid) and time.monotonic() < deadline:
-        _reap(pid)
-        time.sleep(0.05)
-    if pid_alive(pid):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-        while pid_alive(pid):
-            _reap(pid)
-            time.sleep(0.05)
-    _reap(pid)
+        p = psutil.Process(pid)
+        p.send_signal(signal.SIGTERM)
+    except psutil.Error:
+        return False
+    try:
+        p.wait(timeout=bound_s + 5.0)
+    except psutil.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=5.0)
+    return True
 
 
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def down_state(state: StackState, grace_s: float = 10.0) -> None:
-    """Stop services first (newest first), then Redis and NATS."""
-    services = [p for p in state.processes if p.name not in ("nats", "redis")]
-    servers = [p for p in state.processes if p.name in ("nats", "redis")]
-    for p in reversed(services):
-        _stop_pid(p.pid, grace_s)
-    for p in reversed(servers):
-        _stop_pid(p.pid, grace_s)
+def down_state(state: StackState) -> None:
+    """Stop every process of `state`: through its supervisor, else directly (adopting them)."""
+    if state.supervisor_alive():
+        _stop_supervisor(state.supervisor_pid, state.stop_bound_s)
+    services = [p.process_id for p in state.processes if p.alive() and p.name not in ("nats", "redis")]
+    servers = [p.process_id for p in state.processes if p.alive() and p.name in ("nats", "redis")]
+    stop_processes(services, grace_s=10.0)
+    stop_processes(servers, grace_s=3.0)
     StackState.path(Path(state.run_dir)).unlink(missing_ok=True)
 
 
-def down(run_dir: Path, grace_s: float = 10.0) -> bool:
+def down(run_dir: Path) -> bool:
     """Stop the stack recorded under `run_dir`; False when nothing was recorded."""
     state = StackState.load(run_dir.resolve())
     if state is None:
         return False
-    down_state(state, grace_s)
+    down_state(state)
     return True
 
 
@@ -241,7 +175,7 @@ def live_runs(runs_dir: Path) -> list[Path]:
     found = []
     for stack_file in runs_dir.glob("*/stack.json"):
         state = StackState.load(stack_file.parent)
-        if state is not None and any(pid_alive(p.pid) for p in state.processes):
+        if state is not None and state.live():
             found.append(stack_file.parent)
     return sorted(found, key=lambda d: StackState.path(d).stat().st_mtime, reverse=True)
 
@@ -259,14 +193,25 @@ def resolve_run(runs_dir: Path, configured: str, explicit: str | None) -> Path |
 
 
 def status(run_dir: Path) -> list[dict[str, object]]:
-    """One row per process: name, pid, alive, health, ports."""
+    """One row per process (the supervisor first): name, pid, alive, health, ports, restarts, last exit."""
     state = StackState.load(run_dir.resolve())
     if state is None:
         return []
     rows: list[dict[str, object]] = []
+    if state.supervisor_pid:
+        up_ = state.supervisor_alive()
+        rows.append({"name": "supervisor", "pid": state.supervisor_pid, "alive": up_,
+                     "health": state.phase.upper() if up_ else "DEAD", "grpc_port": 0, "restarts": 0, "last_exit": "",
+                     **({"error": state.error} if state.error else {})})
     for p in state.processes:
-        alive = pid_alive(p.pid)
-        health = grpc_health(p.grpc_port) if (alive and p.grpc_port) else ("RUNNING" if alive else "DEAD")
-        rows.append({"name": p.name, "pid": p.pid, "alive": alive, "health": health,
-                     "grpc_port": p.grpc_port, **({"ports": p.ports} if p.ports else {})})
+        alive = p.alive()
+        if p.state == "restarting":
+            health = "RESTARTING"
+        elif p.state == "gave_up":
+            health = "GAVE_UP"
+        else:
+            health = grpc_health(p.grpc_port) if (alive and p.grpc_port) else ("RUNNING" if alive else "DEAD")
+        rows.append({"name": p.name, "pid": p.pid, "alive": alive, "health": health, "grpc_port": p.grpc_port,
+                     "restarts": p.num_restarts, "last_exit": p.last_exit, **({"ports": p.ports} if p.ports else {})})
     return rows
+

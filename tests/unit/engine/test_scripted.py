@@ -9,9 +9,9 @@ import pytest
 
 from gyre.engine import EngineRequestError
 from gyre.model.tokenizer import Tokenizer
-from tests.support.models import small_dir
 from services.cell_agent.engine.backends.scripted import ScriptEntry, scripted_logprob
 from services.cell_agent.engine.protocol import RequestError
+from tests.support.models import small_dir
 from tests.unit.engine.helpers import engine_section, serve
 
 TOK = Tokenizer.from_dir(small_dir())

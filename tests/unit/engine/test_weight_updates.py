@@ -11,6 +11,7 @@ import torch
 from gyre.engine import EngineRequestError
 from gyre.model.init import init_model_dir
 from gyre.model.weights import write_model_dir
+from tests.support.models import SMALL, small_dir
 from tests.unit.engine.helpers import (
     engine_section,
     engine_stats,
@@ -19,7 +20,6 @@ from tests.unit.engine.helpers import (
     serve,
     small_model,
 )
-from tests.support.models import SMALL, small_dir
 
 
 @pytest.mark.parametrize("flush_cache", [True, False])

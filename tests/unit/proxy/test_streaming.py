@@ -11,10 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre.model.tokenizer import Tokenizer
-from tests.support.models import small_dir
+from gyre.model.vocab import family_tokenizer
 from gyre.trajectory import TextBlock, ThinkingBlock, template_for_family
 from gyre.trajectory.output import PARSERS, HermesParser, ParsedCall, ToolCallParser
-from gyre.model.vocab import family_tokenizer
 from gyre.trajectory.templates import ChatTemplate, HFChatTemplate
 from services.proxy.streaming import (
     STREAMERS,
@@ -28,6 +27,7 @@ from services.proxy.streaming import (
     fold_events,
     make_streamer,
 )
+from tests.support.models import small_dir
 
 TOKENIZER = Tokenizer.from_dir(small_dir())
 THINK, END_THINK = TOKENIZER.special_id("<think>"), TOKENIZER.special_id("</think>")

@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from gyre.trajectory import CallMeta, PreparedCall, TrajectoryTree, from_anthropic, get_profile, template_for_family
+from gyre.trajectory import (
+    CallMeta,
+    PreparedCall,
+    TrajectoryTree,
+    from_anthropic,
+    get_profile,
+    template_for_family,
+)
 from gyre.trajectory.anthropic import to_anthropic_content
 
 CALL_START, CALL_END, IM_END = 259, 260, 258

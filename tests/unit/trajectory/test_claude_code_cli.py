@@ -20,7 +20,14 @@ import pytest
 from typer.testing import CliRunner
 
 from gyre.cli import app
-from gyre.trajectory import CallMeta, PreparedCall, TrajectoryTree, from_anthropic, get_profile, template_for_family
+from gyre.trajectory import (
+    CallMeta,
+    PreparedCall,
+    TrajectoryTree,
+    from_anthropic,
+    get_profile,
+    template_for_family,
+)
 from gyre.trajectory.anthropic import to_anthropic_content
 from gyre.trajectory.tree import CommitResult
 from tests.support.anthropic_capture import CaptureServer, Reply

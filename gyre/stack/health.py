@@ -1,0 +1,39 @@
+"""Health of the stack's processes: grpc.health.v1 checks on loopback, and the tail of a process's log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gyre.stack.servers import LOOPBACK
+
+
+def grpc_health(port: int, timeout_s: float = 1.0) -> str:
+    """SERVING / NOT_SERVING / UNKNOWN / UNREACHABLE for a gRPC server on loopback."""
+    with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return "UNREACHABLE"
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+
+async def grpc_health_async(port: int, timeout_s: float = 1.0) -> int:
+    """The serving status (`HealthCheckResponse.ServingStatus`) of a gRPC server on loopback; UNKNOWN when
+    it does not answer."""
+    async with grpc.aio.insecure_channel(f"{LOOPBACK}:{port}") as channel:
+        try:
+            resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return int(health_pb2.HealthCheckResponse.UNKNOWN)
+    return int(resp.status)
+
+
+def tail(path: str, lines: int = 15) -> str:
+    """The last `lines` lines of a log file (or "(no log)")."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

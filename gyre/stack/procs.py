@@ -1,0 +1,156 @@
+"""Process bookkeeping of the local stack, through psutil: identity, dying with the parent, bounded stops.
+
+- A process is identified by (pid, psutil `create_time`), so a stale `stack.json` never signals an
+  unrelated process that reused a pid.
+- `die_with_parent()` is a `preexec_fn`: the child gets SIGTERM from the kernel (PR_SET_PDEATHSIG) when
+  the thread that spawned it ends — the supervisor's main thread, i.e. the supervisor process — so a
+  SIGKILLed supervisor (or demo) leaves no service behind. Services then stop within their own cap
+  (`run.supervisor.service_stop_timeout_s`, gyre/service.py).
+- `become_subreaper()` makes orphaned descendants (a sandbox whose runner died) children of the
+  supervisor (PR_SET_CHILD_SUBREAPER), so its last sweep finds and stops them.
+- `stop_processes()` stops many processes at once: SIGTERM to all, one shared grace period, then SIGKILL
+  of what is left together with its descendants.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import psutil
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessId:
+    """A process: its pid and its start time (psutil `create_time`, seconds since the epoch)."""
+
+    pid: int
+    started: float
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessId | None:
+        """The live process `pid`, or None."""
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except psutil.Error:
+            return None
+
+
+def alive(pid: int, started: float = 0.0) -> bool:
+    """`pid` runs and is no zombie; with `started` (non-zero), it is also the same process (no pid reuse)."""
+    try:
+        p = psutil.Process(pid)
+        if started and abs(p.create_time() - started) > 0.01:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn` giving the child `sig` when this process's spawning thread exits (PR_SET_PDEATHSIG).
+
+    Spawn from a thread that lives as long as the process (the main thread). A parent that died between
+    fork and prctl is caught by comparing the parent pid; the child then signals itself."""
+    parent = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        if _prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+            os._exit(126)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return set_parent_death_signal
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants of this process become its children (and so stay within reach of its stop)."""
+    if _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def describe_exit(returncode: int) -> tuple[int, str, str]:
+    """(exit code or -1, signal name or "", one line) for a `Popen.returncode`."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return -1, name, f"killed by {name}"
+    return returncode, "", f"exited with status {returncode}"
+
+
+def _processes(ids: Iterable[ProcessId]) -> list[psutil.Process]:
+    found = []
+    for i in ids:
+        try:
+            p = psutil.Process(i.pid)
+            if not i.started or abs(p.create_time() - i.started) <= 0.01:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    found: list[psutil.Process] = []
+    for p in procs:
+        try:
+            found += p.children(recursive=True)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _signal(procs: Iterable[psutil.Process], sig: int) -> None:
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            continue
+
+
+@dataclass(frozen=True, slots=True)
+class StopReport:
+    """What one `stop_processes` call did."""
+
+    num_stopped: int
+    """Processes of the set that ended after SIGTERM, within the grace period."""
+    killed: list[int]
+    """Pids SIGKILLed: survivors of the grace period and descendants still running then."""
+    left: list[int]
+    """Pids still running after the SIGKILL (should be empty)."""
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def stop_processes(ids: Iterable[ProcessId], grace_s: float, kill_wait_s: float = 1.0) -> StopReport:
+    """SIGTERM every process of `ids` at once; after `grace_s`, SIGKILL the survivors and every descendant
+    of the set (seen at either moment). Reaps what are children of this process."""
+    targets = _processes(ids)
+    if not targets:
+        return StopReport(0, [], [])
+    descendants = _descendants(targets)
+    _signal(targets, signal.SIGTERM)
+    gone, left = psutil.wait_procs(targets, timeout=grace_s)
+    rest = [p for p in {*descendants, *_descendants(left)} if _running(p)]
+    doomed = [*left, *rest]
+    _signal(doomed, signal.SIGKILL)
+    _, still = psutil.wait_procs(doomed, timeout=kill_wait_s)
+    return StopReport(len(gone), [p.pid for p in doomed], [p.pid for p in still if _running(p)])

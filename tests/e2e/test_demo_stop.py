@@ -1,0 +1,103 @@
+"""Every stop of a `gyre demo` brings every process of the run down within the stated bound (20 s):
+SIGTERM to the demo mid-run, and SIGKILL of the demo's own process (its supervisor, tied to it by
+PR_SET_PDEATHSIG, then stops the run by itself). A tiny run: 1 step, groups of 2, short tool sleeps so
+that the stop lands while harness executions are live in their sandboxes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gyre.stack.procs import ProcessId, alive
+
+pytestmark = pytest.mark.slow
+
+GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+STOP_BOUND_S = 20.0
+TINY = """
+scheduler: {num_cells: 2, group_size: 2, batch_groups: 1, phi: 0, mu: 1, rho_min: 1.0, tau_s: 0.2,
+            cell_capacity: 4, max_steps: 1, tasks: ["add/3+3"]}
+runner: {harness_args: ["--tool-latency-s", "4", "--tool-latency-max-s", "6"]}
+"""
+
+
+def _start_demo(tmp_path: Path, run_id: str) -> tuple[subprocess.Popen[bytes], Path]:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    log = tmp_path / "demo.log"
+    with open(log, "wb") as out:
+        demo = subprocess.Popen(
+            [*GYRE, "demo", "--config", str(config), "--run-id", run_id, "--steps", "1"], stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd(), "GYRE_RUN__DIR": str(tmp_path / "runs")},
+        )
+    return demo, log
+
+
+def _tree_once_harnesses_run(demo: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> list[ProcessId]:
+    """Every process of the run (the demo and its descendants) once a harness execution is live."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert demo.poll() is None, log.read_text()[-3000:]
+        try:
+            tree = [psutil.Process(demo.pid), *psutil.Process(demo.pid).children(recursive=True)]
+            if any("harness" in " ".join(p.cmdline()) for p in tree):
+                time.sleep(0.5)  # let the sandboxes settle into their tool sleeps
+                tree = [psutil.Process(demo.pid), *psutil.Process(demo.pid).children(recursive=True)]
+                found = [ProcessId.of(p.pid) for p in tree]
+                return [p for p in found if p is not None]
+        except psutil.Error:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"no harness execution started within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def _left_after(tree: list[ProcessId], bound_s: float) -> list[str]:
+    deadline = time.monotonic() + bound_s
+    while True:
+        left = [p for p in tree if alive(p.pid, p.started)]
+        if not left or time.monotonic() > deadline:
+            return [" ".join(psutil.Process(p.pid).cmdline()[:4]) for p in left if alive(p.pid, p.started)]
+        time.sleep(0.2)
+
+
+def test_sigterm_mid_run_stops_every_process_within_the_bound(tmp_path: Path) -> None:
+    demo, log = _start_demo(tmp_path, "stopterm")
+    try:
+        tree = _tree_once_harnesses_run(demo, log)
+        assert len(tree) >= 12  # demo, supervisor, nats, redis, 6 services (2 cells), sandboxes, harnesses
+        t0 = time.monotonic()
+        demo.send_signal(signal.SIGTERM)
+        left = _left_after(tree, STOP_BOUND_S)
+        stopped_s = time.monotonic() - t0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert left == [], f"still running {STOP_BOUND_S:.0f} s after SIGTERM: {left}"
+    assert demo.wait(5) == 128 + signal.SIGTERM, log.read_text()[-2000:]
+    assert not (tmp_path / "runs" / "stopterm" / "stack.json").exists()
+    print(f"SIGTERM: {len(tree)} processes gone in {stopped_s:.1f} s")
+
+
+def test_sigkill_of_the_demo_stops_its_services_within_the_bound(tmp_path: Path) -> None:
+    demo, log = _start_demo(tmp_path, "stopkill")
+    try:
+        tree = _tree_once_harnesses_run(demo, log)
+        t0 = time.monotonic()
+        demo.kill()
+        demo.wait(5)
+        left = _left_after(tree, STOP_BOUND_S)
+        stopped_s = time.monotonic() - t0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert left == [], f"still running {STOP_BOUND_S:.0f} s after the demo was SIGKILLed: {left}"
+    assert "stack_stopped" in (tmp_path / "runs" / "stopkill" / "logs" / "supervisor.log").read_text()
+    print(f"SIGKILL: {len(tree)} processes gone in {stopped_s:.1f} s")
