@@ -53,7 +53,7 @@ async def run(executions: int, concurrency: int, group_size: int, work: Path) ->
     tasks = work / "tasks" / "trivial"
     tasks.mkdir(parents=True)
     (tasks / "task.yaml").write_text(yaml.safe_dump({
-        "prompt": "echo ok > out.txt", "verifier": ["{python}", "-m", "harness.verify", "out.txt=ok"],
+        "prompt": "echo ok > out.txt", "verifier": ["{python}", "-m", "gyre.tasks.builtin.verify", "out.txt=ok"],
         "harness_timeout_s": 60, "overall_budget_s": 300}))
     nats, redis_server = start_nats(work / "nats"), start_redis(work / "redis", appendonly=False)
     proxy = grpc.aio.server()
@@ -64,9 +64,9 @@ async def run(executions: int, concurrency: int, group_size: int, work: Path) ->
         config = load_config(None, environ={}, overrides={
             "run": {"id": "bench", "dir": str(work / "runs")}, "nats": {"url": nats.url},
             "redis": {"url": redis_server.url}, "proxy": {"port": proxy_port}, "log": {"level": "warning"},
-            "runner": {"harness": "command", "command": ["bash", "-c", "{prompt}"], "max_concurrent": concurrency,
-                       "task_dirs": [str(work / "tasks")]},
-            "evaluator": {"task_dirs": [str(work / "tasks")], "max_concurrent": concurrency},
+            "tasks": {"dirs": [str(work / "tasks")]},
+            "runner": {"harness": "command", "command": ["bash", "-c", "{prompt}"], "max_concurrent": concurrency},
+            "evaluator": {"max_concurrent": concurrency},
         })
         bus = await EventBus.connect(nats.url, "bench", "bench")
         redis = await connect_redis(redis_server.url)

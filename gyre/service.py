@@ -29,6 +29,7 @@ from gyre.config import ConfigError, GyreConfig, load_config
 from gyre.lifecycle import Supervisor, install_signal_handlers
 from gyre.log import bind_context, configure_logging, get_logger
 from gyre.store import Keys, connect_redis
+from gyre.tasks import TaskError
 
 
 class GyreService:
@@ -157,4 +158,8 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
         finally:
             await service.stop()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (ConfigError, TaskError) as e:  # found while starting (e.g. a malformed task.toml): one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,10 +45,12 @@ class DemoRun:
 
     def execute(self, progress: Progress | None = None, start_timeout_s: float = 120.0) -> dict[str, Any]:
         t0 = time.monotonic()
-        if self.config.model.checkpoint is not None:
-            from harness.warmstart import ensure_checkpoint
-
-            ensure_checkpoint(self.config.model.checkpoint)  # trains the warm start once when absent
+        checkpoint = self.config.model.checkpoint
+        if checkpoint is not None and not checkpoint.exists():
+            # Trains the warm start once (python -m harness.warmstart); the app layer runs the demo
+            # harness's tools as programs, it does not import them.
+            subprocess.run([sys.executable, "-m", "harness.warmstart", "--out", str(checkpoint), "--eval-samples", "0"],
+                           check=True)
         with _terminate_as_exit():
             state = up(self.config, wait_s=start_timeout_s)
             try:

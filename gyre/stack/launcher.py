@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gyre.config import GyreConfig
 from gyre.stack.servers import LOOPBACK, free_port, start_nats, start_redis
+from gyre.tasks import TaskError, TaskSet
 
 SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
 
@@ -106,6 +107,10 @@ def resolve_ports(config: GyreConfig) -> GyreConfig:
 
 def up(config: GyreConfig, wait_s: float = 15.0) -> StackState:
     """Start brokers and services; on any failure stop what was started and raise `StackError`."""
+    try:
+        TaskSet.from_section(config.tasks)  # a malformed task fails here, before anything is spawned
+    except TaskError as e:
+        raise StackError(f"tasks: {e}") from None
     run_dir = config.run.path.resolve()
     previous = StackState.load(run_dir)
     if previous and any(pid_alive(p.pid) for p in previous.processes):

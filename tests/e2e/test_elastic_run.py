@@ -33,8 +33,9 @@ def test_two_elastic_steps_with_a_satellite_joining_mid_batch(tmp_path: Path) ->
         "run": {"id": "e2e", "dir": str(tmp_path / "runs")},
         "scheduler": {
             "num_cells": 3, "group_size": 2, "batch_groups": 3, "phi": 1 / 3, "mu": 2, "rho_min": 1 / 3,
-            "tau_s": 0.2, "cell_capacity": 10, "tasks": ["add"],
+            "tau_s": 0.2, "cell_capacity": 10,
         },
+        "tasks": {"queries": ["add"]},
         "runner": {"harness_args": ["--tool-latency-s", "6", "--tool-latency-max-s", "40"]},
     })
     status_file = tmp_path / "status.yaml"
