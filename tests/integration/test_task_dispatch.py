@@ -53,22 +53,28 @@ def task_dirs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def configure(run_id: str, tmp_path: Path, nats: ServerProcess, redis: ServerProcess, proxy: ProxyStub,
-              tasks: dict[str, Any]) -> Any:
+              tasks: dict[str, Any], isolation: str) -> Any:
+    # Sandbox uids of their own: a sandbox launcher kills every process of a uid it takes, so tests
+    # that share the machine must not share uids.
+    box = {"kill_grace_s": 1.0, "isolation": isolation}
     return run_config(
         run_id, tmp_path / "runs", nats.url, redis.url, proxy.port, tasks=tasks,
         scheduler={"num_cells": 1, "group_size": 2, "batch_groups": 1, "phi": 0.0, "mu": 1},
         cell_agent={"ports": [free_port()], "engine_ports": [free_port()]},
-        runner={"harness": "command", "command": HARNESS, "max_concurrent": 4, "sandbox": {"kill_grace_s": 1.0}},
-        evaluator={"backoff_s": 0.2, "max_concurrent": 2, "sandbox": {"kill_grace_s": 1.0}},
+        runner={"harness": "command", "command": HARNESS, "max_concurrent": 4, "sandbox": {**box, "uid_base": 181000}},
+        evaluator={"backoff_s": 0.2, "max_concurrent": 2, "sandbox": {**box, "uid_base": 182000}},
     )
 
 
+#: `auto` is `isolated` as root (Harbor's paths bind-mounted), `process` rewrites them.
+@pytest.mark.parametrize("isolation", ["auto", "process"])
 async def test_scheduler_dispatches_an_on_disk_set_and_a_harbor_set_from_one_section(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub,
+    isolation: str, nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path,
+    bus: EventBus, redis: aioredis.Redis, keys: Keys, proxy: ProxyStub,
 ) -> None:
     mine, harbor = task_dirs(tmp_path)
-    config = configure(run_id, tmp_path, nats_server, redis_server, proxy, {"dirs": [str(mine), str(harbor)]})
+    config = configure(run_id, tmp_path, nats_server, redis_server, proxy, {"dirs": [str(mine), str(harbor)]},
+                       isolation)
     events = await EventLog.attach(bus)
     # No cell agents run here, so the policy never starts the run; the test drives the scheduler's own
     # dispatcher (what its executor calls for DispatchGroups and StartExecutions) on the live service.
@@ -102,8 +108,9 @@ async def test_scheduler_dispatches_an_on_disk_set_and_a_harbor_set_from_one_sec
     by_group = {e.group_id: e.mean_reward for e in ready}
     assert sorted(by_group.values()) == [0.5, 0.5, 1.0, 1.0]
     # The Harbor harness ran in /app when the sandbox can mount it there (root), else in the workspace.
+    mounted = isolation == "auto" and os.geteuid() == 0
     for eid in (s.execution.execution_id for s in harbor_starts):
         workspace = Path(terms[eid].workspace.path)
         where = (workspace / "where.txt").read_text().strip()
-        assert where == ("/app" if os.geteuid() == 0 else str(workspace))
+        assert where == ("/app" if mounted else str(workspace))
         assert (workspace / "test_calc.py").is_file() and not (workspace / "Dockerfile").exists()

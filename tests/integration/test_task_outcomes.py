@@ -59,8 +59,10 @@ async def test_missing_reward_is_excluded_at_the_budget_and_an_early_exit_is_fai
     config = run_config(
         run_id, tmp_path / "runs", nats_server.url, redis_server.url, proxy.port,
         tasks={"dirs": [str(tmp_path / "harbor")]},
-        runner={"harness": "command", "command": HARNESS, "max_concurrent": 3, "sandbox": {"kill_grace_s": 1.0}},
-        evaluator={"backoff_s": 0.2, "max_attempts": 50, "max_concurrent": 3, "sandbox": {"kill_grace_s": 1.0}},
+        runner={"harness": "command", "command": HARNESS, "max_concurrent": 3,
+                "sandbox": {"kill_grace_s": 1.0, "uid_base": 183000}},  # uids of its own (see test_task_dispatch)
+        evaluator={"backoff_s": 0.2, "max_attempts": 50, "max_concurrent": 3,
+                   "sandbox": {"kill_grace_s": 1.0, "uid_base": 184000}},
     )
     dispatcher = Dispatcher(redis, keys, bus, "generic", QuerySource(TaskSet.from_section(config.tasks), seed=0))
     events = await EventLog.attach(bus)
