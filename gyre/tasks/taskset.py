@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gyre.config.tasks import TasksSection
 from gyre.tasks.builtin import demo_task_ids
 from gyre.tasks.dataset import read_dataset
 from gyre.tasks.directory import DirectorySuite
@@ -25,6 +25,9 @@ from gyre.tasks.problems import Problems
 from gyre.tasks.registry import TaskRegistry
 from gyre.tasks.sampling import WeightedCycle
 from gyre.tasks.task import TaskError, UnknownTaskError
+
+if TYPE_CHECKING:  # the verifiers of the built-in suites import gyre.tasks: keep pydantic out of their start-up
+    from gyre.config.tasks import TasksSection
 
 
 @dataclass(frozen=True, slots=True)
