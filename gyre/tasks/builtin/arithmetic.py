@@ -15,6 +15,7 @@ wrong answer (the tool call was well formed), 0 when nothing was written.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from types import MappingProxyType
 
 from gyre.tasks.task import Task, TaskSuite, UnknownTaskError, Verifier
@@ -31,8 +32,9 @@ HARNESS_TIMEOUT_S = 300.0
 OVERALL_BUDGET_S = 600.0
 
 
-#: The verifier: `python -m gyre.tasks.builtin.verify FILE=EXPECTED ...` (a score line on stdout).
-VERIFY = ("{python}", "-m", "gyre.tasks.builtin.verify")
+#: The verifier (a score line on stdout), run as a script: standard library only, `-I -S` skip the
+#: site packages, so a verifier run costs a bare interpreter start, not an import of the library.
+VERIFY = ("{python}", "-I", "-S", str(Path(__file__).with_name("verify.py")))
 
 
 def _pair(text: str) -> tuple[int, int]:

@@ -1,5 +1,6 @@
-"""The verifier of the built-in arithmetic suites: scores answer files in the current directory (a copy of a
-preserved workspace) and prints `{"score": x, "parts": {...}}` as its last line.
+"""The verifier of the built-in arithmetic suites: scores answer files in the current directory (a copy
+of a preserved workspace) and prints `{"score": x, "parts": {...}}` as its last line. Standard library
+only: the suites run it as a script (`python -I -S .../verify.py`), without importing the library.
 
     python -m gyre.tasks.builtin.verify answer.txt=8                 # add/3+5
     python -m gyre.tasks.builtin.verify a.txt=8 b.txt=4              # parts/3+5,2+2
