@@ -44,7 +44,7 @@ from services.runner.sandbox import (
     SandboxSpec,
     read_outcome,
 )
-from services.runner.task_paths import agent_logs_of, harness_view
+from services.runner.task_paths import agent_logs_of, harness_layout
 from services.runner.workspace import content_hash, create_workspace, preserve
 
 log = get_logger("gyre.runner")
@@ -178,11 +178,11 @@ class ExecutionController:
             await self._fail_before_start(owned, error)
             return False
         workspace = Path(owned.workspace)
-        view = harness_view(task, workspace, self.launcher.mounts_paths)
+        layout = harness_layout(task, workspace, self.launcher.mounts_paths)
         try:
             await asyncio.to_thread(create_workspace, task, workspace)
-            if view is not None:
-                await asyncio.to_thread(_fresh_dir, agent_logs_of(workspace))
+            if layout.agent_logs is not None:
+                await asyncio.to_thread(_fresh_dir, layout.agent_logs)
         except OSError as e:
             await self._fail_before_start(owned, f"workspace: {e}")
             return False
@@ -195,15 +195,11 @@ class ExecutionController:
         await self.ownership.record(owned)
         base_url, network = self._route(creds.base_url)
         root = self.sandbox_root / eid
-        prompt = view.rewrite(task.prompt) if view is not None else task.prompt
-        launch = Launch(task, prompt, eid, base_url, creds.api_key, root / "home")
+        launch = Launch(task, layout.prompt, eid, base_url, creds.api_key, root / "home")
         spec = SandboxSpec(
-            name=eid, argv=self.harness.command(launch), env=self.harness.env(launch), root=root,
-            cwd=view.cwd(task.environment.workdir or "") if view is not None else workspace,
+            name=eid, argv=self.harness.command(launch), cwd=layout.cwd, env=self.harness.env(launch), root=root,
             limits=self.harness.limits(self.limits), network=network, reveal=self.harness.reveal(),
-            home_files=self.harness.home_files(launch),
-            writable=(workspace, agent_logs_of(workspace)) if view is not None else (workspace,),
-            binds=view.binds() if view is not None else (),
+            home_files=self.harness.home_files(launch), writable=layout.writable, binds=layout.binds,
         )
         try:
             handle = await self.launcher.launch(spec)

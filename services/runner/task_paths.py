@@ -14,8 +14,9 @@ default (shared/FACTS.md), so each path is a host directory:
   environment; the command runs with the host workspace as its working directory. A path a script
   builds at run time (`"/" + "app"`) is not rewritten: run as root for exact paths.
 
-    paths = PathMap([(workspace, "/app"), (agent_logs, "/logs/agent")], bind=launcher.mounts_paths)
-    spec = SandboxSpec(..., cwd=paths.cwd("/app"), binds=paths.binds(), argv=[..., paths.rewrite(prompt)])
+    layout = harness_layout(task, workspace, bind=launcher.mounts_paths)    # the runner
+    spec = SandboxSpec(..., cwd=layout.cwd, binds=layout.binds, argv=[..., layout.prompt])
+    view = verifier_view(task, attempt_root, workspace_copy, bind=...)      # the evaluator
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.tasks import Task
@@ -46,9 +48,10 @@ class PathMap:
                 raise ValueError(f"an environment path must be absolute and below /; got {inside!r}")
         self.mounts = tuple((Path(host), inside.rstrip("/")) for host, inside in mounts)
         self.bind = bind
-        # Longest inside path first, so /logs/verifier is replaced before a shorter prefix could be.
+        # Longest inside path first, so /logs/verifier is replaced before a shorter prefix could be. A
+        # whole path only: not /usr/app, /application or /app.d; a sentence's full stop may follow it.
         ordered = sorted(self.mounts, key=lambda m: len(m[1]), reverse=True)
-        self._patterns = [(re.compile(rf"(?<![\w./-]){re.escape(inside)}(?![\w.-])"), str(host))
+        self._patterns = [(re.compile(rf"(?<![\w./-]){re.escape(inside)}(?![\w-])(?!\.\w)"), str(host))
                           for host, inside in ordered]
 
     def binds(self) -> tuple[tuple[Path, str], ...]:
@@ -93,13 +96,27 @@ class PathMap:
         return changed
 
 
-def harness_view(task: Task, workspace: Path, bind: bool) -> PathMap | None:
-    """The harness's paths for a task written for an environment (the workspace at its working
-    directory, `/logs/agent`); None for a task whose workspace is just the working directory."""
+@dataclass(frozen=True, slots=True)
+class HarnessLayout:
+    """Where a harness runs for a task: its prompt as it sees it, its working directory, what it writes."""
+
+    prompt: str
+    cwd: Path
+    writable: tuple[Path, ...]
+    binds: tuple[tuple[Path, str], ...]
+    agent_logs: Path | None
+    """The host side of /logs/agent (tasks written for an environment only)."""
+
+
+def harness_layout(task: Task, workspace: Path, bind: bool) -> HarnessLayout:
+    """A plain task runs in its workspace; a task written for an environment (Harbor) gets the
+    workspace at its working directory and /logs/agent, mounted or rewritten."""
     workdir = task.environment.workdir
     if workdir is None:
-        return None
-    return PathMap([(workspace, workdir), (agent_logs_of(workspace), AGENT_LOGS_DIR)], bind)
+        return HarnessLayout(task.prompt, workspace, (workspace,), (), None)
+    logs = agent_logs_of(workspace)
+    view = PathMap([(workspace, workdir), (logs, AGENT_LOGS_DIR)], bind)
+    return HarnessLayout(view.rewrite(task.prompt), view.cwd(workdir), (workspace, logs), view.binds(), logs)
 
 
 def verifier_view(task: Task, attempt_root: Path, workspace_copy: Path, bind: bool) -> PathMap:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.runner.sandbox import SandboxError, SandboxSpec, make_launcher
-from services.runner.task_paths import PathMap
+from services.runner.task_paths import PathMap, harness_layout
 
 UID_BASE = 175000
 SUPPORTED = ["process", "isolated"] if os.geteuid() == 0 else ["process"]
@@ -70,3 +70,18 @@ async def test_binds_are_seen_at_their_paths_or_refused_and_the_host_is_untouche
     assert (handle.control_dir / "stdout.log").read_text().strip() == str(UID_BASE)
     for made in ("/gyre-test-app", "/gyre-test-logs", "/usr/share/gyre-test-nested"):
         assert not Path(made).exists(), made
+
+
+def test_harness_layout_of_a_plain_and_of_a_harbor_task(tmp_path: Path) -> None:
+    from gyre.tasks import Task, TaskEnvironment
+
+    ws = tmp_path / "ws"
+    plain = harness_layout(Task("s/p", "edit /app/x"), ws, bind=True)
+    assert (plain.prompt, plain.cwd, plain.writable, plain.binds, plain.agent_logs) == ("edit /app/x", ws, (ws,), (), None)
+    harbor = Task("s/h", "Fix /app/calc.py; logs go to /logs/agent.", environment=TaskEnvironment(workdir="/app"))
+    logs = tmp_path / "ws.agent-logs"
+    mounted = harness_layout(harbor, ws, bind=True)
+    assert (mounted.prompt, mounted.cwd, mounted.binds) == (harbor.prompt, Path("/app"), ((ws, "/app"), (logs, "/logs/agent")))
+    rewritten = harness_layout(harbor, ws, bind=False)
+    assert (rewritten.prompt, rewritten.cwd, rewritten.binds) == (f"Fix {ws}/calc.py; logs go to {logs}.", ws, ())
+    assert rewritten.writable == (ws, logs) == mounted.writable
