@@ -31,6 +31,7 @@ from gyre.lifecycle import Supervisor, install_signal_handlers
 from gyre.log import bind_context, configure_logging, get_logger
 from gyre.model.arch import ModelError
 from gyre.store import Keys, connect_redis
+from gyre.tasks import TaskError
 from gyre.trajectory.templates.base import TemplateError
 
 
@@ -174,7 +175,7 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
 
     try:
         asyncio.run(main())
-    except (ModelError, TemplateError) as e:  # the model directory or its chat template: exit 2, one line
+    except (ConfigError, TaskError, ModelError, TemplateError) as e:  # found while starting: one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

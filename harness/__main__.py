@@ -42,18 +42,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def resolve_task(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
-    """The prompt and the tools: flags first, then the task from the registry, then the defaults."""
+    """The prompt and the tools: flags first, then a built-in task of the registry, then the defaults.
+
+    With `--prompt` the registry is not consulted (the runner passes the prompt of any task, on-disk
+    ones included, which only the runner's task set knows)."""
     tools = tuple(t for t in args.tools.split(",") if t) if args.tools is not None else None
-    if args.prompt is not None and tools is not None:
-        return str(args.prompt), tools
+    if args.prompt is not None:
+        return str(args.prompt), tools or DEFAULT_TOOLS
     if not args.task:
-        if args.prompt is None:
-            raise ValueError("give --task or --prompt")
-        return str(args.prompt), DEFAULT_TOOLS
-    from harness.tasks import TaskRegistry
+        raise ValueError("give --task or --prompt")
+    from gyre.tasks import TaskRegistry
 
     task = TaskRegistry().get(args.task)
-    return (str(args.prompt) if args.prompt is not None else task.prompt), tools or task.tools or DEFAULT_TOOLS
+    return task.prompt, tools or task.tools or DEFAULT_TOOLS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,14 +22,14 @@ from typing import Any
 
 from gyre.config.engine import EngineSection
 from gyre.engine.client import EngineClient
+from gyre.tasks import Task, TaskRegistry
+from gyre.tasks.builtin.verify import score_text
 from gyre.trajectory.messages import Message, ToolResultBlock
 from gyre.trajectory.profiles import PROFILES
 from gyre.trajectory.templates import ChatTemplate, template_for_model
 from harness import prompts
-from harness.tasks import Task, TaskRegistry
 from harness.teacher import answers
 from harness.tools import DEFAULT_TOOLS, tool_specs
-from harness.verify import score_text
 
 
 @dataclass(slots=True)

@@ -35,9 +35,9 @@ from gyre.model.logprobs import token_logprobs
 from gyre.model.weights import load_model
 from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
 from gyre.rl.loss import gspo_loss
+from gyre.tasks import TaskRegistry, demo_task_ids
 from gyre.trajectory.templates import template_for_family
 from harness.policy_eval import RewardReport, Rollout, rollout
-from harness.tasks import TaskRegistry, demo_task_ids
 from harness.warmstart import DEFAULT_CHECKPOINT
 
 MICRO_BATCH = 16

@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gyre.tasks import Task
 from gyre.trajectory.anthropic import from_anthropic
 from gyre.trajectory.messages import Message, ToolUseBlock
 from gyre.trajectory.profiles import PROFILES
 from gyre.trajectory.templates import ChatTemplate, template_for_family
 from harness import prompts
-from harness.tasks import Task
 from harness.tools import DEFAULT_TOOLS, tool_specs
 
 RIGHT, WRONG, MALFORMED = 0.8, 0.1, 0.1
@@ -43,7 +43,7 @@ class Transcript:
 
 def answers(task: Task) -> list[tuple[str, str]]:
     """(file, expected content) pairs from a demo task's verifier arguments."""
-    found = [_CHECK.match(arg) for arg in task.verifier[3:]]
+    found = [_CHECK.match(arg) for arg in task.verifier.argv[3:]]
     return [(m.group(1), m.group(2)) for m in found if m is not None]
 
 

@@ -35,8 +35,8 @@ from gyre.model.causal_lm import CausalLM
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
 from gyre.model.weights import load_model, write_model_dir
+from gyre.tasks import TaskRegistry, demo_task_ids
 from gyre.trajectory.templates import template_for_family
-from harness.tasks import TaskRegistry, demo_task_ids
 from harness.teacher import render_transcript, teacher_body
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "warmstart"

@@ -5,9 +5,9 @@
 
 Bad values raise `ConfigError` whose one-line message names the field and the fix.
 
-Sections live one concern per module: `infra` (run, NATS, Redis, log), `model`, `scheduler`, `proxy`,
-`runner` (runner, evaluator and their sandboxes), `training` (objective, packer, trainer), `engine`,
-`cell_agent`; `base` holds the strict base model and the bounded field types (`AtLeastOne`, `Port`, ...).
+Sections live one concern per module: `infra` (run, NATS, Redis, log), `model`, `tasks`, `scheduler`,
+`proxy`, `runner` (runner, evaluator and their sandboxes), `training` (objective, packer, trainer),
+`engine`, `cell_agent`; `base` holds the strict base model and the bounded field types (`AtLeastOne`, `Port`, ...).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from gyre.config.runner import (
     VerifierSandboxSection,
 )
 from gyre.config.scheduler import SchedulerSection
+from gyre.config.tasks import TasksSection
 from gyre.config.training import ObjectiveSection, PackerSection, TrainerSection
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "RunnerSection",
     "SandboxSection",
     "SchedulerSection",
+    "TasksSection",
     "TrainerSection",
     "VerifierSandboxSection",
     "load_config",
@@ -77,6 +79,8 @@ class GyreConfig(Section):
     """Logging."""
     model: ModelSection = Field(default_factory=ModelSection)
     """The embedded model."""
+    tasks: TasksSection = Field(default_factory=TasksSection)
+    """Where tasks come from and which ones the run dispatches (scheduler, runner and evaluator alike)."""
     objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
     """The GSPO-variant loss."""
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)

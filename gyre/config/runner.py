@@ -8,7 +8,7 @@ above the runner's range, and its processes get less CPU time).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -61,6 +61,13 @@ class VerifierSandboxSection(SandboxSection):
     """CPU seconds per verifier process; None = unlimited."""
 
 
+def _task_dirs_moved(data: Any, section: str) -> Any:
+    if isinstance(data, dict) and "task_dirs" in data:
+        raise ValueError(f"{section}.task_dirs moved to tasks.dirs (one `tasks:` section for every service); "
+                         "move the list there")
+    return data
+
+
 class RunnerSection(Section):
     port: Port = 0
     """gRPC port; 0 picks a free one."""
@@ -72,8 +79,6 @@ class RunnerSection(Section):
     """Extra arguments appended to the harness command (e.g. `--tool-latency-s 2` for the demo)."""
     command: list[str] = Field(default_factory=list)
     """argv of the `command` harness; `{prompt}`, `{task_id}`, `{execution_id}`, `{python}` are expanded."""
-    task_dirs: list[Path] = Field(default_factory=list)
-    """Directories of on-disk tasks (`<dir>/<name>/task.yaml`), besides the built-in suites."""
     workspace_dir: Path | None = None
     """Where workspaces are created; None = `<run dir>/workspaces`."""
     sandbox: RunnerSandboxSection = Field(default_factory=RunnerSandboxSection)
@@ -83,6 +88,11 @@ class RunnerSection(Section):
     the next incarnation of this runner to adopt."""
     open_attempts: AtLeastOne = 3
     """OpenExecution attempts on the proxy before a start fails as INFRA_FAILURE."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        return _task_dirs_moved(data, "runner")
 
     @model_validator(mode="after")
     def _command_given(self) -> RunnerSection:
@@ -100,9 +110,12 @@ class EvaluatorSection(Section):
     """First retry delay; doubles each attempt, bounded by the execution's overall budget."""
     max_concurrent: AtLeastOne = 4
     """Verifier runs at once."""
-    task_dirs: list[Path] = Field(default_factory=list)
-    """Directories of on-disk tasks; must match the runner's."""
     work_dir: Path | None = None
     """Where verifier attempts copy workspaces; None = `<run dir>/evaluations`."""
     sandbox: VerifierSandboxSection = Field(default_factory=VerifierSandboxSection)
     """Sandbox of verifier runs (network: none)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        return _task_dirs_moved(data, "evaluator")

@@ -7,9 +7,9 @@ The policy itself takes a plain frozen record built from this section:
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from gyre.config.base import AtLeastOne, NonNegativeFloat, NonNegativeInt, Port, Section
 
@@ -17,8 +17,6 @@ from gyre.config.base import AtLeastOne, NonNegativeFloat, NonNegativeInt, Port,
 class SchedulerSection(Section):
     port: Port = 0
     """gRPC port; 0 picks a free one."""
-    tasks: list[str] = Field(default_factory=list)
-    """Task ids (or suite names such as `add`) queries are drawn from; empty = the demo suite."""
     max_steps: int = 0
     """Stop after this many optimizer steps (no more dispatch or batches); 0 = run until shut down."""
     profile: str = "generic"
@@ -51,6 +49,13 @@ class SchedulerSection(Section):
     """T: cells fixed in training in `async` mode (cells 0..T-1)."""
     streaming: bool = True
     """Streaming training: cells claim micro-steps as groups become ready."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tasks" in data:
+            raise ValueError("scheduler.tasks moved to tasks.queries (the `tasks:` section); move the list there")
+        return data
 
     @field_validator("rho_min")
     @classmethod

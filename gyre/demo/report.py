@@ -6,6 +6,8 @@ Every dispatched execution is accounted for exactly once:
   placeholder  its group was consumed and it was a placeholder (nothing evaluable)
   cancelled    it was cancelled (at shutdown) or never started
   unconsumed   it finished, but its group was not trained before the run ended
+
+and, separately, by how it terminated (`terminations`: completed, failed, harness_timeout, ...).
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ def _median(xs: Sequence[float]) -> float | None:
 
 def _mean(xs: Sequence[float]) -> float | None:
     return round(statistics.fmean(xs), 4) if xs else None
+
+
+def _terminations(reason: dict[str, int]) -> dict[str, int]:
+    """Executions per termination class (`TERMINATION_REASON_FAILED` → `failed`), each counted once."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in reason.values():
+        counts[common.TerminationReason.Name(r).removeprefix("TERMINATION_REASON_").lower()] += 1
+    return dict(sorted(counts.items()))
 
 
 def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any]:
@@ -116,6 +126,7 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
         "staleness_by_step": [_mean(staleness_by_step[s]) for s in steps],
         "target_staleness": facts.phi + (facts.mu - 1) / 2,
         "executions": {"dispatched": sum(len(m) for m in group_members.values()), **counts},
+        "terminations": _terminations(reason),
         "harness_errors_during_transitions": facts.harness_errors_during_transitions,
         "transitions": {
             "count": sum(len(v) for v in durations.values()),

@@ -33,6 +33,7 @@ from gyre.stack.procs import die_with_parent, stop_processes
 from gyre.stack.servers import LOOPBACK, free_port
 from gyre.stack.state import ProcessEntry, StackState
 from gyre.stack.supervisor import SERVICES
+from gyre.tasks import TaskError, TaskSet
 
 __all__ = ["SERVICES", "ProcessEntry", "StackError", "StackState", "down", "down_state", "grpc_health",
            "live_runs", "pid_alive", "resolve_run", "status", "up"]
@@ -92,6 +93,10 @@ def up(
     meanwhile, stop everything started and raise `StackError`. A model directory the services could not
     load raises `ModelError` before anything starts."""
     check_model_dir(config.model.require_path())
+    try:
+        TaskSet.from_section(config.tasks)  # a malformed task fails here, before anything is spawned
+    except TaskError as e:
+        raise StackError(f"tasks: {e}") from None
     run_dir = config.run.path.resolve()
     previous = StackState.load(run_dir)
     if previous is not None and previous.live():

@@ -1,9 +1,6 @@
-"""Tasks: prompt, workspace template, verifier command, harness timeout, overall budget.
+"""The demo harness's tasks are the task library's built-in arithmetic suites (gyre/tasks/builtin/).
+This name remains only for harness/warmstart.py and its test; new code imports gyre.tasks."""
 
-See `harness.tasks.task` for the format and `harness.tasks.registry` for the suites.
-"""
+from gyre.tasks import TaskRegistry, demo_task_ids
 
-from harness.tasks.registry import SUITES, TaskRegistry, UnknownTaskError, demo_task_ids
-from harness.tasks.task import Task, TaskSuite, check_relative
-
-__all__ = ["SUITES", "Task", "TaskRegistry", "TaskSuite", "UnknownTaskError", "check_relative", "demo_task_ids"]
+__all__ = ["TaskRegistry", "demo_task_ids"]

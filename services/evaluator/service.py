@@ -28,10 +28,10 @@ from gyre.config import GyreConfig
 from gyre.service import GyreService
 from gyre.store import Records, WorkQueue
 from gyre.store.groups import GroupOutcomes, MemberOutcome
+from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import evaluator_pb2, evaluator_pb2_grpc
 from gyre.v1 import events_pb2 as ev
-from harness.tasks import TaskRegistry
 from services.evaluator.store import Evaluation, EvaluationStore
 from services.evaluator.verifier import VerifierRunner
 from services.runner.service import open_sandbox, watch_consumer
@@ -62,10 +62,11 @@ class EvaluatorService(GyreService):
 
     async def setup(self) -> None:
         section = self.config.evaluator
+        tasks = TaskSet.from_section(self.config.tasks)  # a malformed task stops the start, naming file and key
         self.launcher, limits = open_sandbox(self, section)
         run_dir = self.config.run.path.resolve()
         self.verifier = VerifierRunner(
-            registry=TaskRegistry(section.task_dirs),
+            registry=tasks.registry,
             launcher=self.launcher,
             work_root=(section.work_dir or run_dir / "evaluations").resolve(),
             limits=limits,

@@ -3,9 +3,10 @@ kind of sandbox as the harness (no network at all), with retries inside the over
 
 Outcome classes (shared/DESIGN.md, "Outcomes"; the paper's "Partial scoring"):
 
-- **valid**: the verifier printed `{"score": x}` with x in [0, 1] as its last stdout line. This
-  holds after any termination, timeouts included: partial work scores what it is worth.
-- **pending**: an attempt failed (non-zero exit, no JSON, a score out of range, a verifier
+- **valid**: the verifier gave a score in [0, 1] (a `{"score": x}` last stdout line, or Harbor's
+  reward.txt / reward.json: services/evaluator/protocols.py). This holds after any termination,
+  timeouts included: partial work scores what it is worth.
+- **pending**: an attempt failed (a crash, no score or reward file, a score out of range, a verifier
   timeout). The attempt is retried with exponential backoff on a fresh copy of the same preserved
   state, while the execution's overall budget lasts and attempts remain.
 - **excluded**: the budget or the attempts ran out without a valid score (not a zero), or the
@@ -19,44 +20,20 @@ The reward is the verifier's score and nothing else: never time, length or termi
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
-import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.log import get_logger
+from gyre.tasks import Task, TaskError, TaskRegistry
 from gyre.v1 import events_pb2 as ev
-from harness.tasks import Task, TaskRegistry, UnknownTaskError
+from services.evaluator.protocols import PROTOCOLS, Attempt
 from services.evaluator.store import Evaluation
-from services.runner.harnesses import BASE_PATH, REPO_ROOT
 from services.runner.sandbox import NetworkPolicy, SandboxError, SandboxLauncher, SandboxLimits, SandboxSpec
 from services.runner.workspace import content_hash, copy_workspace
 
 log = get_logger("gyre.evaluator")
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    score: float | None
-    detail: str
-
-
-def parse_score(stdout: str) -> tuple[float | None, str]:
-    """The score from the verifier's last non-empty stdout line, or (None, why not)."""
-    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
-    if not lines:
-        return None, "verifier printed nothing"
-    try:
-        data = json.loads(lines[-1])
-    except ValueError:
-        return None, f"last line is not JSON: {lines[-1][:100]!r}"
-    score = data.get("score") if isinstance(data, dict) else None
-    if isinstance(score, bool) or not isinstance(score, int | float) or not 0.0 <= float(score) <= 1.0:
-        return None, f"no score in [0, 1] in {lines[-1][:100]!r}"
-    return float(score), lines[-1][:300]
 
 
 class VerifierRunner:
@@ -93,12 +70,12 @@ class VerifierRunner:
             return outcome("placeholder", 0.0, "", 0, f"nothing evaluable: {why}")
         try:
             task = self.registry.get(term.task_id)
-        except UnknownTaskError as e:
+        except TaskError as e:
             return outcome("excluded", 0.0, "", 0, f"cannot evaluate: {e}")
         digest = await asyncio.to_thread(content_hash, Path(path))
         if term.workspace.content_hash and digest != term.workspace.content_hash:
             log.warning("workspace_changed_after_termination", execution=eid)
-        if not task.verifier:
+        if not task.verifier.argv:
             return outcome("excluded", 0.0, digest, 0, "the task has no verifier")
         deadline_s = term.budget_deadline_ms / 1000 if term.budget_deadline_ms else time.time() + task.overall_budget_s
         failures: list[str] = []
@@ -106,7 +83,7 @@ class VerifierRunner:
             left_s = deadline_s - time.time()
             if left_s <= 0:
                 break
-            result = await self._attempt(task, eid, Path(path), attempt, min(task.verifier_timeout_s, left_s))
+            result = await self._attempt(task, eid, Path(path), attempt, min(task.verifier.timeout_s, left_s))
             if result.score is not None:
                 return outcome("valid", result.score, digest, attempt, result.detail)
             failures.append(f"attempt {attempt}: {result.detail}")
@@ -121,17 +98,17 @@ class VerifierRunner:
     async def _attempt(self, task: Task, eid: str, workspace: Path, attempt: int, timeout_s: float) -> Attempt:
         root = self.work_root / eid / f"{attempt}-{uuid.uuid4().hex[:8]}"  # a duplicate evaluation may run alongside
         copy = root / "workspace"
-        await asyncio.to_thread(copy_workspace, workspace, copy)
+        protocol = PROTOCOLS[task.verifier.protocol]
+        try:
+            await asyncio.to_thread(copy_workspace, workspace, copy)
+            plan = await asyncio.to_thread(protocol.plan, task, root, copy, workspace, self.launcher.mounts_paths)
+        except (OSError, ValueError) as e:
+            await asyncio.to_thread(shutil.rmtree, copy, True)
+            return Attempt(None, f"verifier setup: {e}")
         spec = SandboxSpec(
-            name=f"{eid}/{attempt}",
-            argv=task.verifier_argv(sys.executable),
-            cwd=copy,
-            env={"PATH": BASE_PATH, "LANG": "C.UTF-8", "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
-            root=root / "sandbox",
-            limits=self.limits,
-            network=NetworkPolicy("none"),
-            reveal=tuple(p for p in (REPO_ROOT, task.task_dir) if p is not None),
-            writable=(copy,),
+            name=f"{eid}/{attempt}", argv=plan.argv, cwd=plan.cwd, env=plan.env, root=root / "sandbox",
+            limits=self.limits, network=NetworkPolicy("none"), reveal=plan.reveal, writable=plan.writable,
+            binds=plan.binds,
         )
         try:
             handle = await self.launcher.launch(spec)
@@ -150,6 +127,4 @@ class VerifierRunner:
             return Attempt(None, f"verifier sandbox never started: {result.error}")
         stdout_log = handle.control_dir / "stdout.log"
         stdout = stdout_log.read_text(errors="replace") if stdout_log.exists() else ""
-        if result.exit_code != 0:
-            return Attempt(None, f"verifier failed ({result.describe()})")
-        return Attempt(*parse_score(stdout))
+        return await asyncio.to_thread(protocol.result, root, result, stdout)

@@ -5,8 +5,11 @@
     (SIGTERM, grace, SIGKILL on timeout, cancel or overall budget) → sweep → preserve the workspace
     (root-owned, content hash) → CloseExecution → ExecutionTerminated, counter f → forget
 
-A start that can never run (unknown task, workspace or sandbox failure, no proxy) terminates as
-INFRA_FAILURE with no workspace reference: the evaluator turns it into a placeholder. Every
+A task written for an environment (a Harbor task) gets its working directory and `/logs/agent`
+as bind mounts, or its prompt rewritten to the host paths (services/runner/task_paths.py).
+
+A start that can never run (unknown or malformed task, workspace or sandbox failure, no proxy)
+terminates as INFRA_FAILURE with no workspace reference: the evaluator turns it into a placeholder. Every
 report is idempotent (event id `exec.terminated:<execution>`, counter tokens), so a runner that
 crashes mid-report and reconciles reports again without double counting.
 """
@@ -14,6 +17,7 @@ crashes mid-report and reconciles reports again without double counting.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -24,9 +28,9 @@ from urllib.parse import urlsplit, urlunsplit
 from gyre.bus import EventBus
 from gyre.log import bind_context, get_logger
 from gyre.store import CounterInvariantError, Counters
+from gyre.tasks import Task, TaskError, TaskRegistry
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
-from harness.tasks import Task, TaskRegistry, UnknownTaskError
 from services.runner.harnesses import HarnessCommand, Launch
 from services.runner.ownership import OwnedExecution, Ownership
 from services.runner.proxy_client import ProxyClient, ProxyUnavailableError
@@ -40,6 +44,7 @@ from services.runner.sandbox import (
     SandboxSpec,
     read_outcome,
 )
+from services.runner.task_paths import agent_logs_of, harness_layout
 from services.runner.workspace import content_hash, create_workspace, preserve
 
 log = get_logger("gyre.runner")
@@ -75,6 +80,12 @@ class RunningExecution:
     owned: OwnedExecution
     handle: SandboxHandle
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _fresh_dir(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
 
 
 def reason_of(outcome: SandboxOutcome) -> Reason:
@@ -147,7 +158,7 @@ class ExecutionController:
         task: Task | None = None
         try:
             task = self.registry.get(request.task_id)
-        except UnknownTaskError as e:
+        except TaskError as e:
             error = str(e)
         harness_s = request.harness_timeout_s or (task.harness_timeout_s if task else 0.0)
         budget_s = request.overall_budget_s or (task.overall_budget_s if task else 0.0)
@@ -166,8 +177,12 @@ class ExecutionController:
         if task is None:
             await self._fail_before_start(owned, error)
             return False
+        workspace = Path(owned.workspace)
+        layout = harness_layout(task, workspace, self.launcher.mounts_paths)
         try:
-            await asyncio.to_thread(create_workspace, task, Path(owned.workspace))
+            await asyncio.to_thread(create_workspace, task, workspace)
+            if layout.agent_logs is not None:
+                await asyncio.to_thread(_fresh_dir, layout.agent_logs)
         except OSError as e:
             await self._fail_before_start(owned, f"workspace: {e}")
             return False
@@ -180,11 +195,11 @@ class ExecutionController:
         await self.ownership.record(owned)
         base_url, network = self._route(creds.base_url)
         root = self.sandbox_root / eid
-        launch = Launch(task, eid, base_url, creds.api_key, root / "home")
+        launch = Launch(task, layout.prompt, eid, base_url, creds.api_key, root / "home")
         spec = SandboxSpec(
-            name=eid, argv=self.harness.command(launch), cwd=Path(owned.workspace), env=self.harness.env(launch),
-            root=root, limits=self.harness.limits(self.limits), network=network, reveal=self.harness.reveal(),
-            home_files=self.harness.home_files(launch), writable=(Path(owned.workspace),),
+            name=eid, argv=self.harness.command(launch), cwd=layout.cwd, env=self.harness.env(launch), root=root,
+            limits=self.harness.limits(self.limits), network=network, reveal=self.harness.reveal(),
+            home_files=self.harness.home_files(launch), writable=layout.writable, binds=layout.binds,
         )
         try:
             handle = await self.launcher.launch(spec)
@@ -264,6 +279,7 @@ class ExecutionController:
         workspace = cm.WorkspaceRef()
         if outcome.started and Path(owned.workspace).is_dir():
             await asyncio.to_thread(preserve, Path(owned.workspace))
+            await asyncio.to_thread(preserve, agent_logs_of(Path(owned.workspace)))
             digest = await asyncio.to_thread(content_hash, Path(owned.workspace))
             workspace = cm.WorkspaceRef(path=owned.workspace, content_hash=digest)
         exit_code = outcome.exit_code if outcome.exit_code is not None else -(outcome.signal or 0)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from gyre.config.runner import RunnerSection
-from harness.tasks import Task
+from gyre.tasks import Task
 from services.runner.sandbox import SandboxLimits
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +41,8 @@ class Launch:
     """What a harness command is built from."""
 
     task: Task
+    prompt: str
+    """The task's prompt as the harness gets it (its environment paths rewritten where they cannot be mounted)."""
     execution_id: str
     base_url: str
     """The proxy as the harness reaches it (inside the sandbox)."""
@@ -91,7 +93,7 @@ class DemoHarness(HarnessCommand):
         tools = ["--tools", ",".join(task.tools)] if task.tools else []
         # A seed per execution: tool-latency sleeps and retry jitter differ between the members of a group.
         seed = str(zlib.crc32(launch.execution_id.encode()))
-        return [sys.executable, "-m", "harness", "--task", task.task_id, "--prompt", task.prompt, *tools,
+        return [sys.executable, "-m", "harness", "--task", task.task_id, "--prompt", launch.prompt, *tools,
                 "--seed", seed]
 
     def env(self, launch: Launch) -> dict[str, str]:
@@ -108,7 +110,7 @@ class ClaudeCodeHarness(HarnessCommand):
     name = "claude_code"
 
     def argv(self, launch: Launch) -> list[str]:
-        return [_node_binary("claude"), "-p", launch.task.prompt, "--output-format", "json",
+        return [_node_binary("claude"), "-p", launch.prompt, "--output-format", "json",
                 "--dangerously-skip-permissions"]
 
     def env(self, launch: Launch) -> dict[str, str]:
@@ -131,7 +133,7 @@ class CodexHarness(HarnessCommand):
 
     def argv(self, launch: Launch) -> list[str]:
         return [_node_binary("codex"), "exec", "--skip-git-repo-check", "-s", "danger-full-access", "--json",
-                launch.task.prompt]
+                launch.prompt]
 
     def env(self, launch: Launch) -> dict[str, str]:
         return {
@@ -161,7 +163,7 @@ class CommandHarness(HarnessCommand):
         self.template = list(template)
 
     def argv(self, launch: Launch) -> list[str]:
-        values = {"{prompt}": launch.task.prompt, "{task_id}": launch.task.task_id,
+        values = {"{prompt}": launch.prompt, "{task_id}": launch.task.task_id,
                   "{execution_id}": launch.execution_id, "{python}": sys.executable}
         out = []
         for arg in self.template:

@@ -24,10 +24,10 @@ from gyre.config import ConfigError, GyreConfig
 from gyre.config.runner import EvaluatorSection, RunnerSection
 from gyre.service import GyreService
 from gyre.store import Counters
+from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from gyre.v1 import runner_pb2, runner_pb2_grpc
-from harness.tasks import TaskRegistry
 from services.runner.execution import ExecutionController, Slots
 from services.runner.harnesses import make_harness
 from services.runner.ownership import Ownership
@@ -55,6 +55,7 @@ class RunnerService(GyreService):
 
     async def setup(self) -> None:
         section = self.config.runner
+        tasks = TaskSet.from_section(self.config.tasks)  # a malformed task stops the start, naming file and key
         self.launcher, limits = open_sandbox(self, section)
         run_dir = self.config.run.path.resolve()
         self.proxy = ProxyClient(f"{self.config.run.host}:{self.config.proxy.port}", attempts=section.open_attempts)
@@ -67,7 +68,7 @@ class RunnerService(GyreService):
             proxy=self.proxy,
             launcher=self.launcher,
             harness=make_harness(section),
-            registry=TaskRegistry(section.task_dirs),
+            registry=tasks.registry,
             workspace_root=(section.workspace_dir or run_dir / "workspaces").resolve(),
             sandbox_root=run_dir / "sandboxes",
             limits=limits,

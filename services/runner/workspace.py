@@ -1,4 +1,4 @@
-"""Workspaces: created from a task's template, owned by the sandbox while the harness runs,
+"""Workspaces: created from a task's workspace sources and files, owned by the sandbox while the harness runs,
 preserved afterwards and identified by a content hash.
 
 The content hash (sha256 hex) covers every regular file and symlink under the workspace, in
@@ -14,21 +14,28 @@ import os
 import shutil
 from pathlib import Path
 
-from harness.tasks import Task, check_relative
+from gyre.tasks import Task, check_relative
 from services.runner.sandbox.launcher import chown_tree
 
 _CHUNK = 1 << 20
 
 
 def create_workspace(task: Task, path: Path) -> Path:
-    """A fresh workspace at `path` holding the task's template (the launcher hands it to the sandbox)."""
+    """A fresh workspace at `path`: the task's workspace sources in order (a directory's contents merged
+    into its target), then its files (the launcher hands the workspace to the sandbox)."""
     if path.exists():
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if task.template_dir is not None:
-        shutil.copytree(task.template_dir, path, symlinks=True)
-    else:
-        path.mkdir()
+    path.mkdir()
+    for src in task.workspace:
+        target = path / check_relative(src.target) if src.target else path
+        if src.source.is_dir():
+            shutil.copytree(src.source, target, symlinks=True, dirs_exist_ok=True)
+        else:
+            if target.is_dir():  # as COPY does: a file copied onto an existing directory goes into it
+                target = target / src.source.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src.source, target, follow_symlinks=False)
     for rel, content in task.files.items():
         target = path / check_relative(rel)
         target.parent.mkdir(parents=True, exist_ok=True)

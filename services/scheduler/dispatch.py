@@ -1,74 +1,53 @@
 """Dispatch: turn the policy's DispatchGroups into groups of executions (Redis records, the d
 counter, GroupDispatched events) and StartExecutions into start commands for the runners.
 
-Queries are drawn from the configured tasks in a seeded, shuffled cycle; a group is N executions
-of one query. Executions wait in a FIFO (a Redis list) between dispatch and start.
+Queries are drawn from the run's task set (the `tasks:` config section: gyre/tasks/taskset.py) in a
+seeded, weighted, interleaved cycle (gyre/tasks/sampling.py); a group is N executions of one query.
+Executions wait in a FIFO (a Redis list) between dispatch and start.
 """
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
 from gyre.bus import EventBus
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records
+from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2 as common
 from gyre.v1 import events_pb2 as ev
 
 
 class QuerySource:
-    """An endless, seeded cycle over task ids; an entry without '/' names a whole suite."""
+    """An endless, seeded, weighted cycle over the task set's queries, with each task's limits."""
 
-    def __init__(self, tasks: Sequence[str], seed: int) -> None:
-        from harness.tasks import TaskRegistry, demo_task_ids
-
-        self.registry = TaskRegistry()
-        ids: list[str] = []
-        for entry in tasks or demo_task_ids():
-            if "/" in entry:
-                self.registry.get(entry)  # fail fast on an unknown id
-                ids.append(entry)
-            else:
-                suite = self.registry.suites.get(entry)
-                if suite is None:
-                    raise ValueError(f"scheduler.tasks: unknown suite {entry!r}; have {sorted(self.registry.suites)}")
-                ids += suite.task_ids()
-        if not ids:
-            raise ValueError("scheduler.tasks selects no task")
-        self._ids = ids
-        self._rng = random.Random(seed)
-        self._cycle: list[str] = []
+    def __init__(self, tasks: TaskSet, seed: int) -> None:
+        self.tasks = tasks
+        self._cycle = tasks.cycle(seed)
 
     def next(self) -> str:
-        if not self._cycle:
-            self._cycle = list(self._ids)
-            self._rng.shuffle(self._cycle)
-        return self._cycle.pop()
+        return self._cycle.next()
 
     def limits(self, task_id: str) -> tuple[float, float]:
-        task = self.registry.get(task_id)
+        task = self.tasks.registry.get(task_id)
         return float(task.harness_timeout_s), float(task.overall_budget_s)
 
 
 class Dispatcher:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, bus: EventBus, profile: str) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, bus: EventBus, profile: str, queries: QuerySource) -> None:
         self._redis = redis
         self._keys = keys
         self._bus = bus
         self._records = Records(redis, keys)
         self._counters = Counters(redis, keys)
-        self.queries: QuerySource | None = None
-        """Set before the first dispatch (resolving tasks imports the task suites)."""
+        self.queries = queries
         self._profile = profile
         self._fifo = keys.queue("exec_fifo", "list")
         self._seq = keys.queue("exec_fifo", "group_seq")
 
     async def dispatch(self, num_groups: int, group_size: int, policy_version: int, burst: int) -> list[str]:
         """Create `num_groups` groups; returns their ids in dispatch order."""
-        assert self.queries is not None, "set Dispatcher.queries before dispatching"
         group_ids: list[str] = []
         for _ in range(num_groups):
             seq = int(await self._redis.incr(self._seq))

@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from gyre.bus import Delivery
 from gyre.service import GyreService
+from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2, runner_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import persist
 from services.scheduler.dispatch import Dispatcher, QuerySource
@@ -42,9 +43,14 @@ class SchedulerService(GyreService):
 
     async def setup(self) -> None:
         cfg = self.config.scheduler
+        # Every dispatched task is loaded here: a malformed one stops the start, naming file and key.
+        tasks = TaskSet.from_section(self.config.tasks)
+        queries = QuerySource(tasks, cfg.seed)
+        for warning in tasks.warnings:
+            self.log.warning("task_not_reproduced_locally", detail=warning)
         self.params = PolicyParams.from_section(cfg)
         self.peers = Peers.connect(self.config)
-        self.dispatcher = Dispatcher(self.redis, self.keys, self.bus, profile=cfg.profile)
+        self.dispatcher = Dispatcher(self.redis, self.keys, self.bus, profile=cfg.profile, queries=queries)
         state = await persist.restore(self.redis, self.keys.scheduler_state(), self.params)
         self.resumed = state is not None
         self.policy = Policy(self.params, state)
@@ -65,8 +71,6 @@ class SchedulerService(GyreService):
     async def _begin(self) -> None:
         """Wait for the engines, publish the engine table to the proxy, then start (or resume) the run."""
         await self._wait_for_peers()
-        cfg = self.config.scheduler
-        self.dispatcher.queries = QuerySource(cfg.tasks, cfg.seed)
         await self.executor.publish_engine_table()
         await self.bus.consume(
             "scheduler", list(CONSUMED), self._on_event, max_ack_pending=1024, ack_wait_s=120.0, batch=4

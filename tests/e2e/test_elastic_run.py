@@ -42,8 +42,9 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 SHAPE: dict[str, Any] = {
     "scheduler": {
         "num_cells": 3, "group_size": 2, "batch_groups": 3, "phi": 1 / 3, "mu": 2, "rho_min": 1 / 3,
-        "tau_s": 0.2, "cell_capacity": 10, "tasks": ["add"],
+        "tau_s": 0.2, "cell_capacity": 10,
     },
+    "tasks": {"queries": ["add"]},
     "runner": {"harness_args": ["--tool-latency-s", "6", "--tool-latency-max-s", "40"]},
 }
 

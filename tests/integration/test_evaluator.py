@@ -27,7 +27,7 @@ from tests.support.scripted_anthropic import ScriptedAnthropic, arithmetic_solve
 
 pytestmark = pytest.mark.slow  # real services and sandboxes: several seconds per test
 
-VERIFY = ["{python}", "-m", "harness.verify"]
+VERIFY = ["{python}", "-m", "gyre.tasks.builtin.verify"]
 
 
 @pytest.fixture
@@ -49,9 +49,10 @@ def configure(run_id: str, tmp_path: Path, nats: ServerProcess, redis: ServerPro
               **evaluator: Any) -> Any:
     return run_config(
         run_id, tmp_path / "runs", nats.url, redis.url, proxy.port,
-        runner={"harness": harness, "command": command or ["bash", "-c", "{prompt}"], "task_dirs": [str(tasks)],
+        tasks={"dirs": [str(tasks)]},
+        runner={"harness": harness, "command": command or ["bash", "-c", "{prompt}"],
                 "max_concurrent": 4, "sandbox": {"kill_grace_s": 1.0}},
-        evaluator={"task_dirs": [str(tasks)], "backoff_s": 0.2, "max_concurrent": 2,
+        evaluator={"backoff_s": 0.2, "max_concurrent": 2,
                    "sandbox": {"kill_grace_s": 1.0}, **evaluator},
     )
 

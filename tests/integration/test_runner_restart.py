@@ -89,8 +89,9 @@ async def test_sigkilled_runner_reconciles_every_execution_on_restart(
     survives = write_task(tasks, "survives", "echo started > s.txt; sleep 600", ["true"], harness_timeout_s=6)
     dies = write_task(tasks, "dies", "echo started > s.txt; sleep 600", ["true"], harness_timeout_s=60)
     finishes = write_task(tasks, "finishes", "while [ ! -e go ]; do sleep 0.05; done; echo done > out.txt", ["true"])
-    config = run_config(run_id, tmp_path / "runs", nats_server.url, redis_server.url, proxy.port, runner={
-        "harness": "command", "command": ["bash", "-c", "{prompt}"], "task_dirs": [str(tasks)], "max_concurrent": 4,
+    config = run_config(run_id, tmp_path / "runs", nats_server.url, redis_server.url, proxy.port,
+                        tasks={"dirs": [str(tasks)]}, runner={
+        "harness": "command", "command": ["bash", "-c", "{prompt}"], "max_concurrent": 4,
         "sandbox": {"uid_base": UID_BASE, "kill_grace_s": 1.0},
     })
     runner = RunnerProcess(config, tmp_path)

@@ -68,8 +68,9 @@ async def test_fork_bomb_memory_hog_and_network_probe_are_contained(
     hog = write_task(tasks, "hog", "python3 -c 'x = bytearray(2 * 1024 ** 3)'", ["true"])
     net = write_task(tasks, "net", f"python3 probe.py {redis_port} {proxy_port}", ["true"])
     after = write_task(tasks, "after", "echo ok > ok.txt", ["true"])
-    config = run_config(run_id, tmp_path / "runs", nats_server.url, redis_server.url, proxy.port, runner={
-        "harness": "command", "command": ["bash", "-c", "{prompt}"], "task_dirs": [str(tasks)],
+    config = run_config(run_id, tmp_path / "runs", nats_server.url, redis_server.url, proxy.port,
+                        tasks={"dirs": [str(tasks)]}, runner={
+        "harness": "command", "command": ["bash", "-c", "{prompt}"],
         "max_concurrent": 4,
         "sandbox": {"uid_base": UID_BASE, "max_processes": 64, "memory_mb": 512, "kill_grace_s": 1.0},
     })

@@ -11,7 +11,8 @@ so it starts fast and imports nothing of the repository. Three processes:
                  waits for it and writes CONTROL_DIR/status.json (exit code or signal, rusage).
     command      in its own process group (the runner signals that group: the supervisor
                  survives to record the outcome); in a private mount namespace, reveals the paths it needs that sit under
-                 directories closed to other users (see `reveal`); drops to the sandbox uid/gid
+                 directories closed to other users (see `reveal`); with `binds`, chroots into a view
+                 of the host root in which they are mounted (see `enter_root`); drops to the sandbox uid/gid
                  (no supplementary groups), applies the rlimits,
                  resets SIGPIPE/SIGXFSZ, chdirs into the workspace and execs with the given env;
                  stdout/stderr go to CONTROL_DIR/{stdout,stderr}.log. A failure before exec
@@ -105,6 +106,86 @@ def _closed_groups(paths: list[str]) -> dict[str, set[str]]:
     return groups
 
 
+_private = False
+
+
+def private_mounts() -> None:
+    """A mount namespace of this process's own, whose mounts the host never sees (once)."""
+    global _private
+    if not _private:
+        _libc_call("unshare", CLONE_NEWNS)
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        _private = True
+
+
+def _cover(directory: str) -> None:
+    """Replace `directory` by a tmpfs holding bind mounts of its entries, so entries can be added to it
+    without touching the host (entries are held by O_PATH fds and bound back through /proc/self/fd)."""
+    held = [(name, os.path.isdir(os.path.join(directory, name)) and not os.path.islink(os.path.join(directory, name)),
+             os.path.islink(os.path.join(directory, name)), os.open(os.path.join(directory, name), os.O_PATH | os.O_NOFOLLOW))
+            for name in os.listdir(directory)]
+    links = {name: os.readlink(os.path.join(directory, name)) for name, _, is_link, _ in held if is_link}
+    _mount("tmpfs", directory, "tmpfs", 0, "mode=0755")
+    for name, is_dir, is_link, fd in held:
+        target = os.path.join(directory, name)
+        if is_link:
+            os.symlink(links[name], target)
+        elif is_dir:
+            os.mkdir(target)
+            _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+        else:
+            open(target, "w").close()
+            _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
+        os.close(fd)
+
+
+def _mountpoint(new_root: str, target: str, is_dir: bool, owned: set[str]) -> str:
+    """Create `target` (absolute, inside `new_root`) as a mount point; directories that belong to the
+    host are covered first, so nothing is created on the host."""
+    current = new_root
+    parts = [p for p in target.split("/") if p]
+    for i, part in enumerate(parts):
+        nxt = os.path.join(current, part)
+        last = i == len(parts) - 1
+        if os.path.islink(nxt):
+            raise OSError(f"bind target {target} passes through the symlink /{'/'.join(parts[:i + 1])}")
+        if not os.path.lexists(nxt):
+            if current not in owned:
+                _cover(current)
+                owned.add(current)
+            if last and not is_dir:
+                open(nxt, "w").close()
+            else:
+                os.mkdir(nxt, 0o755)
+            owned.add(nxt)
+        current = nxt
+    return current
+
+
+def enter_root(new_root: str, binds: list[list[str]]) -> None:
+    """chroot into a view of the host root (a tmpfs holding a bind mount of every top-level entry)
+    in which each (source, target) of `binds` is bind-mounted at its absolute target."""
+    private_mounts()
+    os.makedirs(new_root, exist_ok=True)
+    _mount("tmpfs", new_root, "tmpfs", 0, "mode=0755")
+    owned = {new_root}
+    for name in os.listdir("/"):
+        source, target = "/" + name, os.path.join(new_root, name)
+        if os.path.islink(source):
+            os.symlink(os.readlink(source), target)
+        elif os.path.isdir(source):
+            os.mkdir(target)
+            _mount(source, target, None, MS_BIND | MS_REC)
+        else:
+            open(target, "w").close()
+            _mount(source, target, None, MS_BIND)
+    for source, inside in binds:
+        point = _mountpoint(new_root, inside, os.path.isdir(source), owned)
+        _mount(source, point, None, MS_BIND | MS_REC)
+    os.chroot(new_root)
+    os.chdir("/")
+
+
 def reveal(paths: list[str], max_depth: int = 16) -> None:
     """Make `paths` reachable for the sandbox uid without changing the host's permissions.
 
@@ -117,8 +198,7 @@ def reveal(paths: list[str], max_depth: int = 16) -> None:
     groups = _closed_groups(paths)
     if not groups:
         return
-    _libc_call("unshare", CLONE_NEWNS)
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    private_mounts()
     for _ in range(max_depth):
         if not groups:
             return
@@ -198,6 +278,8 @@ def exec_command(spec: dict[str, Any], report_fd: int, listener: socket.socket |
             os.dup2(fd, target)
         if spec.get("uid") is not None:
             reveal(spec.get("reveal", []))
+        if spec.get("binds"):
+            enter_root(spec["root_dir"], spec["binds"])
         for name, value in spec["limits"].items():
             if value is not None:
                 resource.setrlimit(RLIMITS[name], (value, value))

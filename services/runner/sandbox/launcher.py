@@ -19,6 +19,11 @@ What each launcher enforces (`launcher.enforced()` says it at run time):
   from /dev/null, stdout/stderr to files. No network isolation; processes that leave the group
   (setsid) are not reached.
 
+`spec.binds` gives host directories at absolute paths inside the sandbox (a Harbor task's `/app`,
+`/tests`, `/logs/verifier`): only a launcher with `mounts_paths` honours them (`isolated`: a mount
+namespace and a chroot into a bind-mounted view of the host root, see init.py); callers rewrite the
+paths instead where it cannot (services/runner/task_paths.py).
+
 Adding a launcher (e.g. a Kubernetes pod): subclass `SandboxLauncher`, implement `launch`,
 `attach` and `enforced`, add it to `LAUNCHERS`; tests/unit/runner/test_sandbox_contract.py runs
 the contract over every launcher the machine supports.
@@ -37,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from harness.tasks import check_relative
+from gyre.tasks import check_relative
 from services.runner.sandbox import procs
 from services.runner.sandbox.limits import SandboxLimits
 from services.runner.sandbox.outcome import SandboxOutcome, read_outcome
@@ -78,6 +83,16 @@ class SandboxSpec:
     """Files written into HOME (relative paths) before the command starts."""
     writable: tuple[Path, ...] = ()
     """Trees handed to the sandbox uid before the command starts (the workspace)."""
+    binds: tuple[tuple[Path, str], ...] = ()
+    """(host directory or file, absolute path inside): bind mounts of the command's view of the
+    filesystem; `cwd` may lie inside one. Only launchers with `mounts_paths` accept them."""
+
+    def host_path(self, inside: Path) -> Path:
+        """Where a path the command sees lies on the host (itself when no bind covers it)."""
+        for source, target in self.binds:
+            if inside == Path(target) or Path(target) in inside.parents:
+                return source / inside.relative_to(target)
+        return inside
 
     @property
     def control_dir(self) -> Path:
@@ -206,6 +221,8 @@ class SandboxLauncher(ABC):
     name: ClassVar[str]
     isolates_network: ClassVar[bool] = False
     """True when sandboxes reach only the relayed proxy (the harness gets a loopback base URL)."""
+    mounts_paths: ClassVar[bool] = False
+    """True when `SandboxSpec.binds` are honoured (else a spec with binds is refused)."""
 
     @abstractmethod
     def enforced(self) -> dict[str, str]:
@@ -224,6 +241,11 @@ class SandboxLauncher(ABC):
         """Return the sandbox's slot (uid) to the pool."""
 
     async def _start(self, spec: SandboxSpec, uid: int | None, network: NetworkPolicy) -> SandboxHandle:
+        if spec.binds and not self.mounts_paths:
+            raise SandboxError(f"the {self.name} launcher cannot bind-mount paths; rewrite them instead")
+        for source, inside in spec.binds:
+            if not Path(inside).is_absolute() or Path(inside) == Path("/") or not source.exists():
+                raise SandboxError(f"bind {source} → {inside}: needs an existing source and an absolute target below /")
         control, home = spec.control_dir, spec.home
         if spec.root.exists():
             await asyncio.to_thread(shutil.rmtree, spec.root)
@@ -248,7 +270,10 @@ class SandboxLauncher(ABC):
         init_spec = {
             "argv": spec.argv, "cwd": str(spec.cwd), "env": env, "control_dir": str(control),
             "limits": spec.limits.rlimits(), "uid": uid, "gid": uid, "network": net,
-            "reveal": [str(p) for p in (spec.cwd, home, Path(sys.prefix), Path(sys.base_prefix), *spec.reveal)],
+            "reveal": [str(p) for p in (spec.host_path(spec.cwd), home, Path(sys.prefix), Path(sys.base_prefix),
+                                        *spec.reveal, *(source for source, _ in spec.binds))],
+            "binds": [[str(source), target] for source, target in spec.binds],
+            "root_dir": str(control / "root"),
         }
         spec_path = control / "spec.json"
         spec_path.write_text(json.dumps(init_spec))
@@ -280,6 +305,8 @@ class ProcessLauncher(SandboxLauncher):
             "rlimits": "CPU, address space, file size, open files, no core dumps",
             "processes": "RLIMIT_NPROC set but not enforced for root; processes that leave the group survive a stop",
             "network": "not isolated (the harness can reach any address)",
+            "paths": "a task's absolute environment paths (/app, /tests, /logs/...) are rewritten to host "
+                     "directories in prompts and verifier scripts (no mount namespace)",
         }
 
     async def launch(self, spec: SandboxSpec) -> SandboxHandle:
@@ -298,6 +325,7 @@ class IsolatedLauncher(SandboxLauncher):
 
     name = "isolated"
     isolates_network = True
+    mounts_paths = True
 
     def __init__(self, uid_base: int, num_slots: int) -> None:
         if os.geteuid() != 0:
@@ -319,6 +347,8 @@ class IsolatedLauncher(SandboxLauncher):
             "environment": "scrubbed: only the variables the runner passes; HOME and TMPDIR private",
             "rlimits": "CPU, address space, processes (per uid), file size, open files, no core dumps",
             "network": "own network namespace with only loopback; the proxy is relayed to 127.0.0.1:<port>",
+            "paths": "a task's absolute environment paths (/app, /tests, /logs/...) are bind mounts in the "
+                     "command's own mount namespace",
         }
 
     async def launch(self, spec: SandboxSpec, wait_s: float = 60.0) -> SandboxHandle:

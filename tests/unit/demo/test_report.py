@@ -56,6 +56,7 @@ def test_every_execution_is_accounted_for_once() -> None:
     assert executions == {"dispatched": 6, "trained": 2, "excluded": 1, "placeholder": 1, "cancelled": 1,
                           "unconsumed": 1}
     assert executions["dispatched"] == sum(v for k, v in executions.items() if k != "dispatched")
+    assert summary["terminations"] == {"cancelled": 1, "completed": 5}
 
 
 def test_reward_staleness_and_transitions() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from gyre.tasks import TaskRegistry
 from gyre.trajectory.anthropic import from_anthropic
 from gyre.trajectory.templates import template_for_family
 from harness import prompts
-from harness.tasks import TaskRegistry
 from harness.teacher import DONE, answers, render_transcript, teacher_body
 
 TEMPLATE = template_for_family("chatml")

@@ -12,9 +12,9 @@ from gyre.config.engine import EngineSection
 from gyre.engine.client import EngineClient
 from gyre.model.files import check_model_dir
 from gyre.model.weights import load_model, load_state_dict
+from gyre.tasks import TaskRegistry
 from gyre.trajectory.templates import template_for_family, template_for_model
 from harness.policy_eval import prompt_ids, rollout
-from harness.tasks import TaskRegistry
 from harness.warmstart import DEFAULT_CHECKPOINT, DEMO_MODEL, packed_batch, save_fp16, train, transcripts
 from services.cell_agent.engine import EngineServer
 from tests.support.models import small_dir

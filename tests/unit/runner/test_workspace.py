@@ -5,17 +5,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness.tasks import Task
+from gyre.tasks import Task, WorkspaceSource
 from services.runner.workspace import content_hash, copy_workspace, create_workspace, preserve
 
 
-def test_workspace_holds_template_dir_then_files(tmp_path: Path) -> None:
+def test_workspace_holds_sources_in_order_then_files(tmp_path: Path) -> None:
     template = tmp_path / "template"
     (template / "src").mkdir(parents=True)
     (template / "src" / "a.py").write_text("A")
-    task = Task("s/t", "p", files={"src/a.py": "override", "b/c.txt": "C"}, template_dir=template)
+    (template / "src" / "keep.py").write_text("K")
+    single = tmp_path / "calc.py"
+    single.write_text("calc")
+    task = Task("s/t", "p", files={"src/a.py": "override", "b/c.txt": "C"}, workspace=(
+        WorkspaceSource(template), WorkspaceSource(single, "src"), WorkspaceSource(single, "lib/renamed.py")))
     ws = create_workspace(task, tmp_path / "ws")
     assert (ws / "src" / "a.py").read_text() == "override" and (ws / "b" / "c.txt").read_text() == "C"
+    assert (ws / "src" / "keep.py").read_text() == "K"
+    assert (ws / "src" / "calc.py").read_text() == "calc"  # a file copied onto a directory goes into it
+    assert (ws / "lib" / "renamed.py").read_text() == "calc"
     again = create_workspace(Task("s/t", "p"), tmp_path / "ws")
     assert list(again.iterdir()) == []
 

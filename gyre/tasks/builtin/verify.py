@@ -1,8 +1,9 @@
-"""The verifier of the demo tasks: scores answer files in the current directory (a copy of a
-preserved workspace) and prints `{"score": x, "parts": {...}}` as its last line.
+"""The verifier of the built-in arithmetic suites: scores answer files in the current directory (a copy
+of a preserved workspace) and prints `{"score": x, "parts": {...}}` as its last line. Standard library
+only: the suites run it as a script (`python -I -S .../verify.py`), without importing the library.
 
-    python -m harness.verify answer.txt=8                 # add/3+5
-    python -m harness.verify a.txt=8 b.txt=4              # parts/3+5,2+2
+    python -m gyre.tasks.builtin.verify answer.txt=8                 # add/3+5
+    python -m gyre.tasks.builtin.verify a.txt=8 b.txt=4              # parts/3+5,2+2
 
 Per part: 1.0 when the file holds the expected answer (surrounding whitespace ignored), 0.2 when
 the file exists with anything else (the write_file call was well formed, the answer wrong), 0.0
@@ -35,7 +36,7 @@ def score_part(path: Path, expected: str) -> float:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m harness.verify FILE=EXPECTED [FILE=EXPECTED ...]", file=sys.stderr)
+        print("usage: python -m gyre.tasks.builtin.verify FILE=EXPECTED [FILE=EXPECTED ...]", file=sys.stderr)
         return 2
     parts: dict[str, float] = {}
     for arg in argv:

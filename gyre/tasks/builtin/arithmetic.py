@@ -1,4 +1,4 @@
-"""The demo suites: single-digit additions answered through the `write_file` tool.
+"""The built-in arithmetic suites (the demo's tasks): single-digit additions answered by writing a file.
 
 Chosen for what the embedded byte-level model can learn by RL on CPU in a demo run
 (shared/FACTS.md, "Learning on CPU"): after a short warm start on a mostly-right teacher, RL on
@@ -15,26 +15,32 @@ wrong answer (the tool call was well formed), 0 when nothing was written.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from types import MappingProxyType
 
-from harness.tasks.task import Task, TaskSuite
+from gyre.tasks.task import Task, TaskSuite, UnknownTaskError, Verifier
 
 DIGITS = range(10)
 PART_FILES = ("a.txt", "b.txt", "c.txt", "d.txt")
 _PAIR = re.compile(r"^([0-9])\+([0-9])$")
 
-#: The one tool the demo tasks need (each tool definition costs ~180 tokens of every request).
+#: The one tool these tasks need (each tool definition costs ~180 tokens of every request).
 TOOLS = ("write_file",)
 
-#: Harness limits of the demo tasks: generous for a 2-call execution on a shared CPU engine.
+#: Harness limits: generous for a 2-call execution on a shared CPU engine.
 HARNESS_TIMEOUT_S = 300.0
 OVERALL_BUDGET_S = 600.0
+
+
+#: The verifier (a score line on stdout), run as a script: standard library only, `-I -S` skip the
+#: site packages, so a verifier run costs a bare interpreter start, not an import of the library.
+VERIFY = ("{python}", "-I", "-S", str(Path(__file__).with_name("verify.py")))
 
 
 def _pair(text: str) -> tuple[int, int]:
     m = _PAIR.match(text)
     if m is None:
-        raise ValueError(f"expected a single-digit addition like '3+5'; got {text!r}")
+        raise UnknownTaskError(f"expected a single-digit addition like '3+5'; got {text!r}")
     return int(m.group(1)), int(m.group(2))
 
 
@@ -52,7 +58,7 @@ class AdditionSuite(TaskSuite):
             task_id=f"{self.name}/{name}",
             prompt=f"{a}+{b}=? Write the answer to answer.txt.",
             files=MappingProxyType({}),
-            verifier=("{python}", "-m", "harness.verify", f"answer.txt={a + b}"),
+            verifier=Verifier((*VERIFY, f"answer.txt={a + b}")),
             tools=TOOLS,
             harness_timeout_s=HARNESS_TIMEOUT_S,
             overall_budget_s=OVERALL_BUDGET_S,
@@ -70,13 +76,13 @@ class MultiPartSuite(TaskSuite):
     def get(self, name: str) -> Task:
         pairs = [_pair(p) for p in name.split(",")]
         if not 2 <= len(pairs) <= len(PART_FILES):
-            raise ValueError(f"a multi-part task has 2 to {len(PART_FILES)} parts; got {name!r}")
+            raise UnknownTaskError(f"a multi-part task has 2 to {len(PART_FILES)} parts; got {name!r}")
         asks = [f"{a}+{b} to {f}" for (a, b), f in zip(pairs, PART_FILES, strict=False)]
         checks = [f"{f}={a + b}" for (a, b), f in zip(pairs, PART_FILES, strict=False)]
         return Task(
             task_id=f"{self.name}/{name}",
             prompt="Write " + ", ".join(asks) + ".",
-            verifier=("{python}", "-m", "harness.verify", *checks),
+            verifier=Verifier((*VERIFY, *checks)),
             tools=TOOLS,
             harness_timeout_s=HARNESS_TIMEOUT_S,
             overall_budget_s=OVERALL_BUDGET_S,

@@ -1,0 +1,99 @@
+"""`gyre tasks check` and `gyre tasks list`: validate task directories, show what a config dispatches.
+
+    gyre tasks check examples/tasks             # a set, one task directory, or a JSONL dataset
+    gyre tasks list --config gyre.yaml [--json]  # suite, id, weight, share, format, source
+
+`check` prints every problem as `error: PATH: what` or `warning: PATH: what` (a key is named as
+`[table] key`) and exits 1 when there is an error; warnings (what the local sandbox cannot reproduce)
+do not fail it. `list` exits 1 naming the file and key when the config's task set cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gyre.cli._config import config_or_exit
+
+
+def _check(path: Path) -> tuple[int, list[str], int]:
+    """(tasks checked, problem lines, errors) for one argument."""
+    from gyre.tasks import Problems, TaskError
+    from gyre.tasks.dataset import read_dataset
+    from gyre.tasks.directory import DirectorySuite
+
+    problems = Problems()
+    suites: list[DirectorySuite] = []
+    if path.is_file() and path.suffix == ".jsonl":
+        suites += [DirectorySuite(e.directory) for e in read_dataset(path, problems) if e.directory is not None]
+    elif path.is_dir():
+        try:
+            suites.append(DirectorySuite(path))
+        except TaskError as e:
+            problems.error(path, str(e))
+    else:
+        problems.error(path, "not a task directory, a set of them or a .jsonl dataset")
+    checked = 0
+    for suite in suites:
+        problems += suite.check()
+        checked += len(suite.names())
+    return checked, [f"{p.severity}: {p}" for p in problems], len(problems.errors)
+
+
+def register(app: typer.Typer) -> None:
+    tasks_app = typer.Typer(help="Task directories (Harbor, task.yaml), datasets and what a run dispatches.",
+                            no_args_is_help=True)
+    app.add_typer(tasks_app, name="tasks")
+
+    @tasks_app.command("check")
+    def check_cmd(
+        paths: list[Path] = typer.Argument(..., help="Task directories, sets of them, or JSONL datasets."),
+    ) -> None:
+        """Validate tasks; name every problem with its path; exit 1 on any error."""
+        total, errors, warnings = 0, 0, 0
+        for path in paths:
+            checked, lines, num_errors = _check(path)
+            for line in lines:
+                typer.echo(line)
+            total += checked
+            errors += num_errors
+            warnings += sum(line.startswith("warning") for line in lines)
+        typer.echo(f"{total} task(s) checked: {errors} error(s), {warnings} warning(s)")
+        if errors:
+            raise typer.Exit(1)
+
+    @tasks_app.command("list")
+    def list_cmd(
+        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file (its `tasks:` section)."),
+        as_json: bool = typer.Option(False, "--json", help="One JSON object: the queries."),
+    ) -> None:
+        """What the config would dispatch: suite, id, weight, share of draws, format, source."""
+        from gyre.tasks import TaskError, TaskSet
+
+        cfg = config_or_exit(config)
+        try:
+            task_set = TaskSet.from_section(cfg.tasks)
+        except TaskError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        total = sum(q.weight for q in task_set.queries)
+        rows: list[dict[str, Any]] = []
+        for q in task_set.queries:
+            task = task_set.registry.get(q.task_id)
+            rows.append({"suite": q.task_id.partition("/")[0], "task": q.task_id, "weight": q.weight,
+                         "share": q.weight / total if total else 0.0, "format": task.source, "source": q.source})
+        if as_json:
+            typer.echo(json.dumps({"queries": rows, "warnings": task_set.warnings}))
+            return
+        width = max([len(r["task"]) for r in rows] + [2])
+        suite_w = max([len(r["suite"]) for r in rows] + [5])
+        typer.echo(f"{'suite':<{suite_w}}  {'id':<{width}}  {'weight':>6}  {'share':>6}  {'format':<9}  source")
+        for r in rows:
+            typer.echo(f"{r['suite']:<{suite_w}}  {r['task']:<{width}}  {r['weight']:>6g}  {r['share']:>6.1%}  "
+                       f"{r['format']:<9}  {r['source']}")
+        typer.echo(f"{len(rows)} task(s) in {len({r['suite'] for r in rows})} suite(s)")
+        for w in task_set.warnings:
+            typer.echo(f"warning: {w}", err=True)
