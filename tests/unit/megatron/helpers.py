@@ -26,6 +26,9 @@ FAMILIES: dict[str, tuple[type[Any], type[Any], dict[str, Any]]] = {
               dict(tie_word_embeddings=False, rope_parameters={
                   "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    "qwen3_yarn": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+                   dict(head_dim=16, tie_word_embeddings=False, rope_parameters={
+                       "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 16})),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
               dict(tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
 }

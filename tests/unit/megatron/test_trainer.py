@@ -12,7 +12,7 @@ import pytest
 
 from tests.unit.megatron.workers import trainer_worker
 
-FAMILIES = ["qwen3", "llama", "qwen2"]
+FAMILIES = ["qwen3", "llama", "qwen2", "qwen3_yarn"]
 
 
 def _run(world: int, tmp_path: Path) -> dict[int, dict[str, Any]]:
