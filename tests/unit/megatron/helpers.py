@@ -4,6 +4,7 @@ log-probs and one Gyre-objective AdamW step, both with the transformers model it
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -16,21 +17,57 @@ from gyre.rl.step_loss import train_microstep
 
 VOCAB = 512
 _COMMON: dict[str, Any] = dict(
-    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
 )
 FAMILIES: dict[str, tuple[type[Any], type[Any], dict[str, Any]]] = {
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
-              dict(head_dim=16, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
-              dict(tie_word_embeddings=False, rope_parameters={
-                  "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
-                  "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
-    "qwen3_yarn": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
-                   dict(head_dim=16, tie_word_embeddings=False, rope_parameters={
-                       "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 16})),
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
-              dict(tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    "qwen3": (
+        transformers.Qwen3Config,
+        transformers.Qwen3ForCausalLM,
+        dict(
+            head_dim=16, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6}
+        ),
+    ),
+    "llama": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 5e5,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),
+    "qwen3_yarn": (
+        transformers.Qwen3Config,
+        transformers.Qwen3ForCausalLM,
+        dict(
+            head_dim=16,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
+    "qwen2": (
+        transformers.Qwen2Config,
+        transformers.Qwen2ForCausalLM,
+        dict(tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+    ),
 }
 
 
@@ -65,14 +102,22 @@ def row_logprobs_fn(model: Any) -> Any:
     return row_logprobs
 
 
-def hf_packed_logits(model: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+def hf_packed_logits(
+    model: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, cu: torch.Tensor
+) -> torch.Tensor:
     """The packed logits contract computed the plain way: each row alone through the HF model."""
     bounds = cu.tolist()
-    return torch.cat([model(input_ids[a:b][None]).logits[0] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    return torch.cat([model(input_ids[a:b][None]).logits[0] for a, b in pairwise(bounds)])
 
 
 def hf_reference_step(
-    model: Any, steps: list[MicroStep], *, lr: float, adam_eps: float, grad_clip: float, objective: ObjectiveParams
+    model: Any,
+    steps: list[MicroStep],
+    *,
+    lr: float,
+    adam_eps: float,
+    grad_clip: float,
+    objective: ObjectiveParams,
 ) -> float:
     """Accumulate `steps` with the Gyre objective, clip (torch's rule), one AdamW step; returns the norm."""
     model.train()

@@ -39,11 +39,27 @@ def test_old_config_dialect_reads_rope_theta_and_rope_scaling() -> None:
     ("overrides", "field"),
     [
         ({"model_type": "mistral"}, "model_type 'mistral'"),
-        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, "rope_parameters.rope_type 'dynamic'"),
-        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_parameters.rope_type 'longrope'"),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
+            "rope_parameters.rope_type 'dynamic'",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+            "rope_parameters.rope_type 'longrope'",
+        ),
         ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "rope_parameters.factor"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
-                              "original_max_position_embeddings": 16, "attention_factor": 1.3}}, "rope_parameters.attention_factor"),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 1e4,
+                    "factor": 2.0,
+                    "original_max_position_embeddings": 16,
+                    "attention_factor": 1.3,
+                }
+            },
+            "rope_parameters.attention_factor",
+        ),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"attention_bias": True}, "attention_bias"),
         ({"use_sliding_window": True}, "use_sliding_window"),
@@ -73,7 +89,9 @@ def test_layouts_megatron_cannot_split_name_the_field(overrides: dict[str, Any],
         check_parallel_layout(arch, tensor_parallel_size=tp)
     check_parallel_layout(architecture_from_hf(_config()), tensor_parallel_size=2)
     with pytest.raises(ValueError, match="pipeline_parallel_size"):
-        check_parallel_layout(architecture_from_hf(_config()), tensor_parallel_size=1, pipeline_parallel_size=2)
+        check_parallel_layout(
+            architecture_from_hf(_config()), tensor_parallel_size=1, pipeline_parallel_size=2
+        )
     assert not dist.is_initialized()
 
 
@@ -82,11 +100,25 @@ def test_layouts_megatron_cannot_split_name_the_field(overrides: dict[str, Any],
     [
         {"rope_type": "default", "rope_theta": 1e6},
         {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0},
-        {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 32},
+        {
+            "rope_type": "llama3",
+            "rope_theta": 5e5,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
         {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 16},
-        {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "original_max_position_embeddings": 64,
-         "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16, "truncate": False},
+        {
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 8.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 0.707,
+            "mscale_all_dim": 1.0,
+            "beta_fast": 16,
+            "truncate": False,
+        },
     ],
 )
 def test_rope_kinds_equal_transformers(rope: dict[str, Any]) -> None:
@@ -99,9 +131,14 @@ def test_rope_kinds_equal_transformers(rope: dict[str, Any]) -> None:
 
     model = hf_model("qwen3", rope_parameters=rope)
     arch = architecture_from_hf(model.config.to_dict())
-    want, attention_factor = ROPE_INIT_FUNCTIONS[rope["rope_type"]](model.config, torch.device("cpu")) if rope[
-        "rope_type"] != "default" else (model.model.rotary_emb.inv_freq, 1.0)
-    mine = GyreRotaryEmbedding(arch.rope, kv_channels=arch.head_dim, device=torch.device("cpu"), cp_group=None)
+    want, attention_factor = (
+        ROPE_INIT_FUNCTIONS[rope["rope_type"]](model.config, torch.device("cpu"))
+        if rope["rope_type"] != "default"
+        else (model.model.rotary_emb.inv_freq, 1.0)
+    )
+    mine = GyreRotaryEmbedding(
+        arch.rope, kv_channels=arch.head_dim, device=torch.device("cpu"), cp_group=None
+    )
     torch.testing.assert_close(mine.inv_freq, want.float(), rtol=1e-6, atol=0.0)
     config = transformer_config(arch, tp_size=1, params_dtype=torch.float32, use_te=False)
     assert _yarn_get_concentration_factor_from_config(config) == pytest.approx(attention_factor, rel=1e-12)

@@ -18,7 +18,14 @@ from gyre.config.training import TrainerSection
 from gyre.rl.loss import ObjectiveParams
 from gyre.trainer.backends.base import TrainerSpec
 from gyre.trainer.collectives import connect_store, host_store
-from tests.unit.megatron.helpers import VOCAB, hf_model, hf_packed_logits, hf_reference_step, hf_tensors, row_logprobs_fn
+from tests.unit.megatron.helpers import (
+    VOCAB,
+    hf_model,
+    hf_packed_logits,
+    hf_reference_step,
+    hf_tensors,
+    row_logprobs_fn,
+)
 
 _KEEP: list[Any] = []
 LR = 1e-3
@@ -46,49 +53,81 @@ def _spec(**section: Any) -> TrainerSpec:
     return TrainerSpec(TrainerSection(**section), ModelSection(), ObjectiveParams(), with_optimizer=True)
 
 
-def _family_report(family: str, tp_group: dist.ProcessGroup | None, checkpoint_root: Path | None) -> dict[str, Any]:
+def _family_report(
+    family: str, tp_group: dist.ProcessGroup | None, checkpoint_root: Path | None
+) -> dict[str, Any]:
     from gyre.trainer.backends.megatron.bench import synthetic_microsteps
     from gyre.trainer.backends.megatron.trainer import MegatronTrainer
 
     reference = hf_model(family)
     tensors = hf_tensors(reference)
-    steps = synthetic_microsteps(row_logprobs_fn(reference), vocab_size=VOCAB, num_groups=2, group_size=3,
-                                 token_budget=160, max_row_tokens=48, seed=3)
-    trainer = MegatronTrainer(_spec(lr=LR, grad_clip=GRAD_CLIP, adam_eps=ADAM_EPS), reference.config.to_dict(), tensors, tp_group=tp_group)
+    steps = synthetic_microsteps(
+        row_logprobs_fn(reference),
+        vocab_size=VOCAB,
+        num_groups=2,
+        group_size=3,
+        token_budget=160,
+        max_row_tokens=48,
+        seed=3,
+    )
+    trainer = MegatronTrainer(
+        # chunk_tokens below the largest micro-step: those take the two-pass chunked path here, one
+        # pass in the reference, and must give the same step.
+        _spec(lr=LR, grad_clip=GRAD_CLIP, adam_eps=ADAM_EPS, chunk_tokens=64),
+        reference.config.to_dict(),
+        tensors,
+        tp_group=tp_group,
+    )
     report: dict[str, Any] = {"family": family, "num_microsteps": len(steps)}
 
     back = trainer.named_weights()
-    report["roundtrip_exact"] = sorted(back) == sorted(tensors) and all(torch.equal(back[k], tensors[k]) for k in back)
+    report["roundtrip_exact"] = sorted(back) == sorted(tensors) and all(
+        torch.equal(back[k], tensors[k]) for k in back
+    )
 
     logprob_diff = 0.0
     with torch.no_grad():
         for s in steps:
-            ids, pos = torch.as_tensor(s.input_ids, dtype=torch.int64), torch.as_tensor(s.position_ids, dtype=torch.int64)
+            ids, pos = (
+                torch.as_tensor(s.input_ids, dtype=torch.int64),
+                torch.as_tensor(s.position_ids, dtype=torch.int64),
+            )
             cu = torch.as_tensor(s.cu_seqlens, dtype=torch.int32)
             targets = torch.as_tensor(s.target_mask.nonzero()[0])
             mine = torch.log_softmax(trainer._logits(ids, pos, cu).double(), -1)[targets - 1, ids[targets]]
-            ref = torch.log_softmax(hf_packed_logits(reference, ids, pos, cu).double(), -1)[targets - 1, ids[targets]]
+            ref = torch.log_softmax(hf_packed_logits(reference, ids, pos, cu).double(), -1)[
+                targets - 1, ids[targets]
+            ]
             logprob_diff = max(logprob_diff, float((mine - ref).abs().max()))
     report["logprob_max_abs_diff"] = logprob_diff
 
     trainer.zero_grads()
-    losses = [trainer.accumulate(s).metrics.loss for s in steps]
-    report["loss"] = sum(losses)
+    results = [trainer.accumulate(s) for s in steps]
+    report["loss"] = sum(r.metrics.loss for r in results)
+    report["max_chunks"] = max(r.num_chunks for r in results)
     report["norm"] = trainer.optimizer_step()
     report["version"] = trainer.version
     report["reference_norm"] = hf_reference_step(
         reference, steps, lr=LR, adam_eps=ADAM_EPS, grad_clip=GRAD_CLIP, objective=ObjectiveParams()
     )
     after, want = trainer.named_weights(), hf_tensors(reference)
-    report["param_max_rel_diff"] = max(float((after[k] - want[k]).abs().max() / want[k].abs().max()) for k in want)
-    report["param_max_rel_moved"] = max(float((want[k] - tensors[k]).abs().max() / want[k].abs().max()) for k in want)
+    report["param_max_rel_diff"] = max(
+        float((after[k] - want[k]).abs().max() / want[k].abs().max()) for k in want
+    )
+    report["param_max_rel_moved"] = max(
+        float((want[k] - tensors[k]).abs().max() / want[k].abs().max()) for k in want
+    )
     report["params_close"] = all(torch.allclose(after[k], want[k], rtol=1e-5, atol=1e-7) for k in want)
 
     if checkpoint_root is not None:
         path = trainer.save_checkpoint(checkpoint_root)
-        again = MegatronTrainer(_spec(lr=LR), reference.config.to_dict(), tensors, tp_group=tp_group, version=None)
+        again = MegatronTrainer(
+            _spec(lr=LR), reference.config.to_dict(), tensors, tp_group=tp_group, version=None
+        )
         again.load_checkpoint(path)
-        report["checkpoint_restored"] = again.version == trainer.version and torch.equal(again.flat_params, trainer.flat_params)
+        report["checkpoint_restored"] = again.version == trainer.version and torch.equal(
+            again.flat_params, trainer.flat_params
+        )
         state_a = trainer.store.optimizer_state()["state"]
         state_b = again.store.optimizer_state()["state"]
         report["optimizer_restored"] = all(
@@ -97,7 +136,9 @@ def _family_report(family: str, tp_group: dist.ProcessGroup | None, checkpoint_r
     return report
 
 
-def trainer_worker(rank: int, world: int, families: list[str], ports: Queue[Any], results: Queue[Any], root: str) -> None:
+def trainer_worker(
+    rank: int, world: int, families: list[str], ports: Queue[Any], results: Queue[Any], root: str
+) -> None:
     torch.set_num_threads(1)
     exitcode = 1
     try:
@@ -106,12 +147,21 @@ def trainer_worker(rank: int, world: int, families: list[str], ports: Queue[Any]
         bad = hf_model("qwen3", num_key_value_heads=1, num_attention_heads=2, head_dim=32)
         before = dist.is_initialized()
         try:
-            MegatronTrainer(_spec(), {**bad.config.to_dict(), "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
-                            hf_tensors(bad))
+            MegatronTrainer(
+                _spec(),
+                {**bad.config.to_dict(), "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
+                hf_tensors(bad),
+            )
             refused = ""
         except ValueError as e:
             refused = str(e)
-        results.put((rank, "bad_input", {"message": refused, "dist_before": before, "dist_after": dist.is_initialized()}))
+        results.put(
+            (
+                rank,
+                "bad_input",
+                {"message": refused, "dist_before": before, "dist_after": dist.is_initialized()},
+            )
+        )
         tp_group = None
         if world > 1:
             _join_world(rank, world, ports)

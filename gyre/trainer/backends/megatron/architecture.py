@@ -84,7 +84,9 @@ def _field(config: Mapping[str, Any], name: str, kind: type, default: Any = None
 
 def _refuse_true(config: Mapping[str, Any], name: str, why: str) -> None:
     if config.get(name):
-        raise ValueError(f"config.json: {name}={config[name]!r} is not supported by the megatron backend ({why})")
+        raise ValueError(
+            f"config.json: {name}={config[name]!r} is not supported by the megatron backend ({why})"
+        )
 
 
 def rope_from_hf(config: Mapping[str, Any]) -> RopeSpec:
@@ -109,7 +111,9 @@ def rope_from_hf(config: Mapping[str, Any]) -> RopeSpec:
     def number(key: str, default: float | None = None) -> float:
         value = params.get(key, default)
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"config.json: {where}.{key} must be a positive number for rope_type {kind!r}; got {value!r}")
+            raise ValueError(
+                f"config.json: {where}.{key} must be a positive number for rope_type {kind!r}; got {value!r}"
+            )
         return float(value)
 
     if kind == "default":
@@ -121,8 +125,14 @@ def rope_from_hf(config: Mapping[str, Any]) -> RopeSpec:
         low, high = number("low_freq_factor", 1.0), number("high_freq_factor", 4.0)
         if high <= low:
             raise ValueError(f"config.json: {where}.high_freq_factor must exceed low_freq_factor")
-        return RopeSpec("llama3", float(theta), factor=number("factor"), low_freq_factor=low, high_freq_factor=high,
-                        original_max_position_embeddings=original)
+        return RopeSpec(
+            "llama3",
+            float(theta),
+            factor=number("factor"),
+            low_freq_factor=low,
+            high_freq_factor=high,
+            original_max_position_embeddings=original,
+        )
     if params.get("attention_factor") is not None:
         raise ValueError(
             f"config.json: {where}.attention_factor is not supported by the megatron backend "
@@ -134,9 +144,14 @@ def rope_from_hf(config: Mapping[str, Any]) -> RopeSpec:
     mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
     both = bool(mscale) and bool(mscale_all_dim)  # transformers uses the ratio only when both are non-zero
     return RopeSpec(
-        "yarn", float(theta), factor=float(factor), original_max_position_embeddings=original,
-        beta_fast=float(params.get("beta_fast") or 32.0), beta_slow=float(params.get("beta_slow") or 1.0),
-        mscale=float(mscale) if both else None, mscale_all_dim=float(mscale_all_dim) if both else None,
+        "yarn",
+        float(theta),
+        factor=float(factor),
+        original_max_position_embeddings=original,
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=float(mscale) if both else None,
+        mscale_all_dim=float(mscale_all_dim) if both else None,
         truncate=bool(params.get("truncate", True)),
     )
 
@@ -149,8 +164,12 @@ def architecture_from_hf(config: Mapping[str, Any]) -> GPTArchitecture:
             f"config.json: model_type {family!r} is not supported by the megatron backend; supported: {', '.join(FAMILIES)}"
         )
     if config.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"config.json: hidden_act {config['hidden_act']!r} is not supported (the megatron backend builds SwiGLU)")
-    _refuse_true(config, "attention_bias", "megatron-core has q/k/v biases only together with biases on every linear")
+        raise ValueError(
+            f"config.json: hidden_act {config['hidden_act']!r} is not supported (the megatron backend builds SwiGLU)"
+        )
+    _refuse_true(
+        config, "attention_bias", "megatron-core has q/k/v biases only together with biases on every linear"
+    )
     _refuse_true(config, "mlp_bias", "the families served have no MLP biases")
     _refuse_true(config, "use_sliding_window", "sliding-window attention is not built")
     if any(t != "full_attention" for t in config.get("layer_types") or []):
@@ -162,7 +181,9 @@ def architecture_from_hf(config: Mapping[str, Any]) -> GPTArchitecture:
     heads = _field(config, "num_attention_heads", int)
     groups = _field(config, "num_key_value_heads", int, heads)
     if heads % groups:
-        raise ValueError(f"config.json: num_attention_heads {heads} must be a multiple of num_key_value_heads {groups}")
+        raise ValueError(
+            f"config.json: num_attention_heads {heads} must be a multiple of num_key_value_heads {groups}"
+        )
     hidden = _field(config, "hidden_size", int)
     head_dim = config.get("head_dim") or hidden // heads
     _field({"head_dim": head_dim}, "head_dim", int)

@@ -19,6 +19,7 @@ the usual [s, b, heads, head_dim] and one causal SDPA runs over the batch. GQA i
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -51,14 +52,23 @@ class PackedSDPAttention(MegatronModule):
             raise ValueError("PackedSDPAttention does not implement context parallelism")
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout:
-            raise ValueError("PackedSDPAttention has no attention dropout (training needs a deterministic model)")
+            raise ValueError(
+                "PackedSDPAttention has no attention dropout (training needs a deterministic model)"
+            )
         self.layer_number = layer_number
-        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.softmax_scale = (
+            softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        )
 
     def _causal(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
         """[..., heads, L, d] → causal attention with GQA."""
         return F.scaled_dot_product_attention(
-            query, key, value, is_causal=True, scale=self.softmax_scale, enable_gqa=key.shape[-3] != query.shape[-3]
+            query,
+            key,
+            value,
+            is_causal=True,
+            scale=self.softmax_scale,
+            enable_gqa=key.shape[-3] != query.shape[-3],
         )
 
     def forward(
@@ -78,13 +88,17 @@ class PackedSDPAttention(MegatronModule):
             out = self._causal(*(x.permute(1, 2, 0, 3) for x in (query, key, value)))
             return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
         if packed_seq_params.qkv_format != "thd":
-            raise ValueError(f"packed_seq_params.qkv_format must be 'thd'; got {packed_seq_params.qkv_format!r}")
+            raise ValueError(
+                f"packed_seq_params.qkv_format must be 'thd'; got {packed_seq_params.qkv_format!r}"
+            )
         bounds = packed_seq_params.cu_seqlens_q.tolist()
         if bounds[-1] != query.shape[0] or packed_seq_params.cu_seqlens_kv.tolist() != bounds:
-            raise ValueError("packed_seq_params: cu_seqlens_q and cu_seqlens_kv must both cover the packed tokens")
+            raise ValueError(
+                "packed_seq_params: cu_seqlens_q and cu_seqlens_kv must both cover the packed tokens"
+            )
         rows = [
             self._causal(query[a:b].transpose(0, 1), key[a:b].transpose(0, 1), value[a:b].transpose(0, 1))
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            for a, b in pairwise(bounds)
         ]
         # [h, L, d] per row -> [t, h * d]
         return torch.cat([r.transpose(0, 1) for r in rows], dim=0).reshape(query.shape[0], -1)

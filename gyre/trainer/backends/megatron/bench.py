@@ -32,8 +32,13 @@ RowLogprobs = Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]
 
 
 def _rows(
-    rng: np.random.Generator, row_logprobs: RowLogprobs, execution_id: str, vocab_size: int,
-    min_len: int, max_len: int, noise: float,
+    rng: np.random.Generator,
+    row_logprobs: RowLogprobs,
+    execution_id: str,
+    vocab_size: int,
+    min_len: int,
+    max_len: int,
+    noise: float,
 ) -> list[TrajectoryRow]:
     first = rng.integers(0, vocab_size, size=int(rng.integers(min_len, max_len + 1)))
     rows: list[TrajectoryRow] = []
@@ -83,12 +88,16 @@ def synthetic_microsteps(
     )
     steps: list[MicroStep] = []
     for g in range(num_groups):
-        members = [MemberOutcome(f"g{g}e{k}", MemberStatus.VALID, float(rng.random())) for k in range(group_size)]
+        members = [
+            MemberOutcome(f"g{g}e{k}", MemberStatus.VALID, float(rng.random())) for k in range(group_size)
+        ]
         advantages = group_advantages(members).advantages
         rows = [
             row
             for m in members
-            for row in _rows(rng, row_logprobs, m.execution_id, vocab_size, min_row_tokens, max_row_tokens, noise)
+            for row in _rows(
+                rng, row_logprobs, m.execution_id, vocab_size, min_row_tokens, max_row_tokens, noise
+            )
         ]
         steps.extend(stream.add(rows, advantages))
     steps.extend(stream.close())

@@ -171,7 +171,9 @@ def build_gpt_model(
     use_te = uses_transformer_engine(device)
     config = transformer_config(arch, tp_size=tp_group.size(), params_dtype=params_dtype, use_te=use_te)
     model = GyreGPTModel(arch, config, layer_spec(arch, use_te=use_te), process_groups(tp_group), device)
-    model = model.to(device=device, dtype=params_dtype)  # the local spec builds its norms in the default dtype
+    model = model.to(
+        device=device, dtype=params_dtype
+    )  # the local spec builds its norms in the default dtype
     for name, p in model.named_parameters():
         # Megatron sets these only when it initializes weights itself (perform_initialization), yet its
         # optimizer's norm and the clip here read them.
@@ -205,9 +207,13 @@ def check_row_positions(position_ids: Tensor, cu_seqlens: Tensor) -> None:
     """`ValueError` unless positions restart at 0 in every row (the thd RoPE derives them from cu_seqlens)."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
     starts = torch.repeat_interleave(cu_seqlens[:-1].to(torch.int64), lengths)
-    expected = torch.arange(position_ids.shape[0], device=position_ids.device) - starts.to(position_ids.device)
+    expected = torch.arange(position_ids.shape[0], device=position_ids.device) - starts.to(
+        position_ids.device
+    )
     if not torch.equal(position_ids.to(torch.int64), expected):
-        raise ValueError("position_ids must restart at 0 in every row of cu_seqlens (the packed micro-step layout)")
+        raise ValueError(
+            "position_ids must restart at 0 in every row of cu_seqlens (the packed micro-step layout)"
+        )
 
 
 def packed_logits(model: GyreGPTModel, input_ids: Tensor, position_ids: Tensor, cu_seqlens: Tensor) -> Tensor:

@@ -88,10 +88,16 @@ class FlatShard:
 
     def grad_norm(self) -> float:
         """L2 norm of the whole model's gradient (all TP shards, replicated parameters once)."""
-        sharded = sum((self._grad(n).double().square().sum() for n in self.sharded), torch.zeros((), dtype=torch.float64))
+        sharded = sum(
+            (self._grad(n).double().square().sum() for n in self.sharded),
+            torch.zeros((), dtype=torch.float64),
+        )
         if self.tp_group.size() > 1:
             dist.all_reduce(sharded, op=dist.ReduceOp.SUM, group=self.tp_group)
-        replicated = sum((self._grad(n).double().square().sum() for n in self.replicated), torch.zeros((), dtype=torch.float64))
+        replicated = sum(
+            (self._grad(n).double().square().sum() for n in self.replicated),
+            torch.zeros((), dtype=torch.float64),
+        )
         return float((sharded + replicated).sqrt())
 
     def step(self, grad_clip: float) -> float:

@@ -35,7 +35,12 @@ class GyreRotaryEmbedding(RotaryEmbedding):
     """`RotaryEmbedding` whose `inv_freq` is computed per HF rope kind and lives on `device`."""
 
     def __init__(
-        self, rope: RopeSpec, *, kv_channels: int, device: torch.device, cp_group: torch.distributed.ProcessGroup
+        self,
+        rope: RopeSpec,
+        *,
+        kv_channels: int,
+        device: torch.device,
+        cp_group: torch.distributed.ProcessGroup,
     ) -> None:
         super().__init__(
             kv_channels=kv_channels,
@@ -65,7 +70,12 @@ class GyreRotaryEmbedding(RotaryEmbedding):
             )
         assert rope.kind == "yarn", rope.kind
         low, high = _yarn_find_correction_range(
-            rope.beta_fast, rope.beta_slow, dim, rope.theta, rope.original_max_position_embeddings, rope.truncate
+            rope.beta_fast,
+            rope.beta_slow,
+            dim,
+            rope.theta,
+            rope.original_max_position_embeddings,
+            rope.truncate,
         )
         extrapolation = 1.0 - _yarn_linear_ramp_mask(low, high, dim // 2, device=torch.device("cpu"))
         return 1.0 / (rope.factor * pos_freqs) * (1 - extrapolation) + base * extrapolation

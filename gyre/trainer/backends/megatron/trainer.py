@@ -32,7 +32,7 @@ import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,10 @@ from gyre.trainer.backends.megatron.checkpoint import (
 from gyre.trainer.backends.megatron.model import build_gpt_model, packed_logits, uses_transformer_engine
 from gyre.trainer.backends.megatron.parameters import FlatShard
 from gyre.trainer.backends.megatron.weights import check_hf_tensors, hf_to_megatron, megatron_to_hf
+from gyre.weights.snapshot import weights_digest
+
+if TYPE_CHECKING:
+    from gyre.trainer.backends.megatron.distributed_optimizer import DistributedShard
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -92,9 +96,21 @@ class MegatronTrainer(TrainerBackend):
         self.tp_group = tp_group if tp_group is not None else single_rank_group()
         self.tp_rank, self.tp_size = self.tp_group.rank(), self.tp_group.size()
         self.fused_norms = uses_transformer_engine(self.device)
-        self.model = build_gpt_model(self.arch, tp_group=self.tp_group, device=self.device, params_dtype=dtype)
+        self.model = build_gpt_model(
+            self.arch, tp_group=self.tp_group, device=self.device, params_dtype=dtype
+        )
         self.model.train()
-        self.store = FlatShard(self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer)
+        self.store: FlatShard | DistributedShard
+        if self.device.type == "cuda":  # untested: no GPU where this was built
+            from gyre.trainer.backends.megatron.distributed_optimizer import DistributedShard
+
+            self.store = DistributedShard(
+                self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer
+            )
+        else:
+            self.store = FlatShard(
+                self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer
+            )
         self.store.load_named(self._shard_of(hf_tensors))
         self.version = version
 
@@ -129,13 +145,18 @@ class MegatronTrainer(TrainerBackend):
     def zero_grads(self) -> None:
         self.store.zero_grads()
 
-    def _logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def _logits(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor
+    ) -> torch.Tensor:
         return packed_logits(self.model, input_ids, position_ids, cu_seqlens)
 
     def accumulate(self, step: MicroStep) -> StepResult:
         before = self.store.partial_grads()
         result = train_microstep(
-            step, self._logits, objective=self.spec.objective, chunk_tokens=self.spec.section.chunk_tokens,
+            step,
+            self._logits,
+            objective=self.spec.objective,
+            chunk_tokens=self.spec.section.chunk_tokens,
             device=self.device,
         )
         self.store.sum_partial_grads(before)
@@ -184,7 +205,9 @@ class MegatronTrainer(TrainerBackend):
             torch.save(state, staging / optimizer_filename(self.tp_rank, self.tp_size))
         self._barrier()
         if self.tp_rank == 0:
-            finish_checkpoint(directory, self.version, tp_size=self.tp_size, keep=self.spec.section.keep_checkpoints)
+            finish_checkpoint(
+                directory, self.version, tp_size=self.tp_size, keep=self.spec.section.keep_checkpoints
+            )
         self._barrier()
         return step_dir(directory, self.version)
 
@@ -207,9 +230,8 @@ class MegatronTrainer(TrainerBackend):
 
     def digest(self) -> str:
         """SHA-256 of this TP rank's shard (`flat_params`)."""
-        return self.store.flat.digest()
+        return weights_digest(self.store.params)
 
     def _barrier(self) -> None:
         if self.tp_size > 1:
             dist.barrier(group=self.tp_group)
-

@@ -70,9 +70,12 @@ def hf_names(arch: GPTArchitecture) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not arch.tie_word_embeddings:
         names.append("lm_head.weight")
-    per_layer = [*_layer_names(arch, False).values(), "self_attn.o_proj.weight",
-                 *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
-                 *(f"self_attn.{p}_proj.weight" for p in "qkv")]
+    per_layer = [
+        *_layer_names(arch, False).values(),
+        "self_attn.o_proj.weight",
+        *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
+        *(f"self_attn.{p}_proj.weight" for p in "qkv"),
+    ]
     if arch.qkv_bias:
         per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
     names += [f"model.layers.{i}.{n}" for i in range(arch.num_layers) for n in per_layer]
@@ -86,11 +89,15 @@ def check_hf_tensors(arch: GPTArchitecture, hf: Mapping[str, Tensor]) -> None:
     extra = set(hf) - expected
     if arch.tie_word_embeddings and "lm_head.weight" in extra:
         if not torch.equal(hf["lm_head.weight"], hf["model.embed_tokens.weight"]):
-            raise ValueError("lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true")
+            raise ValueError(
+                "lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true"
+            )
         extra.discard("lm_head.weight")
     missing = sorted(expected - set(hf))
     if missing or extra:
-        raise ValueError(f"HF weights do not match the config: missing {missing[:3]}, unexpected {sorted(extra)[:3]}")
+        raise ValueError(
+            f"HF weights do not match the config: missing {missing[:3]}, unexpected {sorted(extra)[:3]}"
+        )
 
 
 def _qkv_groups(arch: GPTArchitecture, q: Tensor, k: Tensor, v: Tensor) -> list[Tensor]:
@@ -114,8 +121,10 @@ def hf_to_megatron(
     def cols(t: Tensor) -> Tensor:
         return t.chunk(tp_size, dim=1)[tp_rank].clone()
 
-    out = {"embedding.word_embeddings.weight": rows(hf["model.embed_tokens.weight"]),
-           "decoder.final_layernorm.weight": hf["model.norm.weight"].clone()}
+    out = {
+        "embedding.word_embeddings.weight": rows(hf["model.embed_tokens.weight"]),
+        "decoder.final_layernorm.weight": hf["model.norm.weight"].clone(),
+    }
     if not arch.tie_word_embeddings:
         out["output_layer.weight"] = rows(hf["lm_head.weight"])
     groups_per_rank = arch.num_query_groups // tp_size
@@ -151,8 +160,10 @@ def megatron_to_hf(
     def cols(name: str) -> Tensor:
         return torch.cat([s[name] for s in shards], dim=1)
 
-    out = {"model.embed_tokens.weight": rows("embedding.word_embeddings.weight"),
-           "model.norm.weight": first["decoder.final_layernorm.weight"].clone()}
+    out = {
+        "model.embed_tokens.weight": rows("embedding.word_embeddings.weight"),
+        "model.norm.weight": first["decoder.final_layernorm.weight"].clone(),
+    }
     if not arch.tie_word_embeddings:
         out["lm_head.weight"] = rows("output_layer.weight")
     per = arch.num_attention_heads // arch.num_query_groups
