@@ -19,7 +19,7 @@ $(VENV)/bin/python:
 
 # Reinstall only when the project metadata changes; the install is editable.
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e '.[dev,mooncake]'
+	$(PY) -m pip install -q -e '.[dev,mooncake,megatron]'
 	@touch $@
 
 $(SYS_STAMP): deploy/local/system-deps.sh | $(VENV)/bin/python
