@@ -26,7 +26,6 @@ convention of Llama/Qwen in HF and of Megatron with `rotary_interleaved=False`.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -36,6 +35,8 @@ from torch import nn
 from gyre.model.config import ModelConfig
 from gyre.model.paged import PagedBatch, PagedKVCache
 from gyre.model.tokenizer import ByteTokenizer
+from gyre.rl.attention import packed_attention
+from gyre.trajectory.tree_layout import TreeLayout
 
 
 class RMSNorm(nn.Module):
@@ -93,17 +94,17 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(
-        self, x: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: list[int], rotary: Rotary
+        self,
+        x: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: list[int],
+        rotary: Rotary,
+        tree: TreeLayout | None = None,
     ) -> torch.Tensor:
-        """Packed: x [T, d]; rows are `x[cu[s]:cu[s+1]]`; each row attends causally to itself only."""
+        """Packed: x [T, d]; rows are `x[cu[s]:cu[s+1]]`; each row attends to itself only (causal, or
+        ancestor-only in a tree row: `gyre.rl.attention.packed_attention`)."""
         q, k, v = self._qkv(x, position_ids, rotary)
-        out = torch.empty_like(q)
-        # One causal SDPA per row: exact block-diagonal attention with the memory-efficient kernel and
-        # no [T, T] mask (a micro-step packs thousands of tokens).
-        for start, end in itertools.pairwise(cu_seqlens):
-            if end > start:
-                qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
-                out[start:end] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).transpose(0, 1)
+        out = packed_attention(q, k, v, cu_seqlens, tree)
         projected: torch.Tensor = self.o_proj(out.reshape(x.shape))
         return projected
 
@@ -199,9 +200,14 @@ class GyreLM(nn.Module):
             )
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor | list[int]
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | list[int],
+        tree: TreeLayout | None = None,
     ) -> torch.Tensor:
-        """Packed training forward: input_ids/position_ids [T], cu_seqlens [S+1] → logits [T, V]."""
+        """Packed training forward: input_ids/position_ids [T], cu_seqlens [S+1] → logits [T, V];
+        `tree` is the layout of tree-packed rows (None: every row is a path)."""
         if input_ids.dim() != 1 or position_ids.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and position_ids must both be 1-D [T]; got {tuple(input_ids.shape)} and "
@@ -218,7 +224,7 @@ class GyreLM(nn.Module):
         h = self.embed(input_ids)
         for layer in self.layers:
             assert isinstance(layer, Block)
-            h = h + layer.attn(layer.attn_norm(h), position_ids, bounds, self.rotary)
+            h = h + layer.attn(layer.attn_norm(h), position_ids, bounds, self.rotary, tree)
             h = h + layer.mlp(layer.mlp_norm(h))
         return self._logits(h)
 

@@ -1,9 +1,17 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from gyre.rl.attention import block_causal_attention, block_causal_mask
+from gyre.rl import attention
+from gyre.rl.attention import (
+    block_causal_attention,
+    block_causal_mask,
+    packed_attention,
+    packed_attention_mask,
+)
+from gyre.trajectory.tree_layout import TreeLayout
 
 
 def test_mask_is_block_diagonal_and_causal():
@@ -77,3 +85,49 @@ def test_bad_shapes_are_rejected():
         block_causal_attention(q, torch.zeros(4, 2, 2), torch.zeros(4, 2, 2), torch.tensor([0, 4]))
     with pytest.raises(ValueError):
         block_causal_attention(torch.zeros(4, 2), q, q, torch.tensor([0, 4]))
+
+
+# -- tree rows ------------------------------------------------------------------------------------
+
+# row 0: a path of 4; row 1: root [4,9) → a [9,12) → (c [12,14), d [14,20)); root → b [20,26)
+TREE = TreeLayout.concat(
+    [TreeLayout.path_rows([4]), TreeLayout.single_row(lengths=[5, 3, 2, 6, 6], parents=[-1, 0, 1, 1, 0])]
+)
+TREE_CU = TREE.cu_seqlens().tolist()
+
+
+@pytest.mark.parametrize("query_block", [2, 3, 512])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_tree_attention_equals_masked_softmax_with_the_ancestor_mask(monkeypatch, query_block, kv_heads):
+    monkeypatch.setattr(attention, "_QUERY_BLOCK", query_block)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(26, 4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (
+        torch.randn(26, kv_heads, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)
+    )
+    out = packed_attention(q, k, v, TREE_CU, TREE)
+    groups = 4 // kv_heads
+    mask = packed_attention_mask(TREE_CU, TREE)
+    full = naive_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), mask)
+    assert torch.allclose(out, full, atol=1e-12)
+    weights = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    expected = torch.autograd.grad((full * weights).sum(), (q, k, v))
+    for got, want in zip(grads, expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-12)
+
+
+def test_each_path_of_a_tree_row_is_computed_as_if_alone():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(26, 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    out = packed_attention(q, k, v, TREE_CU, TREE)
+    for chain in TREE.chains():
+        path = torch.as_tensor(np.concatenate([chain.context, np.arange(chain.start, chain.end)]))
+        alone = packed_attention(q[path], k[path], v[path], [0, len(path)])
+        assert torch.allclose(out[chain.start : chain.end], alone[len(chain.context) :], atol=1e-12)
+
+
+def test_a_layout_of_other_rows_is_rejected():
+    q = torch.zeros(26, 1, 2)
+    with pytest.raises(ValueError, match="tree layout"):
+        packed_attention(q, q, q, [0, 10, 26], TREE)
