@@ -16,6 +16,7 @@ layouts alternate, after one warm-up each, and the median of `--repeats` is kept
     token_ratio                 tokens_paths / tokens_tree
     step_s_paths, step_s_tree   seconds of one step
     speedup                     step_s_paths / step_s_tree
+    cpu_s_*, speedup_cpu        the same in CPU seconds of the process (steadier on a shared machine)
     grad_max_rel_diff           max |g_paths - g_tree| / max |g_paths| of the step (the layouts must
                                 give the same gradient; float32 rounding only)
 
@@ -64,26 +65,31 @@ def _microsteps(trees: list[TrajectoryTree], layout: RowLayout, seed: int) -> li
     return pack(rows, advantages, num_batch_executions=len(trees), token_budget=_BUDGET)
 
 
-def _train(model: torch.nn.Module, steps: list[MicroStep]) -> tuple[float, torch.Tensor]:
+def _train(model: torch.nn.Module, steps: list[MicroStep]) -> tuple[float, float, torch.Tensor]:
+    """(wall seconds, CPU seconds of this process, gradient) of one step."""
     model.zero_grad(set_to_none=True)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for step in steps:
         train_microstep(step, model)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return elapsed, grads
+    return elapsed, cpu, grads
 
 
 def _measure(model: torch.nn.Module, trees: list[TrajectoryTree], seed: int, repeats: int) -> dict[str, Any]:
     steps = {layout: _microsteps(trees, layout, seed) for layout in ("paths", "tree")}
     times: dict[str, list[float]] = {"paths": [], "tree": []}
-    _, g_paths = _train(model, steps["paths"])  # warm-up, and the gradient check
-    _, g_tree = _train(model, steps["tree"])
+    cpu_times: dict[str, list[float]] = {"paths": [], "tree": []}
+    *_, g_paths = _train(model, steps["paths"])  # warm-up, and the gradient check
+    *_, g_tree = _train(model, steps["tree"])
     for _ in range(repeats):
         for layout in ("paths", "tree"):
-            times[layout].append(_train(model, steps[layout])[0])
+            wall, cpu, _ = _train(model, steps[layout])
+            times[layout].append(wall)
+            cpu_times[layout].append(cpu)
     tokens = {layout: sum(s.num_tokens for s in steps[layout]) for layout in steps}
     step_s = {layout: statistics.median(times[layout]) for layout in times}
+    cpu_s = {layout: statistics.median(cpu_times[layout]) for layout in cpu_times}
     return {
         "tokens_paths": tokens["paths"],
         "tokens_tree": tokens["tree"],
@@ -91,6 +97,9 @@ def _measure(model: torch.nn.Module, trees: list[TrajectoryTree], seed: int, rep
         "step_s_paths": step_s["paths"],
         "step_s_tree": step_s["tree"],
         "speedup": step_s["paths"] / step_s["tree"],
+        "cpu_s_paths": cpu_s["paths"],
+        "cpu_s_tree": cpu_s["tree"],
+        "speedup_cpu": cpu_s["paths"] / cpu_s["tree"],
         "grad_max_rel_diff": float((g_paths - g_tree).abs().max() / g_paths.abs().max()),
         "rows_paths": sum(s.num_rows for s in steps["paths"]),
         "rows_tree": sum(s.num_rows for s in steps["tree"]),
@@ -99,7 +108,10 @@ def _measure(model: torch.nn.Module, trees: list[TrajectoryTree], seed: int, rep
 
 
 def _medians(results: list[dict[str, Any]]) -> dict[str, float]:
-    keys = ("tokens_paths", "tokens_tree", "token_ratio", "step_s_paths", "step_s_tree", "speedup")
+    keys = (
+        "tokens_paths", "tokens_tree", "token_ratio", "step_s_paths", "step_s_tree", "speedup",
+        "cpu_s_paths", "cpu_s_tree", "speedup_cpu",
+    )  # fmt: skip
     out: dict[str, float] = {k: statistics.median(r[k] for r in results) for k in keys}
     out["grad_max_rel_diff"] = max(r["grad_max_rel_diff"] for r in results)
     return out

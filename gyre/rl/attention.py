@@ -15,7 +15,9 @@ causal SDPA. Each other chain runs in query blocks of `_QUERY_BLOCK` tokens, eac
 over context + chain-so-far with a boolean mask that is all-true but for its last, lower-triangular
 block. The work is the number of (query, ancestor) pairs plus a sliver per block; the CPU SDPA
 kernel computes masked entries too, so the blocks are what keeps it from growing to
-L_chain × (context + L_chain).
+L_chain × (context + L_chain). Measured on an Appendix-C-shaped row (5,494 tokens, 5 chains, 4 heads
+of 32, forward + backward, CPU time, one thread): 0.48-0.55 s with blocks of 256 (128-1024 within
+~25% of it, one call per chain 0.88 s), against 1.9 s for the attention of its five path rows.
 
 Why not flex attention: in torch 2.13 it has no backward on CPU (NotImplementedError "FlexAttention
 does not support backward on CPU"), and the trainer needs one. A dense boolean mask over the whole
@@ -39,7 +41,7 @@ import torch.nn.functional as F
 
 from gyre.trajectory.tree_layout import Chain, TreeLayout
 
-_QUERY_BLOCK = 512
+_QUERY_BLOCK = 256
 """Queries per SDPA call in a chain with context (see the module docstring)."""
 
 

@@ -11,8 +11,11 @@ from torch import nn
 
 from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
 from gyre.rl.attention import packed_attention
+from gyre.trajectory import admit, materialize
+from gyre.trajectory.materialize import RowLayout
 from gyre.trajectory.row import TrajectoryRow
 from gyre.trajectory.tree_layout import TreeLayout
+from tests.unit.trajectory.harness_sim import run_script
 
 VOCAB = 24
 
@@ -147,3 +150,20 @@ def random_batch(
                 rows.extend(execution_rows(rng, model, eid, max_rows=max_rows, max_len=max_len))
         advantages.update(group_advantages(members).advantages)
     return rows, advantages, num_groups * group_size
+
+
+BRANCHING = ["step", "retry", "sub", "step", "sub", "retry", "compact", "step", "sub_compact", "sub", "retry"]
+"""A harness script with retries, compaction and a sub-agent (`tests.unit.trajectory.harness_sim`)."""
+
+
+def simulated_rows(
+    layout: RowLayout, seeds: tuple[int, ...] = (0, 1, 2), j_max: int | None = None
+) -> tuple[list[TrajectoryRow], dict[str, float]]:
+    """Rows (path or tree) of simulated branching executions, and their advantages."""
+    rows: list[TrajectoryRow] = []
+    advantages: dict[str, float] = {}
+    for seed in seeds:
+        tree = run_script(seed, BRANCHING).tree
+        rows += materialize(tree, admit(tree, j_max=j_max, seed=seed), layout)
+        advantages[tree.execution_id] = 0.5 - (seed % 3) * 0.4
+    return rows, advantages
