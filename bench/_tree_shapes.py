@@ -13,7 +13,8 @@
   by `gyre.trajectory.replay` with the `claude_code` profile, as `gyre trace replay` does.
 
 The embedded template is byte-level, so a call of `result_tokens` + `output_tokens` is about that
-many tokens; the defaults keep every root-to-leaf path under the default model's 4096 positions.
+many tokens; the defaults (26 and 22 calls per agent, times `scale`) keep every root-to-leaf path
+under the default model's 4096 positions.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class _Agent:
 
 
 def appendix_c_execution(
-    seed: int, *, num_calls: int = 26, result_tokens: int = 110, output_tokens: int = 70
+    seed: int, *, scale: float = 1.0, result_tokens: int = 110, output_tokens: int = 70
 ) -> TrajectoryTree:
     """Main agent and a sub-agent, each compacting once, with retries (4 in the main agent, 2 in the
     sub-agent), at the fractions of the run where `gyre bench tree`'s Appendix C tree has them (each
@@ -93,7 +94,7 @@ def appendix_c_execution(
     sizes = (result_tokens, output_tokens)
     main = _Agent(tree, "You are the main agent. " + _text(rng, 300), rng, "main", sizes)
     sub = _Agent(tree, "You are a sub-agent. " + _text(rng, 200), rng, "sub", sizes)
-    n = num_calls
+    n = round(26 * scale)
 
     def at(fraction: float, jitter: bool = False) -> int:
         return round(n * (fraction + (rng.uniform(-0.03, 0.03) if jitter else 0.0)))
@@ -202,14 +203,14 @@ class _CapturedAgent:
 
 
 def replay_execution(
-    seed: int, *, num_calls: int = 22, result_tokens: int = 110, output_tokens: int = 100
+    seed: int, *, scale: float = 1.0, result_tokens: int = 110, output_tokens: int = 100
 ) -> TrajectoryTree:
     """A captured Claude-Code-shaped session (main + sub-agent, compactions, retries) replayed into a tree."""
     rng = random.Random(seed)
     counter = [0]
     sizes = (result_tokens, output_tokens)
     main, sub = _CapturedAgent(rng, False, counter, sizes), _CapturedAgent(rng, True, counter, sizes)
-    n = num_calls
+    n = round(22 * scale)
     envelopes: list[dict[str, Any]] = []
     for i in range(n):
         envelopes += main.turn(retry=i in {n // 6, n // 3, (3 * n) // 4})

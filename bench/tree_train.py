@@ -1,7 +1,7 @@
 """`gyre bench tree-train`: forward-backward tokens and seconds per training step with the admitted
 trajectories packed as path rows (`packer.row_layout: paths`) against tree rows (`tree`), in one run.
 
-    gyre bench tree-train [--steps 3] [--executions 2] [--repeats 2] [--threads 1] [--json]
+    gyre bench tree-train [--steps 3] [--executions 2] [--repeats 2] [--threads 1] [--quick] [--json]
 
 Per tree family (`bench/_tree_shapes.py`: `appendix_c`, Appendix-C-shaped executions with a main
 agent and a sub-agent that each compact, and retries; `replay`, Claude-Code-shaped capture sessions
@@ -118,7 +118,8 @@ def _medians(results: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _round(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in values.items()}
+    """Four significant digits (the gradient difference is ~1e-6)."""
+    return {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in values.items()}
 
 
 def main(argv: list[str]) -> None:
@@ -128,17 +129,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per step and layout (median kept)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--quick", action="store_true", help="executions of 30%% of the calls, a one-layer model (smoke run)"
+    )
     parser.add_argument("--json", action="store_true", help="accepted: the last line is always JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = ModelConfig()
+    config = ModelConfig(num_layers=1) if args.quick else ModelConfig()
     model = build_model(config, seed=args.seed).train()
     num_params = sum(p.numel() for p in model.parameters())
     per_family: dict[str, list[dict[str, Any]]] = {}
     for name, make in FAMILIES.items():
         for step in range(args.steps):
             first = args.seed * 1000 + step * args.executions
-            trees = [make(first + k) for k in range(args.executions)]
+            trees = [make(first + k, scale=0.3 if args.quick else 1.0) for k in range(args.executions)]
             result = _measure(model, trees, seed=first, repeats=args.repeats)
             per_family.setdefault(name, []).append(result)
             print(f"{name} step {step}: {json.dumps(_round(result))}", flush=True)
@@ -160,6 +164,7 @@ def main(argv: list[str]) -> None:
                 "steps_per_family": args.steps,
                 "executions_per_step": args.executions,
                 "repeats": args.repeats,
+                "quick": args.quick,
             }
         )
     )

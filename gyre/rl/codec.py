@@ -17,8 +17,8 @@ Only what cannot be derived is stored: token ids (uint16 when every id fits, els
 boundaries, the execution of each row, the target mask as a bit set, the behaviour log-prob
 (float32) at targets only, and the coefficient once per execution (float64; per target only if a
 micro-step ever carries coefficients that vary inside an execution), and for tree rows the
-`TreeLayout` (three int32 arrays over rows and segments: 12 bytes per segment, a few dozen bytes per
-execution). Position ids and per-token execution indices are rebuilt on decode. With the byte
+`TreeLayout` (int32: segment lengths and parents, row boundaries in segments; 8 bytes per segment
+and 4 per row, a few dozen bytes per execution). Position ids and per-token execution indices are rebuilt on decode. With the byte
 tokenizer and a quarter of the tokens being targets, that is about 3 bytes per token.
 
 Version 2 added the tree layout; a version-1 reader would silently train a tree micro-step as path

@@ -24,7 +24,7 @@ A path row is a row of one segment. Everything else is derived here, in numpy:
   in tree order, and each of its queries attends the chain's *context* (all tokens of the ancestors
   of the chain's first segment) plus the chain itself causally.
 
-Pure numpy: the packer imports it; in the micro-step codec it costs 12 bytes per segment.
+Pure numpy: the packer imports it; in the micro-step codec it costs 8 bytes per segment and 4 per row.
 
     layout = TreeLayout.single_row(lengths=[5, 3, 4], parents=[-1, 0, 0])
     layout.position_ids()   # [0..4, 5..7, 5..8]

@@ -3,6 +3,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gyre.rl import attention
 from gyre.rl.attention import (
@@ -12,6 +14,7 @@ from gyre.rl.attention import (
     packed_attention_mask,
 )
 from gyre.trajectory.tree_layout import TreeLayout
+from tests.unit.trajectory.test_tree_layout import random_tree
 
 
 def test_mask_is_block_diagonal_and_causal():
@@ -131,3 +134,22 @@ def test_a_layout_of_other_rows_is_rejected():
     q = torch.zeros(26, 1, 2)
     with pytest.raises(ValueError, match="tree layout"):
         packed_attention(q, q, q, [0, 10, 26], TREE)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    trees=st.lists(random_tree(), min_size=1, max_size=3),
+    query_block=st.integers(1, 8),
+    seed=st.integers(0, 99),
+)
+def test_tree_attention_equals_the_dense_mask_on_random_trees(trees, query_block, seed):
+    attention._QUERY_BLOCK, before = query_block, attention._QUERY_BLOCK
+    try:
+        layout = TreeLayout.concat([TreeLayout.single_row(lengths, parents) for lengths, parents in trees])
+        cu = layout.cu_seqlens().tolist()
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(layout.num_tokens, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+        out = packed_attention(q, k, v, cu, layout)
+        assert torch.allclose(out, naive_attention(q, k, v, packed_attention_mask(cu, layout)), atol=1e-12)
+    finally:
+        attention._QUERY_BLOCK = before
