@@ -33,24 +33,14 @@ import torch
 
 from gyre.model.causal_lm import CausalLM
 from gyre.model.files import check_model_dir
-from gyre.model.init import init_model_dir
+from gyre.model.init import EMBEDDED_DEFAULT, init_model_dir
 from gyre.model.weights import load_model, write_model_dir
 from gyre.tasks import TaskRegistry, demo_task_ids
 from gyre.trajectory.templates import template_for_family
 from harness.teacher import render_transcript, teacher_body
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "warmstart"
-DEMO_MODEL: dict[str, Any] = {
-    "hidden_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "head_dim": 32,
-    "intermediate_size": 384,
-    "max_position_embeddings": 4096,
-    "rope_theta": 10000.0,
-    "rms_norm_eps": 1e-5,
-}
+DEMO_MODEL = EMBEDDED_DEFAULT
 """config.json of the embedded demo model (a Llama; `gyre model init` with these overrides)."""
 MULTI_PART_SHARE = 0.1
 """Share of teacher transcripts drawn from the multi-part suite (the rest: single additions)."""

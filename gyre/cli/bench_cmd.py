@@ -14,7 +14,10 @@ import bench
 
 
 def _names() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
+    """Benchmark names: the modules of bench/, with `-` for `_` (`bench/tree_train.py` is `tree-train`)."""
+    return sorted(
+        m.name.replace("_", "-") for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_")
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +30,9 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Argument("", help="Benchmark name (a module of bench/)."),
         list_: bool = typer.Option(False, "--list", help="List the benchmarks."),
         json_: bool = typer.Option(
-            False, "--json", help="Accepted by every benchmark: the last output line is always one JSON object."
+            False,
+            "--json",
+            help="Accepted by every benchmark: the last output line is always one JSON object.",
         ),
     ) -> None:
         """Run one benchmark; its last output line is a JSON object."""
@@ -38,5 +43,5 @@ def register(app: typer.Typer) -> None:
         if name not in names:
             typer.echo(f"error: unknown benchmark {name!r}; choose one of: {', '.join(names)}", err=True)
             raise typer.Exit(2)
-        module = importlib.import_module(f"bench.{name}")
+        module = importlib.import_module(f"bench.{name.replace('-', '_')}")
         module.main(list(ctx.args))

@@ -39,6 +39,11 @@ class PackerSection(Section):
     """Token budget of one micro-step."""
     normalize_std: bool = False
     """Divide group-relative advantages by the group's reward std (+eps)."""
+    row_layout: Literal["paths", "tree"] = "tree"
+    """How an execution's admitted trajectories become training rows: `tree` packs the admitted paths
+    under each root into one row, each shared prefix once, with ancestor-only attention (same
+    gradient as `paths`, fewer tokens; the trainer must support tree rows — `MicroStep.as_path_rows`
+    expands them for one that does not); `paths` gives every trajectory its own root-to-leaf row."""
 
 
 class TrainerSection(Section):

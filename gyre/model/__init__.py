@@ -10,6 +10,8 @@ tokenizer_config.json (chat template). This package file imports nothing, so lig
     from gyre.model.files import check_model_dir
     from gyre.model.weights import load_model, write_model_dir
     from gyre.model.causal_lm import CausalLM                            # packed + paged forwards
+    from gyre.model.attention import packed_attention                    # path rows and tree rows
+    from gyre.model.tree_layout import TreeLayout                        # tree-packed rows' structure
     from gyre.model.init import init_model_dir                           # `gyre model init`
     from gyre.model.families import FAMILIES, detect_family              # chat formats and parsers
     from gyre.model.logprobs import token_logprobs

@@ -15,8 +15,9 @@ published directories share one parameter set, named exactly as in the checkpoin
 
 so a checkpoint loads as its own state dict (`gyre.model.weights`). Two forwards share the modules:
 
-- training (packed): `logits = model(input_ids, position_ids, cu_seqlens)` over S rows concatenated
-  into T tokens with block-diagonal causal attention (`gyre.rl.attention`), logits [T, V];
+- training (packed): `logits = model(input_ids, position_ids, cu_seqlens, tree)` over S rows
+  concatenated into T tokens with block-diagonal causal attention, or ancestor-only attention inside
+  tree-packed rows (`tree`, a `TreeLayout`; `gyre.model.attention`), logits [T, V];
 - serving (paged): `model.forward_paged(input_ids, cache, batch)` over B rows of new tokens that
   attend K/V held in a `PagedKVCache` (`gyre.model.paged`), keys stored after rotary.
 
@@ -31,9 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from gyre.model.arch import ModelArch
+from gyre.model.attention import packed_attention
 from gyre.model.paged import PagedBatch, PagedKVCache
 from gyre.model.rope import Rotary, apply_rotary
-from gyre.rl.attention import block_causal_attention
+from gyre.model.tree_layout import TreeLayout
 
 
 class RMSNorm(nn.Module):
@@ -89,11 +91,17 @@ class Attention(nn.Module):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cu_seqlens: list[int],
+        tree: TreeLayout | None = None,
     ) -> torch.Tensor:
-        """Packed: x [T, d]; each row of `cu_seqlens` attends causally to itself only."""
+        """Packed: x [T, d]; each row of `cu_seqlens` attends causally to itself only (ancestor-only
+        within a tree-packed row: `gyre.model.attention.packed_attention`)."""
         q, k, v = self._qkv(x, cos, sin)
-        out = block_causal_attention(q, k, v, cu_seqlens, scale=self.scale)
+        out = packed_attention(q, k, v, cu_seqlens, tree, scale=self.scale)
         projected: torch.Tensor = self.o_proj(out.reshape(*x.shape[:-1], -1))
         return projected
 
@@ -236,20 +244,28 @@ class CausalLM(nn.Module):
         return [layer for layer in self.model.layers if isinstance(layer, DecoderLayer)]
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor | list[int]
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | list[int],
+        tree: TreeLayout | None = None,
     ) -> torch.Tensor:
-        """Packed training forward: input_ids/position_ids [T], cu_seqlens [S+1] → logits [T, V]."""
+        """Packed training forward: input_ids/position_ids [T], cu_seqlens [S+1] → logits [T, V];
+        `tree` is the layout of tree-packed rows (None: every row is a path). Positions are taken as
+        given (in a tree row a token's position is its depth along its own path)."""
         if input_ids.dim() != 1 or position_ids.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and position_ids must both be 1-D [T]; got {tuple(input_ids.shape)} and "
                 f"{tuple(position_ids.shape)}"
             )
-        bounds = torch.as_tensor(cu_seqlens, dtype=torch.int64)
+        bounds = [int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+        if not bounds or bounds[0] != 0 or bounds[-1] != input_ids.shape[0] or bounds != sorted(bounds):
+            raise ValueError(f"cu_seqlens must be non-decreasing from 0 to T={input_ids.shape[0]}; got {bounds[:4]}...")
         self._check_positions(position_ids)
         cos, sin = self.rotary.cos_sin(position_ids, self.lm_head.weight.dtype)
         h = self.model.embed_tokens(input_ids)
         for layer in self._layers():
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, bounds)
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, bounds, tree)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits: torch.Tensor = self.lm_head(self.model.norm(h))
         return logits

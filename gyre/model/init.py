@@ -53,6 +53,20 @@ SIZES = {
         hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=768, vocab_size=16384
     ),
 }
+EMBEDDED_DEFAULT: dict[str, Any] = {
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "intermediate_size": 384,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+}
+"""config.json keys of the embedded default's model (the demo's warm start: a Llama, 0.9 M parameters
+with the byte tokenizer and the `chatml` family): `init_model_dir(..., arch="llama", tokenizer="byte",
+family="chatml", overrides=EMBEDDED_DEFAULT)`."""
 
 
 def _config(

@@ -4,13 +4,15 @@ Nothing here talks to a broker, a store or an engine (a test enforces it); the m
 
 - `advantages`  group-relative advantages over the resolved members of a group
 - `ordering`    which ready group the packer takes next (oldest policy version, then oldest ready time)
-- `packing`     rows → micro-steps under a token budget, with the per-token coefficient 1/(L_i·B·N)
-- `microstep`   the `MicroStep` record a cell trains on
+- `packing`     rows (path or tree rows) → micro-steps under a token budget, with the per-token
+                coefficient 1/(L_i·B·N)
+- `microstep`   the `MicroStep` record a cell trains on (with a `TreeLayout` when it holds tree rows)
 - `codec`       a versioned bytes format for a `MicroStep` (it travels through the Redis queue)
 - `stream`      the stream packing buffer: groups in, full micro-steps out
 - `loss`        the GSPO-variant loss (torch) and its metrics
 - `step_loss`   a micro-step's loss given a logits function, chunked for executions over the budget
-- `attention`   the reference block-diagonal causal attention of the packed layout
 
-Only `loss`, `step_loss` and `attention` import torch, so the packer can stay torch-free.
+The layout of tree rows (`TreeLayout`) and the attention that reads it (`packed_attention`) belong to
+the model (`gyre.model.tree_layout`, `gyre.model.attention`). Only `loss` and `step_loss` import
+torch, so the packer can stay torch-free.
 """

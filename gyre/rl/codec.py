@@ -16,9 +16,13 @@ Layout (all integers little-endian):
 Only what cannot be derived is stored: token ids (uint16 when every id fits, else int32), row
 boundaries, the execution of each row, the target mask as a bit set, the behaviour log-prob
 (float32) at targets only, and the coefficient once per execution (float64; per target only if a
-micro-step ever carries coefficients that vary inside an execution). Position ids and per-token
-execution indices are rebuilt on decode. With the byte tokenizer and a quarter of the tokens being
-targets, that is about 3 bytes per token.
+micro-step ever carries coefficients that vary inside an execution), and for tree rows the
+`TreeLayout` (int32: segment lengths and parents, row boundaries in segments; 8 bytes per segment
+and 4 per row, a few dozen bytes per execution). Position ids and per-token execution indices are rebuilt on decode. With the byte
+tokenizer and a quarter of the tokens being targets, that is about 3 bytes per token.
+
+Version 2 added the tree layout; a version-1 reader would silently train a tree micro-step as path
+rows with wrong positions, hence the bump.
 
     blob = encode_microstep(step)
     same = decode_microstep(blob)
@@ -33,9 +37,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gyre.rl.microstep import MicroStep
+from gyre.model.tree_layout import TreeLayout
+from gyre.rl.microstep import MicroStep, path_positions
 
-CODEC_VERSION = 1
+CODEC_VERSION = 2
 MAGIC = b"GYMS"
 _PREAMBLE = struct.Struct("<4sHHI")
 _ALIGN = 8
@@ -83,6 +88,12 @@ def encode_microstep(step: MicroStep) -> bytes:
         ("advantages", "f8", step.advantages),
         ("execution_num_targets", "i4", step.execution_num_targets),
     ]
+    if step.tree is not None:
+        arrays += [
+            ("tree_row_segments", "i4", step.tree.row_segments),
+            ("tree_segment_lengths", "i4", step.tree.segment_lengths),
+            ("tree_segment_parents", "i4", step.tree.segment_parents),
+        ]
     table: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     offset = 0
@@ -153,6 +164,15 @@ def decode_microstep(blob: bytes) -> MicroStep:
             int(header["index"]),
             int(header["token_budget"]),
         )
+        tree = (
+            TreeLayout(
+                arrays["tree_row_segments"].astype(np.int32),
+                arrays["tree_segment_lengths"].astype(np.int32),
+                arrays["tree_segment_parents"].astype(np.int32),
+            )
+            if "tree_row_segments" in arrays
+            else None
+        )
     except CodecError:
         raise
     except (KeyError, TypeError, ValueError) as e:
@@ -173,6 +193,8 @@ def decode_microstep(blob: bytes) -> MicroStep:
     execution_index = np.repeat(row_execution, lengths).astype(np.int32)
     if np.any(row_execution < 0) or np.any(row_execution >= len(execution_ids)):
         raise CodecError("micro-step rows refer to executions it does not list")
+    if tree is not None and not np.array_equal(tree.cu_seqlens(), cu_seqlens):
+        raise CodecError("micro-step tree layout disagrees with its row boundaries")
     full_behaviour = np.zeros(num_tokens, dtype=np.float32)
     full_behaviour[mask] = behaviour
     full_coefficients = np.zeros(num_tokens, dtype=np.float64)
@@ -190,7 +212,7 @@ def decode_microstep(blob: bytes) -> MicroStep:
             index=index,
             token_budget=token_budget,
             input_ids=input_ids,
-            position_ids=(np.arange(num_tokens) - np.repeat(cu_seqlens[:-1], lengths)).astype(np.int32),
+            position_ids=path_positions(cu_seqlens, tree),
             cu_seqlens=cu_seqlens,
             target_mask=mask,
             behaviour_logprobs=full_behaviour,
@@ -199,6 +221,7 @@ def decode_microstep(blob: bytes) -> MicroStep:
             execution_ids=execution_ids,
             advantages=advantages,
             execution_num_targets=execution_num_targets,
+            tree=tree,
         )
     except ValueError as e:
         raise CodecError(f"decoded micro-step is inconsistent: {e}") from e

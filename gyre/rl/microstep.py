@@ -1,18 +1,23 @@
 """`MicroStep`: the unit of training work a cell claims from the queue.
 
-A micro-step is S rows (admitted trajectories) concatenated into one token stream of T tokens, in
-the flash-attn varlen layout: `cu_seqlens` [S+1] holds the row boundaries and `position_ids`
-restart at 0 in every row, so a model with block-diagonal causal attention sees each row alone.
-Every row of an execution that appears in a micro-step is in that micro-step (the packer
-guarantees it), so the execution's sequence ratio s_i can be computed locally.
+A micro-step is S rows concatenated into one token stream of T tokens, in the flash-attn varlen
+layout: `cu_seqlens` [S+1] holds the row boundaries, and a model with block-diagonal attention sees
+each row alone. A row is a path (one admitted trajectory: positions restart at 0, causal attention)
+or a tree row (several admitted paths of one root, each shared prefix once). When any row is a tree
+row, `tree` is the `TreeLayout` of all S rows (a path row is one segment of it): positions are the
+depth along each token's own path, attention is ancestor-only, and the logits that predict a
+target are those of its predecessor on its path (`gyre.model.tree_layout`). Every row of an
+execution that appears in a micro-step is in that micro-step (the packer guarantees it), so the
+execution's sequence ratio s_i can be computed locally.
 
 Per token: the target mask, the recorded behaviour log-prob, the coefficient `1/(L_i·B·N)` (0 off
 targets) and the index of the token's execution. Per execution: its id, advantage and number of
-targets L_i. Alignment follows `gyre.trajectory.row`: a target at token t is predicted by the
-logits at t - 1 of the same row, so the first token of a row is never a target.
+targets L_i. Alignment follows `gyre.trajectory.row`: a target is predicted by the logits of its
+predecessor in the same row (t - 1 in a path row), so the first token of a row is never a target.
 
 `row_chunks` splits a micro-step's rows into consecutive chunks under a token limit: how a cell
-trains a micro-step that exceeds its budget (see `gyre.rl.step_loss`).
+trains a micro-step that exceeds its budget (see `gyre.rl.step_loss`). `as_path_rows` turns tree
+rows back into path rows with the same loss, for a trainer without ancestor-only attention.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from gyre.model.tree_layout import TreeLayout
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,7 +45,7 @@ class MicroStep:
     input_ids: npt.NDArray[np.int32]
     """[T] token ids of all rows, concatenated."""
     position_ids: npt.NDArray[np.int32]
-    """[T] position of each token inside its row (restarts at 0 per row)."""
+    """[T] position of each token along its path (restarts at 0 per row; the depth in a tree row)."""
     cu_seqlens: npt.NDArray[np.int32]
     """[S+1] row boundaries: row r is tokens cu_seqlens[r]:cu_seqlens[r+1]."""
     target_mask: npt.NDArray[np.bool_]
@@ -55,6 +62,8 @@ class MicroStep:
     """[E] the group-relative advantage of each execution."""
     execution_num_targets: npt.NDArray[np.int32]
     """[E] L_i: every admitted target of the execution (all of them are in this micro-step)."""
+    tree: TreeLayout | None = None
+    """The segments of all S rows when any row is a tree row; None when every row is a path."""
 
     def __post_init__(self) -> None:
         t = len(self.input_ids)
@@ -77,6 +86,10 @@ class MicroStep:
             raise ValueError("execution_index must be constant inside a row")
         if np.any(self.target_mask[self.cu_seqlens[:-1]]):
             raise ValueError("the first token of a row cannot be a target")
+        if self.tree is not None and not np.array_equal(self.tree.cu_seqlens(), self.cu_seqlens):
+            raise ValueError("the tree layout must describe exactly the micro-step's rows")
+        if not np.array_equal(self.position_ids, path_positions(self.cu_seqlens, self.tree)):
+            raise ValueError("position_ids must be each token's position along its own path")
         counts = np.bincount(self.execution_index[self.target_mask], minlength=e)
         if not np.array_equal(counts, self.execution_num_targets):
             raise ValueError(
@@ -112,6 +125,58 @@ class MicroStep:
     def row_execution(self) -> npt.NDArray[np.int32]:
         """[S] execution index of each row."""
         return self.execution_index[self.cu_seqlens[:-1]]
+
+    @property
+    def layout(self) -> TreeLayout:
+        """The rows' layout (`tree`, or one segment per row)."""
+        return self.tree if self.tree is not None else TreeLayout.path_rows(self.row_lengths)
+
+    def as_path_rows(self) -> MicroStep:
+        """The same micro-step with every tree row expanded into its root-to-leaf paths.
+
+        Each target stays a target in exactly one path (the first in tree order that holds it) and
+        keeps its coefficient, so the loss and its gradient are those of the tree rows."""
+        if self.tree is None:
+            return self
+        paths: list[npt.NDArray[np.int64]] = []
+        targets: list[npt.NDArray[np.bool_]] = []
+        claimed = np.zeros(self.num_tokens, np.bool_)
+        for chain in self.tree.chains():
+            index = np.concatenate([chain.context, np.arange(chain.start, chain.end)])
+            targets.append(self.target_mask[index] & ~claimed[index])
+            claimed[index] = True
+            paths.append(index)
+        index = np.concatenate(paths)
+        mask = np.concatenate(targets)
+        lengths = np.array([len(p) for p in paths], dtype=np.int64)
+        cu_seqlens = np.zeros(len(paths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=cu_seqlens[1:])
+        return MicroStep(
+            batch_id=self.batch_id,
+            step=self.step,
+            index=self.index,
+            token_budget=self.token_budget,
+            input_ids=self.input_ids[index],
+            position_ids=path_positions(cu_seqlens, None),
+            cu_seqlens=cu_seqlens,
+            target_mask=mask,
+            behaviour_logprobs=np.where(mask, self.behaviour_logprobs[index], np.float32(0.0)).astype(
+                np.float32
+            ),
+            coefficients=np.where(mask, self.coefficients[index], 0.0),
+            execution_index=self.execution_index[index],
+            execution_ids=self.execution_ids,
+            advantages=self.advantages,
+            execution_num_targets=self.execution_num_targets,
+        )
+
+
+def path_positions(cu_seqlens: npt.NDArray[np.int32], tree: TreeLayout | None) -> npt.NDArray[np.int32]:
+    """[T] each token's position along its own path: from 0 per row, or the depth in a tree row."""
+    if tree is not None:
+        return tree.position_ids()
+    lengths = np.diff(cu_seqlens)
+    return (np.arange(int(cu_seqlens[-1])) - np.repeat(cu_seqlens[:-1], lengths)).astype(np.int32)
 
 
 def row_chunks(cu_seqlens: npt.NDArray[np.int32], chunk_tokens: int) -> list[tuple[int, int]]:

@@ -11,6 +11,9 @@ Packing unit: an execution (all its rows). All rows of one execution go into one
 is local. Executions are placed first-fit decreasing by token count; an execution larger than the
 budget gets a micro-step of its own, which the cell trains in chunks (`gyre.rl.step_loss`). An
 execution without targets (L_i = 0, e.g. a placeholder) contributes zero loss and is dropped here.
+Rows may be path rows or tree rows (`gyre.trajectory.materialize`); a micro-step with a tree row
+carries the `TreeLayout` of all its rows, and the token count that packing and the budget see is
+the tree row's, each shared prefix counted once.
 
     steps = pack(rows, advantages, num_batch_executions=B * N, token_budget=8192, batch_id="b7", step=7)
 
@@ -29,8 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gyre.model.tree_layout import TreeLayout
 from gyre.rl.codec import CODEC_VERSION, decode_microstep, encode_microstep
-from gyre.rl.microstep import MicroStep
+from gyre.rl.microstep import MicroStep, path_positions
 from gyre.trajectory.row import TrajectoryRow
 
 __all__ = [
@@ -138,12 +142,13 @@ def build_microstep(
     step: int,
     index: int,
 ) -> MicroStep:
-    """Concatenate the rows of `executions` (in the given order) into one micro-step."""
+    """Concatenate the rows of `executions` (in the given order) into one micro-step; it carries a
+    `TreeLayout` of all its rows when any of them is a tree row."""
     rows = [r for e in executions for r in e.rows]
+    tree = TreeLayout.concat([r.layout for r in rows]) if any(r.tree is not None for r in rows) else None
     lengths = np.array([r.num_tokens for r in rows], dtype=np.int64)
     cu_seqlens = np.zeros(len(rows) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu_seqlens[1:])
-    num_tokens = int(cu_seqlens[-1])
     row_execution = np.repeat(np.arange(len(executions), dtype=np.int32), [len(e.rows) for e in executions])
     target_mask = np.concatenate([r.target_mask for r in rows]) if rows else np.zeros(0, np.bool_)
     coefficient = np.array(
@@ -158,7 +163,7 @@ def build_microstep(
         input_ids=np.concatenate([r.token_ids for r in rows]).astype(np.int32)
         if rows
         else np.zeros(0, np.int32),
-        position_ids=(np.arange(num_tokens) - np.repeat(cu_seqlens[:-1], lengths)).astype(np.int32),
+        position_ids=path_positions(cu_seqlens, tree),
         cu_seqlens=cu_seqlens,
         target_mask=target_mask,
         behaviour_logprobs=np.where(
@@ -171,6 +176,7 @@ def build_microstep(
         execution_ids=tuple(e.execution_id for e in executions),
         advantages=np.array([e.advantage for e in executions], dtype=np.float64),
         execution_num_targets=np.array([e.num_targets for e in executions], dtype=np.int32),
+        tree=tree,
     )
 
 

@@ -1,9 +1,11 @@
 """A micro-step's loss given a logits function, and the gradient pass a training cell runs on it.
 
 The logits function follows the model contract of the packed path:
-`logits = logits_fn(input_ids [T] int64, position_ids [T] int64, cu_seqlens [S+1] int32)` → [T, V],
-with block-diagonal causal attention. The log-prob of a target at token t comes from the logits at
-t - 1 (same row; a row's first token is never a target).
+`logits = logits_fn(input_ids [T] int64, position_ids [T] int64, cu_seqlens [S+1] int32, tree)` →
+[T, V], with `tree` the micro-step's `TreeLayout` (None when every row is a path) and the attention
+of `gyre.model.attention.packed_attention`. The log-prob of a target comes from the logits of its
+predecessor on its path: t - 1 in a path row, `TreeLayout.predecessors` in a tree row (a row's
+first token is never a target).
 
 Executions larger than the budget (chunked path). The packer gives such an execution a micro-step
 of its own; `train_microstep` then splits its rows into chunks of at most `chunk_tokens` tokens (a
@@ -17,7 +19,9 @@ two passes:
 
 s_i carries no gradient and the loss is a sum over tokens, so the accumulated gradient equals that
 of one unchunked pass (up to summation order; tested to 1e-12 in float64). The price is one extra
-forward of that execution. The two passes must see the same weights and a deterministic model (no
+forward of that execution. Chunks are cut at row boundaries only: a tree row is never split (it is
+one chunk when it is longer than `chunk_tokens`, like a long path row), so the largest forward of a
+chunked micro-step is its longest row — for tree rows, the union of one root's admitted paths. The two passes must see the same weights and a deterministic model (no
 dropout), which holds while a batch is being accumulated: weights are frozen until the optimizer step.
 
 Reducing across cells: every token already carries 1/(L_i·B·N), so the batch gradient is the SUM of
@@ -37,11 +41,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from gyre.model.tree_layout import TreeLayout
 from gyre.rl.loss import DEFAULT_OBJECTIVE, LossMetrics, ObjectiveParams, gspo_loss, sequence_metrics
 from gyre.rl.microstep import MicroStep, row_chunks
 
-LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""`logits_fn(input_ids, position_ids, cu_seqlens) -> logits [T, V]` (see the module docstring)."""
+LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, TreeLayout | None], torch.Tensor]
+"""`logits_fn(input_ids, position_ids, cu_seqlens, tree) -> logits [T, V]` (see the module docstring)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,10 +64,13 @@ class _Tensors:
     """Row boundaries on the host (slicing without device syncs)."""
     targets_host: npt.NDArray[np.int64]
     """Target positions on the host."""
+    tree: TreeLayout | None
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     target_positions: torch.Tensor
+    source_positions: torch.Tensor
+    """The token whose logits predict each target (its predecessor on its path)."""
     behaviour_logprobs: torch.Tensor
     coefficients: torch.Tensor
     target_execution: torch.Tensor
@@ -72,6 +80,7 @@ class _Tensors:
 
 def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
     targets = np.flatnonzero(step.target_mask)
+    sources = targets - 1 if step.tree is None else step.tree.predecessors()[targets]
 
     def put(a: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
@@ -79,10 +88,12 @@ def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
     return _Tensors(
         cu_host=[int(x) for x in step.cu_seqlens],
         targets_host=targets,
+        tree=step.tree,
         input_ids=put(step.input_ids, torch.int64),
         position_ids=put(step.position_ids, torch.int64),
         cu_seqlens=put(step.cu_seqlens, torch.int32),
         target_positions=put(targets, torch.int64),
+        source_positions=put(sources, torch.int64),
         behaviour_logprobs=put(step.behaviour_logprobs[targets], torch.float32),
         coefficients=put(step.coefficients[targets], torch.float64),
         target_execution=put(step.execution_index[targets], torch.int64),
@@ -92,13 +103,18 @@ def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
 
 
 def target_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, target_positions: torch.Tensor
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    target_positions: torch.Tensor,
+    source_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """log π(y_t | tokens before t) for each target position t, from the logits at t - 1.
+    """log π(y_t | tokens before t on its path) for each target position t, from the logits at
+    `source_positions` (default t - 1, the predecessor in a path row).
 
     Low-precision logits are promoted to float32 first; only the target rows are normalized.
     """
-    rows = logits.index_select(0, target_positions - 1)
+    sources = target_positions - 1 if source_positions is None else source_positions
+    rows = logits.index_select(0, sources)
     rows = rows.to(torch.promote_types(rows.dtype, torch.float32))
     picked = rows.gather(1, input_ids.index_select(0, target_positions).unsqueeze(1)).squeeze(1)
     return picked - torch.logsumexp(rows, dim=-1)
@@ -116,10 +132,16 @@ def _chunk_logprobs(
     """Log-probs of the targets of rows [row_start, row_end) and their slice in the per-target arrays."""
     a, b = t.cu_host[row_start], t.cu_host[row_end]
     sl = _target_slice(t, row_start, row_end)
-    logits = logits_fn(t.input_ids[a:b], t.position_ids[a:b], t.cu_seqlens[row_start : row_end + 1] - a)
+    whole = row_start == 0 and row_end == len(t.cu_host) - 1
+    tree = t.tree if t.tree is None or whole else t.tree.rows(row_start, row_end)
+    if tree is not None and tree.is_paths:
+        tree = None
+    logits = logits_fn(t.input_ids[a:b], t.position_ids[a:b], t.cu_seqlens[row_start : row_end + 1] - a, tree)
     if logits.dim() != 2 or logits.shape[0] != b - a:
         raise ValueError(f"logits_fn must return [{b - a}, vocab] logits; got {tuple(logits.shape)}")
-    return target_logprobs(logits, t.input_ids[a:b], t.target_positions[sl] - a), sl
+    return target_logprobs(
+        logits, t.input_ids[a:b], t.target_positions[sl] - a, t.source_positions[sl] - a
+    ), sl
 
 
 def microstep_loss(

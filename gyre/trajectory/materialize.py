@@ -1,52 +1,115 @@
-"""Materialization: an admitted trajectory → a `TrajectoryRow` the packer trains on.
+"""Materialization: admitted trajectories → the `TrajectoryRow`s the packer trains on.
 
-The row holds the token ids of the whole root-to-leaf path, the target mask (sampled tokens of the
-trajectory's frozen target nodes, and nothing else), the behaviour log-probs aligned to the targets
-and the policy version of every sampled token. Only this step copies tokens; until then a
-trajectory is a list of node ids on the shared tree.
+Two layouts (`packer.row_layout`):
+
+- `paths`: one row per admitted trajectory with the token ids of its whole root-to-leaf path, so a
+  prefix shared by k admitted trajectories is in k rows;
+- `tree`: one row per root of the execution's tree (the main agent, each sub-agent with its own
+  system prompt) holding the union of the admitted paths under it, each node once, in tree order,
+  with a `TreeLayout` that gives every token the position and the ancestors it has in its own path.
+  A root with a single admitted path gives a plain path row. A sub-agent's root is its own row, not
+  a second subtree of the main row: nothing is shared across roots, and attention costs grow with
+  the square of a row's length, so separate rows are cheaper and a single path needs no tree at all.
+
+Either way a row carries the target mask (sampled tokens of its trajectories' frozen target nodes,
+and nothing else), the behaviour log-probs aligned to the targets and the policy version of every
+sampled token. Targets are disjoint across trajectories, so a tree row holds exactly the targets of
+its path rows, each once. Only this step copies tokens; until then a trajectory is a list of node ids
+on the shared tree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
+from gyre.model.tree_layout import TreeLayout
 from gyre.trajectory.admission import AdmittedTrajectory
+from gyre.trajectory.node import Node
 from gyre.trajectory.row import TrajectoryRow
 from gyre.trajectory.tree import TrajectoryTree
 
-
-def materialize(tree: TrajectoryTree, admitted: Sequence[AdmittedTrajectory]) -> list[TrajectoryRow]:
-    """One row per admitted trajectory, in draw order."""
-    return [_row(tree, a) for a in admitted]
+RowLayout = Literal["paths", "tree"]
+ROW_LAYOUTS: tuple[RowLayout, ...] = ("paths", "tree")
 
 
-def _row(tree: TrajectoryTree, admitted: AdmittedTrajectory) -> TrajectoryRow:
-    path = [tree.nodes[i] for i in admitted.path_ids]
-    total = sum(n.num_tokens for n in path)
+def materialize(
+    tree: TrajectoryTree, admitted: Sequence[AdmittedTrajectory], row_layout: RowLayout = "paths"
+) -> list[TrajectoryRow]:
+    """Rows of the admitted trajectories, ordered by (first) draw index."""
+    if row_layout == "paths":
+        return [_row(tree, [tree.nodes[i] for i in a.path_ids], [a]) for a in admitted]
+    if row_layout == "tree":
+        by_root: dict[int, list[AdmittedTrajectory]] = {}
+        for a in admitted:
+            by_root.setdefault(a.path_ids[0], []).append(a)
+        return [_tree_row(tree, group) for group in by_root.values()]
+    raise ValueError(f"row_layout must be one of {', '.join(ROW_LAYOUTS)}; got {row_layout!r}")
+
+
+def _tree_row(tree: TrajectoryTree, group: list[AdmittedTrajectory]) -> TrajectoryRow:
+    """The admitted paths of `group` (one root) as one row in tree order."""
+    if len(group) == 1:
+        return _row(tree, [tree.nodes[i] for i in group[0].path_ids], group)
+    members = {i for a in group for i in a.path_ids}
+    children: dict[int, list[int]] = {}
+    for i in sorted(members):
+        parent = tree.nodes[i].parent
+        if parent is not None:
+            children.setdefault(parent.node_id, []).append(i)
+    nodes: list[Node] = []
+    lengths: list[int] = []
+    parents: list[int] = []
+    # Depth first; a node starts a new segment unless it is the only child of the node before it.
+    stack: list[tuple[int, int]] = [(group[0].path_ids[0], -1)]  # (node id, parent segment)
+    while stack:
+        node_id, parent_segment = stack.pop()
+        node = tree.nodes[node_id]
+        below = children.get(node_id, [])
+        if parent_segment == -2:
+            lengths[-1] += node.num_tokens
+        else:
+            lengths.append(node.num_tokens)
+            parents.append(parent_segment)
+        nodes.append(node)
+        segment = len(lengths) - 1
+        if len(below) == 1:
+            stack.append((below[0], -2))  # -2: continue the current segment
+        else:
+            stack.extend((c, segment) for c in reversed(below))
+    return _row(tree, nodes, group, TreeLayout.single_row(lengths, parents))
+
+
+def _row(
+    tree: TrajectoryTree, nodes: list[Node], group: list[AdmittedTrajectory], layout: TreeLayout | None = None
+) -> TrajectoryRow:
+    targets = frozenset().union(*(a.target_node_ids for a in group))
+    total = sum(n.num_tokens for n in nodes)
     token_ids = np.empty(total, dtype=np.int32)
     target_mask = np.zeros(total, dtype=np.bool_)
     logprobs = np.zeros(total, dtype=np.float32)
     versions = np.full(total, -1, dtype=np.int32)
     pos = 0
-    for node in path:
+    for node in nodes:
         end = pos + node.num_tokens
         token_ids[pos:end] = node.token_ids
         if node.sampled is not None and node.num_sampled:
             positions = pos + np.flatnonzero(node.sampled)
             versions[positions] = node.meta.policy_version if node.meta is not None else -1
-            if node.node_id in admitted.target_node_ids:
+            if node.node_id in targets:
                 target_mask[positions] = True
                 logprobs[positions] = node.logprobs
         pos = end
-    assert int(target_mask.sum()) == admitted.num_targets, "targets drifted from the admission count"
+    assert int(target_mask.sum()) == sum(a.num_targets for a in group), "targets drifted from admission"
     return TrajectoryRow(
         execution_id=tree.execution_id,
-        trajectory_index=admitted.index,
-        leaf_class=str(admitted.leaf_class),
+        trajectory_index=group[0].index,
+        leaf_class=str(group[0].leaf_class),
         token_ids=token_ids,
         target_mask=target_mask,
         behaviour_logprobs=logprobs,
         policy_versions=versions,
+        tree=layout,
     )

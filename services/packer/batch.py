@@ -18,6 +18,7 @@ from gyre.rl.codec import encode_microstep
 from gyre.rl.microstep import MicroStep
 from gyre.rl.stream import StreamPacker
 from gyre.store import WorkQueue
+from gyre.trajectory.materialize import RowLayout
 from gyre.v1 import events_pb2 as ev
 from services.packer.rows import LoadTree, ReadyGroup, group_rows
 
@@ -55,6 +56,7 @@ async def fill_batch(
     j_max: int,
     run_seed: int,
     normalize_std: bool,
+    row_layout: RowLayout,
     poll_s: float = 0.2,
 ) -> None:
     """Run the stream of one batch to its close."""
@@ -67,7 +69,9 @@ async def fill_batch(
         if group is None:
             await asyncio.sleep(poll_s)
             continue
-        packed = await group_rows(group, load_tree, j_max=j_max, run_seed=run_seed, normalize_std=normalize_std)
+        packed = await group_rows(
+            group, load_tree, j_max=j_max, run_seed=run_seed, normalize_std=normalize_std, row_layout=row_layout
+        )
         for m in group.members:
             progress.group_of_execution[m.execution_id] = group.group_id
         metrics = packed.advantages.metrics
@@ -76,12 +80,13 @@ async def fill_batch(
             ev.GroupPacked(
                 batch_id=progress.batch_id, group_id=group.group_id,
                 staleness=max(0, progress.policy_version - group.policy_version),
-                num_trajectories=len(packed.rows), num_targets=packed.num_targets,
+                num_trajectories=packed.num_trajectories, num_targets=packed.num_targets,
             ),
             event_id=f"batch.group_packed:{progress.batch_id}:{group.group_id}",
         )
         progress.groups_packed += 1
         log.info("group_packed", batch=progress.batch_id, group=group.group_id, rows=len(packed.rows),
+                 trajectories=packed.num_trajectories,
                  targets=packed.num_targets, reward_mean=metrics.reward_mean, zero_variance=metrics.zero_variance)
         await _enqueue(progress, stream.add(packed.rows, packed.advantages.advantages), queue, bus)
     await _enqueue(progress, stream.close(), queue, bus)

@@ -1,8 +1,9 @@
 """One ready group → its training rows and advantages (the packer's per-group work).
 
 Valid members: the execution's closed tree is admitted (J_max, seeded per execution) and
-materialized. Placeholder members count with reward 0 and contribute no rows. Excluded members get
-no advantage and no rows, but still count in the batch's B·N denominator.
+materialized as path rows or tree rows (`packer.row_layout`). Placeholder members count with
+reward 0 and contribute no rows. Excluded members get no advantage and no rows, but still count in
+the batch's B·N denominator.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from gyre.rl.advantages import GroupAdvantages, MemberOutcome, MemberStatus, group_advantages
 from gyre.trajectory import TrajectoryTree, admit, materialize
+from gyre.trajectory.materialize import RowLayout
 from gyre.trajectory.row import TrajectoryRow
 
 LoadTree = Callable[[str], Awaitable[TrajectoryTree | None]]
@@ -34,6 +36,11 @@ class GroupRows:
     advantages: GroupAdvantages
     num_targets: int
 
+    @property
+    def num_trajectories(self) -> int:
+        """Admitted trajectories (a tree row holds several)."""
+        return sum(r.num_trajectories for r in self.rows)
+
 
 def admission_seed(run_seed: int, execution_id: str) -> int:
     """Deterministic per execution, independent of the order groups are packed in."""
@@ -41,7 +48,13 @@ def admission_seed(run_seed: int, execution_id: str) -> int:
 
 
 async def group_rows(
-    group: ReadyGroup, load_tree: LoadTree, *, j_max: int, run_seed: int, normalize_std: bool
+    group: ReadyGroup,
+    load_tree: LoadTree,
+    *,
+    j_max: int,
+    run_seed: int,
+    normalize_std: bool,
+    row_layout: RowLayout,
 ) -> GroupRows:
     advantages = group_advantages(group.members, normalize_std=normalize_std)
     rows: list[TrajectoryRow] = []
@@ -52,6 +65,6 @@ async def group_rows(
         if tree is None:  # the harness never made a model call: nothing to train, L_i = 0
             continue
         admitted = admit(tree, j_max=j_max, seed=admission_seed(run_seed, member.execution_id))
-        rows.extend(materialize(tree, admitted))
+        rows.extend(materialize(tree, admitted, row_layout))
     return GroupRows(rows, advantages, sum(r.num_targets for r in rows))
 

@@ -1,7 +1,8 @@
 """The packer service: the stream packing buffer.
 
 `OpenBatch(step, B, v_t)` starts the stream of a batch: ready groups are claimed one at a time
-(oldest dispatch policy version first), admitted (J_max per execution), given group-relative
+(oldest dispatch policy version first), admitted (J_max per execution), materialized as path or
+tree rows (`packer.row_layout`), given group-relative
 advantages and per-token coefficients, packed into micro-steps on the batch's Redis queue, and the
 stream is closed after B groups. Events: GroupPacked, MicroStepEnqueued, StreamClosed.
 
@@ -48,7 +49,7 @@ class PackerService(GyreService):
             fill_batch(
                 progress, claim_group=self.groups.claim, load_tree=self.trees.load, queue=queue, bus=self.bus,
                 num_batch_executions=num_groups * sched.group_size, token_budget=cfg.microstep_tokens,
-                j_max=cfg.j_max, run_seed=sched.seed, normalize_std=cfg.normalize_std,
+                j_max=cfg.j_max, run_seed=sched.seed, normalize_std=cfg.normalize_std, row_layout=cfg.row_layout,
             ),
             f"batch-{step}",
         )

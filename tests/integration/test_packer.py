@@ -3,7 +3,8 @@
 Checks the contract the training cells and the scheduler rely on: B groups packed oldest policy
 version first, GroupPacked before any micro-step of the group, every valid execution's admitted
 targets enqueued with coefficient 1/(L_i·B·N), excluded members without rows, the stream closed
-exactly once, and a restarted batch duplicating nothing.
+exactly once, a restarted batch duplicating nothing, and `packer.row_layout: tree` enqueueing tree
+rows that hold the same targets as path rows in fewer tokens.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ async def test_batch_stream_packs_b_groups_oldest_first(
     await fill_batch(
         progress, claim_group=GroupSource(redis, keys).claim, load_tree=TreeSource(redis, keys).load,
         queue=queue, bus=bus, num_batch_executions=2 * N, token_budget=4096, j_max=5, run_seed=0,
-        normalize_std=False,
+        normalize_std=False, row_layout="tree",
     )
     assert progress.closed and progress.groups_packed == 2
     packed = [e.group_id for e in seen if isinstance(e, ev.GroupPacked)]
@@ -126,10 +127,68 @@ async def test_a_restarted_batch_duplicates_nothing(redis: aioredis.Redis, keys:
     batch = make_batch_id(run_id, 3)
     queue = WorkQueue(redis, keys, microstep_queue(batch))
     kwargs = dict(load_tree=TreeSource(redis, keys).load, queue=queue, bus=bus, num_batch_executions=2 * N,
-                  token_budget=64, j_max=5, run_seed=0, normalize_std=False)
+                  token_budget=64, j_max=5, run_seed=0, normalize_std=False, row_layout="paths")
     first = GroupSource(redis, keys)
     await first.claim(batch)  # a packer claimed g1, then died before packing it
     progress = BatchProgress(batch, step=3, num_groups=2, policy_version=0)
     await fill_batch(progress, claim_group=GroupSource(redis, keys).claim, **kwargs)  # type: ignore[arg-type]
     assert progress.groups_packed == 2
     assert await queue.outstanding() == progress.microsteps_enqueued
+
+
+async def _record_retried_tree(store: TreeStore, execution_id: str) -> None:
+    """A call, its follow-up, and the follow-up retried: two leaves that share the first call."""
+    await store.create(execution_id, profile="generic", template="embedded", policy_version=0)
+    tree = TrajectoryTree(execution_id, template_for_family("chatml"), get_profile("generic"))
+    task = ChatMessage.text("user", "Add 2 and 3, then double it.")
+    first = tree.prepare(ModelRequest(Api.ANTHROPIC, ("Add.",), (task,)))
+    ids = [*b"5", 258]
+    result = tree.commit(first, ids, [-0.5] * len(ids), CallMeta(request_id="r0", policy_version=0))
+    nodes = [*result.new_nodes]
+    assert result.output is not None
+    history = (task, result.output.to_message(), ChatMessage.text("user", "Now double it."))
+    for k, answer in enumerate([b"10", b"ten"]):
+        prepared = tree.prepare(ModelRequest(Api.ANTHROPIC, ("Add.",), history))
+        ids = [*answer, 258]
+        result = tree.commit(prepared, ids, [-0.5] * len(ids), CallMeta(request_id=f"r{k + 1}", policy_version=0))
+        nodes += [*result.new_nodes, *result.changed_nodes]
+    await store.append(execution_id, nodes, num_sampled=9)
+    await store.close(execution_id)
+
+
+@pytest.mark.parametrize("row_layout", ["paths", "tree"])
+async def test_row_layout_tree_enqueues_tree_rows_with_the_same_targets(
+    redis: aioredis.Redis, keys: Keys, bus: EventBus, run_id: str, row_layout: str
+) -> None:
+    outcomes, store = GroupOutcomes(redis, keys), TreeStore(redis, keys)
+    for i, reward in enumerate([1.0, 0.0]):
+        await _record_retried_tree(store, f"g-e{i}")
+        await outcomes.resolve("g", size=N, policy_version=0, outcome=StoredOutcome(f"g-e{i}", "valid", reward))
+    seen: list[Message] = []
+
+    async def record(event: Message, delivery: Delivery) -> None:
+        seen.append(event)
+
+    consumer = await bus.consume("observer", [ev.GroupPacked], record)
+    batch = make_batch_id(run_id, 0)
+    queue = WorkQueue(redis, keys, microstep_queue(batch))
+    await fill_batch(
+        BatchProgress(batch, step=0, num_groups=1, policy_version=0), claim_group=GroupSource(redis, keys).claim,
+        load_tree=TreeSource(redis, keys).load, queue=queue, bus=bus, num_batch_executions=N, token_budget=4096,
+        j_max=5, run_seed=0, normalize_std=False, row_layout=row_layout,  # type: ignore[arg-type]
+    )
+    claim = await queue.claim("cell-0")
+    assert claim is not None and await queue.claim("cell-0") is None
+    step = decode_microstep(claim.payload)
+    # each execution: 3 outputs ("5", "10", "ten"), two admitted trajectories
+    assert step.num_targets == 2 * (2 + 3 + 4) and sorted(step.execution_num_targets) == [9, 9]
+    if row_layout == "tree":
+        assert step.tree is not None and step.num_rows == N
+        paths = step.as_path_rows()
+        assert paths.num_rows == 2 * N and paths.num_tokens > step.num_tokens
+    else:
+        assert step.tree is None and step.num_rows == 2 * N
+    await asyncio.sleep(0.3)
+    await consumer.stop()
+    (packed,) = [e for e in seen if isinstance(e, ev.GroupPacked)]
+    assert packed.num_trajectories == 2 * N and packed.num_targets == 18

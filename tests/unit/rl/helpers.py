@@ -1,6 +1,7 @@
 """Test-local pieces for the objective tests: a tiny causal LM with the packed-model signature
-`model(input_ids, position_ids, cu_seqlens) -> logits` (block-diagonal causal attention), and
-builders of rows and batches. Tests do not depend on the embedded model."""
+`model(input_ids, position_ids, cu_seqlens, tree=None) -> logits` (`packed_attention`: causal path
+rows, ancestor-only tree rows), and builders of rows and batches. Tests do not depend on the
+embedded model."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from gyre.model.attention import packed_attention
+from gyre.model.tree_layout import TreeLayout
 from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
-from gyre.rl.attention import block_causal_attention
+from gyre.trajectory import admit, materialize
+from gyre.trajectory.materialize import RowLayout
 from gyre.trajectory.row import TrajectoryRow
+from tests.unit.trajectory.harness_sim import run_script
 
 VOCAB = 24
 
@@ -25,13 +30,14 @@ class TinyLM(nn.Module):
         num_heads: int = 2,
         num_layers: int = 2,
         max_positions: int = 256,
+        vocab_size: int = VOCAB,
         dtype: torch.dtype = torch.float64,
         seed: int = 0,
     ) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
         self.num_heads = num_heads
-        self.embed = nn.Embedding(VOCAB, d_model, dtype=dtype)
+        self.embed = nn.Embedding(vocab_size, d_model, dtype=dtype)
         self.positions = nn.Embedding(max_positions, d_model, dtype=dtype)
         self.blocks = nn.ModuleList()
         for _ in range(num_layers):
@@ -47,20 +53,24 @@ class TinyLM(nn.Module):
             )
             self.blocks.append(block)
         self.norm = nn.LayerNorm(d_model, dtype=dtype)
-        self.head = nn.Linear(d_model, VOCAB, dtype=dtype)
+        self.head = nn.Linear(d_model, vocab_size, dtype=dtype)
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=dtype) * 0.3)
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        tree: TreeLayout | None = None,
     ) -> torch.Tensor:
         x = self.embed(input_ids) + self.positions(position_ids)
         t, d = x.shape
         for block in self.blocks:
             q, k, v = block["qkv"](block["norm1"](x)).split(d, dim=-1)
             heads = [y.view(t, self.num_heads, d // self.num_heads) for y in (q, k, v)]
-            x = x + block["out"](block_causal_attention(*heads, cu_seqlens).reshape(t, d))
+            x = x + block["out"](packed_attention(*heads, cu_seqlens, tree).reshape(t, d))
             x = x + block["down"](torch.nn.functional.gelu(block["up"](block["norm2"](x))))
         return self.head(self.norm(x))
 
@@ -140,3 +150,20 @@ def random_batch(
                 rows.extend(execution_rows(rng, model, eid, max_rows=max_rows, max_len=max_len))
         advantages.update(group_advantages(members).advantages)
     return rows, advantages, num_groups * group_size
+
+
+BRANCHING = ["step", "retry", "sub", "step", "sub", "retry", "compact", "step", "sub_compact", "sub", "retry"]
+"""A harness script with retries, compaction and a sub-agent (`tests.unit.trajectory.harness_sim`)."""
+
+
+def simulated_rows(
+    layout: RowLayout, seeds: tuple[int, ...] = (0, 1, 2), j_max: int | None = None
+) -> tuple[list[TrajectoryRow], dict[str, float]]:
+    """Rows (path or tree) of simulated branching executions, and their advantages."""
+    rows: list[TrajectoryRow] = []
+    advantages: dict[str, float] = {}
+    for seed in seeds:
+        tree = run_script(seed, BRANCHING).tree
+        rows += materialize(tree, admit(tree, j_max=j_max, seed=seed), layout)
+        advantages[tree.execution_id] = 0.5 - (seed % 3) * 0.4
+    return rows, advantages

@@ -5,8 +5,11 @@ import struct
 import numpy as np
 import pytest
 
+from gyre.model.tree_layout import TreeLayout
 from gyre.rl.codec import CODEC_VERSION, CodecError, decode_microstep, encode_microstep
+from gyre.rl.microstep import path_positions
 from gyre.rl.packing import pack
+from tests.unit.rl.helpers import simulated_rows
 from tests.unit.rl.test_packing import random_rows
 
 
@@ -23,10 +26,18 @@ def steps(seed=0, budget=80):
     )
 
 
+def tree_steps(budget=10**6):
+    rows, advantages = simulated_rows("tree")
+    return pack(rows, advantages, num_batch_executions=4, token_budget=budget, batch_id="b", step=1)
+
+
 def assert_same(a, b):
     for field in dataclasses.fields(a):
         x, y = getattr(a, field.name), getattr(b, field.name)
-        if isinstance(x, np.ndarray):
+        if isinstance(x, TreeLayout):
+            assert isinstance(y, TreeLayout), field.name
+            assert_same(x, y)
+        elif isinstance(x, np.ndarray):
             assert x.dtype == y.dtype, field.name
             assert np.array_equal(x, y), field.name
         else:
@@ -139,3 +150,48 @@ def test_inconsistent_content_raises_codec_error(edit):
     blob = rewrite_header(encode_microstep(steps()[0]), edit)
     with pytest.raises(CodecError):
         decode_microstep(blob)
+
+
+@pytest.mark.parametrize("budget", [10**6, 3000])
+def test_round_trip_of_tree_rows_is_exact(budget):
+    steps = tree_steps(budget)
+    assert any(s.tree is not None for s in steps)
+    for step in steps:
+        decoded = decode_microstep(encode_microstep(step))
+        assert_same(decoded, step)
+        assert (decoded.tree is None) == (step.tree is None)
+
+
+def test_tree_rows_cost_a_few_bytes_per_segment():
+    (step,) = tree_steps()
+    # the same tokens read as path rows: the difference is the layout alone
+    flat = dataclasses.replace(step, tree=None, position_ids=path_positions(step.cu_seqlens, None))
+    layout_bytes = len(encode_microstep(step)) - len(encode_microstep(flat))
+    assert 0 < layout_bytes <= 12 * step.tree.num_segments + 4 * (step.num_rows + 1) + 256
+    assert len(encode_microstep(step)) < 0.8 * len(encode_microstep(step.as_path_rows()))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda h: next(a for a in h["arrays"] if a["name"] == "tree_segment_lengths").update(count=1),
+        lambda h: h["arrays"].remove(next(a for a in h["arrays"] if a["name"] == "tree_segment_parents")),
+        lambda h: next(a for a in h["arrays"] if a["name"] == "tree_row_segments").update(count=1),
+    ],
+)
+def test_inconsistent_tree_layout_raises_codec_error(edit):
+    (step,) = tree_steps()
+    with pytest.raises(CodecError):
+        decode_microstep(rewrite_header(encode_microstep(step), edit))
+
+
+def test_a_tree_that_is_not_in_tree_order_raises_codec_error():
+    (step,) = tree_steps()
+    blob = bytearray(encode_microstep(step))
+    (header_len,) = struct.unpack_from("<I", blob, 8)
+    header = json.loads(blob[12 : 12 + header_len])
+    data_start = 12 + header_len + (-(12 + header_len)) % 8
+    entry = next(a for a in header["arrays"] if a["name"] == "tree_segment_parents")
+    struct.pack_into("<i", blob, data_start + entry["offset"], 3)  # the first segment gets a parent
+    with pytest.raises(CodecError, match="root"):
+        decode_microstep(bytes(blob))

@@ -3,8 +3,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gyre.rl.microstep import row_chunks
+from gyre.model.tree_layout import TreeLayout
+from gyre.rl.microstep import path_positions, row_chunks
 from gyre.rl.packing import pack
+from tests.unit.rl.helpers import simulated_rows
 from tests.unit.rl.test_packing import random_rows
 
 
@@ -76,3 +78,35 @@ def test_row_chunks():
     assert row_chunks(np.array([0]), 10) == []
     with pytest.raises(ValueError):
         row_chunks(cu, 0)
+
+
+@pytest.fixture
+def tree_step():
+    rows, advantages = simulated_rows("tree")
+    (only,) = pack(rows, advantages, num_batch_executions=8, token_budget=10**6)
+    assert only.tree is not None and not only.tree.is_paths
+    return only
+
+
+def test_positions_are_checked_against_each_path(step, tree_step):
+    broken(step, position_ids=np.arange(step.num_tokens, dtype=np.int32))
+    broken(tree_step, position_ids=path_positions(tree_step.cu_seqlens, None))
+    broken(tree_step, tree=None)  # tree positions without their layout
+
+
+def test_the_tree_layout_must_describe_the_rows(tree_step):
+    shifted = TreeLayout.concat([TreeLayout.path_rows([1]), tree_step.tree.rows(1, tree_step.num_rows)])
+    broken(tree_step, tree=shifted)
+
+
+def test_as_path_rows_expands_each_leaf_and_keeps_every_target_once(tree_step):
+    paths = tree_step.as_path_rows()
+    assert paths.tree is None
+    assert paths.num_rows == int(tree_step.tree.num_leaves().sum()) > tree_step.num_rows
+    assert paths.num_tokens > tree_step.num_tokens
+    assert np.array_equal(paths.execution_num_targets, tree_step.execution_num_targets)
+    assert np.isclose(paths.coefficients.sum(), tree_step.coefficients.sum())
+    assert sorted(paths.behaviour_logprobs[paths.target_mask]) == sorted(
+        tree_step.behaviour_logprobs[tree_step.target_mask]
+    )
+    assert paths.as_path_rows() is paths

@@ -167,4 +167,4 @@ def test_logits_fn_must_return_one_row_per_token():
     model = model64()
     (step,) = pack(oversize_execution(model, 0.0), {"big": 1.0}, num_batch_executions=1, token_budget=10**6)
     with pytest.raises(ValueError, match="logits"):
-        microstep_loss(step, lambda ids, pos, cu: model(ids, pos, cu)[:-1])
+        microstep_loss(step, lambda ids, pos, cu, tree: model(ids, pos, cu, tree)[:-1])
