@@ -33,7 +33,8 @@ GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
 STOP_BOUND_S = 20.0
 SMALL_RUN = """
 scheduler: {num_cells: 1, group_size: 1, batch_groups: 1, phi: 0, mu: 1, rho_min: 1.0, cell_capacity: 1,
-            max_steps: 1, tasks: ["add/3+3"]}
+            max_steps: 1}
+tasks: {queries: ["add/3+3"]}
 """
 
 
