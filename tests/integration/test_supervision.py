@@ -26,6 +26,7 @@ from gyre.config import load_config
 from gyre.demo.events import read_events
 from gyre.stack.health import grpc_health
 from gyre.stack.state import ProcessEntry, StackState
+from tests.support.models import small_dir
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,10 @@ tasks: {queries: ["add/3+3"]}
 
 def _config(tmp_path: Path, run_id: str, supervisor: str = "{backoff_initial_s: 0.2}") -> Path:
     f = tmp_path / "gyre.yaml"
-    f.write_text(f"run:\n  id: {run_id}\n  dir: {tmp_path / 'runs'}\n  supervisor: {supervisor}\n{SMALL_RUN}")
+    f.write_text(
+        f"run:\n  id: {run_id}\n  dir: {tmp_path / 'runs'}\n  supervisor: {supervisor}\nmodel:\n  path: {small_dir()}\n"
+        f"{SMALL_RUN}"
+    )
     return f
 
 
