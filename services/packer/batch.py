@@ -81,6 +81,7 @@ async def fill_batch(
                 batch_id=progress.batch_id, group_id=group.group_id,
                 staleness=max(0, progress.policy_version - group.policy_version),
                 num_trajectories=packed.num_trajectories, num_targets=packed.num_targets,
+                trajectories_by_class=packed.trajectories_by_class,
             ),
             event_id=f"batch.group_packed:{progress.batch_id}:{group.group_id}",
         )

@@ -30,6 +30,9 @@ class StatsCounters:
     reroutes: int = 0
     kv_migrated_tokens: int = 0
     errors_during_transitions: int = 0
+    recorded_calls: int = 0
+    history_mismatches: int = 0
+    side_calls: int = 0
 
 
 class ProxyMetrics:
@@ -85,6 +88,14 @@ class ProxyMetrics:
             registry=r,
         )
         self.open_executions = Gauge("gyre_proxy_open_executions", "Executions with a live key.", registry=r)
+        self.history_mismatches = Counter(
+            "gyre_proxy_history_mismatches",
+            "Recorded calls whose history matched no tree path as sent (an assistant turn encoded anew).",
+            registry=r,
+        )
+        self.recorded = Counter(
+            "gyre_proxy_recorded_calls", "Calls recorded in a tree, by request kind.", ["request_kind"], registry=r
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -102,6 +113,15 @@ class ProxyMetrics:
         if during_transition:
             self.stats.errors_during_transitions += 1
             self.transition_errors.inc()
+
+    def recorded_call(self, request_kind: str, history_mismatch: bool) -> None:
+        self.stats.recorded_calls += 1
+        self.recorded.labels(request_kind).inc()
+        if request_kind == "side":
+            self.stats.side_calls += 1
+        if history_mismatch:
+            self.stats.history_mismatches += 1
+            self.history_mismatches.inc()
 
     def rerouted(self, num_calls: int, kv_tokens: int) -> None:
         self.stats.reroutes += num_calls
