@@ -88,8 +88,9 @@ def configure_logging(format: Format = "auto", level: str = "info", stream: Any 
 
 
 def get_logger(name: str | None = None) -> Any:
-    """A structlog logger; `name` becomes the `logger` field."""
-    return structlog.get_logger() if name is None else structlog.get_logger(name).bind(logger=name)
+    """A structlog logger over the stdlib logger `name` (the `logger` field once `configure_logging` ran). It
+    is lazy: a module-level logger created at import renders with whatever `configure_logging` set up later."""
+    return structlog.get_logger(name) if name is not None else structlog.get_logger()
 
 
 def bind_context(**kv: Any) -> None:

@@ -28,7 +28,7 @@ class MetricsSection(Section):
     sinks: list[Sink] = Field(default_factory=lambda: ["tensorboard"])
     """Where per-step training metrics go besides `runs/<run>/metrics.jsonl` (always written, the source of
     truth): `tensorboard` (event files under `runs/<run>/tensorboard/`), `wandb` (offline run under
-    `runs/<run>/wandb/`; `pip install 'gyre[wandb]'`), `mlflow` (local store under `runs/<run>/mlruns/`;
+    `runs/<run>/wandb/`; `pip install 'gyre[wandb]'`), `mlflow` (a local SQLite store `runs/<run>/mlflow.db`;
     `pip install 'gyre[mlflow]'`). A sink whose package is missing stops the scheduler at start."""
     wandb_project: str = "gyre"
     """W&B project name of the offline run (`wandb sync runs/<run>/wandb/offline-run-*` uploads it later)."""

@@ -1,5 +1,5 @@
 """Where per-step training metrics go: `metrics.jsonl` (always, the source of truth), TensorBoard, W&B
-(offline), MLflow (a local store). `metrics.sinks` in the config picks the others.
+(offline), MLflow (a local SQLite store). `metrics.sinks` in the config picks the others.
 
     sinks = open_sinks(config.metrics, run_dir=Path("runs/r1"), run_id="r1")   # raises ConfigError early
     for sink in sinks:
@@ -48,8 +48,9 @@ class MetricsSink(ABC):
 
     def _missing(self, error: ImportError) -> ConfigError:
         install = f"pip install 'gyre[{self.extra}]'" if self.extra else "pip install -e . (it is a dependency of gyre)"
+        package = (error.name or self.extra or self.name).split(".")[0]
         return ConfigError(
-            f"metrics.sinks: {self.name!r} needs the {error.name or self.extra} package, which is not installed; "
+            f"metrics.sinks: {self.name!r} needs the {package} package, which is not installed; "
             f"install it with `{install}` or remove {self.name!r} from metrics.sinks"
         )
 
@@ -117,8 +118,8 @@ class TensorBoardSink(MetricsSink):
 
 
 class WandbSink(MetricsSink):
-    """A W&B run in offline mode under `runs/<run>/wandb/` (id = the run id, so a restart resumes it);
-    `wandb sync` uploads it later."""
+    """A W&B run in offline mode under `runs/<run>/wandb/` (id = the run id: after a restart a second offline
+    directory logs to the same run); `wandb sync runs/<run>/wandb/offline-run-*` uploads them later."""
 
     name = "wandb"
     extra = "wandb"
@@ -141,8 +142,9 @@ class WandbSink(MetricsSink):
 
 
 class MlflowSink(MetricsSink):
-    """An MLflow run in a local file store `runs/<run>/mlruns/` (experiment `metrics.mlflow_experiment`, run
-    tagged `gyre.run=<run id>` and resumed after a restart); `mlflow ui --backend-store-uri` shows it."""
+    """An MLflow run in a local SQLite store `runs/<run>/mlflow.db` (experiment `metrics.mlflow_experiment`,
+    run tagged `gyre.run=<run id>` and resumed after a restart); `mlflow ui --backend-store-uri
+    sqlite:///runs/<run>/mlflow.db` shows it."""
 
     name = "mlflow"
     extra = "mlflow"
@@ -155,8 +157,8 @@ class MlflowSink(MetricsSink):
         except ImportError as e:
             raise self._missing(e) from None
         self._metric = Metric
-        self.store = (run_dir / "mlruns").resolve()
-        self._client = MlflowClient(tracking_uri=self.store.as_uri())
+        self.store = (run_dir / "mlflow.db").resolve()
+        self._client = MlflowClient(tracking_uri=f"sqlite:///{self.store}")
         experiment = self._client.get_experiment_by_name(section.mlflow_experiment)
         experiment_id = (experiment.experiment_id if experiment is not None
                          else self._client.create_experiment(section.mlflow_experiment))

@@ -43,6 +43,10 @@ class CellAgentMetrics:
         self._publish_seconds = Histogram(series(s, "weight_publish_seconds"), "Seconds of a weight publication "
                                           "to the rollout engines (the core).", labels, buckets=SECONDS_BUCKETS,
                                           registry=registry).labels(c)
+        for to_role in ("training", "rollout"):  # every label from the first scrape on, at 0
+            self._switch_seconds.labels(c, to_role)
+        for outcome in ("pulled", "stale"):
+            self._pulls.labels(c, outcome)
         self.role: Callable[[], str] = lambda: "rollout"
         """The cell's current role (set by the agent)."""
         self.policy_version: Callable[[], int | None] = lambda: None

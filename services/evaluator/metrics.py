@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gyre.metrics.registry import SECONDS_BUCKETS, Family, ScrapeCollector, series
 
+STATUSES = ("valid", "excluded", "placeholder")
+
 
 class EvaluatorMetrics:
     def __init__(self, registry: CollectorRegistry, pending: Callable[[], int]) -> None:
@@ -22,6 +24,9 @@ class EvaluatorMetrics:
         self.attempts = Counter(series(s, "verifier_attempts"), "Verifier attempts made.", registry=registry)
         self.groups_ready = Counter(series(s, "groups_ready"), "Groups made ready (all members resolved).",
                                     registry=registry)
+        for status in STATUSES:  # every outcome from the first scrape on, at 0
+            self.evaluations.labels(status)
+            self.evaluation_seconds.labels(status)
         self.queued = 0
         """Evaluations waiting in the queue (refreshed by the service every few seconds)."""
         self._pending = pending

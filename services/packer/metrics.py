@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gyre.metrics.registry import Family, ScrapeCollector, series
+from gyre.trajectory.profiles import LeafClass
 
 TOKEN_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576)
 
@@ -31,6 +32,9 @@ class PackerMetrics:
                                ["leaf_class"], registry=registry)
         self.batches_closed = Counter(series(s, "batches_closed"), "Batch streams closed (B groups packed).",
                                       registry=registry)
+        for leaf_class in LeafClass:  # every class from the first scrape on, at 0
+            self.trajectories.labels(leaf_class.value)
+            self.targets.labels(leaf_class.value)
         self._open_batches = open_batches
         ScrapeCollector(self._read, registry)
 

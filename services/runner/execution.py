@@ -34,7 +34,7 @@ from gyre.tasks import Task, TaskError, TaskRegistry
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.runner.harnesses import HarnessCommand, Launch
-from services.runner.metrics import RunnerMetrics
+from services.runner.metrics import RunnerMetrics, reason_label
 from services.runner.ownership import OwnedExecution, Ownership
 from services.runner.proxy_client import ProxyClient, ProxyUnavailableError
 from services.runner.sandbox import (
@@ -324,7 +324,7 @@ class ExecutionController:
             event_id=f"exec.terminated:{eid}",
         )
         await self.ownership.forget(eid)
-        self.metrics.terminated.labels(cm.TerminationReason.Name(reason).removeprefix("TERMINATION_REASON_").lower()).inc()
+        self.metrics.terminated.labels(reason_label(cm.TerminationReason.Name(reason))).inc()
         if duration_s > 0:  # 0 for an execution that never started
             self.metrics.execution_seconds.observe(duration_s)
         log.info("execution_terminated", execution=eid, reason=cm.TerminationReason.Name(reason), exit_code=exit_code,

@@ -8,8 +8,14 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gyre.metrics.registry import SECONDS_BUCKETS, Family, ScrapeCollector, series
+from gyre.v1 import common_pb2 as cm
 
 LAUNCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def reason_label(name: str) -> str:
+    """`TERMINATION_REASON_HARNESS_TIMEOUT` → `harness_timeout`."""
+    return name.removeprefix("TERMINATION_REASON_").lower()
 
 
 class RunnerMetrics:
@@ -24,6 +30,9 @@ class RunnerMetrics:
                                   ["reason"], registry=registry)
         self.execution_seconds = Histogram(series(s, "execution_seconds"), "Seconds each execution ran.",
                                            buckets=SECONDS_BUCKETS, registry=registry)
+        for reason in cm.TerminationReason.keys():  # every reason from the first scrape on, at 0
+            if reason != "TERMINATION_REASON_UNSPECIFIED":
+                self.terminated.labels(reason_label(reason))
         self.starting = 0
         """Starts under way (claimed, sandbox not launched yet)."""
         self.finishing = 0
