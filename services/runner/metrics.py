@@ -30,8 +30,8 @@ class RunnerMetrics:
                                   ["reason"], registry=registry)
         self.execution_seconds = Histogram(series(s, "execution_seconds"), "Seconds each execution ran.",
                                            buckets=SECONDS_BUCKETS, registry=registry)
-        for reason in cm.TerminationReason.keys():  # every reason from the first scrape on, at 0
-            if reason != "TERMINATION_REASON_UNSPECIFIED":
+        for reason, number in cm.TerminationReason.items():  # every reason from the first scrape on, at 0
+            if number != cm.TERMINATION_REASON_UNSPECIFIED:
                 self.terminated.labels(reason_label(reason))
         self.starting = 0
         """Starts under way (claimed, sandbox not launched yet)."""

@@ -75,13 +75,13 @@ def test_an_optional_sink_without_its_package_fails_at_open_naming_the_extra(
 def test_the_metrics_section_names_bad_values(tmp_path: Path) -> None:
     bad = tmp_path / "gyre.yaml"
     bad.write_text("metrics:\n  sinks: [tensorboard, tensorboard]\n")
-    with pytest.raises(ConfigError, match="metrics.sinks: sinks must not repeat a sink"):
+    with pytest.raises(ConfigError, match=r"metrics\.sinks: sinks must not repeat a sink"):
         load_config(bad, environ={})
     bad.write_text("metrics:\n  sinks: [neptune]\n")
-    with pytest.raises(ConfigError, match="metrics.sinks.0: Input should be 'tensorboard', 'wandb' or 'mlflow'"):
+    with pytest.raises(ConfigError, match=r"metrics\.sinks\.0: Input should be 'tensorboard', 'wandb' or 'mlflow'"):
         load_config(bad, environ={})
     bad.write_text("metrics:\n  port: 70000\n")
-    with pytest.raises(ConfigError, match="metrics.port: must be a port"):
+    with pytest.raises(ConfigError, match=r"metrics\.port: must be a port"):
         load_config(bad, environ={})
     assert load_config(None, environ={"GYRE_METRICS__PORT": "9400"}).metrics.port == 9400
 

@@ -36,7 +36,7 @@ def test_a_step_row_has_every_field_once_both_sides_arrived() -> None:
     events = _events(3)
     completed, packer_side = events[-1], events[:-1]
     assert rows.add(completed) == []  # the core's event first: the batch is not closed yet
-    out = [row for e in packer_side + [completed] for row in rows.add(e)]  # type: ignore[arg-type]
+    out = [row for e in [*packer_side, completed] for row in rows.add(e)]  # type: ignore[arg-type]
     (row,) = out
     assert row["step"] == 3 and row["policy_version"] == 4 and row["num_groups"] == 2
     assert row["reward_mean"] == pytest.approx(0.75)
