@@ -99,6 +99,8 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"run {run_dir.name}")
         for r in rows:
             ports = f"grpc {r['grpc_port']}" if r["grpc_port"] else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())  # type: ignore[union-attr]
+            if r.get("metrics_port"):
+                ports += f"  metrics {r['metrics_port']}"
             restarts = f"  restarts {r['restarts']} (last: {r['last_exit']})" if r.get("restarts") else ""
             typer.echo(f"{r['name']:<14} pid {r['pid']:<8} {r['health']:<12} {ports}{restarts}")
             if r.get("error"):

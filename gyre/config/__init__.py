@@ -5,7 +5,7 @@
 
 Bad values raise `ConfigError` whose one-line message names the field and the fix.
 
-Sections live one concern per module: `infra` (run, NATS, Redis, log), `model`, `tasks`, `scheduler`,
+Sections live one concern per module: `infra` (run, NATS, Redis, log), `metrics`, `model`, `tasks`, `scheduler`,
 `proxy`, `runner` (runner, evaluator and their sandboxes), `training` (objective, packer, trainer),
 `engine`, `cell_agent`; `base` holds the strict base model and the bounded field types (`AtLeastOne`, `Port`, ...).
 """
@@ -24,6 +24,7 @@ from gyre.config.base import Section
 from gyre.config.cell_agent import CellAgentSection
 from gyre.config.engine import EngineSection
 from gyre.config.infra import LogSection, NatsSection, RedisSection, RunSection
+from gyre.config.metrics import MetricsSection
 from gyre.config.model import ModelSection
 from gyre.config.proxy import ProxySection
 from gyre.config.runner import (
@@ -44,6 +45,7 @@ __all__ = [
     "EvaluatorSection",
     "GyreConfig",
     "LogSection",
+    "MetricsSection",
     "ModelSection",
     "NatsSection",
     "ObjectiveSection",
@@ -77,6 +79,8 @@ class GyreConfig(Section):
     """Redis (counters, trees, buffers, the micro-step queue)."""
     log: LogSection = Field(default_factory=LogSection)
     """Logging."""
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    """Prometheus `/metrics` of every service and the sinks of per-step training metrics."""
     model: ModelSection = Field(default_factory=ModelSection)
     """The embedded model."""
     tasks: TasksSection = Field(default_factory=TasksSection)

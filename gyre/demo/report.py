@@ -85,7 +85,7 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
                 step = step_of_batch(e.batch_id)
                 group_step[e.group_id] = step
                 staleness_by_step[step].append(e.staleness)
-                for leaf_class, n in e.trajectories_by_class.items():
+                for leaf_class, n in e.admitted_by_class.items():
                     admitted_by_class[leaf_class] += n
             case ev.StepCompleted():
                 completed_steps[e.policy_version - 1] = e

@@ -35,8 +35,10 @@ class GroupRows:
     rows: list[TrajectoryRow]
     advantages: GroupAdvantages
     num_targets: int
-    trajectories_by_class: dict[str, int] = field(default_factory=dict)
-    """Admitted trajectories per leaf class (`main`, `main_summary`, `sub_agent`, `sub_agent_summary`)."""
+    admitted_by_class: dict[str, int] = field(default_factory=dict)
+    """Admitted trajectories per leaf class (`main`, `sub_agent`, …)."""
+    targets_by_class: dict[str, int] = field(default_factory=dict)
+    """Admitted target tokens per leaf class of the trajectory that holds them."""
 
     @property
     def num_trajectories(self) -> int:
@@ -61,6 +63,7 @@ async def group_rows(
     advantages = group_advantages(group.members, normalize_std=normalize_std)
     rows: list[TrajectoryRow] = []
     by_class: dict[str, int] = {}
+    targets_by_class: dict[str, int] = {}
     for member in group.members:
         if member.status is not MemberStatus.VALID:
             continue
@@ -68,8 +71,9 @@ async def group_rows(
         if tree is None:  # the harness never made a model call: nothing to train, L_i = 0
             continue
         admitted = admit(tree, j_max=j_max, seed=admission_seed(run_seed, member.execution_id))
-        for trajectory in admitted:
-            by_class[str(trajectory.leaf_class)] = by_class.get(str(trajectory.leaf_class), 0) + 1
+        for a in admitted:
+            by_class[a.leaf_class.value] = by_class.get(a.leaf_class.value, 0) + 1
+            targets_by_class[a.leaf_class.value] = targets_by_class.get(a.leaf_class.value, 0) + a.num_targets
         rows.extend(materialize(tree, admitted, row_layout))
-    return GroupRows(rows, advantages, sum(r.num_targets for r in rows), by_class)
+    return GroupRows(rows, advantages, sum(r.num_targets for r in rows), by_class, targets_by_class)
 
