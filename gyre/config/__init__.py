@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from gyre.config.base import Section
 from gyre.config.cell_agent import CellAgentSection
@@ -99,6 +99,13 @@ class GyreConfig(Section):
     """The stream packer."""
     cell_agent: CellAgentSection = Field(default_factory=CellAgentSection)
     """The cell agents (engine + trainer)."""
+
+    @model_validator(mode="after")
+    def _profile_of_the_harness(self) -> GyreConfig:
+        if self.scheduler.profile is None:
+            harness = self.runner.harness
+            self.scheduler.profile = harness if harness in ("claude_code", "codex") else "generic"
+        return self
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -210,7 +210,7 @@ class ExecutionController:
         root = self.sandbox_root / eid
         launch = Launch(task, layout.prompt, eid, base_url, creds.api_key, root / "home")
         spec = SandboxSpec(
-            name=eid, argv=self.harness.command(launch), cwd=layout.cwd, env=self.harness.env(launch), root=root,
+            name=eid, argv=self.harness.command(launch), cwd=layout.cwd, env=self.harness.environment(launch), root=root,
             limits=self.harness.limits(self.limits), network=network, reveal=self.harness.reveal(),
             home_files=self.harness.home_files(launch), writable=layout.writable, binds=layout.binds,
         )

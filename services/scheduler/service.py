@@ -63,7 +63,7 @@ class SchedulerService(GyreService):
             self.log.warning("task_not_reproduced_locally", detail=warning)
         self.params = PolicyParams.from_section(cfg)
         self.peers = Peers.connect(self.config)
-        self.dispatcher = Dispatcher(self.redis, self.keys, self.bus, profile=cfg.profile, queries=queries)
+        self.dispatcher = Dispatcher(self.redis, self.keys, self.bus, profile=cfg.profile or "generic", queries=queries)
         state = await persist.restore(self.redis, self.keys.scheduler_state(), self.params)
         self.resumed = state is not None
         self.policy = Policy(self.params, state)

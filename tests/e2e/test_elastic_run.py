@@ -101,6 +101,7 @@ def _run_with_status(config: Any, tmp_path: Path) -> tuple[dict[str, Any], list[
     # `gyre status` during the run shows roles, waterlevel and counters.
     assert status_outputs and "waterlevel" in status_outputs[0] and "0:rollout" in status_outputs[0]
     assert "dispatched" in status_outputs[0] and "SERVING" in status_outputs[0]
+    assert "history mismatches" in status_outputs[0] and "recorded calls" in status_outputs[0]
     _assert_step_metrics(config.run.path, num_groups=config.scheduler.batch_groups)
     return summary, _events(config.run.path)
 

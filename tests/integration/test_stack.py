@@ -44,6 +44,8 @@ def test_up_status_down(tmp_path: Path) -> None:
                                  "cell_agent-0", "cell_agent-1", "cell_agent-2"}
         assert all(r["health"] == "SERVING" for r in services.values())
         assert rows[0]["name"] == "supervisor" and rows[0]["health"] == "SERVING"
+        text = _gyre("status", config=config).stdout
+        assert "proxy     requests 0  recorded calls 0  side calls 0  history mismatches 0 (0.0%)" in text, text
         assert all(r["restarts"] == 0 and r["last_exit"] == "" for r in rows)
         creds = tmp_path / "runs" / "stacktest" / "credentials"
         assert all(oct(f.stat().st_mode & 0o777) == "0o600" for f in creds.rglob("*.json"))
