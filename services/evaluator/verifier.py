@@ -26,12 +26,12 @@ import uuid
 from pathlib import Path
 
 from gyre.log import get_logger
+from gyre.sandbox import NetworkPolicy, SandboxError, SandboxLauncher, SandboxLimits, SandboxSpec
+from gyre.sandbox.workspace import content_hash, copy_workspace
 from gyre.tasks import Task, TaskError, TaskRegistry
 from gyre.v1 import events_pb2 as ev
 from services.evaluator.protocols import PROTOCOLS, Attempt
 from services.evaluator.store import Evaluation
-from services.runner.sandbox import NetworkPolicy, SandboxError, SandboxLauncher, SandboxLimits, SandboxSpec
-from services.runner.workspace import content_hash, copy_workspace
 
 log = get_logger("gyre.evaluator")
 

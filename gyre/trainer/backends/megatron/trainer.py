@@ -58,7 +58,7 @@ from gyre.trainer.backends.megatron.checkpoint import (
 from gyre.trainer.backends.megatron.model import build_gpt_model, packed_logits, uses_transformer_engine
 from gyre.trainer.backends.megatron.parameters import FlatShard
 from gyre.trainer.backends.megatron.weights import check_hf_tensors, hf_to_megatron, megatron_to_hf
-from gyre.weights.snapshot import weights_digest
+from gyre.trainer.flat import weights_digest
 
 if TYPE_CHECKING:
     from gyre.trainer.backends.megatron.distributed_optimizer import DistributedShard
