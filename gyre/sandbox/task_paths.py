@@ -3,7 +3,7 @@ else the paths rewritten.
 
 Harbor tasks name absolute paths (gyre/tasks/harbor.py): the working directory (e.g. `/app`, where
 the workspace is), `/tests`, `/logs/verifier`, `/logs/agent`. No container runs on the embedded
-default (shared/FACTS.md), so each path is a host directory:
+default (docs/facts.md), so each path is a host directory:
 
 - `isolated` launcher (root): the command runs in its own mount namespace, chrooted into a view of
   the host root in which each host directory is bind-mounted at its absolute path

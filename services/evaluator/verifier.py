@@ -1,7 +1,7 @@
 """Scoring one terminated execution: the task's verifier on its preserved workspace, in the same
 kind of sandbox as the harness (no network at all), with retries inside the overall budget.
 
-Outcome classes (shared/DESIGN.md, "Outcomes"; the paper's "Partial scoring"):
+Outcome classes (docs/design.md, "Outcomes"; the paper's "Partial scoring"):
 
 - **valid**: the verifier gave a score in [0, 1] (a `{"score": x}` last stdout line, or Harbor's
   reward.txt / reward.json: services/evaluator/protocols.py). This holds after any termination,
