@@ -30,10 +30,11 @@ from typing import Any, TypeVar
 
 import structlog
 
+from gyre.engine.types import FinishReason
 from gyre.model.tokenizer import Tokenizer
 from services.cell_agent.engine.backends.base import MEMORY_TAGS, BackendError, EngineBackend, KVPin, Sampled
 from services.cell_agent.engine.protocol import GenerateRequest, RequestError
-from services.cell_agent.engine.request import FinishReason, Phase, RequestState
+from services.cell_agent.engine.request import Phase, RequestState
 from services.cell_agent.engine.sampler import request_generator
 
 log = structlog.get_logger(__name__)

@@ -24,9 +24,10 @@ from typing import Any, ClassVar
 import torch
 
 from gyre.config.engine import EngineSection
+from gyre.engine.types import FinishReason
 from gyre.model.arch import ModelArch
 from gyre.model.tokenizer import Tokenizer
-from services.cell_agent.engine.request import FinishReason, RequestState
+from services.cell_agent.engine.request import RequestState
 
 #: Memory tags of `/release_memory_occupation` (SGLang's names); None in a request means all.
 MEMORY_TAGS = ("kv_cache", "weights")

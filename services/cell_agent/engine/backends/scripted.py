@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from gyre.engine.types import FinishReason
 from gyre.model.tokenizer import Tokenizer
 from services.cell_agent.engine.backends.base import (
     BackendContext,
@@ -55,7 +56,7 @@ from services.cell_agent.engine.backends.base import (
 )
 from services.cell_agent.engine.kv_transfer import KVPayload, decode_kv, encode_kv
 from services.cell_agent.engine.protocol import RequestError
-from services.cell_agent.engine.request import FinishReason, RequestState
+from services.cell_agent.engine.request import RequestState
 
 FINGERPRINT = "scripted"
 
