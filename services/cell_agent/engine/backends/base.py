@@ -124,7 +124,7 @@ class EngineBackend(ABC):
     @abstractmethod
     def admit(self, state: RequestState) -> bool:
         """Claim what `state` needs to start (KV for its uncached tokens); False = not now. Sets
-        `state.num_computed` (prefix-cache hit) and `state.kv_version`. Raises `RequestError` or
+        `state.num_computed` (prefix-cache hit) and `state.kv_version`. Raises `RequestRefused` or
         `BackendError` for a request that can never be served (it is then failed, not retried)."""
 
     @abstractmethod
