@@ -27,9 +27,11 @@ def render_chat(
     """The text `template` renders for one conversation (`variables`: special tokens, template kwargs)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template(
-        conversations=[list(messages)],
-        tools=list(tools) if tools else None,
+    # transformers annotates the result as `str`; it is (rendered conversations, generation indices).
+    render: Any = render_jinja_template
+    rendered, _ = render(
+        conversations=[[dict(m) for m in messages]],
+        tools=[dict(t) for t in tools] if tools else None,
         chat_template=template,
         add_generation_prompt=add_generation_prompt,
         **dict(variables or {}),
