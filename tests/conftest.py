@@ -3,6 +3,7 @@ never the machine's default ports), with per-test isolation through unique run i
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -57,3 +58,28 @@ def keys(run_id: str) -> Keys:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+def _cli_binary(name: str, package: str) -> Path:
+    """A harness CLI from the repo's `node_modules/.bin` (`make setup` / CI run `npm ci`), else from
+    `$GYRE_NODE_BIN_DIR`. In CI (`CI` set) a missing binary fails the test; on a developer machine
+    without it the test is skipped."""
+    candidates = [Path(__file__).resolve().parents[1] / "node_modules" / ".bin" / name]
+    if os.environ.get("GYRE_NODE_BIN_DIR"):
+        candidates.append(Path(os.environ["GYRE_NODE_BIN_DIR"]) / name)
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not installed: CI installs {package} with `npm ci` in the repo root")
+    pytest.skip(f"{name} is not installed; run `npm ci` in the repo root or set GYRE_NODE_BIN_DIR")
+
+
+@pytest.fixture(scope="session")
+def claude_bin() -> Path:
+    return _cli_binary("claude", "@anthropic-ai/claude-code@2.1.332")
+
+
+@pytest.fixture(scope="session")
+def codex_bin() -> Path:
+    return _cli_binary("codex", "@openai/codex")
