@@ -26,6 +26,7 @@ import yaml
 
 from gyre.config import GyreConfig
 from gyre.model.files import check_model_dir
+from gyre.trainer.layout import check_trainer
 from gyre.stack.credentials import generate
 from gyre.stack.health import grpc_health, tail
 from gyre.stack.procs import alive as _alive
@@ -91,8 +92,9 @@ def up(
 ) -> StackState:
     """Start the run's supervisor and wait until every service is SERVING; on failure, or when `stop` is set
     meanwhile, stop everything started and raise `StackError`. A model directory the services could not
-    load raises `ModelError` before anything starts."""
+    load, or a trainer layout that cannot build it, raises `ModelError` before anything starts."""
     check_model_dir(config.model.require_path())
+    check_trainer(config.cell_agent.trainer, config.model.require_path())
     try:
         TaskSet.from_section(config.tasks)  # a malformed task fails here, before anything is spawned
     except TaskError as e:

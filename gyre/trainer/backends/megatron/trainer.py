@@ -77,6 +77,7 @@ def params_dtype(spec: TrainerSpec) -> torch.dtype:
 
 class MegatronTrainer(TrainerBackend):
     name: ClassVar[str] = "megatron"
+    needs_world: ClassVar[bool] = True
 
     def __init__(
         self,
