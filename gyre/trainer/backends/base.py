@@ -108,3 +108,8 @@ class TrainerBackend(ABC):
     @abstractmethod
     def digest(self) -> str:
         """SHA-256 of the weight bytes (`flat_params`)."""
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the trainer keeps between steps (parameters, gradients, optimizer state): what a
+        GPU cell may offload while it serves (`gyre.trainer.offload`). Backends add their optimizer's."""
+        return [self.flat_params, self.flat_grads]

@@ -61,18 +61,21 @@ def uses_transformer_engine(device: torch.device) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("transformer_engine") is not None
 
 
-def ensure_world() -> None:
+def ensure_world(device: torch.device) -> None:
     """megatron-core 0.16 resolves its process groups only while torch.distributed's default world
     exists (`get_tensor_model_parallel_group_if_none` returns None otherwise, at build and at forward
     time): start a world of this process alone when there is none. A cell agent of a multi-cell run
     builds its trainer after joining the cells' world, so this only happens for a single cell."""
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
-def solo_group() -> dist.ProcessGroup:
-    """A gloo group of this process alone, outside any torch.distributed world (none is needed, and the
-    cell agent starts the cells' world later). Its device is loopback: a group of one talks to nobody."""
+def solo_group(device: torch.device) -> dist.ProcessGroup:
+    """A group of this process alone, outside the torch.distributed world: gloo on a loopback device (a
+    group of one talks to nobody), NCCL for CUDA tensors (untested here: no GPU)."""
+    if device.type == "cuda":
+        return dist.ProcessGroupNCCL(dist.HashStore(), 0, 1, dist.ProcessGroupNCCL.Options())
     options = dist.ProcessGroupGloo._Options()
     options._timeout = datetime.timedelta(seconds=60)
     options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]

@@ -99,8 +99,8 @@ class MegatronTrainer(TrainerBackend):
         self.device = torch.device(spec.section.device)
         dtype = params_dtype(spec)
         if tp_group is None:
-            ensure_world()
-        self.tp_group = tp_group if tp_group is not None else solo_group()
+            ensure_world(self.device)
+        self.tp_group = tp_group if tp_group is not None else solo_group(self.device)
         self.tp_rank, self.tp_size = self.tp_group.rank(), self.tp_group.size()
         self.fused_norms = uses_transformer_engine(self.device)
         self.model = build_gpt_model(arch, tp_group=self.tp_group, device=self.device, params_dtype=dtype)
@@ -256,6 +256,9 @@ class MegatronTrainer(TrainerBackend):
     def digest(self) -> str:
         """SHA-256 of this TP rank's shard (`flat_params`)."""
         return weights_digest(self.store.params)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return self.store.state_tensors()
 
     def _barrier(self) -> None:
         if self.tp_size > 1:
