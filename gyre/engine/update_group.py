@@ -25,6 +25,7 @@ gloo between CPU processes, NCCL between GPUs. The core hosts the store on a soc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import socket
 import threading
@@ -174,10 +175,8 @@ def in_daemon_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
             future.set_result(result)  # type: ignore[arg-type]
 
     def post(result: T | None, error: BaseException | None) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for this any more
             loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the loop has closed: nobody waits for this any more
-            pass
 
     def body() -> None:
         try:

@@ -26,7 +26,6 @@ import yaml
 
 from gyre.config import GyreConfig
 from gyre.model.files import check_model_dir
-from gyre.trainer.layout import check_trainer
 from gyre.stack.credentials import generate
 from gyre.stack.health import grpc_health, tail
 from gyre.stack.procs import alive as _alive
@@ -35,6 +34,7 @@ from gyre.stack.servers import LOOPBACK, free_port
 from gyre.stack.state import ProcessEntry, StackState
 from gyre.stack.supervisor import SERVICES
 from gyre.tasks import TaskError, TaskSet
+from gyre.trainer.layout import check_trainer
 
 __all__ = ["SERVICES", "ProcessEntry", "StackError", "StackState", "down", "down_state", "grpc_health",
            "live_runs", "pid_alive", "resolve_run", "status", "up"]

@@ -18,8 +18,8 @@ import torch
 import transformers
 
 from gyre.cli.demo import demo_config
-from gyre.demo.run import DemoRun
 from gyre.config.engine import EngineSection
+from gyre.demo.run import DemoRun
 from gyre.engine import EngineClient
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
@@ -60,8 +60,9 @@ def test_two_elastic_megatron_steps_on_a_tiny_qwen3(tmp_path: Path) -> None:
     events = _events(config.run.path)
     _assert_elastic(summary, events)
 
-    published_events = [e["event"] for e in events if e["type"] == "gyre.v1.WeightsPublished"]
-    assert [e.get("policyVersion") for e in published_events][-1] == 2
+    published = [e["event"] for e in events if e["type"] == "gyre.v1.WeightsPublished"]
+    assert int(published[-1]["policyVersion"]) == 2
+    assert published[-1].get("engineIds"), "the distributed push reached a rollout engine, which serves version 2"
     back = [
         e["event"] for e in events
         if e["type"] == "gyre.v1.RoleTransitionCompleted" and e["event"].get("toRole") == "CELL_ROLE_ROLLOUT"
@@ -71,11 +72,11 @@ def test_two_elastic_megatron_steps_on_a_tiny_qwen3(tmp_path: Path) -> None:
     checkpoint = latest_checkpoint(config.run.path / "checkpoints")
     assert checkpoint is not None and checkpoint.name == "step-00000002"
     assert read_trainer_info(checkpoint)["backend"] == "megatron"
-    published = config.run.path / "checkpoints" / "published" / "v00000002"
-    assert check_model_dir(published).policy_version == 2
+    directory = config.run.path / "checkpoints" / "published" / "v00000002"
+    assert check_model_dir(directory).policy_version == 2
     trainer = load_model(checkpoint)  # the core's own weights after step 2, in HF format
-    assert asyncio.run(_served_by_the_embedded_engine(published, trainer)) <= 1e-4, "the embedded engine loads them"
-    hf = transformers.AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32).eval()
+    assert asyncio.run(_served_by_the_embedded_engine(directory, trainer)) <= 1e-4, "the embedded engine loads them"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     initial = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.arange(100, 164)
     with torch.no_grad():

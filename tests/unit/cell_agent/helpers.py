@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from gyre.config.model import ModelSection
+from gyre.config.training import TrainerSection
 from gyre.model.causal_lm import CausalLM
 from gyre.model.weights import load_model
-from gyre.config.training import TrainerSection
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep
 from gyre.trainer.backends import TrainerSpec, create_trainer

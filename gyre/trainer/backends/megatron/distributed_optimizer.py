@@ -28,9 +28,9 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from torch import Tensor
 
 from gyre.config.training import TrainerSection
-from gyre.trainer.offload import optimizer_tensors
 from gyre.trainer.backends.megatron.model import GyreGPTModel
 from gyre.trainer.backends.megatron.parameters import is_tp_partial
+from gyre.trainer.offload import optimizer_tensors
 
 
 class DistributedShard:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -223,7 +224,7 @@ def packed_logits(
     device = weight.device
     cos, sin = model.rotary.cos_sin(position_ids.to(device), weight.dtype)
     cu = cu_seqlens.to(device=device, dtype=torch.int32)
-    longest = max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    longest = max(b - a for a, b in itertools.pairwise(bounds))
     packed = GyrePackedSeqParams(
         qkv_format="thd",
         cu_seqlens_q=cu,
