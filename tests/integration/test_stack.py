@@ -34,7 +34,7 @@ def test_up_status_down(tmp_path: Path) -> None:
     config.write_text(
         f"run:\n  id: stacktest\n  dir: {tmp_path / 'runs'}\nscheduler:\n  num_cells: 3\nmodel:\n  path: {small_dir()}\n"
     )
-    up = _gyre("up", "--detach", "--wait", "15", config=config)
+    up = _gyre("up", "--detach", "--wait", "60", config=config)
     assert up.returncode == 0, up.stderr
     try:
         st = _gyre("status", "--json", config=config)
