@@ -15,8 +15,10 @@ checkpoint root, named in Redis), admit again, report ready. A switch to rollout
 waits until v is published.
 
 Weight publication (core): after the final step of a burst, and on an explicit PublishWeights, the
-core writes the published directory and pushes the weights to every rollout engine (`update_weights_*`
-with the new weight version; engines flush their prefix cache), then emits WeightsPublished.
+core writes the published directory and pushes the weights to every rollout engine with the new weight
+version — its own in-process, the others' by `cell_agent.trainer.publication` (tensor, disk or
+distributed: `publication.py`); engines flush their prefix cache and keep running requests unless
+`publish_abort_requests` — then emits WeightsPublished.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry
 
 from gyre.config import GyreConfig
-from gyre.engine import EngineClient
 from gyre.ids import cell_engine_id
 from gyre.log import get_logger
 from gyre.rl.loss import ObjectiveParams
@@ -45,6 +46,7 @@ from gyre.v1 import events_pb2 as ev
 from services.cell_agent.engine_host import EngineHost, create_engine_host
 from services.cell_agent.errors import CellStateError
 from services.cell_agent.metrics import CellAgentMetrics
+from services.cell_agent.publication import Publisher
 from services.cell_agent.roles import Role, RoleMachine
 from services.cell_agent.step_runner import StepOutcome, StepRunner
 from services.cell_agent.trainer_state import EngineEntry, Published
@@ -144,6 +146,13 @@ class CellAgent:
             metrics=self.metrics,
         )
         self.state = self.training.state
+        self.publisher = Publisher(
+            self.section.trainer,
+            bind_host=config.run.host,
+            advertise_host=config.run.peer_host("cell_agent", cell),
+            timeout_s=self.section.publish_timeout_s,
+            run_id=config.run.id,
+        )
         self.roles = RoleMachine(Role.ROLLOUT)
         self.metrics.role = lambda: self.roles.role.value
         self.metrics.policy_version = lambda: self.training.trainer.version
@@ -175,6 +184,7 @@ class CellAgent:
     async def stop(self) -> None:
         if self.is_core:
             await self.training.checkpoint()
+            await self.publisher.close()
         await self.engine.stop()
         await self.training.close()
 
@@ -337,7 +347,7 @@ class CellAgent:
             if targets is None:
                 entries = await self.state.engines(self.num_cells)
                 targets = [PublishTarget(e.engine_id, e.url, e.cell) for e in entries if e.role == Role.ROLLOUT.value]
-            results = await asyncio.gather(*(self._push(target, named, version) for target in targets),
+            results = await asyncio.gather(*(self._push(target, named, version, path) for target in targets),
                                            return_exceptions=True)
             updated: list[str] = []
             for target, result in zip(targets, results, strict=True):
@@ -357,24 +367,26 @@ class CellAgent:
             log.info("weights_published", policy_version=version, engines=updated, duration_s=round(duration, 4))
             return PublishResult(version, duration, tuple(updated), str(path))
 
-    async def _push(self, target: PublishTarget, named: dict[str, torch.Tensor], version: int) -> None:
+    async def _push(self, target: PublishTarget, named: dict[str, torch.Tensor], version: int, path: Path) -> None:
         if target.cell == self.cell:
             if self.roles.role is Role.ROLLOUT:
-                await self.engine.push_weights(named, version)
+                await self.engine.push_weights(
+                    named, version, abort_requests=self.section.trainer.publish_abort_requests
+                )
             return
-        async with EngineClient(target.url, timeout_s=self.section.publish_timeout_s) as client:
-            await client.update_weights_from_tensor(named, weight_version=str(version))
+        await self.publisher.push(target.url, named, version=version, path=path)
 
     # -- status --------------------------------------------------------------------------------------------
     async def view(self) -> CellView:
         t = self.training
-        digest = await t.compute.run(t.trainer.digest) if t.trainer.version is not None else ""
+        version = t.trainer.version if t.built else None
+        digest = await t.compute.run(t.trainer.digest) if version is not None else ""
         return CellView(
             cell=self.cell,
             role=self.roles.role,
             engine_id=self.engine_id,
             engine_url=self.engine.url,
-            policy_version=t.trainer.version,
+            policy_version=version,
             engine_weight_version=await self.engine.weight_version(),
             batch_id=self.batch_id,
             microsteps_processed=t.microsteps_processed,

@@ -29,7 +29,7 @@ from gyre.config.training import TrainerSection
 from gyre.log import get_logger
 from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys
-from gyre.trainer.backends import TrainerBackend, TrainerSpec, create_trainer
+from gyre.trainer.backends import TrainerBackend, TrainerSpec, create_trainer, trainer_class
 from gyre.trainer.checkpoint import latest_checkpoint
 from gyre.trainer.collectives import CellGroups, connect_store, host_store, set_socket_interface
 from gyre.weights.snapshot import SnapshotRecord
@@ -72,11 +72,10 @@ class TrainingSide:
         self.core_host = core_host
         self.bind_host = bind_host
         self.exposed = False
-        self.trainer: TrainerBackend = create_trainer(
-            section.backend, TrainerSpec(section, model_section, objective, with_optimizer=self.is_core)
-        )
-        if not self.is_core:
-            self.trainer.version = None  # a satellite knows its weights only once it pulled them
+        self.spec = TrainerSpec(section, model_section, objective, with_optimizer=self.is_core)
+        self._trainer: TrainerBackend | None = None
+        if not (trainer_class(section.backend).needs_world and num_cells > 1):
+            self._trainer = self._build()
         self.compute = ComputeThread(f"trainer-{cell}")
         self.groups: CellGroups | None = None
         self.transport: WeightTransport | None = None
@@ -86,9 +85,33 @@ class TrainingSide:
         self.microsteps_processed = 0
         self._store: object | None = None
 
+    @property
+    def trainer(self) -> TrainerBackend:
+        if self._trainer is None:
+            raise CellUnavailableError(
+                f"cell {self.cell}'s {self.section.backend} trainer is built once the cells' world is joined"
+            )
+        return self._trainer
+
+    @property
+    def built(self) -> bool:
+        """The trainer exists (a backend that needs the cells' world is built in `connect`)."""
+        return self._trainer is not None
+
+    def _build(self) -> TrainerBackend:
+        trainer = create_trainer(self.section.backend, self.spec)
+        if not self.is_core:
+            trainer.version = None  # a satellite knows its weights only once it pulled them
+        return trainer
+
     # -- start-up ------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Core: load the newest checkpoint if there is one; announce the policy version."""
+        """Core: load the newest checkpoint if there is one; announce the policy version (once the trainer
+        is built: here, or in `connect` for a backend that needs the cells' world)."""
+        if self.built:
+            await self._resume()
+
+    async def _resume(self) -> None:
         if not self.is_core:
             return
         latest = latest_checkpoint(self.checkpoint_root)
@@ -113,6 +136,10 @@ class TrainingSide:
                 timeout_s=self.section.collective_timeout_s,
             )
             log.info("collectives_ready", world_size=self.num_cells)
+        if not self.built:
+            self._trainer = await self.compute.run(self._build)
+            log.info("trainer_built", backend=self.section.backend)
+            await self._resume()
         options = TransportOptions(
             host=(self.section.mooncake_host or self.own_host) if self.is_core else self.own_host,
             protocol=self.section.mooncake_protocol,
@@ -274,7 +301,9 @@ class TrainingSide:
     # -- checkpoints -------------------------------------------------------------------------------------
     async def checkpoint(self) -> Path | None:
         """Core: write a checkpoint of the current version unless one exists."""
-        if not self.is_core or self.trainer.version is None or self.trainer.version == self.checkpointed_version:
+        if not self.is_core or not self.built or self.trainer.version is None:
+            return None
+        if self.trainer.version == self.checkpointed_version:
             return None
         path = await self.compute.run(self.trainer.save_checkpoint, self.checkpoint_root)
         self.checkpointed_version = self.trainer.version
