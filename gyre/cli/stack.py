@@ -61,6 +61,8 @@ def register(app: typer.Typer) -> None:
                 down_state(state)
             while not stop.event.wait(0.5):
                 if not state.supervisor_alive():
+                    if stop.event.is_set():  # a signal's teardown stopped it between two waits
+                        break
                     final = StackState.load(Path(state.run_dir))
                     typer.echo(f"error: {final.error if final and final.error else 'the stack stopped'}", err=True)
                     down_state(state)

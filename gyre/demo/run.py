@@ -123,6 +123,8 @@ class DemoRun:
         if self._stop.event.is_set():
             raise SystemExit(self._stop.exit_code)
         if not stack.supervisor_alive():
+            if self._stop.event.is_set():  # a signal's teardown stopped it after the check above
+                raise SystemExit(self._stop.exit_code)
             final = StackState.load(Path(stack.run_dir))
             reason = final.error if final is not None and final.error else "the stack's supervisor exited"
             raise StackError(f"{reason} (logs in {stack.run_dir}/logs)")
