@@ -3,11 +3,14 @@ never the machine's default ports), with per-test isolation through unique run i
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import redis.asyncio as aioredis
 
@@ -83,3 +86,22 @@ def claude_bin() -> Path:
 @pytest.fixture(scope="session")
 def codex_bin() -> Path:
     return _cli_binary("codex", "@openai/codex")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Nothing a test started outlives the session. A worker process left behind by a failed or
+    timed-out test would otherwise keep pytest from exiting (multiprocessing joins its non-daemon
+    children at exit), and CI would wait on it until its own limit; each one is named, then killed."""
+    leftovers = [*multiprocessing.active_children()]
+    leftover_pids = {p.pid for p in leftovers}
+    others = [c for c in psutil.Process().children(recursive=True) if c.pid not in leftover_pids]
+    for child in others:
+        try:
+            sys.stderr.write(f"\nconftest: killing leftover process {child.pid} {' '.join(child.cmdline())[:120]}\n")
+            child.kill()
+        except psutil.Error:
+            pass
+    for p in leftovers:
+        sys.stderr.write(f"\nconftest: killing leftover worker {p.name} (pid {p.pid})\n")
+        p.kill()
+        p.join(5)
