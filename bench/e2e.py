@@ -27,14 +27,15 @@ from typing import Any
 
 def mode_settings(target_staleness: float, elastic_mu: int = 3) -> dict[str, dict[str, Any]]:
     """(φ, μ) per mode at one target staleness (async with T = 1 training cell)."""
-    elastic_phi = target_staleness - (elastic_mu - 1) / 2
-    if elastic_phi < 0:
-        raise ValueError(f"elastic μ={elastic_mu} overshoots target staleness {target_staleness}; lower μ")
-    return {
-        "elastic": {"mode": "elastic", "phi": elastic_phi, "mu": elastic_mu},
-        "async": {"mode": "async", "phi": target_staleness, "mu": 1, "async_training_cells": 1},
-        "colocate": {"mode": "colocate", "phi": 0.0, "mu": int(2 * target_staleness + 1)},
-    }
+    from services.scheduler.policy import Mode
+    from services.scheduler.policy.params import matched_phi_mu
+
+    out: dict[str, dict[str, Any]] = {}
+    for mode in Mode:
+        phi, mu = matched_phi_mu(mode, target_staleness, elastic_mu)
+        out[mode.value] = {"mode": mode.value, "phi": phi, "mu": mu}
+    out["async"]["async_training_cells"] = 1
+    return out
 
 
 def _progress(mode: str, steps: int) -> Any:
