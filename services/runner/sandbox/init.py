@@ -5,7 +5,8 @@ own session (process group = its pid), as root for the `isolated` launcher. Stan
 so it starts fast and imports nothing of the repository. Three processes:
 
     supervisor   host network; for network mode `proxy` serves CONTROL_DIR/proxy.sock and relays
-                 each connection to the proxy's TCP address; waits for the netns child.
+                 each connection to the proxy's TCP address; waits for the netns child, then
+                 adds the CPU time of the whole sandbox to status.json (`sandbox_cpu_s`).
     netns child  (modes `proxy` and `none`) a new network namespace with only loopback up; for
                  `proxy` listens on 127.0.0.1:PORT and relays to proxy.sock; forks the command,
                  waits for it and writes CONTROL_DIR/status.json (exit code or signal, rusage).
@@ -370,6 +371,19 @@ def netns_child(spec: dict[str, Any], execute: Execute = exec_argv) -> NoReturn:
     os._exit(code)
 
 
+def record_sandbox_cpu(status_path: str) -> None:
+    """Add `sandbox_cpu_s` to the status: CPU of this supervisor and everything it waited for (the
+    netns child, the command and the command's children), i.e. what the whole sandbox cost."""
+    try:
+        with open(status_path) as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return
+    cpu = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
+    write_json(status_path, {**status, "sandbox_cpu_s": round(cpu, 3)})
+
+
 def main(spec_path: str, execute: Execute = exec_argv) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
@@ -401,6 +415,7 @@ def main(spec_path: str, execute: Execute = exec_argv) -> int:
         killed_by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         write_json(status_path, {"setup_error": f"sandbox child ended without a status (signal {killed_by})",
                                  "signal": killed_by})
+    record_sandbox_cpu(status_path)
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
