@@ -28,7 +28,8 @@ A command that is not `python -m MODULE` is exec'd as usual.
 What a fork does not renew, unlike an exec: the address-space layout (ASLR), the str hash seed and
 the interpreter's flags (`-I`) are those of the fork server, shared by every execution it starts;
 and the process stays non-dumpable after its uid change (no ptrace by its own uid, no core), which
-is stricter. MODULE's `__main__` must do its work under `if __name__ == "__main__"` (the server
+is stricter. `ps` shows a forked execution under the server's command line (its name, `ps -o comm`,
+is `MODULE-fork`). MODULE's `__main__` must do its work under `if __name__ == "__main__"` (the server
 imports it once to load what it imports, then runs it fresh per execution, as `python -m` does).
 
 The server is single-threaded (forking a threaded process is unsafe; it refuses to start if an import
@@ -60,7 +61,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
 
 
 def load_init() -> ModuleType:
@@ -92,6 +93,7 @@ def run_module(module: str, spec: dict[str, Any], report_fd: int) -> NoReturn:
     if "tempfile" in sys.modules:
         sys.modules["tempfile"].tempdir = None  # TMPDIR is the sandbox's, not the server's
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    ctypes.CDLL(None).prctl(PR_SET_NAME, f"{module}-fork".encode()[:15])  # `ps -o comm` / top tell them apart
     sys.path.insert(0, os.getcwd())  # what `python -m` puts first
     sys.argv = [module, *spec["argv"][3:]]
     code = 0
