@@ -102,6 +102,9 @@ def measure(argv: list[str]) -> dict[str, Any]:
             "scheduler": sched,
             "runner": {
                 "max_concurrent": capacity,
+                # sandbox uids of its own: a runner kills every process of the uids it takes, and other
+                # stacks and tests on this machine use the default ranges (runner 120000+, verifier 130000+)
+                "sandbox": {"uid_base": 192000},
                 "harness_args": [
                     "--tool-latency-s",
                     str(args.tool_latency_s),
@@ -112,6 +115,7 @@ def measure(argv: list[str]) -> dict[str, Any]:
                 ],
             },
         }
+        overrides["evaluator"] = {"sandbox": {"uid_base": 193000}}
         cfg = demo_config(Path(args.config) if args.config else None, overrides)
         load_before = os.getloadavg()[0]
         t0 = time.monotonic()

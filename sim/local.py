@@ -6,8 +6,10 @@ Nothing here comes from the paper. `CellCalibration.from_runs(runs, tool_sleep)`
     executions  per suite, each execution's *busy* time (its duration minus its tool sleeps: sandbox
                 start, model calls through the proxy and the embedded engine's decode, tools) with its
                 number of tool calls, and its evaluation latency — resampled whole (bootstrap)
-    tool sleeps the harness's own distribution (Pareto, median, cap: the run's harness arguments),
-                drawn afresh, one per tool call, never the slept seconds the run recorded
+    tool sleeps the harness's own draws (Pareto, median, cap: the run's harness arguments): the demo
+                harness seeds them with its execution id, so execution g00007-e03's k-th tool call
+                sleeps the same in every run; the simulator draws exactly those (`harness_sleep_s`),
+                one per tool call, rather than reading the slept seconds any run recorded
     training    one cell's throughput (trained tokens / forward-backward seconds of every micro-step),
                 trained tokens per execution, the step overhead (last micro-step → step completed)
     switches    median rollout → training and training → rollout transition times, publication time
@@ -16,19 +18,23 @@ Nothing here comes from the paper. `CellCalibration.from_runs(runs, tool_sleep)`
 
 `local_preset(calibration, …)` is a simulator preset of the stack (K cells of one node, C_e executions
 each, N, B, ρ_min, τ, the packer's micro-step budget, all from the run's config), whose workload
-(`MeasuredWorkload`) follows the run's query order. sim/validate.py predicts each mode with it.
+(`MeasuredWorkload`) follows the run's query order and execution ids. sim/validate.py predicts each
+mode with it.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
+import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gyre.ids import execution_id, group_id
 from sim.measured import MeasuredRun, median_or
 from sim.presets import Preset
 from sim.training import TrainingModel
@@ -44,10 +50,21 @@ class ToolSleep:
     max_s: float = 600.0
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """`size` independent sleeps (seconds)."""
         if self.median_s == 0 or size == 0:
             return np.zeros(size)
         x = (1.0 + rng.pareto(self.alpha, size)) / 2 ** (1 / self.alpha)  # classic Pareto, x_m = 1
         return np.minimum(self.median_s * x, self.max_s)
+
+    def harness_sleep_s(self, execution: str, num_calls: int) -> float:
+        """The seconds the demo harness of `execution` sleeps in its first `num_calls` tool calls: its
+        seed is crc32 of the execution id (services/runner/harnesses.py) and each draw is
+        harness/latency.py's `paretovariate(alpha) / 2^(1/alpha) · median`, capped."""
+        if self.median_s == 0 or num_calls == 0:
+            return 0.0
+        rng = random.Random(zlib.crc32(execution.encode()))
+        scale = self.median_s / 2 ** (1 / self.alpha)
+        return sum(min(scale * rng.paretovariate(self.alpha), self.max_s) for _ in range(num_calls))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +84,6 @@ class CellCalibration:
     model_calls_per_execution: float
     start_s: float
     """Runner seconds per execution start (serial)."""
-    query_order: tuple[str, ...] = field(default=())
 
     @classmethod
     def from_runs(
@@ -98,7 +114,6 @@ class CellCalibration:
             publish_s=median_or([x for r in runs for x in r.publish_s], 0.0),
             model_calls_per_execution=statistics.fmean(e.model_calls for e in executions),
             start_s=statistics.fmean(r.start_interval_s(b) for r, b in zip(runs, backlogs, strict=True)),
-            query_order=max((r.query_order for r in runs), key=len),
         )
 
     def figures(self) -> dict[str, Any]:
@@ -125,30 +140,33 @@ class CellCalibration:
 
 
 class MeasuredWorkload:
-    """Groups drawn from measured executions: group g runs the suite of the run's g-th query (the
-    order repeats past its end); each member is a measured execution of that suite (busy time, tool
-    calls, evaluation latency), plus fresh tool sleeps for its tool calls."""
+    """Groups drawn from measured executions: group g runs the run's g-th query; each member is a
+    measured execution of that query's suite (busy time, tool calls, evaluation latency) plus the
+    tool sleeps its own harness draws for that many tool calls."""
 
-    def __init__(self, calibration: CellCalibration) -> None:
-        if not calibration.query_order:
-            raise ValueError("the calibration has no query order")
+    def __init__(self, calibration: CellCalibration, query_order: Sequence[str]) -> None:
+        if not query_order:
+            raise ValueError("the workload needs the run's query order")
         self.calibration = calibration
         pooled = [x for v in calibration.busy.values() for x in v]
         self._busy = {s: np.array(v, dtype=np.float64) for s, v in calibration.busy.items()}
         self._pooled = np.array(pooled, dtype=np.float64)
-        self._suites = [q.split("/")[0] for q in calibration.query_order]
+        self._suites = [q.split("/")[0] for q in query_order]
         self._evaluation = np.array(calibration.evaluation_s, dtype=np.float64)
 
     def sample_block(
         self, rng: np.random.Generator, num_groups: int, group_size: int, first_group: int = 0
     ) -> GroupBlock:
         cal = self.calibration
+        if first_group + num_groups > len(self._suites):
+            raise ValueError(f"the query order covers {len(self._suites)} groups; {first_group + num_groups} needed")
         run_s = np.zeros((num_groups, group_size))
         for i in range(num_groups):
-            table = self._busy.get(self._suites[(first_group + i) % len(self._suites)], self._pooled)
+            table = self._busy.get(self._suites[first_group + i], self._pooled)
             rows = table[rng.integers(0, len(table), group_size)]
-            sleeps = [float(cal.tool_sleep.draw(rng, int(n)).sum()) for n in rows[:, 1]]
-            run_s[i] = rows[:, 0] + np.array(sleeps)
+            group = group_id(first_group + i + 1)  # the scheduler numbers groups from 1
+            for j, (busy_s, num_calls) in enumerate(rows):
+                run_s[i, j] = busy_s + cal.tool_sleep.harness_sleep_s(execution_id(group, j), int(num_calls))
         eval_s = self._evaluation[rng.integers(0, len(self._evaluation), (num_groups, group_size))]
         return GroupBlock(
             run_h=run_s / 3600.0,
@@ -169,6 +187,7 @@ def local_preset(
     tau_s: float,
     microstep_tokens: int,
     steps: int,
+    query_order: Sequence[str],
 ) -> Preset:
     """This machine's stack as a simulator preset: K cells of one node each, measured cell model."""
     cal = calibration
@@ -182,7 +201,7 @@ def local_preset(
         group_size=group_size,
         batch_groups=batch_groups,
         steps=steps,
-        workload=MeasuredWorkload(cal),
+        workload=MeasuredWorkload(cal, query_order),
         training=TrainingModel(
             node_tokens_per_s=cal.cell_tokens_per_s,
             microstep_tokens=float(microstep_tokens),

@@ -71,6 +71,9 @@ class MeasuredRun:
     """Completed steps, seconds after the first dispatch."""
     claim_s: tuple[float, ...] = ()
     """When the runner took each execution that ran (termination − duration), after the first dispatch."""
+    failed: int = 0
+    """Executions that ended FAILED or INFRA_FAILURE (a harness killed from outside shows up here: another
+    runner on the machine that takes the same sandbox uids kills their processes)."""
 
     @property
     def microstep_tokens_per_s(self) -> float:
@@ -170,6 +173,8 @@ def read_run(run_dir: Path) -> MeasuredRun:
         publish_s=tuple(publish), step_end_s=tuple(sorted(steps)),
         claim_s=tuple(sorted(b["time_s"] - t0 - float(b.get("durationS", 0.0)) for b in terminated.values()
                              if b.get("reason") != "TERMINATION_REASON_CANCELLED")),
+        failed=sum(b.get("reason") in ("TERMINATION_REASON_FAILED", "TERMINATION_REASON_INFRA_FAILURE")
+                   for b in terminated.values()),
     )
 
 

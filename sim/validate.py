@@ -8,7 +8,9 @@ with a single mode it falls back to that run and says so (`in_sample: true`). Th
 the mode's layout (K cells of one node, the run's φ, μ, ρ_min, τ, C_e, N, B; async with its T fixed
 training cells) for the run's steps over `seeds` workload draws. Compared quantity: first dispatch →
 last step (`scheduled_s`), the part of a run the simulator models; the bench's whole-run wall time (stack
-start, drain, report included) is shown beside it.
+start, drain, report included) is shown beside it. Executions that failed in a measured run are counted
+and warned about: a harness killed part-way (e.g. by another runner using the same sandbox uids) ends
+early, which makes that run faster than its workload.
 
     predicted_s   median over the seeds; predicted_p10_s / _p90_s the spread of the workload draw
     error         (predicted − measured) / measured      goal: |error| ≤ 0.15 per mode
@@ -23,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from gyre.config.tasks import TasksSection
+from gyre.tasks import TaskSet
 from services.scheduler.policy import Mode
 from sim.layout import Layout
 from sim.local import CellCalibration, ToolSleep, local_preset, percentile
@@ -31,6 +35,8 @@ from sim.simulation import Simulation
 
 GOAL = 0.15
 """|error| the validation aims at, per mode."""
+_ORDER_GROUPS = 512
+"""Groups of the query order handed to the workload (two of the simulator's 256-group draw blocks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,15 @@ class RunSettings:
     tau_s: float
     async_training_cells: int
     microstep_tokens: int
+    tasks: dict[str, Any]
+    """The run's `tasks:` section (what it dispatches)."""
+    seed: int
+    """The scheduler's seed (of the query cycle)."""
+
+    def query_order(self, num_groups: int) -> list[str]:
+        """The query of each of the first `num_groups` groups, as the scheduler draws them."""
+        cycle = TaskSet.from_section(TasksSection.model_validate(self.tasks)).cycle(self.seed)
+        return [cycle.next() for _ in range(num_groups)]
 
     @property
     def initial_capacity(self) -> int:
@@ -65,6 +80,7 @@ class RunSettings:
                 group_size=int(s["group_size"]), batch_groups=int(s["batch_groups"]), phi=float(s["phi"]),
                 mu=int(s["mu"]), rho_min=float(s["rho_min"]), tau_s=float(s["tau_s"]),
                 async_training_cells=int(s["async_training_cells"]), microstep_tokens=int(p["microstep_tokens"]),
+                tasks=dict(config.get("tasks") or {}), seed=int(s.get("seed", 0)),
             )
         except (OSError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{run_dir}/config.yaml: cannot read the run's settings ({e})") from None
@@ -76,6 +92,7 @@ def predict(calibration: CellCalibration, settings: RunSettings, *, steps: int, 
         calibration, num_cells=settings.num_cells, cell_capacity=settings.cell_capacity,
         group_size=settings.group_size, batch_groups=settings.batch_groups, rho_min=settings.rho_min,
         tau_s=settings.tau_s, microstep_tokens=settings.microstep_tokens, steps=steps,
+        query_order=settings.query_order(_ORDER_GROUPS),
     )
     layout = Layout(
         settings.mode, num_cells=settings.num_cells, cell_nodes=1, phi=settings.phi, mu=settings.mu,
@@ -118,11 +135,15 @@ def validate(measured: dict[str, Any], *, seeds: int = 32) -> dict[str, Any]:
             "predicted_p90_s": round(percentile(totals, 0.9), 1),
             "measured_wall_s": measured["runs"][mode].get("wall_s"),
             "phi": s.phi, "mu": s.mu,
+            "measured_failed_executions": run.failed,
             "in_sample": sources == [mode],
             "calibration": calibration.figures(),
         }
+    failed = {m: v["measured_failed_executions"] for m, v in modes.items() if v["measured_failed_executions"]}
     out: dict[str, Any] = {
         "modes": modes,
+        "warnings": [f"{m}: {n} executions failed (killed from outside? a run whose executions end early is "
+                     "faster than its workload)" for m, n in failed.items()],
         "max_abs_error": max(abs(m["error"]) for m in modes.values()),
         "goal_abs_error": GOAL,
         "steps": steps,

@@ -352,6 +352,8 @@ def validate(
             f"{m['predicted_s']:>12.1f}{band:>15}{m['error']:>+8.1%}  {'ok' if m['within_goal'] else 'MISSED'}"
         )
     typer.echo(f"compared: {report['compared']}; {report['seeds']} workload draws per mode")
+    for warning in report["warnings"]:
+        typer.echo(f"warning: {warning}")
     for mode, m in report["modes"].items():
         cal = {k: v for k, v in m["calibration"].items() if k != "source_runs"}
         typer.echo(f"calibration for {mode} (from {', '.join(Path(r).name for r in m['calibration']['source_runs'])}):")
