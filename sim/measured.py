@@ -193,7 +193,7 @@ def trim_run(run_dir: Path, out_dir: Path) -> None:
             kept.append(json.dumps({k: event[k] for k in ("type", "time_s", "event")}))
     (out_dir / "events.jsonl").write_text("\n".join(kept) + "\n")
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    (out_dir / "config.yaml").write_text(yaml.safe_dump({k: config[k] for k in ("scheduler", "packer")}))
+    (out_dir / "config.yaml").write_text(yaml.safe_dump({k: config[k] for k in ("scheduler", "packer", "tasks")}))
     summary = json.loads((run_dir / "summary.json").read_text())
     (out_dir / "summary.json").write_text(json.dumps({"mode": summary["mode"]}) + "\n")
     for control in sorted((run_dir / "sandboxes").glob("*/control")):
