@@ -55,7 +55,7 @@ bench: setup
 	$(VENV)/bin/gyre bench --list
 
 up: setup
-	$(VENV)/bin/gyre up --detach
+	GYRE_MODEL__PATH=$${GYRE_MODEL__PATH:-harness/checkpoints/warmstart} $(VENV)/bin/gyre up --detach
 
 down:
 	$(VENV)/bin/gyre down

@@ -2,8 +2,11 @@
 
 A service subclasses `GyreService`, registers its servicers and consumers in `setup()`, and is an
 async context manager with an idempotent, time-capped `stop()`. Shutdown order: health to
-NOT_SERVING → drain NATS → `server.stop(grace)` → `teardown()` → close Redis. Entry points are
-three lines:
+NOT_SERVING → `/metrics` closed → drain NATS → `server.stop(grace)` → `teardown()` → close Redis.
+Every service serves Prometheus `/metrics` on `run.host:metrics.port` (gyre/metrics/listener.py) from
+`metrics_registry` (its own series, added in `setup()`) plus `metrics_registries()`; the port is in
+the endpoint file `runs/<run>/services/<name>.json` (`metrics_port`) that `gyre status` reads. Entry
+points are three lines:
 
     def main() -> None:
         run_service(SchedulerService)
@@ -24,11 +27,13 @@ import grpc
 import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
+from prometheus_client import CollectorRegistry
 
 from gyre.bus import EventBus
 from gyre.config import ConfigError, GyreConfig, load_config
 from gyre.lifecycle import Supervisor, install_signal_handlers
 from gyre.log import bind_context, configure_logging, get_logger
+from gyre.metrics import CombinedRegistry, MetricsListener, process_registry
 from gyre.model.arch import ModelError
 from gyre.store import Keys, connect_redis
 from gyre.tasks import TaskError
@@ -51,6 +56,9 @@ class GyreService:
         self.server: grpc.aio.Server
         self.health = HealthServicer()
         self.grpc_port = 0
+        self.metrics_registry = process_registry(self.name, self.instance_name, config.run.id)
+        """This process's Prometheus series; a service adds its own in `setup()`."""
+        self.metrics_listener: MetricsListener | None = None
         self._stopped = False
         self._started = False
 
@@ -69,6 +77,10 @@ class GyreService:
     def endpoint_info(self) -> dict[str, Any]:
         """Extra fields written to the service's endpoint file (e.g. an HTTP port)."""
         return {}
+
+    def metrics_registries(self) -> list[CollectorRegistry]:
+        """Registries `/metrics` serves besides `metrics_registry` (one a component keeps on its own)."""
+        return []
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def __aenter__(self) -> GyreService:
@@ -96,9 +108,21 @@ class GyreService:
         self.grpc_port = self.server.add_insecure_port(f"{self.config.run.host}:{self.configured_port()}")
         await self.server.start()
         self._started = True
+        if self.config.metrics.serve:
+            self.metrics_listener = MetricsListener(
+                CombinedRegistry([self.metrics_registry, *self.metrics_registries()]),
+                host=self.config.run.host, port=self.config.metrics.port,
+            )
+            await self.metrics_listener.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._write_endpoint()
-        self.log.info("service_serving", grpc_port=self.grpc_port, **self.endpoint_info())
+        self.log.info("service_serving", grpc_port=self.grpc_port, metrics_port=self.metrics_port,
+                      **self.endpoint_info())
+
+    @property
+    def metrics_port(self) -> int:
+        """Port of this process's `/metrics` (0 before it listens, or with `metrics.serve: false`)."""
+        return self.metrics_listener.port if self.metrics_listener is not None else 0
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set or a supervised task crashes (the crash is re-raised)."""
@@ -117,6 +141,8 @@ class GyreService:
         self._stopped = True
         if self._started:
             await self.health.enter_graceful_shutdown()
+        if self.metrics_listener is not None:
+            await self.metrics_listener.stop()
         if hasattr(self, "supervisor"):
             await self.supervisor.stop(timeout_s=grace_s)
         if hasattr(self, "bus"):
@@ -136,7 +162,8 @@ class GyreService:
     def _write_endpoint(self) -> None:
         path = self._endpoint_file()
         path.parent.mkdir(parents=True, exist_ok=True)
-        info = {"name": self.instance_name, "pid": os.getpid(), "grpc_port": self.grpc_port, **self.endpoint_info()}
+        info = {"name": self.instance_name, "pid": os.getpid(), "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port, **self.endpoint_info()}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(info))
         tmp.replace(path)
@@ -178,6 +205,9 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
     except (ConfigError, TaskError, ModelError, TemplateError) as e:  # found while starting: one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Exception:  # a crash: logged once, here, as a JSON line with its traceback (not a bare traceback)
+        get_logger(f"gyre.{cls.name}").exception("service_failed")
+        raise SystemExit(1) from None
 
 
 def exit_after(timeout_s: float, log: Any) -> threading.Timer:

@@ -39,6 +39,7 @@ BUS_USERS: dict[str, BusUse] = {
     "scheduler": BusUse(
         publishes=(ev.GroupDispatched, ev.ExecutionStartRequested),
         consumes=(("scheduler", ev.ExecutionStarted),),
+        reads_history=True,  # the per-step training metrics replay the stream (gyre/metrics/writer.py)
     ),
     "proxy": BusUse(),
     "runner": BusUse(

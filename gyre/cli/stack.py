@@ -99,6 +99,8 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"run {run_dir.name}")
         for r in rows:
             ports = f"grpc {r['grpc_port']}" if r["grpc_port"] else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())  # type: ignore[union-attr]
+            if r.get("metrics_port"):
+                ports += f"  metrics {r['metrics_port']}"
             restarts = f"  restarts {r['restarts']} (last: {r['last_exit']})" if r.get("restarts") else ""
             typer.echo(f"{r['name']:<14} pid {r['pid']:<8} {r['health']:<12} {ports}{restarts}")
             if r.get("error"):
@@ -106,6 +108,30 @@ def register(app: typer.Typer) -> None:
         scheduler = next((r for r in rows if r["name"] == "scheduler" and r["health"] == "SERVING"), None)
         if scheduler is not None:
             typer.echo(_run_state(int(scheduler["grpc_port"])))  # type: ignore[call-overload]
+        proxy = next((r for r in rows if r["name"] == "proxy" and r["health"] == "SERVING"), None)
+        if proxy is not None:
+            typer.echo(_proxy_state(int(proxy["grpc_port"])))  # type: ignore[call-overload]
+
+
+def _proxy_state(port: int) -> str:
+    """The proxy's counters: calls recorded, side calls, and the history-mismatch rate (retokenization
+    drift or a harness rewriting its history shows here instead of silently growing the trees)."""
+    import grpc
+
+    from gyre.stack.servers import LOOPBACK
+    from gyre.v1 import proxy_pb2, proxy_pb2_grpc
+
+    with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
+        try:
+            st = proxy_pb2_grpc.ProxyStub(channel).GetStats(proxy_pb2.GetStatsRequest(), timeout=5)
+        except grpc.RpcError as e:
+            return f"proxy stats unavailable: {e.code().name}"
+    rate = st.history_mismatches / st.recorded_calls if st.recorded_calls else 0.0
+    return (
+        f"proxy     requests {st.requests}  recorded calls {st.recorded_calls}  side calls {st.side_calls}"
+        f"  history mismatches {st.history_mismatches} ({rate:.1%})  reroutes {st.reroutes}"
+        f"  open executions {st.open_executions}"
+    )
 
 
 def _run_state(port: int) -> str:

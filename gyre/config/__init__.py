@@ -5,7 +5,7 @@
 
 Bad values raise `ConfigError` whose one-line message names the field and the fix.
 
-Sections live one concern per module: `infra` (run, NATS, Redis, log), `model`, `tasks`, `scheduler`,
+Sections live one concern per module: `infra` (run, NATS, Redis, log), `metrics`, `model`, `tasks`, `scheduler`,
 `proxy`, `runner` (runner, evaluator and their sandboxes), `training` (objective, packer, trainer),
 `engine`, `cell_agent`; `base` holds the strict base model and the bounded field types (`AtLeastOne`, `Port`, ...).
 """
@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from gyre.config.base import Section
 from gyre.config.cell_agent import CellAgentSection
 from gyre.config.engine import EngineSection
 from gyre.config.infra import LogSection, NatsSection, RedisSection, RunSection
+from gyre.config.metrics import MetricsSection
 from gyre.config.model import ModelSection
 from gyre.config.proxy import ProxySection
 from gyre.config.runner import (
@@ -44,6 +45,7 @@ __all__ = [
     "EvaluatorSection",
     "GyreConfig",
     "LogSection",
+    "MetricsSection",
     "ModelSection",
     "NatsSection",
     "ObjectiveSection",
@@ -77,6 +79,8 @@ class GyreConfig(Section):
     """Redis (counters, trees, buffers, the micro-step queue)."""
     log: LogSection = Field(default_factory=LogSection)
     """Logging."""
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    """Prometheus `/metrics` of every service and the sinks of per-step training metrics."""
     model: ModelSection = Field(default_factory=ModelSection)
     """The embedded model."""
     tasks: TasksSection = Field(default_factory=TasksSection)
@@ -95,6 +99,13 @@ class GyreConfig(Section):
     """The stream packer."""
     cell_agent: CellAgentSection = Field(default_factory=CellAgentSection)
     """The cell agents (engine + trainer)."""
+
+    @model_validator(mode="after")
+    def _profile_of_the_harness(self) -> GyreConfig:
+        if self.scheduler.profile is None:
+            harness = self.runner.harness
+            self.scheduler.profile = harness if harness in ("claude_code", "codex") else "generic"
+        return self
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:

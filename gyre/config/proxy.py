@@ -3,7 +3,7 @@ calls, and how it retries and drains calls on the rollout engines."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -19,6 +19,10 @@ class ProxySection(Section):
     """Requests with a larger body are answered 413."""
     default_profile: str = "generic"
     """Harness profile used when an execution does not name one."""
+    matching: Literal["loose", "strict"] = "loose"
+    """How a request's history is matched against the tree: `loose` ignores the profile's volatile
+    content (Claude Code's billing line in the root key, `<system-reminder>` blocks in user text);
+    `strict` matches content exactly. Either way the prompt keeps every token as sent or recorded."""
     end_of_turn: str | None = None
     """The token that ends an assistant turn; None = the chat family's (`<|im_end|>` for ChatML and
     Qwen, `<|eot_id|>` for Llama 3), recognized from the model's chat template."""

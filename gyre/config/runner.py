@@ -68,6 +68,12 @@ def _task_dirs_moved(data: Any, section: str) -> Any:
     return data
 
 
+HARNESS_ROUTING_ENV = frozenset(
+    {"ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "CODEX_HOME", "HOME"}
+)
+"""Variables the runner sets so that every model call of a harness reaches the proxy under its execution's key."""
+
+
 class RunnerSection(Section):
     port: Port = 0
     """gRPC port; 0 picks a free one."""
@@ -80,6 +86,9 @@ class RunnerSection(Section):
     instead of starting a new one each time (its imports cost ~3 CPU-s); same sandbox, same isolation."""
     harness_args: list[str] = Field(default_factory=list)
     """Extra arguments appended to the harness command (e.g. `--tool-latency-s 2` for the demo)."""
+    harness_env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables of the harness (its own settings, e.g. Claude Code's
+    `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`); the variables that route it to the proxy cannot be set here."""
     command: list[str] = Field(default_factory=list)
     """argv of the `command` harness; `{prompt}`, `{task_id}`, `{execution_id}`, `{python}` are expanded."""
     workspace_dir: Path | None = None
@@ -101,6 +110,9 @@ class RunnerSection(Section):
     def _command_given(self) -> RunnerSection:
         if self.harness == "command" and not self.command:
             raise ValueError("harness `command` needs runner.command (an argv, e.g. [bash, -c, '{prompt}'])")
+        routed = sorted(HARNESS_ROUTING_ENV & set(self.harness_env))
+        if routed:
+            raise ValueError(f"runner.harness_env cannot set {', '.join(routed)}: the runner routes the harness to the proxy")
         return self
 
 

@@ -19,8 +19,9 @@ class SchedulerSection(Section):
     """gRPC port; 0 picks a free one."""
     max_steps: int = 0
     """Stop after this many optimizer steps (no more dispatch or batches); 0 = run until shut down."""
-    profile: str = "generic"
-    """Harness profile the proxy classifies this run's requests with (generic, claude_code, codex)."""
+    profile: str | None = None
+    """Harness profile the proxy classifies this run's requests with (generic, claude_code, codex);
+    unset = the runner's harness when it has a profile of that name (claude_code, codex), else generic."""
     seed: int = 0
     """Seed of query selection."""
     tick_s: float = 0.5

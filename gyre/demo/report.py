@@ -41,6 +41,9 @@ class RunFacts:
     reroutes: int = 0
     kv_migrated_tokens: int = 0
     harness_errors_during_transitions: int = 0
+    recorded_calls: int = 0
+    history_mismatches: int = 0
+    side_calls: int = 0
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -66,6 +69,7 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
     group_reward: dict[str, float] = {}
     group_step: dict[str, int] = {}
     staleness_by_step: dict[int, list[int]] = defaultdict(list)
+    admitted_by_class: dict[str, int] = defaultdict(int)
     completed_steps: dict[int, ev.StepCompleted] = {}
     status: dict[str, int] = {}
     reason: dict[str, int] = {}
@@ -81,6 +85,8 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
                 step = step_of_batch(e.batch_id)
                 group_step[e.group_id] = step
                 staleness_by_step[step].append(e.staleness)
+                for leaf_class, n in e.admitted_by_class.items():
+                    admitted_by_class[leaf_class] += n
             case ev.StepCompleted():
                 completed_steps[e.policy_version - 1] = e
             case ev.EvaluationDone():
@@ -135,6 +141,10 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
         },
         "reroutes": facts.reroutes,
         "kv_migrated_tokens": facts.kv_migrated_tokens,
+        "admitted_trajectories_by_class": dict(sorted(admitted_by_class.items())),
+        "recorded_calls": facts.recorded_calls,
+        "side_calls": facts.side_calls,
+        "history_mismatch_rate": round(facts.history_mismatches / facts.recorded_calls, 4) if facts.recorded_calls else 0.0,
         "wall_s": round(facts.wall_s, 1),
         "loss_by_step": [round(completed_steps[s].loss, 5) for s in steps],
         "clip_fraction_by_step": [round(completed_steps[s].clip_fraction, 4) for s in steps],

@@ -134,6 +134,8 @@ class DemoRun:
             cell_capacity=c.cell_capacity, separate_pool_capacity=c.separate_pool_capacity,
             reroutes=stats.reroutes, kv_migrated_tokens=stats.kv_migrated_tokens,
             harness_errors_during_transitions=stats.errors_during_transitions, wall_s=wall_s,
+            recorded_calls=stats.recorded_calls, history_mismatches=stats.history_mismatches,
+            side_calls=stats.side_calls,
             extra={"run_id": self.config.run.id, "run_dir": str(self.run_dir)},
         )
         self._save_events(events)

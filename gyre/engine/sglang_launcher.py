@@ -97,6 +97,8 @@ def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
         cmd += ["--mem-fraction-static", str(section.sglang_mem_fraction_static)]
     if section.incremental_streaming_output:
         cmd.append("--incremental-streaming-output")
+    if "--enable-metrics" not in section.sglang_args:
+        cmd.append("--enable-metrics")  # SGLang's own Prometheus /metrics on its port (deploy/ scrapes it)
     return cmd + list(section.sglang_args)
 
 

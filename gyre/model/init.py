@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +144,7 @@ def init_model_dir(
         raise ValueError(f"--family must be one of {', '.join(FAMILIES)}; got {family!r}")
     preset = SIZES[size]
     if max_position_embeddings is not None:
-        preset = Size(**{**preset.__dict__, "max_position_embeddings": max_position_embeddings})
+        preset = replace(preset, max_position_embeddings=max_position_embeddings)
     tok = build_tokenizer(chat, tokenizer, vocab_size or preset.vocab_size)
     total_vocab = tok.get_vocab_size(with_added_tokens=True)
     config = {**_config(arch, preset, total_vocab, chat, tok, dtype), **(overrides or {})}

@@ -13,6 +13,7 @@ supervisor is left (it was SIGKILLed), `down` adopts the recorded processes and 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -197,8 +198,19 @@ def resolve_run(runs_dir: Path, configured: str, explicit: str | None) -> Path |
     return live[0] if len(live) == 1 else None
 
 
+def metrics_port(run_dir: Path, name: str, pid: int) -> int:
+    """The `/metrics` port a live service wrote to its endpoint file (`runs/<run>/services/<name>.json`);
+    0 when it has none (not serving yet, `metrics.serve: false`, or the file is of an earlier process)."""
+    try:
+        info = json.loads((run_dir / "services" / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    return int(info.get("metrics_port", 0)) if isinstance(info, dict) and info.get("pid") == pid else 0
+
+
 def status(run_dir: Path) -> list[dict[str, object]]:
-    """One row per process (the supervisor first): name, pid, alive, health, ports, restarts, last exit."""
+    """One row per process (the supervisor first): name, pid, alive, health, ports (`metrics_port` for a
+    service's `/metrics`), restarts, last exit."""
     state = StackState.load(run_dir.resolve())
     if state is None:
         return []
@@ -216,7 +228,9 @@ def status(run_dir: Path) -> list[dict[str, object]]:
             health = "GAVE_UP"
         else:
             health = grpc_health(p.grpc_port) if (alive and p.grpc_port) else ("RUNNING" if alive else "DEAD")
+        metrics = metrics_port(Path(state.run_dir), p.name, p.pid) if alive and p.grpc_port else 0
         rows.append({"name": p.name, "pid": p.pid, "alive": alive, "health": health, "grpc_port": p.grpc_port,
-                     "restarts": p.num_restarts, "last_exit": p.last_exit, **({"ports": p.ports} if p.ports else {})})
+                     "restarts": p.num_restarts, "last_exit": p.last_exit, **({"ports": p.ports} if p.ports else {}),
+                     **({"metrics_port": metrics} if metrics else {})})
     return rows
 

@@ -66,6 +66,7 @@ def from_anthropic(body: Mapping[str, Any], headers: Mapping[str, str] | None = 
         sampling=sampling,
         stream=bool(body.get("stream", False)),
         model=str(body.get("model") or ""),
+        structured_output=_structured(body),
         headers=lower_headers(headers),
     )
 
@@ -184,3 +185,9 @@ def _tool(raw: Any, field: str) -> ToolSpec:
     if not isinstance(description, str):
         raise RequestError("must be a string", f"{field}.description")
     return ToolSpec(name, description, raw.get("input_schema") or {})
+
+
+def _structured(body: Mapping[str, Any]) -> bool:
+    """A JSON-schema answer requested (`output_format`, or `output_config.format` of newer SDKs)."""
+    config = body.get("output_config")
+    return body.get("output_format") is not None or (isinstance(config, dict) and config.get("format") is not None)

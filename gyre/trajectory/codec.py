@@ -19,7 +19,11 @@ from gyre.v1 import trajectory_pb2 as pb
 
 _AGENT = {AgentKind.MAIN: pb.TREE_AGENT_KIND_MAIN, AgentKind.SUB: pb.TREE_AGENT_KIND_SUB}
 _AGENT_BACK = {v: k for k, v in _AGENT.items()}
-_REQUEST = {RequestKind.TASK: pb.TREE_REQUEST_KIND_TASK, RequestKind.SUMMARY: pb.TREE_REQUEST_KIND_SUMMARY}
+_REQUEST = {
+    RequestKind.TASK: pb.TREE_REQUEST_KIND_TASK,
+    RequestKind.SUMMARY: pb.TREE_REQUEST_KIND_SUMMARY,
+    RequestKind.SIDE: pb.TREE_REQUEST_KIND_SIDE,
+}
 _REQUEST_BACK = {v: k for k, v in _REQUEST.items()}
 
 

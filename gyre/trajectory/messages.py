@@ -155,10 +155,14 @@ class ModelRequest:
     model: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
     """Request headers with lower-cased names (profiles classify on them)."""
+    structured_output: bool = False
+    """The call asks for a JSON-schema answer (Anthropic `output_format`/`output_config.format`, OpenAI
+    `response_format`, Responses `text.format`): how harnesses make side calls such as session titles."""
 
     def with_messages(self, messages: tuple[Message, ...]) -> ModelRequest:
         return ModelRequest(
-            self.api, self.system, messages, self.tools, self.sampling, self.stream, self.model, self.headers
+            self.api, self.system, messages, self.tools, self.sampling, self.stream, self.model, self.headers,
+            self.structured_output,
         )
 
 

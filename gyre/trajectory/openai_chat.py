@@ -90,6 +90,7 @@ def from_openai_chat(body: Mapping[str, Any], headers: Mapping[str, str] | None 
         stream=bool(body.get("stream", False)),
         model=str(body.get("model") or ""),
         headers=lower_headers(headers),
+        structured_output=_structured(body.get("response_format")),
     )
 
 
@@ -169,3 +170,7 @@ def _tool(raw: Any, field: str) -> ToolSpec:
     return ToolSpec(
         get_str(raw, "name", field), str(raw.get("description") or ""), raw.get("parameters") or {}
     )
+
+
+def _structured(response_format: Any) -> bool:
+    return isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object")

@@ -110,6 +110,7 @@ def from_openai_responses(body: Mapping[str, Any], headers: Mapping[str, str] | 
         stream=bool(body.get("stream", False)),
         model=str(body.get("model") or ""),
         headers=lower_headers(headers),
+        structured_output=_structured(body.get("text")),
     )
 
 
@@ -213,3 +214,8 @@ def _tool(raw: Any, field: str) -> ToolSpec:
     name = raw.get("name") if isinstance(raw.get("name"), str) else str(kind)
     spec = {k: v for k, v in raw.items() if k not in ("name", "description")}
     return ToolSpec(str(name), str(raw.get("description") or ""), spec)
+
+
+def _structured(text: Any) -> bool:
+    fmt = text.get("format") if isinstance(text, dict) else None
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")

@@ -1,11 +1,17 @@
 """Harness profiles: data that classifies requests and defines the root key of the tree.
 
 A profile is a list of rules, each a set of conditions on the request (headers, system prompt,
-the last user message, the first user message, the API) and the labels it sets: agent kind
-(`main` / `sub`), request kind (`task` / `summary`) and free tags. For each label the first rule
-that matches and sets it wins; nothing matched means main/task, so an unknown shape never fails.
-`volatile_system` lists patterns of system blocks that change while the agent stays the same
-(Claude Code's billing line); they are dropped from the root key and from the rendered prompt.
+the last user message, the first user message, the API, max_tokens, a structured-output request)
+and the labels it sets: agent kind (`main` / `sub`), request kind (`task` / `summary` / `side`) and
+free tags. For each label the first rule that matches and sets it wins; nothing matched means
+main/task, so an unknown shape never fails. A `side` request (a probe, a session title) is served
+and recorded like any call but its leaf has no admission class: it is never trained.
+
+Matching (`match_message`, `Classification.system`) sees content normalized by the profile, the
+rendered prompt sees it as sent: `volatile_system` lists patterns of system blocks that change while
+the agent stays the same (Claude Code's billing line) — dropped from the root key only;
+`volatile_text` lists patterns cut out of user/tool text before a message is matched (Claude Code's
+`<system-reminder>` blocks). `strict` matching uses neither (exact content, transport fields aside).
 
 Adding a profile: write a `HarnessProfile` (in code, or `HarnessProfile.from_dict` of YAML/JSON
 data) and add it to `PROFILES`; tests/unit/trajectory/test_profiles.py runs the contract over all.
@@ -15,18 +21,21 @@ first a billing line with `cc_version=…` whose suffix changes with the first u
 a sub-agent, `cc_is_subagent=true`; sub-agent requests carry `x-claude-code-agent-id` and a system
 prompt starting "You are an agent for Claude Code"; a compaction request appends a text block
 beginning "CRITICAL: Respond with TEXT ONLY" to the last user message; the request after
-compaction starts with "This session is being continued from a previous conversation".
+compaction starts with "This session is being continued from a previous conversation"; user turns
+carry `<system-reminder>` blocks whose content changes between requests. Side calls (read in the
+2.1.332 binary, not seen in `-p` runs): model validation asks `max_tokens: 1`, the session title
+and other helpers ask for a JSON-schema answer (`outputFormat: json_schema`, `toolFreeHelper`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from gyre.trajectory.messages import Api, ModelRequest, TextBlock
+from gyre.trajectory.messages import Api, Block, Message, ModelRequest, TextBlock, ToolResultBlock
 
 
 class AgentKind(StrEnum):
@@ -37,24 +46,35 @@ class AgentKind(StrEnum):
 class RequestKind(StrEnum):
     TASK = "task"
     SUMMARY = "summary"
+    SIDE = "side"
+    """Not a policy turn of the agent (a probe, a session title): recorded, never admitted."""
 
 
 class LeafClass(StrEnum):
-    """Admission priority classes, highest first (`LEAF_PRIORITY`)."""
+    """Admission classes in priority order (`LEAF_PRIORITY`); `side` is never admitted."""
 
     MAIN = "main"
     MAIN_SUMMARY = "main_summary"
     SUB_AGENT = "sub_agent"
     SUB_AGENT_SUMMARY = "sub_agent_summary"
+    SIDE = "side"
 
     @classmethod
     def of(cls, agent: AgentKind, request: RequestKind) -> LeafClass:
+        if request is RequestKind.SIDE:
+            return cls.SIDE
         if agent is AgentKind.MAIN:
             return cls.MAIN if request is RequestKind.TASK else cls.MAIN_SUMMARY
         return cls.SUB_AGENT if request is RequestKind.TASK else cls.SUB_AGENT_SUMMARY
 
 
-LEAF_PRIORITY: tuple[LeafClass, ...] = tuple(LeafClass)
+LEAF_PRIORITY: tuple[LeafClass, ...] = (
+    LeafClass.MAIN,
+    LeafClass.MAIN_SUMMARY,
+    LeafClass.SUB_AGENT,
+    LeafClass.SUB_AGENT_SUMMARY,
+)
+"""Classes admission draws from, highest first (the paper's Eq. 4); `side` leaves are not among them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +91,10 @@ class Condition:
     first_user_startswith: str | None = None
     """Some text block of the first user message starts with this."""
     api: Api | None = None
+    max_tokens_at_most: int | None = None
+    """The request's max_tokens is set and at most this (probe calls ask for one token)."""
+    structured_output: bool | None = None
+    """The request asks for a JSON-schema answer (or explicitly does not)."""
 
     def matches(self, request: ModelRequest) -> bool:
         h = request.headers
@@ -94,6 +118,12 @@ class Condition:
             request, 0, self.first_user_startswith
         ):
             return False
+        if self.max_tokens_at_most is not None and not (
+            request.sampling.max_tokens is not None and request.sampling.max_tokens <= self.max_tokens_at_most
+        ):
+            return False
+        if self.structured_output is not None and request.structured_output != self.structured_output:
+            return False
         return self.api is None or request.api == self.api
 
 
@@ -112,7 +142,10 @@ class Classification:
     agent_kind: AgentKind
     request_kind: RequestKind
     system: str
-    """The system prompt the tree keys and renders: blocks joined by newlines, volatile ones dropped."""
+    """The system prompt the tree keys the root by: blocks joined by newlines, volatile ones dropped
+    (loose matching) or all of them (strict)."""
+    rendered_system: str = ""
+    """The system prompt as sent (all blocks): what a new root is rendered from."""
     tags: frozenset[str] = frozenset()
 
     @property
@@ -126,13 +159,45 @@ class HarnessProfile:
     description: str
     rules: tuple[Rule, ...] = ()
     volatile_system: tuple[str, ...] = ()
-    """Regexes; a system block matching one (re.search) is dropped."""
+    """Regexes; a system block matching one (re.search) is left out of the root key (loose matching)."""
+    volatile_text: tuple[str, ...] = ()
+    """Regexes cut out of user/tool text before a message is matched (loose matching)."""
     apis: tuple[Api, ...] = tuple(Api)
     """APIs this harness speaks (used by `gyre trace replay` to read bodies)."""
+    strict: bool = False
+    """Exact matching: no volatile content is normalized away (see the module docstring)."""
     _volatile: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    _volatile_text: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_volatile", tuple(re.compile(p) for p in self.volatile_system))
+        text = "|".join(f"(?:{p})" for p in self.volatile_text)
+        object.__setattr__(self, "_volatile_text", re.compile(text) if text else None)
+
+    def with_matching(self, strict: bool) -> HarnessProfile:
+        """This profile with strict or loose matching."""
+        return replace(self, strict=strict)
+
+    def match_message(self, message: Message) -> Message:
+        """The form of `message` that is matched against the tree (itself under strict matching, or
+        when nothing volatile is in it)."""
+        pattern = self._volatile_text
+        if self.strict or pattern is None or message.role == "assistant":
+            return message
+        blocks: list[Block] = []
+        changed = False
+        for b in message.blocks:
+            if isinstance(b, TextBlock) and pattern.search(b.text):
+                changed = True
+                text = pattern.sub("", b.text)
+                if text.strip():
+                    blocks.append(TextBlock(text))
+            elif isinstance(b, ToolResultBlock) and pattern.search(b.content):
+                changed = True
+                blocks.append(ToolResultBlock(b.tool_use_id, pattern.sub("", b.content), b.is_error))
+            else:
+                blocks.append(b)
+        return Message(message.role, tuple(blocks)) if changed else message
 
     def classify(self, request: ModelRequest) -> Classification:
         agent: AgentKind | None = None
@@ -147,8 +212,13 @@ class HarnessProfile:
                 kind = rule.request_kind
             if rule.tag is not None:
                 tags.add(rule.tag)
-        system = "\n".join(s for s in request.system if not any(p.search(s) for p in self._volatile))
-        return Classification(agent or AgentKind.MAIN, kind or RequestKind.TASK, system, frozenset(tags))
+        rendered = "\n".join(request.system)
+        system = (
+            rendered
+            if self.strict
+            else "\n".join(s for s in request.system if not any(p.search(s) for p in self._volatile))
+        )
+        return Classification(agent or AgentKind.MAIN, kind or RequestKind.TASK, system, rendered, frozenset(tags))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HarnessProfile:
@@ -177,6 +247,7 @@ class HarnessProfile:
             description=data.get("description", ""),
             rules=tuple(rules),
             volatile_system=tuple(data.get("volatile_system", ())),
+            volatile_text=tuple(data.get("volatile_text", ())),
             apis=tuple(Api(a) for a in data.get("apis", [a.value for a in Api])),
         )
 
@@ -194,6 +265,7 @@ CLAUDE_CODE = HarnessProfile.from_dict(
         "description": "Claude Code (Anthropic Messages API), rules observed on 2.1.332.",
         "apis": ["anthropic"],
         "volatile_system": [r"^x-anthropic-billing-header:"],
+        "volatile_text": [r"<system-reminder>[\s\S]*?</system-reminder>\s*"],
         "rules": [
             {
                 "when": [
@@ -208,6 +280,10 @@ CLAUDE_CODE = HarnessProfile.from_dict(
                 "request_kind": "summary",
             },
             {
+                "when": [{"max_tokens_at_most": 1}, {"structured_output": True}],
+                "request_kind": "side",
+            },
+            {
                 "when": [
                     {"first_user_startswith": "This session is being continued from a previous conversation"}
                 ],
@@ -220,12 +296,13 @@ CLAUDE_CODE = HarnessProfile.from_dict(
 _LABEL_HEADER_RULES: list[dict[str, Any]] = [
     {"when": [{"header_equals": ["x-gyre-agent", "sub"]}], "agent_kind": "sub"},
     {"when": [{"header_equals": ["x-gyre-request", "summary"]}], "request_kind": "summary"},
+    {"when": [{"header_equals": ["x-gyre-request", "side"]}], "request_kind": "side"},
 ]
 
 GENERIC = HarnessProfile.from_dict(
     {
         "name": "generic",
-        "description": "Any harness that labels its calls with x-gyre-agent: main|sub and x-gyre-request: task|summary.",
+        "description": "Any harness that labels its calls with x-gyre-agent: main|sub and x-gyre-request: task|summary|side.",
         "rules": _LABEL_HEADER_RULES,
     }
 )

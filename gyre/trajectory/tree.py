@@ -48,6 +48,8 @@ class NewMessage:
     message: Message
     token_ids: list[int]
     path_digest: bytes
+    key: bytes
+    """The digest the message is matched by (its profile-normalized form; `Message.digest` if strict)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -70,7 +72,10 @@ class PreparedCall:
     id_seed: bytes
     """Path digest of the output's parent: seeds the output's tool-call ids."""
     digests: list[bytes] = field(default_factory=list, repr=False)
-    """Digests of the request's messages as sent (the hot-path key)."""
+    """Match digests of the request's messages (the hot-path key)."""
+    history_mismatch: bool = False
+    """The history diverged from every recorded path: an assistant message the tree did not record
+    (re-serialized or edited by the harness, or retokenization drift) had to be encoded anew."""
     _input_ids: npt.NDArray[np.int32] | None = field(default=None, repr=False)
 
     @property
@@ -163,12 +168,13 @@ class TrajectoryTree:
         root = self.roots.get(key)
         matched: list[Node] = []
         aliases: list[tuple[Node, bytes, Node]] = []
-        digests = [m.digest for m in messages]
+        match = self.profile.match_message
+        digests = [match(m).digest for m in messages]
         if root is not None:
             matched = self._match_hot(root, digests)
             node = matched[-1] if matched else root
-            for message in messages[len(matched) :]:
-                child = node.children.get(message.digest)
+            for message, digest in zip(messages[len(matched) :], digests[len(matched) :], strict=True):
+                child = node.children.get(digest)
                 if child is None:
                     restored = self.tool_calls.restore(message)
                     if restored is not message:
@@ -184,14 +190,18 @@ class TrajectoryTree:
         new: list[NewMessage] = []
         for message in messages[len(matched) :]:
             message = self.tool_calls.restore(message)
-            path = chain_digest(path, message.digest)
-            new.append(NewMessage(message, self.template.render_message(message, previous), path))
+            digest = match(message).digest
+            path = chain_digest(path, digest)
+            new.append(NewMessage(message, self.template.render_message(message, previous), path, digest))
             previous = message
         root_tokens = (
-            None if root is not None else self.template.render_system(classification.system, request.tools)
+            None
+            if root is not None
+            else self.template.render_system(classification.rendered_system, request.tools)
         )
+        mismatch = any(m.message.role == "assistant" for m in new)
         return PreparedCall(
-            self, request, classification, key, root, root_tokens, matched, new, aliases, path, digests
+            self, request, classification, key, root, root_tokens, matched, new, aliases, path, digests, mismatch
         )
 
     def commit(
@@ -238,13 +248,13 @@ class TrajectoryTree:
             node = prepared.matched[-1]
         chain: list[Node] = []
         for new in prepared.new_messages:
-            step = node.children.get(new.message.digest)
+            step = node.children.get(new.key)
             if step is None:
                 step = self._new_node(
                     node,
                     NodeKind.MESSAGE,
                     new.message.role,
-                    new.message.digest,
+                    new.key,
                     new.path_digest,
                     new.token_ids,
                 )

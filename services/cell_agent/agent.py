@@ -31,6 +31,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import torch
 from google.protobuf.message import Message
+from prometheus_client import CollectorRegistry
 
 from gyre.config import GyreConfig
 from gyre.engine import EngineClient
@@ -43,6 +44,7 @@ from gyre.v1 import common_pb2
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.engine_host import EngineHost, create_engine_host
 from services.cell_agent.errors import CellStateError
+from services.cell_agent.metrics import CellAgentMetrics
 from services.cell_agent.roles import Role, RoleMachine
 from services.cell_agent.step_runner import StepOutcome, StepRunner
 from services.cell_agent.trainer_state import EngineEntry, Published
@@ -105,6 +107,7 @@ class CellAgent:
         redis: aioredis.Redis,
         emit: Emit,
         engine: EngineHost | None = None,
+        metrics: CellAgentMetrics | None = None,
     ) -> None:
         self.config = config
         self.section = config.cell_agent
@@ -125,6 +128,7 @@ class CellAgent:
             engine_section = engine_section.model_copy(update={"port": self.section.engine_ports[cell]})
         self.engine = engine or create_engine_host(engine_section, config.model)
         self.checkpoint_root = Path(self.section.trainer.checkpoint_dir or config.run.path / "checkpoints")
+        self.metrics = metrics or CellAgentMetrics(CollectorRegistry(), cell)
         self.training = TrainingSide(
             cell=cell,
             num_cells=self.num_cells,
@@ -137,9 +141,12 @@ class CellAgent:
             own_host=config.run.peer_host("cell_agent", cell),
             core_host=config.run.peer_host("cell_agent", 0),
             bind_host=config.run.host,
+            metrics=self.metrics,
         )
         self.state = self.training.state
         self.roles = RoleMachine(Role.ROLLOUT)
+        self.metrics.role = lambda: self.roles.role.value
+        self.metrics.policy_version = lambda: self.training.trainer.version
         self.heartbeat_timeout_s = config.redis.heartbeat_timeout_s
         self.batch_id = ""
         self._switch_lock = asyncio.Lock()
@@ -198,6 +205,7 @@ class CellAgent:
                 raise
             done = self.roles.complete()
             duration = done.elapsed_s()
+            self.metrics.switched(to_role.value, duration)
             await self._register_engine()
             await self.emit(
                 ev.RoleTransitionCompleted(
@@ -253,11 +261,14 @@ class CellAgent:
             raise CellStateError(f"cell {self.cell} is in {self.roles.role.value}; switch it to training first")
         async with self._batch_lock:
             self.batch_id = batch_id
+            began = time.monotonic()
             try:
                 runner = StepRunner(self.training, self.emit, heartbeat_timeout_s=self.heartbeat_timeout_s)
                 outcome = await runner.run(batch_id, step, final_in_burst)
             finally:
                 self.batch_id = ""
+            if outcome.participated:
+                self.metrics.step(time.monotonic() - began)
             if self.is_core and outcome.participated:
                 await self._step_completed(outcome)
         return outcome
@@ -266,6 +277,7 @@ class CellAgent:
         metrics = outcome.metrics
         assert metrics is not None and outcome.policy_version is not None
         clip_fraction = metrics.num_clipped_executions / metrics.num_executions if metrics.num_executions else 0.0
+        trained = metrics.num_targets > 0 and metrics.num_executions > 0
         await self.emit(
             ev.StepCompleted(
                 batch_id=outcome.batch_id,
@@ -278,6 +290,12 @@ class CellAgent:
                 num_targets=metrics.num_targets,
                 clip_fraction=clip_fraction,
                 final_in_burst=outcome.final_in_burst,
+                token_ratio_min=metrics.token_ratio_min if trained else 0.0,
+                token_ratio_mean=metrics.token_ratio_sum / metrics.num_targets if trained else 0.0,
+                token_ratio_max=metrics.token_ratio_max if trained else 0.0,
+                sequence_ratio_min=metrics.seq_ratio_min if trained else 0.0,
+                sequence_ratio_mean=metrics.seq_ratio_sum / metrics.num_executions if trained else 0.0,
+                sequence_ratio_max=metrics.seq_ratio_max if trained else 0.0,
             ),
             f"step:{outcome.batch_id}:{outcome.policy_version}",
         )
@@ -328,6 +346,7 @@ class CellAgent:
                 else:
                     updated.append(target.engine_id)
             duration = time.monotonic() - started
+            self.metrics.published(duration)
             if self._published_event_version != version:
                 await self.emit(
                     ev.WeightsPublished(policy_version=version, engine_ids=updated, duration_s=duration,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from gyre.config.engine import EngineSection
 from gyre.config.model import ModelSection
@@ -48,6 +49,11 @@ class EngineHost(ABC):
     @property
     @abstractmethod
     def url(self) -> str: ...
+
+    @property
+    def metrics_registry(self) -> CollectorRegistry | None:
+        """The engine's Prometheus series when they live in this process (None: the engine serves its own)."""
+        return None
 
     @abstractmethod
     async def start(self) -> None: ...
@@ -96,6 +102,10 @@ class EmbeddedEngineHost(EngineHost):
     @property
     def url(self) -> str:
         return self.server.url
+
+    @property
+    def metrics_registry(self) -> CollectorRegistry | None:
+        return self.server.metrics_registry
 
     async def start(self) -> None:
         await self.server.start()

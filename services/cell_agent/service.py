@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from google.protobuf.message import Message
+from prometheus_client import CollectorRegistry
 
 from gyre.config import GyreConfig
 from gyre.model.files import check_model_dir
@@ -42,9 +43,11 @@ class CellAgentService(GyreService):
     async def setup(self) -> None:
         from gyre.v1 import cell_agent_pb2_grpc
         from services.cell_agent.agent import CellAgent
+        from services.cell_agent.metrics import CellAgentMetrics
         from services.cell_agent.servicer import CellAgentServicer
 
-        self.agent: CellAgent = CellAgent(self.config, cell=self.cell, redis=self.redis, emit=self._emit)
+        self.agent: CellAgent = CellAgent(self.config, cell=self.cell, redis=self.redis, emit=self._emit,
+                                          metrics=CellAgentMetrics(self.metrics_registry, self.cell))
         await self.agent.start()
         for i, coro in enumerate(await self.agent.background()):
             self.supervisor.spawn(coro, f"cell-{self.cell}-background-{i}")
@@ -56,6 +59,11 @@ class CellAgentService(GyreService):
     async def teardown(self) -> None:
         if hasattr(self, "agent"):
             await self.agent.stop()
+
+    def metrics_registries(self) -> list[CollectorRegistry]:
+        """The embedded engine's `gyre_engine_*` series (an SGLang engine serves its own on its port)."""
+        engine = self.agent.engine.metrics_registry if hasattr(self, "agent") else None
+        return [engine] if engine is not None else []
 
     def endpoint_info(self) -> dict[str, object]:
         return {"cell": self.cell, "engine_url": self.agent.engine.url} if hasattr(self, "agent") else {}

@@ -214,6 +214,7 @@ class StepRunner:
         result = await t.compute.run(t.trainer.accumulate, microstep)
         duration = time.perf_counter() - began
         t.microsteps_processed += 1
+        t.metrics.microstep(duration, microstep.num_tokens)
         merged = work.metrics.merge(result.metrics)
         if not await record.mark_done(self.cell, claim.item_id, metrics_json(merged)):
             return False

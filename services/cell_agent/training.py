@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
 from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
@@ -34,6 +36,7 @@ from gyre.weights.snapshot import SnapshotRecord
 from gyre.weights.transports import TransportOptions, WeightTransport, create_transport
 from services.cell_agent.compute import ComputeThread
 from services.cell_agent.errors import CellUnavailableError, SnapshotError
+from services.cell_agent.metrics import CellAgentMetrics
 from services.cell_agent.trainer_state import TrainerState
 
 log = get_logger("gyre.cell_agent.training")
@@ -54,8 +57,10 @@ class TrainingSide:
         own_host: str,
         core_host: str,
         bind_host: str = "127.0.0.1",
+        metrics: CellAgentMetrics | None = None,
     ) -> None:
         self.cell = cell
+        self.metrics = metrics or CellAgentMetrics(CollectorRegistry(), cell)
         self.num_cells = num_cells
         self.is_core = cell == 0
         self.section = section
@@ -224,6 +229,13 @@ class TrainingSide:
         """Satellite: make this cell's weights the core's weights of `version`. False when the core has
         already moved past `version` (the step is over for this cell)."""
         assert not self.is_core and self.transport is not None
+        began = time.monotonic()
+        pulled = await self._pull_snapshot(version, timeout_s)
+        self.metrics.snapshot_pull(pulled, time.monotonic() - began)
+        return pulled
+
+    async def _pull_snapshot(self, version: int, timeout_s: float) -> bool:
+        assert self.transport is not None
         transport = self.transport
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

@@ -17,6 +17,7 @@ Every step is idempotent, so duplicate deliveries of any event change nothing.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
 
@@ -32,6 +33,7 @@ from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import evaluator_pb2, evaluator_pb2_grpc
 from gyre.v1 import events_pb2 as ev
+from services.evaluator.metrics import EvaluatorMetrics
 from services.evaluator.store import Evaluation, EvaluationStore
 from services.evaluator.verifier import VerifierRunner
 from services.runner.service import open_sandbox, watch_consumer
@@ -80,6 +82,7 @@ class EvaluatorService(GyreService):
         self.queue = WorkQueue(self.redis, self.keys, QUEUE, self.config.redis.heartbeat_timeout_s)
         self.stats: Counter[str] = Counter()
         self.in_progress = 0
+        self.metrics = EvaluatorMetrics(self.metrics_registry, pending=lambda: self.in_progress)
         evaluator_pb2_grpc.add_EvaluatorServicer_to_server(EvaluatorServicer(self), self.server)
         incarnation = uuid.uuid4().hex[:8]
         for k in range(section.max_concurrent):
@@ -101,6 +104,7 @@ class EvaluatorService(GyreService):
             moved = await self.queue.reclaim_dead()
             if moved:
                 self.log.warning("evaluations_reclaimed", executions=moved)
+            self.metrics.queued = await self.queue.pending()
             await asyncio.sleep(max(1.0, self.queue.heartbeat_timeout_s / 2))
 
     async def _worker(self, consumer: str) -> None:
@@ -128,7 +132,9 @@ class EvaluatorService(GyreService):
         ref = term.execution
         evaluation = await self.evaluations.first(ref.execution_id)
         if evaluation is None:
+            began = time.monotonic()
             evaluation = await self.evaluations.put(await self.verifier.evaluate(term))
+            self.metrics.evaluated(evaluation.status, evaluation.attempts, time.monotonic() - began)
             self.stats[evaluation.status] += 1
             self.log.info("execution_evaluated", execution=ref.execution_id, status=evaluation.status,
                           reward=evaluation.reward, attempts=evaluation.attempts, detail=evaluation.detail[:200])
@@ -164,6 +170,7 @@ class EvaluatorService(GyreService):
         )
         if await self.outcomes.mark_published(group.group_id):
             self.stats["groups_ready"] += 1
+            self.metrics.groups_ready.inc()
             self.log.info("group_ready", group=group.group_id, mean_reward=round(ready.mean_reward, 4))
 
 

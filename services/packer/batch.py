@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
+
 from gyre.bus import EventBus
 from gyre.log import get_logger
 from gyre.rl.codec import encode_microstep
@@ -20,6 +22,7 @@ from gyre.rl.stream import StreamPacker
 from gyre.store import WorkQueue
 from gyre.trajectory.materialize import RowLayout
 from gyre.v1 import events_pb2 as ev
+from services.packer.metrics import PackerMetrics
 from services.packer.rows import LoadTree, ReadyGroup, group_rows
 
 log = get_logger("gyre.packer.batch")
@@ -57,9 +60,11 @@ async def fill_batch(
     run_seed: int,
     normalize_std: bool,
     row_layout: RowLayout,
+    metrics: PackerMetrics | None = None,
     poll_s: float = 0.2,
 ) -> None:
-    """Run the stream of one batch to its close."""
+    """Run the stream of one batch to its close (counted in `metrics`, a fresh registry's when None)."""
+    metrics = metrics or PackerMetrics(CollectorRegistry())
     stream = StreamPacker(
         batch_id=progress.batch_id, step=progress.step, num_batch_executions=num_batch_executions,
         token_budget=token_budget,
@@ -74,22 +79,26 @@ async def fill_batch(
         )
         for m in group.members:
             progress.group_of_execution[m.execution_id] = group.group_id
-        metrics = packed.advantages.metrics
-        progress.rewards.append(metrics.reward_mean)
+        metrics_ = packed.advantages.metrics
+        progress.rewards.append(metrics_.reward_mean)
         await bus.publish(
             ev.GroupPacked(
                 batch_id=progress.batch_id, group_id=group.group_id,
                 staleness=max(0, progress.policy_version - group.policy_version),
                 num_trajectories=packed.num_trajectories, num_targets=packed.num_targets,
+                reward_mean=metrics_.reward_mean, reward_std=metrics_.reward_std,
+                num_resolved=metrics_.num_valid + metrics_.num_placeholder,
+                admitted_by_class=packed.admitted_by_class, targets_by_class=packed.targets_by_class,
             ),
             event_id=f"batch.group_packed:{progress.batch_id}:{group.group_id}",
         )
+        metrics.group_packed(packed.admitted_by_class, packed.targets_by_class, metrics_.zero_variance)
         progress.groups_packed += 1
         log.info("group_packed", batch=progress.batch_id, group=group.group_id, rows=len(packed.rows),
                  trajectories=packed.num_trajectories,
-                 targets=packed.num_targets, reward_mean=metrics.reward_mean, zero_variance=metrics.zero_variance)
-        await _enqueue(progress, stream.add(packed.rows, packed.advantages.advantages), queue, bus)
-    await _enqueue(progress, stream.close(), queue, bus)
+                 targets=packed.num_targets, reward_mean=metrics_.reward_mean, zero_variance=metrics_.zero_variance)
+        await _enqueue(progress, stream.add(packed.rows, packed.advantages.advantages), queue, bus, metrics)
+    await _enqueue(progress, stream.close(), queue, bus, metrics)
     await queue.close()
     await bus.publish(
         ev.StreamClosed(batch_id=progress.batch_id, num_microsteps=progress.microsteps_enqueued,
@@ -98,10 +107,13 @@ async def fill_batch(
         event_id=f"batch.stream_closed:{progress.batch_id}",
     )
     progress.closed = True
+    metrics.batches_closed.inc()
     log.info("stream_closed", batch=progress.batch_id, microsteps=progress.microsteps_enqueued)
 
 
-async def _enqueue(progress: BatchProgress, microsteps: list[MicroStep], queue: WorkQueue, bus: EventBus) -> None:
+async def _enqueue(
+    progress: BatchProgress, microsteps: list[MicroStep], queue: WorkQueue, bus: EventBus, metrics: PackerMetrics
+) -> None:
     for ms in microsteps:
         item_id = microstep_id(progress.batch_id, ms.index)
         groups = sorted({progress.group_of_execution[e] for e in ms.execution_ids})
@@ -114,3 +126,4 @@ async def _enqueue(progress: BatchProgress, microsteps: list[MicroStep], queue: 
         )
         await queue.put(item_id, encode_microstep(ms))
         progress.microsteps_enqueued += 1
+        metrics.microstep_enqueued(len(ms.input_ids))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gyre.rl.advantages import GroupAdvantages, MemberOutcome, MemberStatus, group_advantages
 from gyre.trajectory import TrajectoryTree, admit, materialize
@@ -35,6 +35,10 @@ class GroupRows:
     rows: list[TrajectoryRow]
     advantages: GroupAdvantages
     num_targets: int
+    admitted_by_class: dict[str, int] = field(default_factory=dict)
+    """Admitted trajectories per leaf class (`main`, `sub_agent`, …)."""
+    targets_by_class: dict[str, int] = field(default_factory=dict)
+    """Admitted target tokens per leaf class of the trajectory that holds them."""
 
     @property
     def num_trajectories(self) -> int:
@@ -58,6 +62,8 @@ async def group_rows(
 ) -> GroupRows:
     advantages = group_advantages(group.members, normalize_std=normalize_std)
     rows: list[TrajectoryRow] = []
+    by_class: dict[str, int] = {}
+    targets_by_class: dict[str, int] = {}
     for member in group.members:
         if member.status is not MemberStatus.VALID:
             continue
@@ -65,6 +71,9 @@ async def group_rows(
         if tree is None:  # the harness never made a model call: nothing to train, L_i = 0
             continue
         admitted = admit(tree, j_max=j_max, seed=admission_seed(run_seed, member.execution_id))
+        for a in admitted:
+            by_class[a.leaf_class.value] = by_class.get(a.leaf_class.value, 0) + 1
+            targets_by_class[a.leaf_class.value] = targets_by_class.get(a.leaf_class.value, 0) + a.num_targets
         rows.extend(materialize(tree, admitted, row_layout))
-    return GroupRows(rows, advantages, sum(r.num_targets for r in rows))
+    return GroupRows(rows, advantages, sum(r.num_targets for r in rows), by_class, targets_by_class)
 

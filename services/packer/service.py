@@ -20,6 +20,7 @@ from gyre.store import WorkQueue
 from gyre.v1 import events_pb2 as ev
 from gyre.v1 import packer_pb2, packer_pb2_grpc
 from services.packer.batch import BatchProgress, fill_batch
+from services.packer.metrics import PackerMetrics
 from services.packer.sources import GroupSource, TreeSource
 
 
@@ -32,6 +33,9 @@ class PackerService(GyreService):
         self.batches: dict[str, BatchProgress] = {}
         self.groups = GroupSource(self.redis, self.keys)
         self.trees = TreeSource(self.redis, self.keys)
+        self.metrics = PackerMetrics(
+            self.metrics_registry, open_batches=lambda: sum(not b.closed for b in self.batches.values())
+        )
         packer_pb2_grpc.add_PackerServicer_to_server(_Servicer(self), self.server)
 
     async def open_batch(self, step: int, num_groups: int, policy_version: int) -> BatchProgress:
@@ -50,6 +54,7 @@ class PackerService(GyreService):
                 progress, claim_group=self.groups.claim, load_tree=self.trees.load, queue=queue, bus=self.bus,
                 num_batch_executions=num_groups * sched.group_size, token_budget=cfg.microstep_tokens,
                 j_max=cfg.j_max, run_seed=sched.seed, normalize_std=cfg.normalize_std, row_layout=cfg.row_layout,
+                metrics=self.metrics,
             ),
             f"batch-{step}",
         )

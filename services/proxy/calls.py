@@ -171,6 +171,7 @@ class ModelCall:
         sampled = 0 if committed.deduplicated else len(gen.output_ids)
         await self.executions.persist(self.state, committed.new_nodes + committed.changed_nodes, sampled)
         assert committed.output is not None
+        self.metrics.recorded_call(str(self.prepared.request_kind), self.prepared.history_mismatch)
         self.metrics.tokens_in.inc(self.prompt_tokens)
         self.metrics.tokens_encoded.inc(self.prepared.num_new_tokens)
         self.metrics.tokens_out.inc(len(gen.output_ids))

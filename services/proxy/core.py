@@ -61,7 +61,11 @@ class ProxyCore:
         self.metrics = ProxyMetrics()
         self.store = TreeStore(redis, keys)
         self.executions = Executions(
-            self.store, Credentials(redis, keys), self.template, section.default_profile
+            self.store,
+            Credentials(redis, keys),
+            self.template,
+            section.default_profile,
+            strict_matching=section.matching == "strict",
         )
         self.router = Router(
             engine_timeout_s=section.engine_timeout_s, drain_timeout_s=section.drain_timeout_s

@@ -52,8 +52,14 @@ class UnknownExecutionError(KeyError):
 
 class Executions:
     def __init__(
-        self, store: TreeStore, credentials: Credentials, template: ChatTemplate, default_profile: str
+        self,
+        store: TreeStore,
+        credentials: Credentials,
+        template: ChatTemplate,
+        default_profile: str,
+        strict_matching: bool = False,
     ) -> None:
+        self.strict_matching = strict_matching
         self.store = store
         self.credentials = credentials
         self.template = template
@@ -138,7 +144,7 @@ class Executions:
         if meta.closed:
             self._closed.add(execution_id)
             raise ExecutionClosedError(f"execution {execution_id} is closed; its key takes no more calls")
-        profile = get_profile(meta.profile)
+        profile = get_profile(meta.profile).with_matching(self.strict_matching)
         tree = await self.store.load(execution_id, self.template, profile)
         if tree.nodes:
             log.info("tree_reloaded", execution=execution_id, num_nodes=len(tree.nodes))

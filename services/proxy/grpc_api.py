@@ -115,4 +115,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServicer):
             kv_migrated_tokens=s.kv_migrated_tokens,
             open_executions=self.core.executions.num_open,
             errors_during_transitions=s.errors_during_transitions,
+            recorded_calls=s.recorded_calls,
+            history_mismatches=s.history_mismatches,
+            side_calls=s.side_calls,
         )

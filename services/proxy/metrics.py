@@ -1,4 +1,7 @@
-"""Proxy metrics: Prometheus series on `/metrics` and the plain counters `GetStats` returns.
+"""Proxy metrics: Prometheus series (`gyre_proxy_*`) and the plain counters `GetStats` returns.
+
+The series are served on the proxy's `/metrics` listener (gyre/service.py) and on its harness HTTP port's
+`GET /metrics`.
 
 Each proxy owns its `CollectorRegistry` (two proxies in one test process do not collide).
 `overhead_seconds` is the time a call spends in the proxy itself — parsing, matching, encoding,
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gyre.metrics.registry import series
 from services.proxy.errors import ProxyError
 
 OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -30,6 +34,9 @@ class StatsCounters:
     reroutes: int = 0
     kv_migrated_tokens: int = 0
     errors_during_transitions: int = 0
+    recorded_calls: int = 0
+    history_mismatches: int = 0
+    side_calls: int = 0
 
 
 class ProxyMetrics:
@@ -38,53 +45,64 @@ class ProxyMetrics:
         self.stats = StatsCounters()
         r = self.registry
         self.requests = Counter(
-            "gyre_proxy_requests",
+            series("proxy", "requests"),
             "Harness requests answered, by API and HTTP status.",
             ["api", "status"],
             registry=r,
         )
         self.errors = Counter(
-            "gyre_proxy_errors",
+            series("proxy", "errors"),
             "Harness requests answered with an error, by API and error class.",
             ["api", "error_class"],
             registry=r,
         )
         self.overhead = Histogram(
-            "gyre_proxy_overhead_seconds",
+            series("proxy", "overhead_seconds"),
             "Time a call spends in the proxy, excluding engine and client waits.",
             ["api"],
             buckets=OVERHEAD_BUCKETS_S,
             registry=r,
         )
-        self.tokens_in = Counter("gyre_proxy_tokens_in", "Prompt tokens sent to engines.", registry=r)
+        self.tokens_in = Counter(series("proxy", "prompt_tokens"), "Prompt tokens sent to engines.", registry=r)
         self.tokens_encoded = Counter(
-            "gyre_proxy_tokens_encoded", "Prompt tokens newly encoded (not reused from the tree).", registry=r
+            series("proxy", "encoded_prompt_tokens"), "Prompt tokens newly encoded (not reused from the tree).",
+            registry=r,
         )
-        self.tokens_out = Counter("gyre_proxy_tokens_out", "Output tokens recorded.", registry=r)
+        self.tokens_out = Counter(series("proxy", "output_tokens"), "Output tokens recorded.", registry=r)
         self.reroutes = Counter(
-            "gyre_proxy_reroutes", "Calls moved to another engine mid-generation.", registry=r
+            series("proxy", "rerouted_calls"), "Calls moved to another engine mid-generation.", registry=r
         )
         self.kv_migrated = Counter(
-            "gyre_proxy_kv_migrated_tokens",
+            series("proxy", "kv_migrated_tokens"),
             "Prompt tokens whose KV was imported instead of recomputed.",
             registry=r,
         )
         self.transition_errors = Counter(
-            "gyre_proxy_errors_during_transitions",
+            series("proxy", "errors_during_transitions"),
             "Errors harnesses saw while a drain was under way.",
             registry=r,
         )
         self.stream_mismatches = Counter(
-            "gyre_proxy_stream_mismatches",
+            series("proxy", "stream_mismatches"),
             "Streamed outputs that differ from the recorded parse (a bug).",
             registry=r,
         )
         self.conversion_bugs = Counter(
-            "gyre_proxy_conversion_bugs",
+            series("proxy", "conversion_bugs"),
             "Malformed requests a converter failed on without a RequestError (a bug; answered 400).",
             registry=r,
         )
-        self.open_executions = Gauge("gyre_proxy_open_executions", "Executions with a live key.", registry=r)
+        self.open_executions = Gauge(series("proxy", "open_executions"), "Executions with a live key.", registry=r)
+        self.history_mismatches = Counter(
+            series("proxy", "history_mismatched_calls"),
+            "Recorded calls whose history matched no tree path as sent (an assistant turn encoded anew).",
+            registry=r,
+        )
+        self.recorded = Counter(
+            series("proxy", "recorded_calls"), "Calls recorded in a tree, by request kind.", ["request_kind"], registry=r
+        )
+        for kind in ("task", "summary", "side"):
+            self.recorded.labels(kind)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -102,6 +120,15 @@ class ProxyMetrics:
         if during_transition:
             self.stats.errors_during_transitions += 1
             self.transition_errors.inc()
+
+    def recorded_call(self, request_kind: str, history_mismatch: bool) -> None:
+        self.stats.recorded_calls += 1
+        self.recorded.labels(request_kind).inc()
+        if request_kind == "side":
+            self.stats.side_calls += 1
+        if history_mismatch:
+            self.stats.history_mismatches += 1
+            self.history_mismatches.inc()
 
     def rerouted(self, num_calls: int, kv_tokens: int) -> None:
         self.stats.reroutes += num_calls

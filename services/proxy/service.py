@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from gyre.config import GyreConfig
 from gyre.service import GyreService
 from gyre.v1 import proxy_pb2_grpc
@@ -39,6 +41,9 @@ class ProxyService(GyreService):
         self.core.base_url = f"http://{self.config.run.peer_host('proxy')}:{self.http.port}"
         self.supervisor.spawn(self.http.wait(), "http")
         proxy_pb2_grpc.add_ProxyServicer_to_server(ProxyServicer(self.core), self.server)
+
+    def metrics_registries(self) -> list[CollectorRegistry]:
+        return [self.core.metrics.registry] if hasattr(self, "core") else []
 
     def endpoint_info(self) -> dict[str, Any]:
         return {"http_port": self.http.port, "base_url": self.core.base_url} if hasattr(self, "http") else {}

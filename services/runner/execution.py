@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
+from prometheus_client import CollectorRegistry
+
 from gyre.bus import EventBus
 from gyre.log import bind_context, get_logger
 from gyre.store import CounterInvariantError, Counters
@@ -32,6 +34,7 @@ from gyre.tasks import Task, TaskError, TaskRegistry
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.runner.harnesses import HarnessCommand, Launch
+from services.runner.metrics import RunnerMetrics, reason_label
 from services.runner.ownership import OwnedExecution, Ownership
 from services.runner.proxy_client import ProxyClient, ProxyUnavailableError
 from services.runner.sandbox import (
@@ -115,6 +118,7 @@ class ExecutionController:
         kill_grace_s: float,
         slots: Slots,
         spawn: Spawn,
+        metrics: RunnerMetrics | None = None,
     ) -> None:
         self.runner_id = runner_id
         self.bus = bus
@@ -130,6 +134,7 @@ class ExecutionController:
         self.kill_grace_s = kill_grace_s
         self.slots = slots
         self._spawn = spawn
+        self.metrics = metrics or RunnerMetrics(CollectorRegistry())
         self.running: dict[str, RunningExecution] = {}
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.started_total = 0
@@ -139,6 +144,14 @@ class ExecutionController:
     # -- start ---------------------------------------------------------------------------------
     async def start(self, request: ev.ExecutionStartRequested) -> bool:
         """Start one execution; True when it is running (it then holds the caller's slot)."""
+        self.metrics.starting += 1
+        try:
+            return await self._start(request)
+        finally:
+            self.metrics.starting -= 1
+
+    async def _start(self, request: ev.ExecutionStartRequested) -> bool:
+        began = time.monotonic()
         ref = request.execution
         eid = ref.execution_id
         bind_context(execution=eid)
@@ -197,7 +210,7 @@ class ExecutionController:
         root = self.sandbox_root / eid
         launch = Launch(task, layout.prompt, eid, base_url, creds.api_key, root / "home")
         spec = SandboxSpec(
-            name=eid, argv=self.harness.command(launch), cwd=layout.cwd, env=self.harness.env(launch), root=root,
+            name=eid, argv=self.harness.command(launch), cwd=layout.cwd, env=self.harness.environment(launch), root=root,
             limits=self.harness.limits(self.limits), network=network, reveal=self.harness.reveal(),
             home_files=self.harness.home_files(launch), writable=layout.writable, binds=layout.binds,
         )
@@ -214,6 +227,7 @@ class ExecutionController:
         )
         await self._count("started", eid)
         self.started_total += 1
+        self.metrics.launch_seconds.observe(time.monotonic() - began)
         log.info("execution_started", task=task.task_id, pid=handle.pid, uid=handle.state.uid)
         self._watch(RunningExecution(owned, handle))
         return True
@@ -263,7 +277,11 @@ class ExecutionController:
                 reason = cm.TERMINATION_REASON_HARNESS_TIMEOUT
             log.info("execution_stopping", reason=cm.TerminationReason.Name(reason))
             outcome = await handle.stop(self.kill_grace_s)
-        await self._finish(owned, handle, outcome, reason)
+        self.metrics.finishing += 1
+        try:
+            await self._finish(owned, handle, outcome, reason)
+        finally:
+            self.metrics.finishing -= 1
 
     async def _finish(self, owned: OwnedExecution, handle: SandboxHandle, outcome: SandboxOutcome,
                       reason: Reason, note: str = "") -> None:
@@ -306,6 +324,9 @@ class ExecutionController:
             event_id=f"exec.terminated:{eid}",
         )
         await self.ownership.forget(eid)
+        self.metrics.terminated.labels(reason_label(cm.TerminationReason.Name(reason))).inc()
+        if duration_s > 0:  # 0 for an execution that never started
+            self.metrics.execution_seconds.observe(duration_s)
         log.info("execution_terminated", execution=eid, reason=cm.TerminationReason.Name(reason), exit_code=exit_code,
                  detail=detail[:200])
 

@@ -1,8 +1,8 @@
 """Harness commands: how the runner turns (task, proxy credentials) into argv + environment.
 
     harness = make_harness(section)          # from RunnerSection.harness
-    argv = harness.argv(launch)
-    env = harness.env(launch)                # only these variables reach the sandbox
+    argv = harness.command(launch)           # argv + runner.harness_args
+    env = harness.environment(launch)        # runner.harness_env + the harness's own; nothing else reaches the sandbox
 
 - `demo`: `python -m harness --task ID --prompt TEXT` (this repository's agent loop).
 - `claude_code`: `claude -p TEXT --output-format json --dangerously-skip-permissions`, offline
@@ -12,6 +12,11 @@
   `responses` provider at the proxy (`OPENAI_BASE_URL` is ignored by Codex).
 - `command`: any argv with `{prompt}`, `{task_id}`, `{execution_id}`, `{python}` expanded (a
   deterministic stand-in agent in tests, a custom harness elsewhere).
+
+`runner.harness_args` and `runner.harness_env` are the user's knobs on the unmodified CLI (its own
+flags and environment variables, e.g. Claude Code's `--system-prompt`, `--tools` and
+`CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`); the variables that route the harness to the proxy are the runner's
+and cannot be overridden (`HARNESS_ROUTING_ENV`).
 
 A harness that is `python -m MODULE` names it in `fork_module` (with `fork_paths`, its PYTHONPATH): the
 runner then forks its executions from a fork server that imported MODULE once (runner.fork_server).
@@ -32,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-from gyre.config.runner import RunnerSection
+from gyre.config.runner import HARNESS_ROUTING_ENV, RunnerSection
 from gyre.tasks import Task
 from services.runner.sandbox import SandboxLimits
 
@@ -61,8 +66,12 @@ class HarnessCommand(ABC):
     fork_paths: ClassVar[tuple[str, ...]] = ()
     """The PYTHONPATH entries the harness gets (the fork server puts them first on its sys.path)."""
 
-    def __init__(self, extra_args: list[str] | None = None) -> None:
+    def __init__(self, extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None) -> None:
         self.extra_args = list(extra_args or [])
+        self.extra_env = dict(extra_env or {})
+        routed = sorted(HARNESS_ROUTING_ENV & set(self.extra_env))
+        if routed:
+            raise ValueError(f"runner.harness_env cannot set {', '.join(routed)}: the runner routes the harness")
 
     @abstractmethod
     def argv(self, launch: Launch) -> list[str]:
@@ -91,6 +100,10 @@ class HarnessCommand(ABC):
 
     def command(self, launch: Launch) -> list[str]:
         return [*self.argv(launch), *self.extra_args]
+
+    def environment(self, launch: Launch) -> dict[str, str]:
+        """What the sandbox gets: `runner.harness_env` under the harness's own variables."""
+        return {**self.extra_env, **self.env(launch)}
 
 
 class DemoHarness(HarnessCommand):
@@ -166,8 +179,10 @@ class CodexHarness(HarnessCommand):
 class CommandHarness(HarnessCommand):
     name = "command"
 
-    def __init__(self, template: list[str], extra_args: list[str] | None = None) -> None:
-        super().__init__(extra_args)
+    def __init__(
+        self, template: list[str], extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(extra_args, extra_env)
         if not template:
             raise ValueError("the command harness needs a non-empty argv template")
         self.template = list(template)
@@ -193,5 +208,5 @@ HARNESSES: dict[str, type[HarnessCommand]] = {
 
 def make_harness(section: RunnerSection) -> HarnessCommand:
     if section.harness == CommandHarness.name:
-        return CommandHarness(section.command, section.harness_args)
-    return HARNESSES[section.harness](section.harness_args)
+        return CommandHarness(section.command, section.harness_args, section.harness_env)
+    return HARNESSES[section.harness](section.harness_args, section.harness_env)

@@ -30,6 +30,7 @@ from gyre.v1 import events_pb2 as ev
 from gyre.v1 import runner_pb2, runner_pb2_grpc
 from services.runner.execution import ExecutionController, Slots
 from services.runner.harnesses import make_harness
+from services.runner.metrics import RunnerMetrics
 from services.runner.ownership import Ownership
 from services.runner.proxy_client import ProxyClient
 from services.runner.sandbox import SandboxLauncher, SandboxLimits, check_disjoint, make_launcher, uid_range
@@ -67,6 +68,8 @@ class RunnerService(GyreService):
             self.launcher.fork_server = self.fork_server
         self.proxy = ProxyClient(f"{self.config.run.host}:{self.config.proxy.port}", attempts=section.open_attempts)
         self.slots = Slots(section.max_concurrent)
+        metrics = RunnerMetrics(self.metrics_registry)
+        metrics.slots = lambda: (self.slots.used, self.slots.size)
         self.controller = ExecutionController(
             runner_id=self.runner_id,
             bus=self.bus,
@@ -82,7 +85,9 @@ class RunnerService(GyreService):
             kill_grace_s=section.sandbox.kill_grace_s,
             slots=self.slots,
             spawn=self.supervisor.spawn,
+            metrics=metrics,
         )
+        metrics.running = lambda: len(self.controller.running)
         runner_pb2_grpc.add_RunnerServicer_to_server(RunnerServicer(self), self.server)
         counts = await self.controller.reconcile()
         self.log.info("runner_reconciled", runner_id=self.runner_id, **counts)

@@ -15,13 +15,16 @@ import grpc
 from google.protobuf.message import Message
 
 from gyre.bus import Delivery
+from gyre.metrics.writer import StepMetricsWriter
 from gyre.service import GyreService
 from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2, runner_pb2, scheduler_pb2, scheduler_pb2_grpc
+from gyre.v1 import events_pb2 as ev
 from services.scheduler import persist
 from services.scheduler.dispatch import Dispatcher, QuerySource
 from services.scheduler.driver import Driver
 from services.scheduler.executor import ActionExecutor, RunFacts
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.naming import ROLE_TO_PROTO
 from services.scheduler.peers import Peers
 from services.scheduler.policy import (
@@ -43,6 +46,16 @@ class SchedulerService(GyreService):
 
     async def setup(self) -> None:
         cfg = self.config.scheduler
+        self.metrics = SchedulerMetrics(
+            self.metrics_registry,
+            snapshot=lambda: self.policy.snapshot() if hasattr(self, "policy") else None,
+            driver=lambda: getattr(self, "driver", None),
+        )
+        # Per-step training metrics (metrics.jsonl and the configured sinks): a sink whose package is
+        # missing stops the start here.
+        self.step_metrics = StepMetricsWriter(self.bus, self.config.metrics, run_dir=self.config.run.path,
+                                              run_id=self.config.run.id)
+        self.step_metrics.open()
         # Every dispatched task is loaded here: a malformed one stops the start, naming file and key.
         tasks = TaskSet.from_section(self.config.tasks)
         queries = QuerySource(tasks, cfg.seed)
@@ -50,7 +63,7 @@ class SchedulerService(GyreService):
             self.log.warning("task_not_reproduced_locally", detail=warning)
         self.params = PolicyParams.from_section(cfg)
         self.peers = Peers.connect(self.config)
-        self.dispatcher = Dispatcher(self.redis, self.keys, self.bus, profile=cfg.profile, queries=queries)
+        self.dispatcher = Dispatcher(self.redis, self.keys, self.bus, profile=cfg.profile or "generic", queries=queries)
         state = await persist.restore(self.redis, self.keys.scheduler_state(), self.params)
         self.resumed = state is not None
         self.policy = Policy(self.params, state)
@@ -63,6 +76,7 @@ class SchedulerService(GyreService):
         self.driver = Driver(self.policy, self.executor.execute, self._persist, start_s=state.now_s if state else 0.0)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(_Servicer(self), self.server)
         self.supervisor.spawn(self.driver.run(), "driver")
+        self.supervisor.spawn(self.step_metrics.run(), "step-metrics")
         self.supervisor.spawn(self._begin(), "begin")
 
     async def _persist(self) -> None:
@@ -100,10 +114,14 @@ class SchedulerService(GyreService):
 
     # -- events --------------------------------------------------------------------------------------
     async def _on_event(self, event: Message, delivery: Delivery) -> None:
+        if isinstance(event, ev.GroupPacked) and delivery.num_delivered == 1:
+            self.metrics.group_staleness.observe(event.staleness)
         for make in self.translator.translate(event):
             await self.driver.handle(make)
 
     async def teardown(self) -> None:
+        if hasattr(self, "step_metrics"):
+            self.step_metrics.close()
         if hasattr(self, "executor"):
             self.executor.cancel_timers()
         if hasattr(self, "peers"):

@@ -23,7 +23,8 @@ GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
 STOP_BOUND_S = 20.0
 TINY = """
 scheduler: {num_cells: 2, group_size: 2, batch_groups: 1, phi: 0, mu: 1, rho_min: 1.0, tau_s: 0.2,
-            cell_capacity: 4, max_steps: 1, tasks: ["add/3+3"]}
+            cell_capacity: 4, max_steps: 1}
+tasks: {queries: ["add/3+3"]}
 runner: {harness_args: ["--tool-latency-s", "4", "--tool-latency-max-s", "6"]}
 """
 

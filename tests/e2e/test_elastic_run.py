@@ -23,10 +23,12 @@ import transformers
 
 from gyre.cli.demo import demo_config
 from gyre.demo.run import DemoRun
+from gyre.metrics.steps import scalars
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
 from gyre.model.weights import load_model
 from gyre.trainer.checkpoint import latest_checkpoint
+from tests.support.tensorboard import read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +101,43 @@ def _run_with_status(config: Any, tmp_path: Path) -> tuple[dict[str, Any], list[
     # `gyre status` during the run shows roles, waterlevel and counters.
     assert status_outputs and "waterlevel" in status_outputs[0] and "0:rollout" in status_outputs[0]
     assert "dispatched" in status_outputs[0] and "SERVING" in status_outputs[0]
+    assert "history mismatches" in status_outputs[0] and "recorded calls" in status_outputs[0]
+    _assert_step_metrics(config.run.path, num_groups=config.scheduler.batch_groups)
     return summary, _events(config.run.path)
+
+
+STEP_FIELDS = (
+    "reward_mean", "reward_std", "loss", "clip_fraction", "token_ratio_min", "token_ratio_mean", "token_ratio_max",
+    "sequence_ratio_min", "sequence_ratio_mean", "sequence_ratio_max", "grad_norm", "num_tokens",
+    "num_target_tokens", "admitted_trajectories", "admitted_target_tokens", "staleness_mean", "staleness_max",
+    "step_s", "groups",
+)
+
+
+def _assert_step_metrics(run_dir: Path, num_groups: int) -> None:
+    """`metrics.jsonl` has one row per optimizer step with every training metric, and the TensorBoard event
+    files hold the same scalars (read back)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert set(STEP_FIELDS) <= set(r), set(STEP_FIELDS) - set(r)
+        assert r["num_tokens"] >= r["num_target_tokens"] >= 0 and r["step_s"] > 0 and r["grad_norm"] >= 0
+        assert 0 <= r["clip_fraction"] <= 1 and 0 <= r["reward_mean"] <= 1 and r["reward_std"] >= 0
+        assert sum(r["admitted_target_tokens"].values()) == r["num_target_tokens"]
+        if r["num_target_tokens"]:  # ratios exist only for a step that trained targets
+            for kind in ("token", "sequence"):
+                assert 0 < r[f"{kind}_ratio_min"] <= r[f"{kind}_ratio_mean"] <= r[f"{kind}_ratio_max"]
+        else:
+            assert r["token_ratio_mean"] is None and r["sequence_ratio_mean"] is None
+        assert len(r["groups"]) == num_groups and all(0 <= g["reward_mean"] <= 1 for g in r["groups"])
+        assert all({"reward_mean", "reward_std", "staleness", "num_trajectories"} <= set(g) for g in r["groups"])
+        assert r["staleness_max"] == max(g["staleness"] for g in r["groups"])
+    tensorboard = read_scalars(run_dir / "tensorboard")
+    for r in rows:
+        expected = scalars(r)
+        assert {"loss", "reward_mean", "grad_norm", "clip_fraction"} <= set(expected)
+        for tag, value in expected.items():
+            assert tensorboard[tag][r["step"]] == pytest.approx(value, rel=1e-6, abs=1e-6), tag
 
 
 def _assert_elastic(summary: dict[str, Any], events: list[dict[str, Any]]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import time
 from pathlib import Path
 
 import pytest
@@ -38,12 +39,18 @@ def test_snapshot_pulls_are_consistent_while_the_core_steps(
                 assert satellite.is_alive() and core.is_alive(), "a worker died (its traceback is above)"
     finally:
         stop.set()
+    # Drain the core's queue while it exits: a process whose queue still holds unread items cannot
+    # finish (its feeder thread blocks on the full pipe), so joining first would deadlock.
+    digests: dict[int, str] = {}
+    deadline = time.monotonic() + 60
+    while (core.is_alive() or not versions.empty()) and time.monotonic() < deadline:
+        try:
+            version, digest = versions.get(timeout=0.5)
+            digests[version] = digest
+        except queue.Empty:
+            pass
     satellite.join(timeout=30)
     core.join(timeout=30)
-    digests: dict[int, str] = {}
-    while not versions.empty():
-        version, digest = versions.get()
-        digests[version] = digest
     assert [p.exitcode for p in (core, satellite)] == [0, 0]
     assert not [r for r in reports if r[0] == "torn"], reports
     pulled = [(v, d) for _, v, d in (r for r in reports if r[0] == "pulled")]

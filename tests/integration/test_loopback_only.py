@@ -23,7 +23,8 @@ GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
 # Shaped like tests/e2e/test_elastic_run.py (a satellite joins a batch in flight), with shorter tool sleeps.
 RUN = """
 scheduler: {num_cells: 3, group_size: 2, batch_groups: 3, phi: 0.3333333333333333, mu: 2,
-            rho_min: 0.3333333333333333, tau_s: 0.2, cell_capacity: 10, tasks: ["add"]}
+            rho_min: 0.3333333333333333, tau_s: 0.2, cell_capacity: 10}
+tasks: {queries: ["add"]}
 runner: {harness_args: ["--tool-latency-s", "3", "--tool-latency-max-s", "20"]}
 """
 

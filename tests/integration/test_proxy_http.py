@@ -158,9 +158,9 @@ async def test_probes_metrics_and_unknown_paths(stack: ProxyStack) -> None:
     for series in (
         'gyre_proxy_requests_total{api="anthropic",status="200"} 1.0',
         "gyre_proxy_overhead_seconds_bucket",
-        "gyre_proxy_tokens_in_total",
-        "gyre_proxy_tokens_out_total 3.0",
-        "gyre_proxy_reroutes_total 0.0",
+        "gyre_proxy_prompt_tokens_total",
+        "gyre_proxy_output_tokens_total 3.0",
+        "gyre_proxy_rerouted_calls_total 0.0",
         "gyre_proxy_open_executions 1.0",
     ):
         assert series in text, series

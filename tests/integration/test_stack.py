@@ -34,7 +34,7 @@ def test_up_status_down(tmp_path: Path) -> None:
     config.write_text(
         f"run:\n  id: stacktest\n  dir: {tmp_path / 'runs'}\nscheduler:\n  num_cells: 3\nmodel:\n  path: {small_dir()}\n"
     )
-    up = _gyre("up", "--detach", "--wait", "15", config=config)
+    up = _gyre("up", "--detach", "--wait", "60", config=config)
     assert up.returncode == 0, up.stderr
     try:
         st = _gyre("status", "--json", config=config)
@@ -44,6 +44,8 @@ def test_up_status_down(tmp_path: Path) -> None:
                                  "cell_agent-0", "cell_agent-1", "cell_agent-2"}
         assert all(r["health"] == "SERVING" for r in services.values())
         assert rows[0]["name"] == "supervisor" and rows[0]["health"] == "SERVING"
+        text = _gyre("status", config=config).stdout
+        assert "proxy     requests 0  recorded calls 0  side calls 0  history mismatches 0 (0.0%)" in text, text
         assert all(r["restarts"] == 0 and r["last_exit"] == "" for r in rows)
         creds = tmp_path / "runs" / "stacktest" / "credentials"
         assert all(oct(f.stat().st_mode & 0o777) == "0o600" for f in creds.rglob("*.json"))

@@ -26,6 +26,7 @@ from gyre.config import load_config
 from gyre.demo.events import read_events
 from gyre.stack.health import grpc_health
 from gyre.stack.state import ProcessEntry, StackState
+from tests.support.models import small_dir
 
 pytestmark = pytest.mark.slow
 
@@ -33,13 +34,17 @@ GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
 STOP_BOUND_S = 20.0
 SMALL_RUN = """
 scheduler: {num_cells: 1, group_size: 1, batch_groups: 1, phi: 0, mu: 1, rho_min: 1.0, cell_capacity: 1,
-            max_steps: 1, tasks: ["add/3+3"]}
+            max_steps: 1}
+tasks: {queries: ["add/3+3"]}
 """
 
 
 def _config(tmp_path: Path, run_id: str, supervisor: str = "{backoff_initial_s: 0.2}") -> Path:
     f = tmp_path / "gyre.yaml"
-    f.write_text(f"run:\n  id: {run_id}\n  dir: {tmp_path / 'runs'}\n  supervisor: {supervisor}\n{SMALL_RUN}")
+    f.write_text(
+        f"run:\n  id: {run_id}\n  dir: {tmp_path / 'runs'}\n  supervisor: {supervisor}\nmodel:\n  path: {small_dir()}\n"
+        f"{SMALL_RUN}"
+    )
     return f
 
 

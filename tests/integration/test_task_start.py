@@ -19,6 +19,7 @@ from gyre.tasks import TaskError
 from services.evaluator.service import EvaluatorService
 from services.runner.service import RunnerService
 from services.scheduler.service import SchedulerService
+from tests.support.models import small_dir
 from tests.support.runner_env import run_config
 
 pytestmark = pytest.mark.slow
@@ -69,7 +70,8 @@ def test_the_service_entry_point_exits_2_with_one_line(
 
 def test_gyre_up_refuses_before_spawning_anything(tmp_path: Path) -> None:
     _, message = malformed(tmp_path)
-    config = run_config("badtasks", tmp_path / "runs", "", "", tasks={"dirs": [str(tmp_path / "harbor")]})
+    config = run_config("badtasks", tmp_path / "runs", "", "", tasks={"dirs": [str(tmp_path / "harbor")]},
+                        model={"path": str(small_dir())})
     with pytest.raises(StackError) as e:
         up(config)
     assert str(e.value) == f"tasks: {message}"

@@ -4,9 +4,10 @@ SGLang endpoints (entrypoints/http_server.py), same paths, methods, fields and s
 `/generate`, `/abort_request`, `/pause_generation`, `/continue_generation`, `/flush_cache`,
 `/release_memory_occupation`, `/resume_memory_occupation`, `/update_weights_from_tensor`,
 `/update_weights_from_disk`, `/health`, `/health_generate`, `/get_model_info`, `/get_server_info`,
-`/get_weight_version`. Errors use SGLang's shapes: `{"error": {"message": ...}}` for a refused
-request, `{"object": "error", "message", "type", "param", "code"}` for a body that does not parse,
-`{"success": false, "message": ...}` for weight updates.
+`/get_weight_version`, `/metrics` (Prometheus: `gyre_engine_*` where SGLang has `sglang:*`). Errors use
+SGLang's shapes: `{"error": {"message": ...}}` for a refused request, `{"object": "error", "message",
+"type", "param", "code"}` for a body that does not parse, `{"success": false, "message": ...}` for
+weight updates.
 
 Gyre extensions: `/gyre/kv/{pin,export,import,release}` (KV migration, see kv_transfer.py) and
 `/gyre/script` (the scripted backend's queue).
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -247,6 +249,10 @@ def build_app(server: EngineServer) -> Starlette:
             }
         )
 
+    async def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(server.metrics_registry), media_type=content_type)
+
     async def get_weight_version(request: Request) -> Response:
         return _json({"weight_version": weight_version()})
 
@@ -332,6 +338,7 @@ def build_app(server: EngineServer) -> Starlette:
         Route("/get_model_info", get_model_info, methods=["GET"]),
         Route("/get_weight_version", get_weight_version, methods=["GET"]),
         Route("/get_server_info", get_server_info, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/gyre/kv/pin", kv_pin, methods=["POST"]),
         Route("/gyre/kv/export", kv_export, methods=["POST"]),
         Route("/gyre/kv/import", kv_import, methods=["POST"]),

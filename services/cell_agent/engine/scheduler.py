@@ -61,6 +61,12 @@ class EngineCore:
         self.failed: BaseException | None = None
         self.num_steps = 0
         self.num_retractions = 0
+        self.num_finished = 0
+        """Requests finished (any reason), and the token totals below over them (for `/metrics`)."""
+        self.num_prompt_tokens = 0
+        self.num_cached_prompt_tokens = 0
+        """Prompt tokens whose KV came from the prefix cache (or imported KV) instead of a prefill."""
+        self.num_output_tokens = 0
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
         self._by_rid: dict[str, RequestState] = {}
@@ -259,6 +265,10 @@ class EngineCore:
         elif state.phase is Phase.WAITING and state in self._waiting:
             self._waiting.remove(state)
         self._by_rid.pop(state.rid, None)
+        self.num_finished += 1
+        self.num_prompt_tokens += state.num_prompt
+        self.num_cached_prompt_tokens += max(state.num_cached, 0)
+        self.num_output_tokens += state.num_output
         state.set_finished(reason)
         if release:
             self.backend.release(state)

@@ -32,6 +32,7 @@ from gyre.config.engine import EngineSection
 from gyre.model.arch import ModelArch, read_arch
 from gyre.model.tokenizer import Tokenizer, generation_eos_ids
 from services.cell_agent.engine.backends import BackendContext, create_backend
+from services.cell_agent.engine.metrics import engine_registry
 from services.cell_agent.engine.protocol import SamplingParams
 from services.cell_agent.engine.scheduler import EngineCore
 
@@ -103,6 +104,8 @@ class EngineServer:
         self._socket: socket.socket | None = None
         self.port = 0
         self._stopped = False
+        self.metrics_registry = engine_registry(lambda: self._core)
+        """`gyre_engine_*` series of this engine (its `GET /metrics`, and its cell agent's)."""
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -154,7 +157,8 @@ class EngineServer:
         from services.cell_agent.engine.http_api import build_app
 
         config = uvicorn.Config(
-            build_app(self), log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30
+            build_app(self), log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30,
+            log_config=None,  # uvicorn's lines go through the process's logging (JSON, gyre/log.py)
         )
         self._http = _EmbeddedUvicorn(config)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]), name="engine-http")

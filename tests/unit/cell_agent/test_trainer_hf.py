@@ -29,7 +29,10 @@ from tests.support.models import hf_dir
 def _hf_logits_fn(model: Any) -> Any:
     """The packed-forward contract over a transformers model: each row alone, concatenated."""
 
-    def logits(input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def logits(
+        input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor, tree: object = None
+    ) -> torch.Tensor:
+        assert tree is None, "this reference runs path rows"
         bounds = [int(b) for b in cu_seqlens.tolist()]
         rows = [model(input_ids[a:b][None]).logits[0] for a, b in itertools.pairwise(bounds)]
         return torch.cat(rows)

@@ -129,5 +129,6 @@ def test_exposed_ports_are_the_deploy_config_ports(
     ports = {
         config.scheduler.port, config.proxy.port, config.proxy.http_port, config.runner.port,
         config.evaluator.port, config.packer.port, *config.cell_agent.ports, *config.cell_agent.engine_ports,
+        config.metrics.port,
     }
     assert {int(p) for p in expose.split()} == ports

@@ -46,6 +46,39 @@ async def test_rid_entries_are_reserved_for_their_request() -> None:
         assert (await client.generate([1], {}, rid="b")).text == "for b"
 
 
+async def test_rules_answer_by_the_prompt_and_are_never_used_up() -> None:
+    import zlib
+
+    prompt_a, prompt_b = TOK.encode("user: list the files"), TOK.encode("<tool_response>a.txt</tool_response>")
+    script: list[dict[str, Any]] = [
+        {"when": "tool_response", "choices": ["zero", "one"]},
+        {"when": "list", "text": "calling ls"},
+        {"text": "queued first"},
+    ]
+    async with serve(SCRIPTED, script=script) as (_, client):
+        assert (await client.generate(prompt_a, {}, rid="r0")).text == "queued first"  # the queue comes first
+        for rid in ("r1", "r2", "r3"):
+            assert (await client.generate(prompt_a, {}, rid=rid)).text == "calling ls"
+            want = ["zero", "one"][zlib.crc32(rid.encode()) % 2]
+            assert (await client.generate(prompt_b, {}, rid=rid)).text == want
+        with pytest.raises(EngineRequestError, match="no scripted output"):
+            await client.generate(TOK.encode("nothing matches"), {}, rid="r4")
+        assert (await client._http.get("/gyre/script")).json() == {"queued": 0, "rules": 2, "served": 7}
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"when": "(", "text": "x"}, "not a regex"),
+        ({"choices": [], "when": "x"}, "non-empty list"),
+        ({"choices": ["a"], "text": "b"}, "exactly one"),
+    ],
+)
+def test_bad_rules_are_refused(entry: dict[str, Any], problem: str) -> None:
+    with pytest.raises(RequestError, match=problem):
+        ScriptEntry.from_json(entry)
+
+
 async def test_finish_length_logprobs_and_request_stop_rules() -> None:
     script: list[dict[str, Any]] = [
         {"output_ids": [65, 66, 67], "finish": "length", "logprobs": [-0.5, -0.25, -0.125]},
@@ -76,13 +109,13 @@ async def test_script_endpoint_appends_and_replaces() -> None:
         status = (
             await client._http.post("/gyre/script", json={"entries": [{"text": "a"}, {"text": "b"}]})
         ).json()
-        assert status == {"queued": 2, "served": 0}
+        assert status == {"queued": 2, "rules": 0, "served": 0}
         status = (
             await client._http.post("/gyre/script", json={"entries": [{"text": "c"}], "replace": True})
         ).json()
         assert status["queued"] == 1
         assert (await client.generate([1], {})).text == "c"
-        assert (await client._http.get("/gyre/script")).json() == {"queued": 0, "served": 1}
+        assert (await client._http.get("/gyre/script")).json() == {"queued": 0, "rules": 0, "served": 1}
         bad = await client._http.post("/gyre/script", json={"entries": [{"txt": "typo"}]})
         assert bad.status_code == 400 and "txt" in bad.json()["error"]["message"]
     async with serve() as (_, model_client):

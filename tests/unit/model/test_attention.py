@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gyre.model import attention
 from gyre.model.attention import (
     block_causal_attention,
     block_causal_mask,
@@ -13,7 +14,6 @@ from gyre.model.attention import (
     packed_attention_mask,
 )
 from gyre.model.tree_layout import TreeLayout
-from gyre.model import attention
 from tests.unit.model.test_tree_layout import random_tree
 
 

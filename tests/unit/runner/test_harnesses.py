@@ -64,3 +64,18 @@ def test_runner_config_validates_and_names_the_fix() -> None:
         load_config(None, environ={}, overrides={"evaluator": {"sandbox": {"max_processes": 0}}})
     defaults = load_config(None, environ={})
     assert (defaults.runner.sandbox.uid_base, defaults.evaluator.sandbox.uid_base) == (120000, 130000)
+
+
+def test_harness_env_adds_the_users_settings_but_never_the_routing() -> None:
+    config = load_config(None, environ={}, overrides={"runner": {
+        "harness": "claude_code", "harness_args": ["--tools", "Bash"],
+        "harness_env": {"CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "0.6", "DISABLE_TELEMETRY": "0"},
+    }})
+    harness = make_harness(config.runner)
+    env = harness.environment(LAUNCH)
+    assert env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "0.6"
+    assert env["DISABLE_TELEMETRY"] == "1", "the harness's own offline settings win"
+    assert harness.command(LAUNCH)[-2:] == ["--tools", "Bash"]
+    for key in ("ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "CODEX_HOME"):
+        with pytest.raises(ConfigError, match=f"harness_env cannot set {key}"):
+            load_config(None, environ={}, overrides={"runner": {"harness_env": {key: "x"}}})

@@ -58,7 +58,8 @@ def test_prepare_changes_nothing_and_input_ids_are_the_prompt() -> None:
     prepared = tree.prepare(from_anthropic(_body([{"role": "user", "content": "hi"}])))
     assert tree.nodes == {} and tree.roots == {}
     template = tree.template
-    expected = template.render_system("You are a coding agent.", prepared.request.tools)
+    # The prompt is the system as sent (billing line included); only the root key drops it.
+    expected = template.render_system("\n".join(b["text"] for b in SYSTEM), prepared.request.tools)
     expected += template.render_message(prepared.request.messages[0]) + template.render_generation_prompt()
     assert prepared.input_ids.tolist() == expected
     assert prepared.num_matched_messages == 0 and prepared.num_new_tokens == len(expected) - len(
@@ -161,7 +162,78 @@ def test_volatile_billing_line_keeps_one_root_and_subagent_gets_its_own() -> Non
     tree.commit(prepared, _out("three"), [0.0] * 6, CallMeta())
     assert tree_stats(tree).roots_by_agent == {"main": 1, "sub": 1}
     root_tokens = bytes(t for t in tree.roots[prepared.root_key].token_ids.tolist() if t < 256)
-    assert b"billing" not in root_tokens
+    assert b"x-anthropic-billing-header: cc_version=2.1.332.4e6" in root_tokens, "rendered as sent"
+
+
+def test_system_reminders_are_cut_for_matching_only_and_strict_matching_keeps_them() -> None:
+    def turn(reminder: str) -> list[dict[str, object]]:
+        return [
+            {"type": "text", "text": f"<system-reminder>{reminder}</system-reminder>\n"},
+            {"type": "text", "text": "go"},
+        ]
+
+    first = _body([{"role": "user", "content": turn("today is Monday")}])
+    for strict, roots, mismatch in ((False, 1, False), (True, 1, True)):
+        tree = TrajectoryTree(
+            "e1", template_for_family("chatml"), get_profile("claude_code").with_matching(strict)
+        )
+        result = _commit(tree, first, _out("ok"))
+        content = to_anthropic_content(result.output)  # type: ignore[attr-defined]
+        again = _body(
+            [
+                {"role": "user", "content": turn("today is Tuesday")},
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": "next"},
+            ]
+        )
+        prepared = tree.prepare(from_anthropic(again))
+        assert len(tree.roots) == roots and prepared.history_mismatch is mismatch
+        # Loose: the changed reminder matches the recorded user turn (its first tokens stay); strict: a
+        # new branch holding the new reminder as sent.
+        assert prepared.num_matched_messages == (0 if strict else 2)
+        tokens = bytes(t for t in prepared.input_ids.tolist() if t < 256)
+        assert (b"Tuesday" in tokens) is strict and (b"Monday" in tokens) is not strict
+
+
+def test_a_rewritten_assistant_message_is_a_history_mismatch() -> None:
+    tree = _tree()
+    _commit(tree, _body([{"role": "user", "content": "hi"}]), _out("hello"))
+    edited = _body(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "text", "text": "hello, edited"}]},
+            {"role": "user", "content": "more"},
+        ]
+    )
+    prepared = tree.prepare(from_anthropic(edited))
+    assert prepared.history_mismatch and prepared.num_matched_messages == 1
+    honest = _body(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+            {"role": "user", "content": "more"},
+        ]
+    )
+    assert not tree.prepare(from_anthropic(honest)).history_mismatch
+
+
+def test_side_requests_are_recorded_with_a_class_that_is_never_admitted() -> None:
+    from gyre.trajectory.profiles import LEAF_PRIORITY, LeafClass
+
+    tree = _tree()
+    probe = dict(_body([{"role": "user", "content": "quota"}]), max_tokens=1)
+    title = dict(
+        _body([{"role": "user", "content": "title please"}]),
+        output_format={"type": "json_schema", "schema": {"type": "object"}},
+    )
+    for body in (probe, title):
+        prepared = tree.prepare(from_anthropic(body))
+        assert prepared.classification.leaf_class is LeafClass.SIDE
+    assert LeafClass.SIDE not in LEAF_PRIORITY
+    assert (
+        tree.prepare(from_anthropic(_body([{"role": "user", "content": "work"}]))).classification.leaf_class
+        is LeafClass.MAIN
+    )
 
 
 def test_commit_after_a_concurrent_commit_reuses_nodes() -> None:

@@ -5,10 +5,19 @@ Claude Code / Codex CLIs): the test queues the exact assistant turns it wants, t
 constructor or `POST /gyre/script`, and the engine serves them through the same SGLang-native API
 (streaming, abort, pause, KV pin/export/import) as the model backend.
 
-An entry is `{"text": ...}` or `{"output_ids": [...]}`, plus optional `rid` (served only to that
-request id; entries without `rid` are served first-in first-out), `finish` (`stop`, the default, or
-`length`), `stop_token_id`, `logprobs` and `token_interval_s` (a delay per token, to make a stream
-slow enough to abort or pause). `text` is encoded by the model's tokenizer, so special-token strings
+An entry is `{"text": ...}`, `{"output_ids": [...]}` or `{"choices": [text, ...]}`, plus optional
+`rid` (served only to that request id; entries without `rid` are served first-in first-out), `when`,
+`finish` (`stop`, the default, or `length`), `stop_token_id`, `logprobs` and `token_interval_s` (a
+delay per token, to make a stream slow enough to abort or pause).
+
+An entry with `when` (a regex) is a *rule*, not a queue item: it answers every request whose decoded
+prompt (special tokens kept) it matches (`re.search`) and is never used up. Rules make a scripted
+agent stateless — each turn is chosen from the conversation itself, so interleaved executions,
+sub-agents and calls rerouted to another engine all get the turn their history calls for. A rule's
+`choices` are alternative answers; a request gets `choices[crc32(rid) % n]`, so the members of a
+group can act differently (and earn different rewards) while each call stays reproducible. Requests
+take, in order: an entry for their `rid`, else the first queued entry without `when`, else the first
+rule that matches. `text` is encoded by the model's tokenizer, so special-token strings
 in it (`<tool_call>`, `<|im_end|>`, ...) become their ids. With `finish: stop` the terminator is
 appended unless the tokens already end in a stop token: `stop_token_id`, else the request's smallest
 `stop_token_ids`, else the model's first stop id (its end of turn).
@@ -23,9 +32,11 @@ and an import makes later requests report the covered prefix as `cached_tokens`.
 from __future__ import annotations
 
 import itertools
+import re
 import time
+import zlib
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -63,6 +74,19 @@ class ScriptEntry:
     stop_token_id: int | None = None
     logprobs: tuple[float, ...] | None = None
     token_interval_s: float = 0.0
+    when: str | None = None
+    """A regex over the decoded prompt: the entry is a rule (see the module docstring)."""
+    choices: tuple[str, ...] | None = None
+
+    def matches(self, rid: str, prompt: Callable[[], str]) -> bool:
+        if self.rid is not None and self.rid != rid:
+            return False
+        return self.when is None or re.search(self.when, prompt()) is not None
+
+    def text_for(self, rid: str) -> str | None:
+        if self.choices is not None:
+            return self.choices[zlib.crc32(rid.encode()) % len(self.choices)]
+        return self.text
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScriptEntry:
@@ -70,8 +94,18 @@ class ScriptEntry:
         unknown = set(data) - allowed
         if unknown:
             raise RequestError(f"unknown script entry keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-        if (data.get("text") is None) == (data.get("output_ids") is None):
-            raise RequestError("a script entry needs exactly one of 'text' or 'output_ids'")
+        if sum(data.get(k) is not None for k in ("text", "output_ids", "choices")) != 1:
+            raise RequestError("a script entry needs exactly one of 'text', 'output_ids' or 'choices'")
+        choices = data.get("choices")
+        if choices is not None and (
+            not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices)
+        ):
+            raise RequestError("script entry 'choices' must be a non-empty list of strings")
+        if data.get("when") is not None:
+            try:
+                re.compile(str(data["when"]))
+            except re.error as e:
+                raise RequestError(f"script entry 'when' is not a regex: {e}") from e
         if data.get("finish", "stop") not in ("stop", "length"):
             raise RequestError(f"script entry finish must be 'stop' or 'length'; got {data.get('finish')!r}")
         if data.get("finish") == "length" and not (data.get("text") or data.get("output_ids")):
@@ -87,6 +121,8 @@ class ScriptEntry:
                 stop_token_id=int(data["stop_token_id"]) if data.get("stop_token_id") is not None else None,
                 logprobs=tuple(float(x) for x in logprobs) if logprobs is not None else None,
                 token_interval_s=float(data.get("token_interval_s") or 0.0),
+                when=str(data["when"]) if data.get("when") is not None else None,
+                choices=tuple(choices) if choices is not None else None,
             )
         except (TypeError, ValueError) as e:
             raise RequestError(f"malformed script entry: {e}") from e
@@ -139,7 +175,7 @@ class ScriptedBackend(EngineBackend):
         self._released: set[str] = set()
         self._served = 0
         self.add_script(script)
-        self._repeat = tuple(self._queue) if repeat else ()
+        self._repeat = tuple(e for e in self._queue if e.when is None) if repeat else ()
 
     @classmethod
     def create(cls, ctx: BackendContext) -> ScriptedBackend:
@@ -163,23 +199,27 @@ class ScriptedBackend(EngineBackend):
         return len(self._queue)
 
     def script_status(self) -> dict[str, Any]:
-        return {"queued": len(self._queue), "served": self._served}
+        rules = sum(e.when is not None for e in self._queue)
+        return {"queued": len(self._queue) - rules, "rules": rules, "served": self._served}
 
     def _encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text)
 
-    def _take(self, rid: str) -> ScriptEntry:
+    def _take(self, rid: str, prompt: Callable[[], str]) -> ScriptEntry:
         for i, entry in enumerate(self._queue):
-            if entry.rid == rid:
+            if entry.rid == rid and entry.when is None:
                 del self._queue[i]
                 return entry
         for i, entry in enumerate(self._queue):
-            if entry.rid is None:
+            if entry.rid is None and entry.when is None:
                 del self._queue[i]
+                return entry
+        for entry in self._queue:
+            if entry.when is not None and entry.matches(rid, prompt):
                 return entry
         if self._repeat:  # the configured script starts over (`engine.script_repeat`)
             self._queue.extend(self._repeat)
-            return self._take(rid)
+            return self._take(rid, prompt)
         raise RequestError(f"no scripted output is queued for request {rid!r}; POST entries to /gyre/script")
 
     # ---- properties --------------------------------------------------------------------------
@@ -204,10 +244,20 @@ class ScriptedBackend(EngineBackend):
 
     def admit(self, state: RequestState) -> bool:
         if state not in self._cursors:
-            entry = self._take(state.rid)
+            prompt_ids = state.tokens[: len(state.tokens) - state.num_output]
+            decoded: list[str] = []
+
+            def prompt() -> str:  # decoded once, only if a rule asks
+                if not decoded:
+                    decoded.append(self._tokenizer.decode(prompt_ids))
+                return decoded[0]
+
+            entry = self._take(state.rid, prompt)
             self._served += 1
             tokens = (
-                list(entry.output_ids) if entry.output_ids is not None else self._encode(entry.text or "")
+                list(entry.output_ids)
+                if entry.output_ids is not None
+                else self._encode(entry.text_for(state.rid) or "")
             )
             stops = self._eos | state.request.sampling.stop_token_ids
             if entry.finish == "stop" and not (tokens and tokens[-1] in stops):
