@@ -4,6 +4,10 @@ Starts the local stack (NATS, Redis, every service, K = 3 cell agents), trains o
 through the demo harness for `--steps` optimizer steps with live progress, shuts down cleanly and
 writes `runs/<run>/summary.json`, `role_timeline.png` and `reward_staleness.png`. Ctrl-C or SIGTERM
 stops the run within 20 s (exit status 128 + signal).
+
+`--mode async|colocate` runs a baseline at the demo's own target staleness E[d] = φ + (μ − 1)/2
+(1.0 for the packaged φ = 0.5, μ = 2): async (E[d], 1) with one fixed training cell, colocate
+(0, 2·E[d] + 1), as `gyre bench e2e` compares them (`matched_phi_mu`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import typer
 import yaml
 
 from gyre.cli._config import config_or_exit
-from gyre.config import GyreConfig, load_config
+from gyre.config import ConfigError, GyreConfig, load_config
 
 
 def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
@@ -29,6 +33,37 @@ def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
     root = Path(__file__).resolve().parents[2]
     base["model"]["path"] = str(root / base["model"]["path"])
     return load_config(file, overrides=overrides, base=base)
+
+
+def mode_config(file: Path | None, overrides: dict[str, Any], mode: str | None) -> GyreConfig:
+    """`demo_config`, with `mode`'s (φ, μ) matched to the target staleness of the settings it replaces.
+
+    Without `mode`, or with the mode the settings already have, φ and μ stay as configured. Switching
+    from elastic keeps its target φ + (μ − 1)/2; switching to elastic keeps the packaged demo's μ."""
+    from services.scheduler.policy import Mode
+    from services.scheduler.policy.params import matched_phi_mu
+
+    cfg = demo_config(file, overrides)
+    if mode is None or mode == cfg.scheduler.mode:
+        return cfg
+    try:
+        target = Mode(mode)
+    except ValueError:
+        raise ConfigError(f"--mode: choose elastic, async or colocate; got {mode!r}") from None
+    sched = cfg.scheduler
+    elastic_mu = sched.mu if sched.mode == Mode.ELASTIC.value else demo_config(None, {}).scheduler.mu
+    try:
+        phi, mu = matched_phi_mu(target, sched.phi + (sched.mu - 1) / 2, elastic_mu)
+    except ValueError as e:
+        raise ConfigError(f"--mode {mode}: {e}") from None
+    return demo_config(file, _merge(overrides, {"scheduler": {"mode": mode, "phi": phi, "mu": mu}}))
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -46,9 +81,7 @@ def register(app: typer.Typer) -> None:
         from gyre.stack.launcher import StackError
 
         overrides: dict[str, Any] = {"run": {"id": run_id or time.strftime("demo-%Y%m%d-%H%M%S")}}
-        if mode:
-            overrides["scheduler"] = {"mode": mode}
-        cfg = config_or_exit(load=lambda: demo_config(config, overrides))
+        cfg = config_or_exit(load=lambda: mode_config(config, overrides, mode))
         total = steps or cfg.scheduler.max_steps or 12
 
         def progress(st: Any, elapsed_s: float) -> None:
@@ -62,8 +95,9 @@ def register(app: typer.Typer) -> None:
                 err=as_json,
             )
 
-        typer.echo(f"gyre demo: run {cfg.run.id}, {cfg.scheduler.mode}, {total} steps; report in {cfg.run.path}",
-                   err=as_json)
+        sched = cfg.scheduler
+        typer.echo(f"gyre demo: run {cfg.run.id}, {sched.mode} (φ={sched.phi:g}, μ={sched.mu}), {total} steps;"
+                   f" report in {cfg.run.path}", err=as_json)
         try:
             summary = DemoRun(cfg, steps=total).execute(progress=progress)
         except ModelError as e:

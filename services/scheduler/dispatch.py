@@ -12,6 +12,7 @@ import time
 
 import redis.asyncio as aioredis
 
+from gyre import ids
 from gyre.bus import EventBus
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records
 from gyre.tasks import TaskSet
@@ -51,12 +52,12 @@ class Dispatcher:
         group_ids: list[str] = []
         for _ in range(num_groups):
             seq = int(await self._redis.incr(self._seq))
-            group_id = f"g{seq:05d}"
+            group_id = ids.group_id(seq)
             task_id = self.queries.next()
             harness_timeout_s, budget_s = self.queries.limits(task_id)
             executions = [
                 ExecutionRecord(
-                    execution_id=f"{group_id}-e{i:02d}", group_id=group_id, index_in_group=i, query_id=task_id,
+                    execution_id=ids.execution_id(group_id, i), group_id=group_id, index_in_group=i, query_id=task_id,
                     task_id=task_id, harness_timeout_s=harness_timeout_s, overall_budget_s=budget_s,
                     profile=self._profile,
                 )
