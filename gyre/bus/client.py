@@ -169,11 +169,15 @@ class EventBus:
         batch: int = 16,
         confirm_ack: bool = False,
         deliver_new: bool = False,
+        start_seq: int | None = None,
     ) -> EventConsumer:
         """Start a durable pull consumer over `event_types` (all from one stream).
 
         The handler runs once per message, in stream order; the message is acknowledged after it
-        returns (`ack_sync` when `confirm_ack`), negatively acknowledged if it raises.
+        returns (`ack_sync` when `confirm_ack`), negatively acknowledged if it raises. With `start_seq`
+        the durable consumer is re-created to deliver from that stream sequence on, at once and in order
+        (a consumer that keeps its own position elsewhere, e.g. the scheduler's persisted state, resumes
+        exactly there instead of waiting `ack_wait_s` for the messages its previous incarnation held).
         """
         if not event_types:
             raise ValueError("consume needs at least one event type")
@@ -182,13 +186,22 @@ class EventBus:
             raise ValueError(f"one consumer reads one stream; {durable!r} spans {sorted(streams)}")
         stream = streams.pop()
         subjects = [subject_for(self.run_id, t) for t in event_types]
+        if start_seq is not None:
+            if start_seq < 1:
+                raise ValueError(f"start_seq must be >= 1; got {start_seq}")
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self.js.delete_consumer(stream, durable)
+            policy = DeliverPolicy.BY_START_SEQUENCE
+        else:
+            policy = DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL
         config = ConsumerConfig(
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=ack_wait_s,
             max_ack_pending=max_ack_pending,
             max_deliver=max_deliver,
-            deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+            deliver_policy=policy,
+            opt_start_seq=start_seq,
             filter_subjects=subjects if len(subjects) > 1 else None,
             filter_subject=subjects[0] if len(subjects) == 1 else None,
         )
