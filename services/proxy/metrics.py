@@ -84,6 +84,11 @@ class ProxyMetrics:
             "Malformed requests a converter failed on without a RequestError (a bug; answered 400).",
             registry=r,
         )
+        self.replayed = Counter(
+            "gyre_proxy_calls_replayed",
+            "Retried calls answered with the output recorded for their lost first attempt (replay.py).",
+            registry=r,
+        )
         self.open_executions = Gauge("gyre_proxy_open_executions", "Executions with a live key.", registry=r)
 
     def render(self) -> bytes:

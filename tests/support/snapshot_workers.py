@@ -27,7 +27,7 @@ MODEL = ModelSection(
 
 
 async def _side(cell: int, redis_url: str, run_id: str, root: Path) -> TrainingSide:
-    section = TrainerSection(poll_s=0.001, rendezvous_timeout_s=60, lr=1e-3)
+    section = TrainerSection(poll_s=0.001, rendezvous_timeout_s=60, lr=1e-3, weight_transport="mooncake")
     side = TrainingSide(
         cell=cell, num_cells=2, section=section, model_section=MODEL, objective=ObjectiveParams(),
         redis=await connect_redis(redis_url), keys=Keys(run_id), checkpoint_root=root,
