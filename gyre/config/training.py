@@ -88,8 +88,10 @@ class TrainerSection(Section):
     """Global gradient-norm clip applied by the core to the summed gradient (0 = no clipping)."""
     chunk_tokens: AtLeastOneOrNull = None
     """Token limit of one forward for a micro-step over its budget (chunked path); None = the budget."""
-    checkpoint_every_steps: NonNegativeInt = 0
-    """Checkpoint model + optimizer + version every this many steps (0 = only at shutdown)."""
+    checkpoint_every_steps: NonNegativeInt = 1
+    """Checkpoint model + optimizer + version every this many steps (0 = only at shutdown). A core that
+    restarts resumes from its newest checkpoint and takes the steps after it again from their micro-steps,
+    which stay in Redis until a checkpoint covers them: N bounds both that replay and that memory."""
     checkpoint_dir: Path | None = None
     """Where the core writes checkpoints and published weights; None = `<run dir>/checkpoints`.
     Every cell must read the same directory (a shared volume on clusters)."""

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -30,7 +30,9 @@ from gyre.stack.launcher import StackError, StackState, down_state, up
 from gyre.stack.signals import StopSignals
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
+T = TypeVar("T")
 Progress = Callable[[scheduler_pb2.SchedulerState, float], None]
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 class DemoRun:
@@ -75,9 +77,10 @@ class DemoRun:
             scheduler = scheduler_pb2_grpc.SchedulerStub(sch_ch)
             proxy = proxy_pb2_grpc.ProxyStub(proxy_ch)
             self._train(scheduler, state, progress, t0)
-            scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120)
+            self._retrying(lambda: scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120),
+                           state)
             self._settle(scheduler, state)
-            stats = proxy.GetStats(proxy_pb2.GetStatsRequest(), timeout=30)
+            stats = self._retrying(lambda: proxy.GetStats(proxy_pb2.GetStatsRequest(), timeout=30), state)
         events = asyncio.run(read_events(login_url(resolved.nats.url or "", resolved.nats.login_for("cli")),
                                          resolved.run.id))
         return self._report(events, stats, time.monotonic() - t0)
@@ -87,12 +90,27 @@ class DemoRun:
     ) -> None:
         while True:
             self._check_alive(stack)
-            st = scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
+            st = self._state(scheduler, stack)
             if progress is not None:
                 progress(st, time.monotonic() - t0)
             if st.steps >= self.steps:
                 return
             self._pause(1.0)
+
+    def _state(self, scheduler: scheduler_pb2_grpc.SchedulerStub, stack: StackState) -> scheduler_pb2.SchedulerState:
+        return self._retrying(lambda: scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30), stack)
+
+    def _retrying(self, call: Callable[[], T], stack: StackState) -> T:
+        """`call()`, asked again while its service restarts (the stack's supervisor restarts it)."""
+        deadline = time.monotonic() + self.config.scheduler.peer_retry_s
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as e:
+                if e.code() not in _RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                    raise
+            self._check_alive(stack)
+            self._pause(0.5)
 
     def _pause(self, seconds: float) -> None:
         """Sleep, or end the run at once when a stop was requested (the teardown runs on its own thread)."""
@@ -104,7 +122,7 @@ class DemoRun:
         deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline:
             self._check_alive(stack)
-            st = scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
+            st = self._state(scheduler, stack)
             if st.executions_in_flight == 0:
                 self._pause(2.0)  # let the last evaluations land
                 return

@@ -43,10 +43,12 @@ from gyre.store import Keys
 from gyre.trainer.checkpoint import published_path, write_published
 from gyre.v1 import common_pb2
 from gyre.v1 import events_pb2 as ev
+from services.cell_agent.detached import Detached
 from services.cell_agent.engine_host import EngineHost, create_engine_host
 from services.cell_agent.errors import CellStateError
 from services.cell_agent.metrics import CellAgentMetrics
 from services.cell_agent.publication import Publisher
+from services.cell_agent.replay import report_replayed
 from services.cell_agent.roles import Role, RoleMachine
 from services.cell_agent.step_runner import StepOutcome, StepRunner
 from services.cell_agent.trainer_state import EngineEntry, Published
@@ -162,12 +164,16 @@ class CellAgent:
         self._batch_lock = asyncio.Lock()
         self._publish_lock = asyncio.Lock()
         self._published_event_version: int | None = None
+        self._ops = Detached()
+        """Switches, steps and publications run detached from the RPC that asked (detached.py)."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         torch.set_num_threads(self.section.engine.num_threads)
         await self.engine.start()
-        await self.training.start()
+        self.training.on_replayed = lambda steps: report_replayed(self.training, self.emit, steps)
+        replayed = await self.training.start()
+        await report_replayed(self.training, self.emit, replayed)
         published = await self.state.published()
         if published is not None and await self.engine.weight_version() != str(published.version):
             await self.engine.load_weights(Path(published.path), published.version)
@@ -175,13 +181,14 @@ class CellAgent:
         log.info("cell_agent_started", cell=self.cell, engine=self.engine.url, role=self.roles.role.value)
 
     async def background(self) -> list[Coroutine[Any, Any, None]]:
-        """Coroutines the service supervises: joining the collectives, and (core) serving pulls."""
-        tasks: list[Coroutine[Any, Any, None]] = [self.training.connect()]
+        """Coroutines the service supervises: the collectives across cell restarts, and (core) serving pulls."""
+        tasks: list[Coroutine[Any, Any, None]] = [self.training.keep_world(), self.training.world.heartbeat()]
         if self.is_core:
             tasks.append(self.training.serve_pulls())
         return tasks
 
     async def stop(self) -> None:
+        self._ops.cancel_all()
         if self.is_core:
             await self.training.checkpoint()
             await self.publisher.close()
@@ -190,6 +197,10 @@ class CellAgent:
 
     # -- roles -----------------------------------------------------------------------------------------
     async def switch_role(self, to_role: Role, weight_version: int = 0) -> SwitchResult:
+        return await self._ops.run(("switch", to_role, weight_version),
+                                   lambda: self._switch_role(to_role, weight_version))
+
+    async def _switch_role(self, to_role: Role, weight_version: int) -> SwitchResult:
         async with self._switch_lock:
             if self.roles.role is to_role:
                 return SwitchResult(to_role, 0.0, 0, self._as_version(await self.engine.weight_version()))
@@ -269,7 +280,10 @@ class CellAgent:
             raise ValueError("batch_id must be set")
         if self.roles.role is not Role.TRAINING:
             raise CellStateError(f"cell {self.cell} is in {self.roles.role.value}; switch it to training first")
-        async with self._batch_lock:
+        return await self._ops.run(("join", batch_id), lambda: self._join_batch(batch_id, step, final_in_burst))
+
+    async def _join_batch(self, batch_id: str, step: int, final_in_burst: bool) -> StepOutcome:
+        async with self._batch_lock, self.training.step_lock:
             self.batch_id = batch_id
             began = time.monotonic()
             try:
@@ -306,6 +320,7 @@ class CellAgent:
                 sequence_ratio_min=metrics.seq_ratio_min if trained else 0.0,
                 sequence_ratio_mean=metrics.seq_ratio_sum / metrics.num_executions if trained else 0.0,
                 sequence_ratio_max=metrics.seq_ratio_max if trained else 0.0,
+                microstep_ids=list(outcome.microstep_ids),
             ),
             f"step:{outcome.batch_id}:{outcome.policy_version}",
         )
@@ -313,9 +328,6 @@ class CellAgent:
                  cells=outcome.cells, loss=metrics.loss, grad_norm=outcome.grad_norm)
         if outcome.final_in_burst:
             await self.publish_weights(None)
-        every = self.section.trainer.checkpoint_every_steps
-        if every and outcome.policy_version % every == 0:
-            await self.training.checkpoint()
 
     # -- publication -------------------------------------------------------------------------------------
     async def publish_weights(self, targets: Sequence[PublishTarget] | None) -> PublishResult:
@@ -323,6 +335,10 @@ class CellAgent:
         (`targets`, or every cell engine registered in the rollout role)."""
         if not self.is_core:
             raise CellStateError(f"cell {self.cell} is a satellite; only the core (cell 0) publishes weights")
+        return await self._ops.run(("publish", tuple(targets) if targets is not None else None),
+                                   lambda: self._publish_weights(targets))
+
+    async def _publish_weights(self, targets: Sequence[PublishTarget] | None) -> PublishResult:
         async with self._publish_lock:
             started = time.monotonic()
             t = self.training

@@ -103,6 +103,11 @@ class ProxyMetrics:
         )
         for kind in ("task", "summary", "side"):
             self.recorded.labels(kind)
+        self.replayed = Counter(
+            series("proxy", "replayed_calls"),
+            "Retried calls answered with the output recorded for their lost first attempt (replay.py).",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
