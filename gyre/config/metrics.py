@@ -25,7 +25,7 @@ class MetricsSection(Section):
     """Port of that listener. 0 = a free port per process (written to `runs/<run>/services/<name>.json` and
     shown by `gyre status`); a fixed port is for one service per network namespace (a container, a pod),
     where every service listens on the same one (deploy/ uses 9400)."""
-    sinks: list[Sink] = Field(default_factory=lambda: ["tensorboard"])
+    sinks: list[Sink] = Field(default_factory=lambda: list[Sink](["tensorboard"]))
     """Where per-step training metrics go besides `runs/<run>/metrics.jsonl` (always written, the source of
     truth): `tensorboard` (event files under `runs/<run>/tensorboard/`), `wandb` (offline run under
     `runs/<run>/wandb/`; `pip install 'gyre[wandb]'`), `mlflow` (a local SQLite store `runs/<run>/mlflow.db`;

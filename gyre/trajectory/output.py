@@ -131,7 +131,8 @@ class Llama3JsonParser(ToolCallParser):
                 continue
             prefix = text[:tag] if tag >= 0 and start == tag + len("<|python_tag|>") else text[:start]
             prefix = prefix[:-1] if prefix.endswith("\n") else prefix
-            return ([TextBlock(prefix)] if prefix else []) + list(calls)
+            blocks: list[TextBlock | ThinkingBlock | ParsedCall] = [TextBlock(prefix)] if prefix else []
+            return [*blocks, *calls]
         return [TextBlock(text)] if text else []
 
     def _calls_from(self, text: str, pos: int) -> list[ParsedCall] | None:
