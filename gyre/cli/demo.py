@@ -4,6 +4,11 @@ Starts the local stack (NATS, Redis, every service, K = 3 cell agents), trains o
 through the demo harness for `--steps` optimizer steps with live progress, shuts down cleanly and
 writes `runs/<run>/summary.json`, `role_timeline.png` and `reward_staleness.png`. Ctrl-C or SIGTERM
 stops the run within 20 s (exit status 128 + signal).
+
+A run that trained (almost) nothing says so at the end, on stderr: no step trained a token, most
+executions contributed no trainable token, model calls the proxy refused (by reason, with the latest
+message). Exit status: 0, 1 when the stack failed, 2 on a bad config or model, 3 when the run completed
+but no optimizer step trained a single token.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import yaml
 
 from gyre.cli._config import config_or_exit
 from gyre.config import GyreConfig, load_config
+
+TRAINED_NOTHING_EXIT = 3
+"""Exit status of a run that completed its steps without training a single token."""
 
 
 def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
@@ -41,6 +49,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as the last line."),
     ) -> None:
         """Run elastic RL on the demo tasks and write the run report."""
+        from gyre.demo.report import run_warnings, trained_nothing
         from gyre.demo.run import DemoRun, role_names
         from gyre.model.arch import ModelError
         from gyre.stack.launcher import StackError
@@ -80,3 +89,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(summary))
         else:
             typer.echo(json.dumps(summary, indent=2))
+        warnings = run_warnings(summary)
+        if warnings:
+            rule = "!" * 78
+            typer.echo("\n".join([rule, f"gyre demo: WARNING: run {cfg.run.id} trained little or nothing", *warnings,
+                                  f"(summary: {cfg.run.path / 'summary.json'})", rule]), err=True)
+        if trained_nothing(summary):
+            raise typer.Exit(TRAINED_NOTHING_EXIT)

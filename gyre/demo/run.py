@@ -135,7 +135,8 @@ class DemoRun:
             reroutes=stats.reroutes, kv_migrated_tokens=stats.kv_migrated_tokens,
             harness_errors_during_transitions=stats.errors_during_transitions, wall_s=wall_s,
             recorded_calls=stats.recorded_calls, history_mismatches=stats.history_mismatches,
-            side_calls=stats.side_calls,
+            side_calls=stats.side_calls, refused_calls=dict(stats.refused_calls),
+            refusal_messages=dict(stats.refusal_messages),
             extra={"run_id": self.config.run.id, "run_dir": str(self.run_dir)},
         )
         self._save_events(events)

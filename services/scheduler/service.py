@@ -73,6 +73,10 @@ class SchedulerService(GyreService):
             facts=self.facts, separate_pool_capacity=cfg.separate_pool_capacity,
         )
         self.translator = EventTranslator(self.executor.commanded)
+        self.packed_executions = 0
+        """Executions of the groups packed since this process started (first deliveries of GroupPacked)."""
+        self.executions_without_targets = 0
+        """Of those, the ones that contributed no target token (`gyre status` shows the share)."""
         self.driver = Driver(self.policy, self.executor.execute, self._persist, start_s=state.now_s if state else 0.0)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(_Servicer(self), self.server)
         self.supervisor.spawn(self.driver.run(), "driver")
@@ -116,6 +120,8 @@ class SchedulerService(GyreService):
     async def _on_event(self, event: Message, delivery: Delivery) -> None:
         if isinstance(event, ev.GroupPacked) and delivery.num_delivered == 1:
             self.metrics.group_staleness.observe(event.staleness)
+            self.packed_executions += self.config.scheduler.group_size
+            self.executions_without_targets += event.num_executions_without_targets
         for make in self.translator.translate(event):
             await self.driver.handle(make)
 
@@ -146,6 +152,7 @@ class SchedulerService(GyreService):
             consumed_groups=snap.consumed_groups, transitions=snap.transitions_completed,
             last_step_reward=self.translator.last_step_reward,
             executions_in_flight=len(self.policy.state.placement.assignments()) + len(self.executor.commanded),
+            packed_executions=self.packed_executions, executions_without_targets=self.executions_without_targets,
         )
 
 
