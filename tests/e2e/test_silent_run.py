@@ -27,7 +27,7 @@ REFUSED = """
 model: {{path: "{model}"}}
 scheduler: {{num_cells: 2, group_size: 2, batch_groups: 1, phi: 0, mu: 1, rho_min: 1.0, tau_s: 0.2,
             cell_capacity: 4, max_steps: 1}}
-tasks: {{queries: ["add/3+3"]}}
+tasks: {{queries: ["add/3+3"], held_out: ["add/2+2"], held_out_samples: 1}}
 """
 
 
@@ -48,5 +48,7 @@ def test_a_run_whose_model_calls_are_all_refused_reports_them_and_exits_non_zero
     assert "prompt is too long" in summary["refusal_messages"]["prompt_too_long"]
     assert summary["executions_consumed"] == 2
     assert summary["executions_without_targets"] == summary["executions_consumed"]
+    # the held-out pool is scored at steps 0 and 1; a 64-token context cannot hold its prompt either
+    assert [e["step"] for e in summary["eval_by_step"]] == [0, 1] and summary["held_out"] == ["add/2+2"]
     assert "WARNING" in out.stderr and "no optimizer step trained a token" in out.stderr
     assert "prompt_too_long" in out.stderr and "2 of 2 consumed executions (100%)" in out.stderr
