@@ -54,7 +54,7 @@ def main(argv: list[str]) -> None:
         last.append(by_step[-1]["mean_reward"])
         print(json.dumps({"seed": seed, "eval_by_step": [(e["step"], e["mean_reward"]) for e in by_step],
                           "train_reward_by_step": summary["reward_by_step"]}), file=sys.stderr)
-    rises = [round(b - a, 4) for a, b in zip(first, last) if a is not None and b is not None]
+    rises = [round(b - a, 4) for a, b in zip(first, last, strict=True) if a is not None and b is not None]
     print(json.dumps({
         "seeds": seeds, "steps": args.steps, "eval_first": first, "eval_last": last, "rise_per_seed": rises,
         "rise_median": statistics.median(rises) if rises else None, "rise_min": min(rises) if rises else None,

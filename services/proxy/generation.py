@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from gyre.engine import EngineError, EngineRequestError
 from gyre.engine.types import FinishReason
-from services.proxy.errors import EngineRefusedError, EngineUnavailableError, ExecutionClosedError, PromptTooLongError
+from services.proxy.errors import (
+    EngineRefusedError,
+    EngineUnavailableError,
+    ExecutionClosedError,
+    PromptTooLongError,
+)
 from services.proxy.metrics import OverheadClock
 
 if TYPE_CHECKING:
