@@ -7,7 +7,8 @@ scored on the weights of fixed steps, reported as `eval_by_step` in summary.json
 
 The trainer keeps only its newest publications, so the weights of an eval step are copied into
 `runs/<run>/heldout/v<step>` as soon as they are published (the demo polls every second; a step is
-tens of seconds). Step 0 is the run's `model.path`. Each evaluation runs `python -m harness.heldout`
+tens of seconds); the last step's weights are often published only after the run stops, so its
+trainer checkpoint (`checkpoints/step-N`, the same HF files) is used when its publication is missing. Step 0 is the run's `model.path`. Each evaluation runs `python -m harness.heldout`
 in a subprocess (the app does not import the harness): the same seed and sample count for every step,
 so two evaluations differ by what training changed. A step whose weights were never seen is reported
 with `mean_reward: null` and why, not dropped.
@@ -27,6 +28,8 @@ from gyre.config import GyreConfig
 from gyre.trainer.checkpoint import published_path
 
 EVAL_TIMEOUT_S = 600.0
+TRAINER_ONLY = ("optimizer.pt", "trainer.json")
+"""Files of a trainer checkpoint (`checkpoints/step-N`) the evaluation does not need."""
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """Where `harness/` is importable from (as for the runner's demo harness)."""
 
@@ -42,7 +45,7 @@ class HeldOut:
         self.tasks = list(section.held_out)
         self.samples, self.seed = section.held_out_samples, section.held_out_seed
         self.steps = eval_steps(steps, section.held_out_every_steps) if self.tasks else []
-        self.model_dir = Path(config.model.path).resolve()
+        self.model_dir = Path(str(config.model.path)).resolve()
         self.checkpoints = run_dir / "checkpoints"
         self.root = run_dir / "heldout"
         self.kept: dict[int, Path] = {0: self.model_dir}
@@ -52,14 +55,17 @@ class HeldOut:
         for step in self.steps:
             if step in self.kept or step > published_version:
                 continue
-            source = published_path(self.checkpoints, step)
-            if source.is_dir():
-                target = self.root / source.name
-                shutil.copytree(source, target, dirs_exist_ok=True)
+            sources = (published_path(self.checkpoints, step), self.checkpoints / f"step-{step:08d}")
+            source = next((s for s in sources if (s / "model.safetensors").is_file()), None)
+            if source is not None:
+                target = self.root / f"v{step:08d}"
+                shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*TRAINER_ONLY))
                 self.kept[step] = target
 
     def evaluate(self) -> list[dict[str, Any]]:
         """Score every eval step's weights; one entry per eval step, in order."""
+        if self.steps:
+            self.keep(self.steps[-1])  # the last step's weights: published late, or only the trainer's checkpoint
         out: list[dict[str, Any]] = []
         for step in self.steps:
             model = self.kept.get(step)
