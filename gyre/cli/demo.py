@@ -8,6 +8,11 @@ stops the run within 20 s (exit status 128 + signal).
 `--mode async|colocate` runs a baseline at the demo's own target staleness E[d] = φ + (μ − 1)/2
 (1.0 for the packaged φ = 0.5, μ = 2): async (E[d], 1) with one fixed training cell, colocate
 (0, 2·E[d] + 1), as `gyre bench e2e` compares them (`matched_phi_mu`).
+
+A run that trained (almost) nothing says so at the end, on stderr: no step trained a token, most
+executions contributed no trainable token, model calls the proxy refused (by reason, with the latest
+message). Exit status: 0, 1 when the stack failed, 2 on a bad config or model, 3 when the run completed
+but no optimizer step trained a single token.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import yaml
 
 from gyre.cli._config import config_or_exit
 from gyre.config import ConfigError, GyreConfig, load_config
+
+TRAINED_NOTHING_EXIT = 3
+"""Exit status of a run that completed its steps without training a single token."""
 
 
 def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
@@ -76,6 +84,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as the last line."),
     ) -> None:
         """Run elastic RL on the demo tasks and write the run report."""
+        from gyre.demo.report import run_warnings, trained_nothing
         from gyre.demo.run import DemoRun, role_names
         from gyre.model.arch import ModelError
         from gyre.stack.launcher import StackError
@@ -114,3 +123,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(summary))
         else:
             typer.echo(json.dumps(summary, indent=2))
+        warnings = run_warnings(summary)
+        if warnings:
+            rule = "!" * 78
+            typer.echo("\n".join([rule, f"gyre demo: WARNING: run {cfg.run.id} trained little or nothing", *warnings,
+                                  f"(summary: {cfg.run.path / 'summary.json'})", rule]), err=True)
+        if trained_nothing(summary):
+            raise typer.Exit(TRAINED_NOTHING_EXIT)

@@ -25,6 +25,7 @@ import grpc
 from gyre.bus import login_url
 from gyre.config import GyreConfig, load_config
 from gyre.demo.events import read_events
+from gyre.demo.heldout import HeldOut
 from gyre.demo.report import RunFacts, plot_reward_staleness, summarize, timeline
 from gyre.stack.launcher import StackError, StackState, down_state, up
 from gyre.stack.signals import StopSignals
@@ -42,6 +43,7 @@ class DemoRun:
         self.steps = steps
         self.drain_timeout_s = drain_timeout_s
         self._stop = StopSignals()
+        self.held_out = HeldOut(self.config, steps, self.config.run.path)
 
     @property
     def run_dir(self) -> Path:
@@ -59,7 +61,7 @@ class DemoRun:
                 raise
             stop.on_stop = lambda: down_state(state)
             try:
-                return self._run(state, progress, t0)
+                summary = self._run(state, progress, t0)
             except Exception:
                 if stop.event.is_set():  # the teardown under way broke what the demo was waiting on
                     raise SystemExit(stop.exit_code) from None
@@ -67,6 +69,11 @@ class DemoRun:
             finally:
                 if not stop.teardown_started:
                     down_state(state)
+        if self.held_out.steps:  # with the stack down: the evaluation has the CPUs to itself
+            summary["eval_by_step"] = self.held_out.evaluate()
+            summary["held_out"] = self.held_out.tasks
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
 
     def _run(self, state: StackState, progress: Progress | None, t0: float) -> dict[str, Any]:
         resolved = load_config(Path(state.config_path))
@@ -93,6 +100,7 @@ class DemoRun:
             st = self._state(scheduler, stack)
             if progress is not None:
                 progress(st, time.monotonic() - t0)
+            self.held_out.keep(st.published_version)
             if st.steps >= self.steps:
                 return
             self._pause(1.0)
@@ -123,6 +131,7 @@ class DemoRun:
         while time.monotonic() < deadline:
             self._check_alive(stack)
             st = self._state(scheduler, stack)
+            self.held_out.keep(st.published_version)
             if st.executions_in_flight == 0:
                 self._pause(2.0)  # let the last evaluations land
                 return
@@ -155,7 +164,8 @@ class DemoRun:
             reroutes=stats.reroutes, kv_migrated_tokens=stats.kv_migrated_tokens,
             harness_errors_during_transitions=stats.errors_during_transitions, wall_s=wall_s,
             recorded_calls=stats.recorded_calls, history_mismatches=stats.history_mismatches,
-            side_calls=stats.side_calls,
+            side_calls=stats.side_calls, refused_calls=dict(stats.refused_calls),
+            refusal_messages=dict(stats.refusal_messages),
             extra={"run_id": self.config.run.id, "run_dir": str(self.run_dir)},
         )
         self._save_events(events)

@@ -42,6 +42,10 @@ class ShellState:
     """Mean reward of the groups the last completed step trained on."""
     stopping: bool = False
     """The run is ending (Shutdown, or max_steps reached): no more dispatch, starts or batches."""
+    packed_executions: int = 0
+    """Executions of the groups packed so far (N per GroupPacked)."""
+    executions_without_targets: int = 0
+    """Of those, the ones that contributed no target token (`gyre status` shows the share)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +54,8 @@ class ShellState:
             "batch_reward": {str(k): v for k, v in self.batch_reward.items()},
             "last_step_reward": None if self.last_step_reward != self.last_step_reward else self.last_step_reward,
             "stopping": self.stopping,
+            "packed_executions": self.packed_executions,
+            "executions_without_targets": self.executions_without_targets,
         }
 
     @classmethod
@@ -61,6 +67,8 @@ class ShellState:
             batch_reward={int(k): float(v) for k, v in data["batch_reward"].items()},
             last_step_reward=float("nan") if last is None else float(last),
             stopping=bool(data["stopping"]),
+            packed_executions=int(data.get("packed_executions", 0)),
+            executions_without_targets=int(data.get("executions_without_targets", 0)),
         )
 
 

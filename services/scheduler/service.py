@@ -151,6 +151,8 @@ class SchedulerService(GyreService):
             return
         if isinstance(event, ev.GroupPacked):
             self.metrics.group_staleness.observe(event.staleness)
+            self.facts.shell.packed_executions += self.config.scheduler.group_size
+            self.facts.shell.executions_without_targets += event.num_executions_without_targets
         await self.driver.handle(self.translator.translate(event), seq=delivery.stream_seq)
 
     async def teardown(self) -> None:
@@ -180,6 +182,8 @@ class SchedulerService(GyreService):
             consumed_groups=snap.consumed_groups, transitions=snap.transitions_completed,
             last_step_reward=self.translator.last_step_reward,
             executions_in_flight=len(self.policy.state.placement.assignments()) + len(self.executor.commanded),
+            packed_executions=self.facts.shell.packed_executions,
+            executions_without_targets=self.facts.shell.executions_without_targets,
         )
 
 
