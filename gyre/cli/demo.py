@@ -40,6 +40,12 @@ def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
     # The packaged warm start is named relative to the installed tree, not to the caller's directory.
     root = Path(__file__).resolve().parents[2]
     base["model"]["path"] = str(root / base["model"]["path"])
+    # The packaged held-out pool belongs to the packaged tasks: a run that names tasks of its own
+    # evaluates the pool it names (none unless it sets `tasks.held_out`).
+    user_tasks = [(yaml.safe_load(file.read_text()) or {}).get("tasks") if file is not None else None,
+                  overrides.get("tasks")]
+    if any(isinstance(t, dict) and t for t in user_tasks):
+        base["tasks"].pop("held_out", None)
     return load_config(file, overrides=overrides, base=base)
 
 
