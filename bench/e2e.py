@@ -12,13 +12,20 @@ wait, as agent executions do; with short sleeps the three modes are bound by the
 cores, which every cell shares. The runner may run as many executions as the cells hold (K · C_e),
 so the rollout capacity the policy plans with is the one it gets.
 
-Last line: {"elastic_s", "async_s", "colocate_s", "speedup_vs_async", "speedup_vs_colocate", ...}.
+Last line: {"elastic_s", "async_s", "colocate_s", "speedup_vs_async", "speedup_vs_colocate", ...}:
+wall time of each mode's whole `gyre demo` run (stack start and stop included); `runs.<mode>` adds
+`scheduled_s` (first dispatch → last step: the part the simulator models), the run directory and the
+machine's load. These are CPU-stack figures: K = 3 cells share this machine's cores, and training is
+seconds against minutes of rollout, so they say nothing about a cluster's ratios. `gyre sim validate`
+checks the simulator against exactly these runs (`--measured` takes this JSON), and `gyre sim ablation`
+gives the cluster-scale ratios from that validated model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,14 +34,30 @@ from typing import Any
 
 def mode_settings(target_staleness: float, elastic_mu: int = 3) -> dict[str, dict[str, Any]]:
     """(φ, μ) per mode at one target staleness (async with T = 1 training cell)."""
-    elastic_phi = target_staleness - (elastic_mu - 1) / 2
-    if elastic_phi < 0:
-        raise ValueError(f"elastic μ={elastic_mu} overshoots target staleness {target_staleness}; lower μ")
-    return {
-        "elastic": {"mode": "elastic", "phi": elastic_phi, "mu": elastic_mu},
-        "async": {"mode": "async", "phi": target_staleness, "mu": 1, "async_training_cells": 1},
-        "colocate": {"mode": "colocate", "phi": 0.0, "mu": int(2 * target_staleness + 1)},
-    }
+    from services.scheduler.policy import Mode
+    from services.scheduler.policy.params import matched_phi_mu
+
+    out: dict[str, dict[str, Any]] = {}
+    for mode in Mode:
+        phi, mu = matched_phi_mu(mode, target_staleness, elastic_mu)
+        out[mode.value] = {"mode": mode.value, "phi": phi, "mu": mu}
+    out["async"]["async_training_cells"] = 1
+    return out
+
+
+def scheduled_s(run_dir: Path, steps: int) -> float | None:
+    """Seconds from the run's first dispatch to its `steps`-th completed step (from events.jsonl)."""
+    first: float | None = None
+    done: list[float] = []
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event["type"] == "gyre.v1.GroupDispatched" and first is None:
+            first = event["time_s"]
+        elif event["type"] == "gyre.v1.StepCompleted":
+            done.append(event["time_s"])
+    if first is None or len(done) < steps:
+        return None
+    return round(sorted(done)[steps - 1] - first, 1)
 
 
 def _progress(mode: str, steps: int) -> Any:
@@ -45,6 +68,11 @@ def _progress(mode: str, steps: int) -> Any:
 
 
 def main(argv: list[str]) -> None:
+    print(json.dumps(measure(argv)))
+
+
+def measure(argv: list[str]) -> dict[str, Any]:
+    """Run the modes; the result `main` prints (also what `gyre sim validate` compares against)."""
     parser = argparse.ArgumentParser(prog="gyre bench e2e", description=__doc__)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--target-staleness", type=float, default=1.5)
@@ -52,6 +80,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tool-latency-s", type=float, default=20.0, help="median tool sleep of the harness")
     parser.add_argument("--tool-latency-max-s", type=float, default=120.0, help="cap of one tool sleep")
+    parser.add_argument("--tool-latency-alpha", type=float, default=1.5, help="Pareto shape of the tool sleeps")
     parser.add_argument("--modes", default="elastic,async,colocate")
     parser.add_argument("--config", default=None, help="YAML overlaid on the demo settings")
     args = parser.parse_args(argv)
@@ -73,18 +102,26 @@ def main(argv: list[str]) -> None:
             "scheduler": sched,
             "runner": {
                 "max_concurrent": capacity,
+                # sandbox uids of its own: a runner kills every process of the uids it takes, and other
+                # stacks and tests on this machine use the default ranges (runner 120000+, verifier 130000+)
+                "sandbox": {"uid_base": 192000},
                 "harness_args": [
                     "--tool-latency-s",
                     str(args.tool_latency_s),
                     "--tool-latency-max-s",
                     str(args.tool_latency_max_s),
+                    "--tool-latency-alpha",
+                    str(args.tool_latency_alpha),
                 ],
             },
         }
+        overrides["evaluator"] = {"sandbox": {"uid_base": 193000}}
         cfg = demo_config(Path(args.config) if args.config else None, overrides)
+        load_before = os.getloadavg()[0]
         t0 = time.monotonic()
         summary = DemoRun(cfg, steps=args.steps).execute(progress=_progress(name, args.steps))
-        results[name] = {"wall_s": round(time.monotonic() - t0, 1), "summary": summary}
+        results[name] = {"wall_s": round(time.monotonic() - t0, 1), "summary": summary,
+                         "load": (load_before, os.getloadavg()[0])}
     out: dict[str, Any] = {f"{k}_s": v["wall_s"] for k, v in results.items()}
     if "elastic" in results:
         for other in ("async", "colocate"):
@@ -96,5 +133,19 @@ def main(argv: list[str]) -> None:
         seed=args.seed,
         mean_staleness={k: v["summary"]["mean_staleness"] for k, v in results.items()},
         transitions={k: v["summary"]["transitions"]["count"] for k, v in results.items()},
+        tool_latency={"median_s": args.tool_latency_s, "max_s": args.tool_latency_max_s,
+                      "alpha": args.tool_latency_alpha},
+        runs={
+            k: {
+                "wall_s": v["wall_s"],
+                "scheduled_s": scheduled_s(Path(v["summary"]["run_dir"]), args.steps),
+                "run_dir": str(Path(v["summary"]["run_dir"]).resolve()),
+                "load_avg_1m": [round(x, 2) for x in v["load"]],
+                **{key: v["summary"][key] for key in ("mode", "phi", "mu", "executions", "transitions")},
+            }
+            for k, v in results.items()
+        },
+        cpu_count=os.cpu_count(),
+        regime="CPU stack: K cells share this machine's cores; not a cluster result (see gyre sim validate)",
     )
-    print(json.dumps(out))
+    return out

@@ -2,6 +2,7 @@
 and with two, and the scaling between them.
 
     gyre bench train [--model DIR] [--microsteps 32] [--token-budget 1024] [--steps 4]
+    gyre bench train --backend megatron [--model DIR] [--microsteps 32] [--token-budget 1024]
 
 What is measured: real `python -m services.cell_agent` processes (torch 1 thread each, gloo and
 Mooncake on loopback, real Redis and NATS started for the run) training the Hugging Face model of
@@ -22,6 +23,17 @@ On a 2-core machine two cells use both cores, so the ratio is capped near 2 and 
 else runs, or when two busy cores slow each other down (shared caches and memory bandwidth): the
 per-micro-step compute of both configurations separates that from the framework's own overhead.
 `cpu_count` and `load_avg_1m` (before the run) are reported to read it honestly.
+
+`--backend megatron` measures the trainer backends themselves, in this process, on the same
+micro-steps (`gyre.trainer.backends.megatron.bench.benchmark_microsteps`): the megatron backend
+(megatron-core GPTModel, TP 1) and the torch backend in the same run, each after a warm-up micro-step,
+`accumulate` over every micro-step (forward + backward of the Gyre objective, weights frozen) and one
+optimizer step:
+
+    microsteps_per_s_megatron / _torch    micro-steps per second of `accumulate`
+    tokens_per_s_megatron / _torch        the same in tokens
+    optimizer_step_s_megatron / _torch    one clip + AdamW step
+    megatron_vs_torch                     the ratio of micro-steps per second
 """
 
 from __future__ import annotations
@@ -133,9 +145,40 @@ async def _run(
     return Measured(statistics.median(rates), statistics.fmean(measured), statistics.median(overheads))
 
 
+def _backends(args: argparse.Namespace, root: Path) -> dict[str, object]:
+    """The megatron and torch backends on the same micro-steps, in this process."""
+    from gyre.config.model import ModelSection
+    from gyre.config.training import TrainerSection
+    from gyre.rl.loss import ObjectiveParams
+    from gyre.trainer.backends import TrainerSpec, create_trainer
+    from gyre.trainer.backends.megatron.bench import benchmark_microsteps
+
+    model = args.model or init_model_dir(root / "model", arch="qwen3", size="tiny")
+    base = _config(root, "nats://unused", "redis://unused", "bench", model)
+    steps = _steps(base, args, 0)
+    out: dict[str, object] = {}
+    for name in ("megatron", "torch"):
+        spec = TrainerSpec(TrainerSection(backend=name), ModelSection(path=model), ObjectiveParams(), True)
+        measured = benchmark_microsteps(create_trainer(name, spec), steps)
+        out[f"microsteps_per_s_{name}"] = round(measured["microsteps_per_s"], 3)
+        out[f"tokens_per_s_{name}"] = round(measured["tokens_per_s"], 1)
+        out[f"optimizer_step_s_{name}"] = round(measured["optimizer_step_s"], 4)
+    out["megatron_vs_torch"] = round(
+        float(out["microsteps_per_s_megatron"]) / float(out["microsteps_per_s_torch"]), 3  # type: ignore[arg-type]
+    )
+    out["num_microsteps"] = len(steps)
+    out["tokens_per_microstep"] = round(statistics.fmean(s.num_tokens for s in steps), 1)
+    out["model"] = str(args.model or f"gyre model init --arch qwen3 --size tiny ({check_model_dir(model).arch.num_parameters()} parameters)")
+    return out
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench train", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="HF model directory (default: a tiny Qwen3)")
+    parser.add_argument(
+        "--backend", choices=["torch", "megatron"], default="torch",
+        help="torch: cell agent processes, 1 and 2 cells; megatron: the megatron and torch backends in-process",
+    )
     parser.add_argument("--microsteps", type=int, default=32)
     parser.add_argument("--token-budget", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per configuration (first is warmup)")
@@ -144,6 +187,12 @@ def main(argv: list[str]) -> None:
         parser.error("--steps must be at least 2 (the first step is a warmup)")
     torch.set_num_threads(1)  # intra-op threads spin on a busy 2-core machine; the cells use 1 each too
     load = os.getloadavg()[0]
+    if args.backend == "megatron":
+        with tempfile.TemporaryDirectory(prefix="gyre-bench-train-") as tmp:
+            result = _backends(args, Path(tmp))
+        print(json.dumps({"backend": "megatron", **result, "token_budget": args.token_budget,
+                          "cpu_count": os.cpu_count(), "load_avg_1m": round(load, 2), "torch_threads": 1}))
+        return
     with tempfile.TemporaryDirectory(prefix="gyre-bench-train-") as tmp:
         root = Path(tmp)
         model = args.model or init_model_dir(root / "model", arch="qwen3", size="tiny")

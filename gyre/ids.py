@@ -1,4 +1,4 @@
-"""Identifiers shared across services (engine ids, batch ids and queue names), defined once."""
+"""Identifiers shared across services (engine, group, execution and batch ids, queue names), defined once."""
 
 from __future__ import annotations
 
@@ -6,6 +6,16 @@ from __future__ import annotations
 def cell_engine_id(cell: int) -> str:
     """The id of cell `cell`'s rollout engine (in the proxy's table and on the wire)."""
     return f"cell-{cell}"
+
+
+def group_id(seq: int) -> str:
+    """The id of a run's `seq`-th dispatched group (1, 2, …)."""
+    return f"g{seq:05d}"
+
+
+def execution_id(group: str, index: int) -> str:
+    """The id of member `index` of group `group` (the demo harness seeds its tool sleeps with it)."""
+    return f"{group}-e{index:02d}"
 
 
 def batch_id(run_id: str, step: int) -> str:

@@ -4,8 +4,9 @@ harness's own retries of failed calls.
 
 Every call says who makes it through headers the proxy's `generic` harness profile classifies by:
 `x-gyre-agent: sub` on a sub-agent's calls, `x-gyre-request: summary` on compaction requests.
-A failed call (connection error, timeout, 408/409/429/5xx, an error event inside a stream) is
-retried with seeded, jittered exponential backoff; other errors (400, 401, 403, 404…) are not.
+A failed call (connection error, timeout, 408/409/429/5xx, an error event inside a stream, a stream cut
+off mid-way: the SDK raises its HTTP transport's error then) is retried with seeded, jittered exponential
+backoff; other errors (400, 401, 403, 404…) are not.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
+import httpx2
 from anthropic.types import Message
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -39,7 +41,7 @@ class CallStats:
     """Successful calls made by sub-agents."""
 
 
-def retryable(error: anthropic.APIError) -> bool:
+def retryable(error: anthropic.APIError | httpx2.TransportError) -> bool:
     if isinstance(error, anthropic.APIStatusError):
         return error.status_code in RETRYABLE_STATUS or error.status_code >= 500
     return True  # connection errors, timeouts, error events inside a stream
@@ -103,7 +105,7 @@ class ModelClient:
                 self.stats.retries += 1
             try:
                 response = self._send(request)
-            except anthropic.APIError as e:
+            except (anthropic.APIError, httpx2.TransportError) as e:
                 if not retryable(e) or attempt == self.max_retries:
                     raise ModelCallError(f"model call failed after {attempt + 1} attempt(s): {e}") from e
                 delay = min(self.backoff_s * 2**attempt, 8.0) * (0.5 + self._rng.random())

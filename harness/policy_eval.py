@@ -114,9 +114,9 @@ async def rollout(client: EngineClient, task: Task, template: ChatTemplate, rid:
 
 
 async def measure_reward(model_dir: Path, task_ids: list[str], samples_per_task: int = 8, seed: int = 0,
-                         concurrency: int = 32, model: Any = None) -> RewardReport:
+                         concurrency: int = 32, model: Any = None, temperature: float = 1.0) -> RewardReport:
     """Sample the model of `model_dir` (or `model`, a CausalLM of it, served as is) on every task,
-    `samples_per_task` times each."""
+    `samples_per_task` times each, at `temperature` (0 = greedy)."""
     from services.cell_agent.engine import EngineServer
 
     registry, template = TaskRegistry(), template_for_model(model_dir)
@@ -128,7 +128,8 @@ async def measure_reward(model_dir: Path, task_ids: list[str], samples_per_task:
 
         async def one(task_id: str, k: int) -> None:
             async with limit:
-                done = await rollout(client, registry.get(task_id), template, rid=f"{task_id}#{k}")
+                done = await rollout(client, registry.get(task_id), template, rid=f"{task_id}#{k}",
+                                       temperature=temperature)
             report.rewards.setdefault(task_id, []).append(done.reward)
 
         await asyncio.gather(*(one(t, k) for t in task_ids for k in range(samples_per_task)))

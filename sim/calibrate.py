@@ -70,6 +70,8 @@ def fit(preset: Preset) -> tuple[WorkloadModel, WorkloadStatistics]:
         raise ValueError(f"preset {preset.name!r} has no reported statistics to fit")
     names = preset.calibrated_fields
     base = preset.workload
+    if not isinstance(base, WorkloadModel):
+        raise ValueError(f"{preset.name}: only a statistical workload (WorkloadModel) can be fitted")
 
     def model_at(x: np.ndarray) -> WorkloadModel | None:
         values = dict(zip(names, (float(v) for v in x), strict=True))

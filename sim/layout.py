@@ -13,16 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.scheduler.policy import Mode, PolicyParams
+from services.scheduler.policy.params import matched_phi_mu
 from sim.presets import Preset
 
 DEFAULT_TARGET_STALENESS = 1.5
 """E[d] the paper's Table 2 compares at; the per-mode defaults of (φ, μ) below all give it."""
 
 DEFAULT_PHI_MU: dict[Mode, tuple[float, int]] = {
-    Mode.ELASTIC: (0.5, 3),
-    Mode.ASYNC: (DEFAULT_TARGET_STALENESS, 1),
-    Mode.COLOCATE: (0.0, int(2 * DEFAULT_TARGET_STALENESS + 1)),
+    mode: matched_phi_mu(mode, DEFAULT_TARGET_STALENESS, elastic_mu=3) for mode in Mode
 }
+"""E0 (0.5, 3), A0 (1.5, 1), C0 (0, 4) of the paper's Table 2."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,11 +41,12 @@ Assumed (the notes do not report them; each is one number here):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
+from typing import Any
 
 from sim.training import TrainingModel
-from sim.workload import WorkloadModel
+from sim.workload import GroupSampler, WorkloadModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +62,21 @@ class Preset:
     batch_groups: int
     steps: int
     """Steps of the paper's comparison on this workload."""
-    workload: WorkloadModel
+    workload: GroupSampler
     training: TrainingModel
     rho_min: float = 0.25
     tau_s: float = 60.0
+    runner_start_s: float = 0.0
+    """Seconds the runner takes to start one execution, starting them one at a time (0: instantly; a
+    cluster's runner is not the bottleneck, the CPU stack's single runner is)."""
     calibration_targets: Mapping[str, float] = field(default_factory=dict)
     """Reported statistics (WorkloadStatistics field → value) the workload was fitted to."""
     calibrated_fields: tuple[str, ...] = ()
     """WorkloadModel fields fitted to `calibration_targets`."""
+    reported_fields: tuple[str, ...] = ()
+    """Figures the paper reports and the preset uses as given (`figure_sources` names the rest assumed)."""
+    figure_notes: Mapping[str, str] = field(default_factory=dict)
+    """What a reader must know about one figure beyond its source (`figure_sources` shows it)."""
 
     @property
     def num_cells(self) -> int:
@@ -76,6 +84,8 @@ class Preset:
 
 
 _TOKENS = {"train_tokens_per_hour": 250_000.0, "max_train_tokens": 1_000_000.0}
+_CLUSTER_REPORTED = ("num_nodes", "cell_nodes", "executions_per_node", "group_size", "batch_groups", "steps",
+                     "training.join_s", "training.leave_s")
 
 _NL2REPO_122B_WORKLOAD = WorkloadModel(
     median_execution_h=1.6944,
@@ -124,6 +134,12 @@ NL2REPO_122B = Preset(
         "query_over_4h": 0.0951,
     },
     calibrated_fields=("median_execution_h", "sigma_query", "sigma_execution", "hard_query_fraction"),
+    reported_fields=(*_CLUSTER_REPORTED, "workload.overall_timeout_share"),
+    figure_notes={
+        "training.node_tokens_per_s": "the least certain number; a first-principles estimate, revised once after "
+                                      "the paper's Table 2 had been seen (the sweep in sim/README.md shows its effect)",
+        "workload.overall_timeout_share": "derived from the reported harness- and overall-timeout rates",
+    },
 )
 
 DEEPSWE_122B = Preset(
@@ -137,6 +153,7 @@ DEEPSWE_122B = Preset(
     steps=24,
     workload=_scaled(_NL2REPO_122B_WORKLOAD, 0.4),
     training=_TRAINING_122B,
+    reported_fields=tuple(f for f in _CLUSTER_REPORTED if f != "steps"),
 )
 
 TERMINALBENCH_122B = Preset(
@@ -150,6 +167,7 @@ TERMINALBENCH_122B = Preset(
     steps=24,
     workload=_scaled(_NL2REPO_122B_WORKLOAD, 0.25),
     training=_TRAINING_122B,
+    reported_fields=tuple(f for f in _CLUSTER_REPORTED if f != "steps"),
 )
 
 NL2REPO_2_4T = Preset(
@@ -182,7 +200,34 @@ NL2REPO_2_4T = Preset(
     ),
     calibration_targets={"query_over_4h": 0.611, "mean_execution_h": 1.0},
     calibrated_fields=("median_execution_h", "sigma_execution"),
+    reported_fields=(*_CLUSTER_REPORTED, "workload.overall_timeout_share"),
 )
+
+def figure_sources(preset: Preset) -> dict[str, dict[str, Any]]:
+    """Every number the preset feeds the simulator, with where it comes from: `paper` (reported and used
+    as given), `fitted` (to the paper's reported workload statistics, sim/calibrate.py; never to speedups)
+    or `assumed` (this module's docstring says why each value)."""
+    figures: dict[str, Any] = {
+        name: getattr(preset, name)
+        for name in ("num_nodes", "cell_nodes", "executions_per_node", "group_size", "batch_groups", "steps",
+                     "rho_min", "tau_s", "runner_start_s")
+    }
+    figures |= {f"training.{f.name}": getattr(preset.training, f.name) for f in fields(preset.training)}
+    if is_dataclass(preset.workload):
+        figures |= {f"workload.{f.name}": getattr(preset.workload, f.name) for f in fields(preset.workload)}
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in figures.items():
+        if name in preset.reported_fields:
+            source = "paper"
+        elif name.removeprefix("workload.") in preset.calibrated_fields and name.startswith("workload."):
+            source = "fitted"
+        else:
+            source = "assumed"
+        out[name] = {"value": round(value, 4) if isinstance(value, float) else value, "source": source}
+        if name in preset.figure_notes:
+            out[name]["note"] = preset.figure_notes[name]
+    return out
+
 
 PRESETS: Mapping[str, Preset] = MappingProxyType(
     {p.name: p for p in (NL2REPO_122B, DEEPSWE_122B, TERMINALBENCH_122B, NL2REPO_2_4T)}

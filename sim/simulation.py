@@ -25,6 +25,7 @@ from services.scheduler.policy import (
     BeginTransition,
     DispatchGroups,
     EndBurst,
+    Engine,
     Event,
     ExecutionStarted,
     ExecutionTerminated,
@@ -63,7 +64,7 @@ from sim.packer import SimPacker
 from sim.presets import Preset
 from sim.workload import OUTCOME_NAMES, WorkloadStream
 
-EXEC_END, GROUP_READY, TRANSITION_DONE, MICRO_DONE, STEP_DONE, PUBLISH_DONE, TICK, CELL_READY = range(8)
+EXEC_END, GROUP_READY, TRANSITION_DONE, MICRO_DONE, STEP_DONE, PUBLISH_DONE, TICK, CELL_READY, EXEC_START = range(9)
 
 
 class SimulationStalled(RuntimeError):
@@ -101,6 +102,8 @@ class Simulation:
         self._exec_eval_s: list[float] = []
         self._exec_outcome: list[int] = []
         self._exec_group: list[int] = []
+        self._exec_engine: dict[int, Engine] = {}
+        self._runner_free_s = 0.0
         self._running = 0
         self._started = 0
         self._finished = 0
@@ -150,6 +153,7 @@ class Simulation:
             self._on_publish_done,
             self._on_tick,
             self._on_cell_ready,
+            self._on_exec_start,
         ]
         loop = self._loop
         self._feed(RunStarted(0.0))
@@ -219,12 +223,26 @@ class Simulation:
 
     def _start(self, a: StartExecutions) -> None:
         now, loop, queue = self._loop.now_s, self._loop, self._queue
+        start_s = self.preset.runner_start_s
         for _ in range(a.count):
             e = queue.popleft()
+            if start_s > 0:  # the runner starts one at a time: this one when it is free
+                claim_s = max(now, self._runner_free_s)
+                self._runner_free_s = claim_s + start_s
+                self._exec_engine[e] = a.engine
+                loop.at(claim_s, EXEC_START, e)
+                continue
             loop.at(now + self._exec_run_s[e], EXEC_END, e)
             self._feed(ExecutionStarted(now, self._exec_name[e], a.engine))
-        self._running += a.count
-        self._started += a.count
+            self._running += 1
+            self._started += 1
+
+    def _on_exec_start(self, e: int) -> None:
+        now = self._loop.now_s
+        self._loop.at(now + self._exec_run_s[e], EXEC_END, e)
+        self._running += 1
+        self._started += 1
+        self._feed(ExecutionStarted(now, self._exec_name[e], self._exec_engine.pop(e)))
 
     def _reroute(self, a: RerouteExecutions) -> None:
         self._reroutes += len(a.execution_ids)

@@ -19,6 +19,7 @@ the groups are dispatched, so configurations compared under one seed see the sam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -64,8 +65,11 @@ class WorkloadModel:
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1]; got {getattr(self, name)}")
 
-    def sample_block(self, rng: np.random.Generator, num_groups: int, group_size: int) -> GroupBlock:
-        """Draw `num_groups` groups (vectorized); the draw order is fixed so blocks are reproducible."""
+    def sample_block(
+        self, rng: np.random.Generator, num_groups: int, group_size: int, first_group: int = 0
+    ) -> GroupBlock:
+        """Draw `num_groups` groups (vectorized); the draw order is fixed so blocks are reproducible.
+        Every group is alike here, so `first_group` (the index of the block's first group) is unused."""
         z_query = rng.standard_normal(num_groups)
         u_hard = rng.random(num_groups)
         z_exec = rng.standard_normal((num_groups, group_size))
@@ -82,6 +86,17 @@ class WorkloadModel:
         eval_h = np.where(over, 0.0, e_eval * self.mean_evaluation_min / 60.0)
         tokens = np.where(over, 0.0, np.minimum(self.max_train_tokens, self.train_tokens_per_hour * run_h))
         return GroupBlock(run_h=run_h, outcome=outcome, eval_h=eval_h, tokens=tokens)
+
+
+class GroupSampler(Protocol):
+    """What the simulator draws groups from: `WorkloadModel` (a paper preset's statistics) or
+    `sim.local.MeasuredWorkload` (executions measured on this machine)."""
+
+    def sample_block(
+        self, rng: np.random.Generator, num_groups: int, group_size: int, first_group: int = 0
+    ) -> GroupBlock:
+        """Groups first_group .. first_group + num_groups - 1, drawn from `rng`."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +122,7 @@ class GroupDraw:
 class WorkloadStream:
     """Group g's draw, deterministic in (seed, g): block g // 256 comes from its own generator."""
 
-    def __init__(self, model: WorkloadModel, group_size: int, seed: int) -> None:
+    def __init__(self, model: GroupSampler, group_size: int, seed: int) -> None:
         self._model = model
         self._group_size = group_size
         self._seed = seed
@@ -118,7 +133,7 @@ class WorkloadStream:
         block_index, offset = divmod(index, _BLOCK_GROUPS)
         if block_index != self._block_index:
             rng = np.random.default_rng([self._seed, block_index])
-            b = self._model.sample_block(rng, _BLOCK_GROUPS, self._group_size)
+            b = self._model.sample_block(rng, _BLOCK_GROUPS, self._group_size, block_index * _BLOCK_GROUPS)
             run_s, eval_s = (b.run_h * 3600.0).tolist(), (b.eval_h * 3600.0).tolist()
             outcome, tokens = b.outcome.tolist(), b.tokens.tolist()
             self._block = [

@@ -3,10 +3,14 @@ never the machine's default ports), with per-test isolation through unique run i
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import redis.asyncio as aioredis
 
@@ -57,3 +61,47 @@ def keys(run_id: str) -> Keys:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+def _cli_binary(name: str, package: str) -> Path:
+    """A harness CLI from the repo's `node_modules/.bin` (`make setup` / CI run `npm ci`), else from
+    `$GYRE_NODE_BIN_DIR`. In CI (`CI` set) a missing binary fails the test; on a developer machine
+    without it the test is skipped."""
+    candidates = [Path(__file__).resolve().parents[1] / "node_modules" / ".bin" / name]
+    if os.environ.get("GYRE_NODE_BIN_DIR"):
+        candidates.append(Path(os.environ["GYRE_NODE_BIN_DIR"]) / name)
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not installed: CI installs {package} with `npm ci` in the repo root")
+    pytest.skip(f"{name} is not installed; run `npm ci` in the repo root or set GYRE_NODE_BIN_DIR")
+
+
+@pytest.fixture(scope="session")
+def claude_bin() -> Path:
+    return _cli_binary("claude", "@anthropic-ai/claude-code@2.1.332")
+
+
+@pytest.fixture(scope="session")
+def codex_bin() -> Path:
+    return _cli_binary("codex", "@openai/codex")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Nothing a test started outlives the session. A worker process left behind by a failed or
+    timed-out test would otherwise keep pytest from exiting (multiprocessing joins its non-daemon
+    children at exit), and CI would wait on it until its own limit; each one is named, then killed."""
+    leftovers = [*multiprocessing.active_children()]
+    leftover_pids = {p.pid for p in leftovers}
+    others = [c for c in psutil.Process().children(recursive=True) if c.pid not in leftover_pids]
+    for child in others:
+        try:
+            sys.stderr.write(f"\nconftest: killing leftover process {child.pid} {' '.join(child.cmdline())[:120]}\n")
+            child.kill()
+        except psutil.Error:
+            pass
+    for p in leftovers:
+        sys.stderr.write(f"\nconftest: killing leftover worker {p.name} (pid {p.pid})\n")
+        p.kill()
+        p.join(5)

@@ -10,6 +10,10 @@ Delivery is at-least-once: a handler that raises, or a consumer that dies before
 gets the message again after `ack_wait_s`. Handlers must therefore be idempotent. After
 `max_deliver` failed attempts a message is terminated and logged as an error (never dropped
 silently).
+
+A restart of nats-server (the stack's supervisor restarts it on its JetStream files) is waited out: the
+client reconnects by itself, a consume loop keeps fetching through the gap, and `publish` repeats a
+message the server did not acknowledge for up to `PUBLISH_RETRY_S` (idempotent: same `Nats-Msg-Id`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,15 @@ from gyre.log import get_logger
 from gyre.v1 import events_pb2 as ev
 
 log = get_logger("gyre.bus")
+
+PUBLISH_RETRY_S = 90.0
+"""How long `publish` repeats a message while the server is unreachable or JetStream is not answering."""
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError, nats.errors.FlushTimeoutError, nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError, TimeoutError,
+)
+"""Errors of a server that is restarting or recovering its streams: the operation is repeated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +167,20 @@ class EventBus:
         if not meta.event_id or event_id:
             meta.CopyFrom(self.meta(event_id or meta.event_id or None))
         headers = {TYPE_HEADER: event_type_name(event), "Nats-Msg-Id": meta.event_id}
-        ack = await self.js.publish(subject_for(self.run_id, type(event)), encode_event(event), headers=headers)
-        return not ack.duplicate
+        subject, data = subject_for(self.run_id, type(event)), encode_event(event)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PUBLISH_RETRY_S
+        delay = 0.1
+        while True:
+            try:
+                ack = await self.js.publish(subject, data, headers=headers)
+                return not ack.duplicate
+            except _TRANSIENT as e:
+                if loop.time() + delay > deadline:
+                    raise
+                log.warning("publish_retried", subject=subject, error=type(e).__name__, retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
 
     async def consume(
         self,
@@ -169,11 +194,15 @@ class EventBus:
         batch: int = 16,
         confirm_ack: bool = False,
         deliver_new: bool = False,
+        start_seq: int | None = None,
     ) -> EventConsumer:
         """Start a durable pull consumer over `event_types` (all from one stream).
 
         The handler runs once per message, in stream order; the message is acknowledged after it
-        returns (`ack_sync` when `confirm_ack`), negatively acknowledged if it raises.
+        returns (`ack_sync` when `confirm_ack`), negatively acknowledged if it raises. With `start_seq`
+        the durable consumer is re-created to deliver from that stream sequence on, at once and in order
+        (a consumer that keeps its own position elsewhere, e.g. the scheduler's persisted state, resumes
+        exactly there instead of waiting `ack_wait_s` for the messages its previous incarnation held).
         """
         if not event_types:
             raise ValueError("consume needs at least one event type")
@@ -182,13 +211,22 @@ class EventBus:
             raise ValueError(f"one consumer reads one stream; {durable!r} spans {sorted(streams)}")
         stream = streams.pop()
         subjects = [subject_for(self.run_id, t) for t in event_types]
+        if start_seq is not None:
+            if start_seq < 1:
+                raise ValueError(f"start_seq must be >= 1; got {start_seq}")
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self.js.delete_consumer(stream, durable)
+            policy = DeliverPolicy.BY_START_SEQUENCE
+        else:
+            policy = DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL
         config = ConsumerConfig(
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=ack_wait_s,
             max_ack_pending=max_ack_pending,
             max_deliver=max_deliver,
-            deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+            deliver_policy=policy,
+            opt_start_seq=start_seq,
             filter_subjects=subjects if len(subjects) > 1 else None,
             filter_subject=subjects[0] if len(subjects) == 1 else None,
         )
@@ -213,6 +251,10 @@ class EventBus:
             try:
                 msgs = await psub.fetch(batch=batch, timeout=1.0)
             except TimeoutError:  # nats' own TimeoutError, or a bare asyncio one from nats-py's fetch
+                continue
+            except (nats.errors.Error, nats.js.errors.Error) as e:  # the server restarts: fetch again
+                log.warning("consumer_fetch_failed", consumer=durable, error=repr(e)[:200])
+                await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
                 await self._handle(msg, handler, durable, confirm_ack, max_deliver)
@@ -239,12 +281,16 @@ class EventBus:
             else:
                 log.warning("event_handler_failed", consumer=durable, subject=msg.subject,
                             attempt=md.num_delivered, error=repr(e))
-                await msg.nak(delay=min(0.2 * 2 ** md.num_delivered, 10.0))
+                with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                    await msg.nak(delay=min(0.2 * 2 ** md.num_delivered, 10.0))
             return
-        if confirm_ack:
-            await msg.ack_sync()
-        else:
-            await msg.ack()
+        try:
+            if confirm_ack:
+                await msg.ack_sync()
+            else:
+                await msg.ack()
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as e:  # redelivered after ack_wait
+            log.warning("event_ack_failed", consumer=durable, subject=msg.subject, error=repr(e)[:200])
 
     async def close(self) -> None:
         """Stop consumers, then drain the connection (flushes pending publishes). Idempotent."""

@@ -86,6 +86,7 @@ def permissions(run_id: str, user: str) -> dict[str, dict[str, list[str]]]:
             f"{api}.CONSUMER.CREATE.{s}.{durable}",
             f"{api}.CONSUMER.CREATE.{s}.{durable}.>",
             f"{api}.CONSUMER.DURABLE.CREATE.{s}.{durable}",
+            f"{api}.CONSUMER.DELETE.{s}.{durable}",
             f"{api}.CONSUMER.MSG.NEXT.{s}.{durable}",
             f"$JS.ACK.{s}.{durable}.>",
         ]

@@ -4,6 +4,15 @@ Starts the local stack (NATS, Redis, every service, K = 3 cell agents), trains o
 through the demo harness for `--steps` optimizer steps with live progress, shuts down cleanly and
 writes `runs/<run>/summary.json`, `role_timeline.png` and `reward_staleness.png`. Ctrl-C or SIGTERM
 stops the run within 20 s (exit status 128 + signal).
+
+`--mode async|colocate` runs a baseline at the demo's own target staleness E[d] = φ + (μ − 1)/2
+(1.0 for the packaged φ = 0.5, μ = 2): async (E[d], 1) with one fixed training cell, colocate
+(0, 2·E[d] + 1), as `gyre bench e2e` compares them (`matched_phi_mu`).
+
+A run that trained (almost) nothing says so at the end, on stderr: no step trained a token, most
+executions contributed no trainable token, model calls the proxy refused (by reason, with the latest
+message). Exit status: 0, 1 when the stack failed, 2 on a bad config or model, 3 when the run completed
+but no optimizer step trained a single token.
 """
 
 from __future__ import annotations
@@ -19,7 +28,10 @@ import typer
 import yaml
 
 from gyre.cli._config import config_or_exit
-from gyre.config import GyreConfig, load_config
+from gyre.config import ConfigError, GyreConfig, load_config
+
+TRAINED_NOTHING_EXIT = 3
+"""Exit status of a run that completed its steps without training a single token."""
 
 
 def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
@@ -28,7 +40,44 @@ def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
     # The packaged warm start is named relative to the installed tree, not to the caller's directory.
     root = Path(__file__).resolve().parents[2]
     base["model"]["path"] = str(root / base["model"]["path"])
+    # The packaged held-out pool belongs to the packaged tasks: a run that names tasks of its own
+    # evaluates the pool it names (none unless it sets `tasks.held_out`).
+    user_tasks = [(yaml.safe_load(file.read_text()) or {}).get("tasks") if file is not None else None,
+                  overrides.get("tasks")]
+    if any(isinstance(t, dict) and t for t in user_tasks):
+        base["tasks"].pop("held_out", None)
     return load_config(file, overrides=overrides, base=base)
+
+
+def mode_config(file: Path | None, overrides: dict[str, Any], mode: str | None) -> GyreConfig:
+    """`demo_config`, with `mode`'s (φ, μ) matched to the target staleness of the settings it replaces.
+
+    Without `mode`, or with the mode the settings already have, φ and μ stay as configured. Switching
+    from elastic keeps its target φ + (μ − 1)/2; switching to elastic keeps the packaged demo's μ."""
+    from services.scheduler.policy import Mode
+    from services.scheduler.policy.params import matched_phi_mu
+
+    cfg = demo_config(file, overrides)
+    if mode is None or mode == cfg.scheduler.mode:
+        return cfg
+    try:
+        target = Mode(mode)
+    except ValueError:
+        raise ConfigError(f"--mode: choose elastic, async or colocate; got {mode!r}") from None
+    sched = cfg.scheduler
+    elastic_mu = sched.mu if sched.mode == Mode.ELASTIC.value else demo_config(None, {}).scheduler.mu
+    try:
+        phi, mu = matched_phi_mu(target, sched.phi + (sched.mu - 1) / 2, elastic_mu)
+    except ValueError as e:
+        raise ConfigError(f"--mode {mode}: {e}") from None
+    return demo_config(file, _merge(overrides, {"scheduler": {"mode": mode, "phi": phi, "mu": mu}}))
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -41,14 +90,13 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as the last line."),
     ) -> None:
         """Run elastic RL on the demo tasks and write the run report."""
+        from gyre.demo.report import run_warnings, trained_nothing
         from gyre.demo.run import DemoRun, role_names
         from gyre.model.arch import ModelError
         from gyre.stack.launcher import StackError
 
         overrides: dict[str, Any] = {"run": {"id": run_id or time.strftime("demo-%Y%m%d-%H%M%S")}}
-        if mode:
-            overrides["scheduler"] = {"mode": mode}
-        cfg = config_or_exit(load=lambda: demo_config(config, overrides))
+        cfg = config_or_exit(load=lambda: mode_config(config, overrides, mode))
         total = steps or cfg.scheduler.max_steps or 12
 
         def progress(st: Any, elapsed_s: float) -> None:
@@ -62,8 +110,9 @@ def register(app: typer.Typer) -> None:
                 err=as_json,
             )
 
-        typer.echo(f"gyre demo: run {cfg.run.id}, {cfg.scheduler.mode}, {total} steps; report in {cfg.run.path}",
-                   err=as_json)
+        sched = cfg.scheduler
+        typer.echo(f"gyre demo: run {cfg.run.id}, {sched.mode} (φ={sched.phi:g}, μ={sched.mu}), {total} steps;"
+                   f" report in {cfg.run.path}", err=as_json)
         try:
             summary = DemoRun(cfg, steps=total).execute(progress=progress)
         except ModelError as e:
@@ -80,3 +129,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(summary))
         else:
             typer.echo(json.dumps(summary, indent=2))
+        warnings = run_warnings(summary)
+        if warnings:
+            rule = "!" * 78
+            typer.echo("\n".join([rule, f"gyre demo: WARNING: run {cfg.run.id} trained little or nothing", *warnings,
+                                  f"(summary: {cfg.run.path / 'summary.json'})", rule]), err=True)
+        if trained_nothing(summary):
+            raise typer.Exit(TRAINED_NOTHING_EXIT)

@@ -4,6 +4,7 @@
     gyre sim run --preset nl2repo-122b --mode elastic --steps 200 --json
     gyre sim ablation --preset nl2repo-122b --json
     gyre sim presets
+    gyre sim validate --measured runs/e2e.json --json     # predicted vs measured per mode of gyre bench e2e
 
 With `--json` the last printed line is one JSON object.
 """
@@ -147,11 +148,23 @@ def ablation(
     node_tokens_per_s: Annotated[
         float | None, typer.Option("--node-tokens-per-s", help=_THROUGHPUT_HELP)
     ] = None,
+    validation: Annotated[
+        Path | None,
+        typer.Option("--validation", help="A saved `gyre sim validate --json` output to disclose beside the table."),
+    ] = None,
 ) -> None:
-    """Run the paper's Table 2 configurations; print each total, its ratio to E0 and the paper's."""
-    from sim.ablation import run_ablation
+    """Run the paper's Table 2 configurations; print each total, its ratio to E0 and the paper's.
 
+    The output discloses every figure of the preset with its source (paper, fitted to the paper's
+    workload statistics, assumed) and, with --validation, how the simulator fared against this machine."""
+    from sim.ablation import run_ablation
+    from sim.presets import figure_sources
+
+    validated = _validation_summary(validation) if validation is not None else None
     p = _preset(preset, node_tokens_per_s)
+    sources = figure_sources(p)
+    if node_tokens_per_s is not None:
+        sources["training.node_tokens_per_s"] = {"value": node_tokens_per_s, "source": "--node-tokens-per-s"}
     started = time.perf_counter()
     try:
         outcomes = run_ablation(p, steps=steps, seed=seed)
@@ -189,6 +202,9 @@ def ablation(
                     "node_tokens_per_s": p.training.node_tokens_per_s,
                     "configs": configs,
                     "wall_s": round(wall_s, 2),
+                    "regime": "cluster scale: the paper's preset in the simulator (not a measurement)",
+                    "calibration": sources,
+                    "validation": validated,
                 }
             )
         )
@@ -204,6 +220,39 @@ def ablation(
             f"{c['paper_total_h']:>9.2f}{c['paper_ratio_vs_e0']:>8.3f}  {c['evolution']}"
         )
     typer.echo(f"fastest: {fastest}   ({steps} steps, seed {seed}, {wall_s:.1f} s)")
+    typer.echo("regime: cluster scale, the paper's preset in the simulator (not a measurement)")
+    typer.echo(f"calibration of {p.name} (paper = reported by the paper; fitted = to its reported workload "
+               "statistics, never to speedups; assumed = not reported):")
+    for name, f in sources.items():
+        note = f"  ({f['note']})" if "note" in f else ""
+        typer.echo(f"  {name:<36}{f['value']!s:>12}  {f['source']}{note}")
+    if validated is not None:
+        errors = ", ".join(f"{m} {e:+.1%}" for m, e in validated["errors"].items())
+        typer.echo(f"validation: {validated['summary']}: {errors}")
+    else:
+        typer.echo("validation: the simulator's mechanics are checked against the real stack by `gyre sim validate` "
+                   "(--validation FILE shows its result here)")
+
+
+def _validation_summary(path: Path) -> dict[str, Any]:
+    """What a saved `gyre sim validate --json` output says, for the ablation's disclosure."""
+    report = _last_json(path)
+    if "modes" not in report:
+        typer.echo(f"error: --validation {path}: not a `gyre sim validate --json` output", err=True)
+        raise typer.Exit(2)
+    errors = {m: v["error"] for m, v in report["modes"].items()}
+    goal = report.get("goal_abs_error", 0.15)
+    met = all(abs(e) <= goal for e in errors.values())
+    return {
+        "file": str(path),
+        "errors": errors,
+        "max_abs_error": report.get("max_abs_error"),
+        "goal_abs_error": goal,
+        "summary": (f"the simulator, calibrated on this machine's CPU stack, predicted its {len(errors)} modes "
+                    f"{'within' if met else 'NOT all within'} ±{goal:.0%} (first dispatch → last step)"),
+        "note": "that validates the simulator's mechanics (policy, workload, packing, training, transitions); "
+                "the cluster figures above are the preset's, not this machine's",
+    }
 
 
 @sim_app.command("presets")
@@ -214,10 +263,11 @@ def presets(
     from dataclasses import asdict
 
     from sim.presets import PRESETS
-    from sim.workload import workload_statistics
+    from sim.workload import WorkloadModel, workload_statistics
 
     table: dict[str, Any] = {}
     for p in PRESETS.values():
+        assert isinstance(p.workload, WorkloadModel), "every listed preset has a statistical workload"
         stats = asdict(workload_statistics(p.workload, p.group_size, num_groups=20_000, seed=0))
         table[p.name] = {
             "description": p.description,
@@ -234,6 +284,81 @@ def presets(
             typer.echo(
                 f"  {key:<30}{value:>8.4f}" + (f"   reported {reported:.4f}" if reported is not None else "")
             )
+
+
+def _last_json(path: Path) -> dict[str, Any]:
+    """The last line of `path` that is a JSON object (a saved `gyre bench e2e --json` output)."""
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip().startswith("{")]
+        value = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError) as e:
+        typer.echo(f"error: --measured {path}: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not isinstance(value, dict):
+        typer.echo(f"error: --measured {path}: no JSON object line (save `gyre bench e2e --json` there)", err=True)
+        raise typer.Exit(2)
+    return value
+
+
+@sim_app.command(
+    "validate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def validate(
+    ctx: typer.Context,
+    measured: Annotated[
+        Path | None,
+        typer.Option("--measured", help="A saved `gyre bench e2e --json` result (default: run it now)."),
+    ] = None,
+    save: Annotated[
+        Path | None, typer.Option("--save", help="Write the bench e2e result measured now here.")
+    ] = None,
+    seeds: Annotated[int, typer.Option("--seeds", help="Workload draws per mode.")] = 32,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line.")] = False,
+) -> None:
+    """Predict each mode of `gyre bench e2e` with the simulator calibrated on this machine; compare.
+
+    Extra arguments are passed to `gyre bench e2e` when it runs now (e.g. `--steps 6`)."""
+    from sim.validate import validate as run_validation
+
+    if seeds < 1:
+        typer.echo(f"error: --seeds must be >= 1; got {seeds}", err=True)
+        raise typer.Exit(2)
+    if measured is not None:
+        result = _last_json(measured)
+    else:
+        from bench.e2e import measure
+
+        result = measure(list(ctx.args))
+        if save is not None:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            save.write_text(json.dumps(result) + "\n")
+    try:
+        report = run_validation(result, seeds=seeds)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    report["regime"] = (
+        "CPU stack (this machine, K cells sharing its cores): measured runs and the simulator calibrated"
+        " on them; not cluster results (gyre sim ablation gives those from the paper's presets)"
+    )
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    typer.echo(f"{'mode':<10}{'(φ,μ)':<10}{'measured s':>11}{'predicted s':>12}{'p10-p90 s':>15}{'error':>8}  goal")
+    for mode, m in report["modes"].items():
+        band = f"{m['predicted_p10_s']:.0f}-{m['predicted_p90_s']:.0f}"
+        typer.echo(
+            f"{mode:<10}{'(' + format(m['phi'], 'g') + ',' + str(m['mu']) + ')':<10}{m['measured_s']:>11.1f}"
+            f"{m['predicted_s']:>12.1f}{band:>15}{m['error']:>+8.1%}  {'ok' if m['within_goal'] else 'MISSED'}"
+        )
+    typer.echo(f"compared: {report['compared']}; {report['seeds']} workload draws per mode")
+    for warning in report["warnings"]:
+        typer.echo(f"warning: {warning}")
+    for mode, m in report["modes"].items():
+        cal = {k: v for k, v in m["calibration"].items() if k != "source_runs"}
+        typer.echo(f"calibration for {mode} (from {', '.join(Path(r).name for r in m['calibration']['source_runs'])}):")
+        typer.echo("  " + json.dumps(cal))
+    typer.echo(report["regime"])
 
 
 def register(app: typer.Typer) -> None:

@@ -61,6 +61,8 @@ def register(app: typer.Typer) -> None:
                 down_state(state)
             while not stop.event.wait(0.5):
                 if not state.supervisor_alive():
+                    if stop.event.is_set():  # a signal's teardown stopped it between two waits
+                        break
                     final = StackState.load(Path(state.run_dir))
                     typer.echo(f"error: {final.error if final and final.error else 'the stack stopped'}", err=True)
                     down_state(state)
@@ -114,8 +116,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _proxy_state(port: int) -> str:
-    """The proxy's counters: calls recorded, side calls, and the history-mismatch rate (retokenization
-    drift or a harness rewriting its history shows here instead of silently growing the trees)."""
+    """The proxy's counters: calls recorded, side calls, the history-mismatch rate (retokenization
+    drift or a harness rewriting its history shows here instead of silently growing the trees), and the
+    calls it refused, by reason, with the latest message of each."""
     import grpc
 
     from gyre.stack.servers import LOOPBACK
@@ -127,11 +130,15 @@ def _proxy_state(port: int) -> str:
         except grpc.RpcError as e:
             return f"proxy stats unavailable: {e.code().name}"
     rate = st.history_mismatches / st.recorded_calls if st.recorded_calls else 0.0
-    return (
+    refused = sum(st.refused_calls.values())
+    lines = [
         f"proxy     requests {st.requests}  recorded calls {st.recorded_calls}  side calls {st.side_calls}"
         f"  history mismatches {st.history_mismatches} ({rate:.1%})  reroutes {st.reroutes}"
-        f"  open executions {st.open_executions}"
-    )
+        f"  open executions {st.open_executions}  refused calls {refused}"
+    ]
+    for reason, n in sorted(st.refused_calls.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  refused {reason}: {n} (latest: {st.refusal_messages.get(reason, '')[:160]})")
+    return "\n".join(lines)
 
 
 def _run_state(port: int) -> str:
@@ -157,5 +164,11 @@ def _run_state(port: int) -> str:
         f"counters  dispatched {c.dispatched}  started {c.started}  finished {c.finished}"
         f"  (queued {c.dispatched - c.started}, running {c.started - c.finished})\n"
         f"waterlevel {st.waterlevel}  rollout capacity C_R {st.rollout_capacity}  training cells {st.training_cells}"
-        f"  ready groups {st.ready_groups}  mean staleness {st.mean_staleness:.2f}"
+        f"  ready groups {st.ready_groups}  mean staleness {st.mean_staleness:.2f}\n"
+        f"packed    executions {st.packed_executions}  without a target token {st.executions_without_targets}"
+        f"{_share(st.executions_without_targets, st.packed_executions)}"
     )
+
+
+def _share(part: int, whole: int) -> str:
+    return f" ({part / whole:.0%})" if whole else ""

@@ -44,5 +44,10 @@ class ProxySection(Section):
     """Delay before the second attempt; doubles with each further attempt."""
     engine_timeout_s: NonNegativeFloat = 900.0
     """Longest a call may wait on an engine (covers long generations)."""
+    replay_unanswered_calls: bool = True
+    """A call whose whole history is recorded and whose last message already has an output no later call
+    continued is a retry of a call the harness never got the answer of (the proxy died, or the connection
+    broke, after the output was recorded): answer it with that output instead of sampling another, so the
+    tree holds each call once (services/proxy/replay.py). False: such a call is sampled anew."""
     drain_timeout_s: NonNegativeFloat = 60.0
     """Longest a Drain waits for one in-flight call to leave the drained engine."""

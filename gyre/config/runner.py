@@ -81,6 +81,9 @@ class RunnerSection(Section):
     """Executions this runner keeps running at once."""
     harness: Literal["demo", "claude_code", "codex", "command"] = "demo"
     """Which harness command the runner launches (`command` = the argv in `command`)."""
+    fork_server: bool = True
+    """Fork executions of a `python -m` harness (the demo harness) from one pre-imported interpreter
+    instead of starting a new one each time (its imports cost ~3 CPU-s); same sandbox, same isolation."""
     harness_args: list[str] = Field(default_factory=list)
     """Extra arguments appended to the harness command (e.g. `--tool-latency-s 2` for the demo)."""
     harness_env: dict[str, str] = Field(default_factory=dict)

@@ -26,6 +26,9 @@ class SchedulerSection(Section):
     """Seed of query selection."""
     tick_s: float = 0.5
     """Period of the clock tick that re-evaluates the policy's timers."""
+    peer_retry_s: NonNegativeFloat = 300.0
+    """How long a call to another service (cell agent, proxy, packer) is retried while that service is
+    unreachable or restarting, before the scheduler gives up and exits (to be restarted itself)."""
     mode: Literal["elastic", "async", "colocate"] = "elastic"
     """Scheduling mode; the three share one code path with different parameters."""
     num_cells: AtLeastOne = 3

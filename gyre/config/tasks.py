@@ -8,6 +8,7 @@ the evaluator (verifiers), so every service resolves a task id to the same task:
       datasets: [data/train.jsonl]              # {"task": "<suite>/<id>" or a path, "weight": 2.0} per line
       queries: [tasks/fix-add, add]             # task ids and suite names to dispatch
       weights: {add: 0.5}                       # sampling weight per suite or task id
+      held_out: [add/2+2, add/4+1]              # the held-out evaluation pool: never dispatched
 
 The section holds names and paths only; `gyre.tasks.taskset.TaskSet.from_section` reads the files
 (a malformed task makes the run's start fail naming the file and key; `gyre tasks check` lists every
@@ -40,6 +41,27 @@ class TasksSection(Section):
     """Sampling weight per task id or suite name (default 1.0; a task's own entry wins over its suite's,
     a dataset line's weight over both). A task's share of dispatched groups is its share of the total
     weight; 0 = never dispatched."""
+
+    held_out: list[str] = Field(default_factory=list)
+    """Task ids (`add/2+2`) of the held-out evaluation pool: removed from what the queries and datasets
+    dispatch (training never samples them) and scored by `gyre demo` on the weights of fixed steps
+    (`eval_by_step` in summary.json). Empty: no held-out evaluation."""
+    held_out_every_steps: int = Field(default=4, ge=1)
+    """Evaluate the held-out pool on the weights published after every this many steps (and on the
+    initial model, step 0, and the last step)."""
+    held_out_samples: int = Field(default=4, ge=1)
+    """Samples per held-out task per evaluation (temperature 1, seeded by `held_out_seed`: the same
+    draws for the same weights)."""
+    held_out_seed: int = 0
+    """The engine seed of every held-out evaluation."""
+
+    @field_validator("held_out")
+    @classmethod
+    def _held_out(cls, v: list[str]) -> list[str]:
+        for tid in v:
+            if "/" not in tid or any(c.isspace() for c in tid):
+                raise ValueError(f"tasks.held_out lists task ids (<suite>/<name>), not suites; got {tid!r}")
+        return v
 
     @field_validator("queries")
     @classmethod

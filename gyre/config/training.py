@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gyre.config.base import (
     AtLeastOne,
@@ -46,10 +46,27 @@ class PackerSection(Section):
     expands them for one that does not); `paths` gives every trajectory its own root-to-leaf row."""
 
 
+class MegatronSection(Section):
+    """Settings of the `megatron` trainer backend (`gyre/trainer/backends/megatron/README.md`)."""
+
+    tensor_parallel_size: AtLeastOne = 1
+    """Tensor-parallel ranks inside a cell: heads, query groups, vocab rows and FFN columns are split over
+    them, so it must divide num_attention_heads, num_key_value_heads, vocab_size and intermediate_size
+    of the model (checked at `gyre up` and service start, exit 2 naming the field). A cell agent runs
+    one trainer process, so it trains at 1; larger sizes need a launcher with one process per rank."""
+    params_dtype: Literal["float32", "float64", "bfloat16"] | None = None
+    """dtype of the Megatron parameters; None = `trainer.dtype`. On CPU gradients and AdamW state share
+    it; on GPUs (Megatron's DistributedOptimizer) gradients and optimizer state are float32 with float32
+    master weights, so `bfloat16` is the usual choice there."""
+
+
 class TrainerSection(Section):
     backend: Literal["torch", "megatron"] = "torch"
-    """Trainer backend of a cell, a name in the registry of `gyre.trainer.backends` (`torch` on the
-    embedded default; `megatron` is reserved for clusters and not registered yet)."""
+    """Trainer backend of a cell, a name in the registry of `gyre.trainer.backends`: `torch` (the
+    embedded default, `gyre.model.CausalLM`) or `megatron` (megatron-core GPTModel; `pip install
+    'gyre[megatron]'`, or `gyre[gpu]` on GPU nodes; settings in `megatron`)."""
+    megatron: MegatronSection = Field(default_factory=MegatronSection)
+    """The megatron backend's parallel layout and parameter dtype."""
     device: str = "cpu"
     """torch device of the trainer (`cpu`, `cuda`, `cuda:0`)."""
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
@@ -71,8 +88,10 @@ class TrainerSection(Section):
     """Global gradient-norm clip applied by the core to the summed gradient (0 = no clipping)."""
     chunk_tokens: AtLeastOneOrNull = None
     """Token limit of one forward for a micro-step over its budget (chunked path); None = the budget."""
-    checkpoint_every_steps: NonNegativeInt = 0
-    """Checkpoint model + optimizer + version every this many steps (0 = only at shutdown)."""
+    checkpoint_every_steps: NonNegativeInt = 1
+    """Checkpoint model + optimizer + version every this many steps (0 = only at shutdown). A core that
+    restarts resumes from its newest checkpoint and takes the steps after it again from their micro-steps,
+    which stay in Redis until a checkpoint covers them: N bounds both that replay and that memory."""
     checkpoint_dir: Path | None = None
     """Where the core writes checkpoints and published weights; None = `<run dir>/checkpoints`.
     Every cell must read the same directory (a shared volume on clusters)."""
@@ -113,10 +132,29 @@ class TrainerSection(Section):
     `redis.heartbeat_timeout_s`, after which its claimed micro-steps are reclaimed)."""
     poll_s: PositiveFloat = 0.02
     """Wait between two looks at an empty micro-step queue (the consistent point where a cell idles)."""
-
+    publication: Literal["tensor", "disk", "distributed"] = "tensor"
+    """How the core pushes published weights into the rollout engines of other cells (its own engine is
+    updated in-process): `tensor` = `/update_weights_from_tensor` (safetensors to the embedded engine;
+    SGLang's serialized form, same-host only); `disk` = `/update_weights_from_disk` of the published HF
+    directory (every engine must see `checkpoint_dir`); `distributed` = `/init_weights_update_group`
+    once per engine, then `/update_weights_from_distributed`: the core broadcasts each tensor over a
+    group of itself and the engine's ranks (`dist_backend`: gloo on CPU, NCCL between GPUs)."""
+    publish_abort_requests: bool = False
+    """Abort the requests an engine is running when new weights arrive (SGLang's `abort_all_requests`).
+    False keeps them: they continue under the new weights with their prefix cache flushed (no prefix
+    computed under old weights is served again)."""
     @field_validator("adam_beta1", "adam_beta2")
     @classmethod
     def _beta(cls, v: float) -> float:
         if not 0 <= v < 1:
             raise ValueError(f"AdamW betas must be in [0, 1); got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _nccl_on_gpus(self) -> TrainerSection:
+        if self.dist_backend == "nccl" and not self.device.startswith("cuda"):
+            raise ValueError(
+                f"dist_backend nccl needs a CUDA trainer device; device is {self.device!r}: set device: cuda, "
+                "or dist_backend: gloo"
+            )
+        return self

@@ -8,6 +8,12 @@ Every dispatched execution is accounted for exactly once:
   unconsumed   it finished, but its group was not trained before the run ended
 
 and, separately, by how it terminated (`terminations`: completed, failed, harness_timeout, ...).
+
+No silent runs: `refused_calls` counts the model calls the proxy answered with an error, by reason
+(with the latest message of each in `refusal_messages`), `executions_without_targets` the executions of
+consumed groups that contributed no target token, and `target_tokens_by_step` what each step trained;
+`run_warnings` turns a run that trained (almost) nothing into lines the demo prints at the end, and
+`trained_nothing` is what makes `gyre demo` exit non-zero.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ class RunFacts:
     recorded_calls: int = 0
     history_mismatches: int = 0
     side_calls: int = 0
+    refused_calls: dict[str, int] = field(default_factory=dict)
+    """Model calls the proxy answered with an error, by reason (ProxyStats.refused_calls)."""
+    refusal_messages: dict[str, str] = field(default_factory=dict)
+    """The latest message per refusal reason."""
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -69,6 +79,7 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
     group_reward: dict[str, float] = {}
     group_step: dict[str, int] = {}
     staleness_by_step: dict[int, list[int]] = defaultdict(list)
+    group_without_targets: dict[str, int] = {}
     admitted_by_class: dict[str, int] = defaultdict(int)
     completed_steps: dict[int, ev.StepCompleted] = {}
     status: dict[str, int] = {}
@@ -85,6 +96,7 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
                 step = step_of_batch(e.batch_id)
                 group_step[e.group_id] = step
                 staleness_by_step[step].append(e.staleness)
+                group_without_targets[e.group_id] = e.num_executions_without_targets
                 for leaf_class, n in e.admitted_by_class.items():
                     admitted_by_class[leaf_class] += n
             case ev.StepCompleted():
@@ -112,6 +124,7 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
                 counts["cancelled"] += 1
             else:
                 counts["unconsumed"] += 1
+    consumed_groups = [g for g in group_members if group_step.get(g) in completed_steps]
     reward_by_step = [
         _mean([group_reward[g] for g, s in group_step.items() if s == step and g in group_reward]) for step in steps
     ]
@@ -132,6 +145,11 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
         "staleness_by_step": [_mean(staleness_by_step[s]) for s in steps],
         "target_staleness": facts.phi + (facts.mu - 1) / 2,
         "executions": {"dispatched": sum(len(m) for m in group_members.values()), **counts},
+        "executions_consumed": sum(len(group_members[g]) for g in consumed_groups),
+        "executions_without_targets": sum(group_without_targets.get(g, 0) for g in consumed_groups),
+        "target_tokens_by_step": [int(completed_steps[s].num_targets) for s in steps],
+        "refused_calls": dict(sorted(facts.refused_calls.items())),
+        "refusal_messages": dict(sorted(facts.refusal_messages.items())),
         "terminations": _terminations(reason),
         "harness_errors_during_transitions": facts.harness_errors_during_transitions,
         "transitions": {
@@ -150,6 +168,31 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
         "clip_fraction_by_step": [round(completed_steps[s].clip_fraction, 4) for s in steps],
         **facts.extra,
     }
+
+
+def trained_nothing(summary: dict[str, Any]) -> bool:
+    """No completed step trained a single target token (or no step completed)."""
+    return not any(summary["target_tokens_by_step"])
+
+
+def run_warnings(summary: dict[str, Any]) -> list[str]:
+    """What a reader of the run must not miss: lines for the end of `gyre demo`, empty for a healthy run.
+
+    Loud when no step trained a token or most consumed executions contributed none; refused calls are
+    named with their reasons and latest messages either way."""
+    lines: list[str] = []
+    consumed, empty = summary["executions_consumed"], summary["executions_without_targets"]
+    refused = summary["refused_calls"]
+    num_refused = sum(refused.values())
+    if trained_nothing(summary):
+        lines.append(f"no optimizer step trained a token: {summary['steps']} step(s), 0 target tokens")
+    if consumed and empty * 2 > consumed:
+        lines.append(f"{empty} of {consumed} consumed executions ({empty / consumed:.0%}) contributed no trainable token")
+    if num_refused:
+        lines.append(f"{num_refused} model calls were refused by the proxy:")
+        for reason, n in sorted(refused.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {reason}: {n} (latest: {summary['refusal_messages'].get(reason, '')})")
+    return lines
 
 
 def timeline(events: Sequence[RecordedEvent], facts: RunFacts, title: str) -> Any:

@@ -18,19 +18,22 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from gyre.bus import login_url
 from gyre.config import GyreConfig, load_config
 from gyre.demo.events import read_events
+from gyre.demo.heldout import HeldOut
 from gyre.demo.report import RunFacts, plot_reward_staleness, summarize, timeline
 from gyre.stack.launcher import StackError, StackState, down_state, up
 from gyre.stack.signals import StopSignals
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
+T = TypeVar("T")
 Progress = Callable[[scheduler_pb2.SchedulerState, float], None]
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 class DemoRun:
@@ -40,6 +43,7 @@ class DemoRun:
         self.steps = steps
         self.drain_timeout_s = drain_timeout_s
         self._stop = StopSignals()
+        self.held_out = HeldOut(self.config, steps, self.config.run.path)
 
     @property
     def run_dir(self) -> Path:
@@ -57,7 +61,7 @@ class DemoRun:
                 raise
             stop.on_stop = lambda: down_state(state)
             try:
-                return self._run(state, progress, t0)
+                summary = self._run(state, progress, t0)
             except Exception:
                 if stop.event.is_set():  # the teardown under way broke what the demo was waiting on
                     raise SystemExit(stop.exit_code) from None
@@ -65,6 +69,11 @@ class DemoRun:
             finally:
                 if not stop.teardown_started:
                     down_state(state)
+        if self.held_out.steps:  # with the stack down: the evaluation has the CPUs to itself
+            summary["eval_by_step"] = self.held_out.evaluate()
+            summary["held_out"] = self.held_out.tasks
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
 
     def _run(self, state: StackState, progress: Progress | None, t0: float) -> dict[str, Any]:
         resolved = load_config(Path(state.config_path))
@@ -75,9 +84,10 @@ class DemoRun:
             scheduler = scheduler_pb2_grpc.SchedulerStub(sch_ch)
             proxy = proxy_pb2_grpc.ProxyStub(proxy_ch)
             self._train(scheduler, state, progress, t0)
-            scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120)
+            self._retrying(lambda: scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120),
+                           state)
             self._settle(scheduler, state)
-            stats = proxy.GetStats(proxy_pb2.GetStatsRequest(), timeout=30)
+            stats = self._retrying(lambda: proxy.GetStats(proxy_pb2.GetStatsRequest(), timeout=30), state)
         events = asyncio.run(read_events(login_url(resolved.nats.url or "", resolved.nats.login_for("cli")),
                                          resolved.run.id))
         return self._report(events, stats, time.monotonic() - t0)
@@ -87,12 +97,28 @@ class DemoRun:
     ) -> None:
         while True:
             self._check_alive(stack)
-            st = scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
+            st = self._state(scheduler, stack)
             if progress is not None:
                 progress(st, time.monotonic() - t0)
+            self.held_out.keep(st.published_version)
             if st.steps >= self.steps:
                 return
             self._pause(1.0)
+
+    def _state(self, scheduler: scheduler_pb2_grpc.SchedulerStub, stack: StackState) -> scheduler_pb2.SchedulerState:
+        return self._retrying(lambda: scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30), stack)
+
+    def _retrying(self, call: Callable[[], T], stack: StackState) -> T:
+        """`call()`, asked again while its service restarts (the stack's supervisor restarts it)."""
+        deadline = time.monotonic() + self.config.scheduler.peer_retry_s
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as e:
+                if e.code() not in _RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                    raise
+            self._check_alive(stack)
+            self._pause(0.5)
 
     def _pause(self, seconds: float) -> None:
         """Sleep, or end the run at once when a stop was requested (the teardown runs on its own thread)."""
@@ -104,7 +130,8 @@ class DemoRun:
         deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline:
             self._check_alive(stack)
-            st = scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30)
+            st = self._state(scheduler, stack)
+            self.held_out.keep(st.published_version)
             if st.executions_in_flight == 0:
                 self._pause(2.0)  # let the last evaluations land
                 return
@@ -123,6 +150,8 @@ class DemoRun:
         if self._stop.event.is_set():
             raise SystemExit(self._stop.exit_code)
         if not stack.supervisor_alive():
+            if self._stop.event.is_set():  # a signal's teardown stopped it after the check above
+                raise SystemExit(self._stop.exit_code)
             final = StackState.load(Path(stack.run_dir))
             reason = final.error if final is not None and final.error else "the stack's supervisor exited"
             raise StackError(f"{reason} (logs in {stack.run_dir}/logs)")
@@ -135,7 +164,8 @@ class DemoRun:
             reroutes=stats.reroutes, kv_migrated_tokens=stats.kv_migrated_tokens,
             harness_errors_during_transitions=stats.errors_during_transitions, wall_s=wall_s,
             recorded_calls=stats.recorded_calls, history_mismatches=stats.history_mismatches,
-            side_calls=stats.side_calls,
+            side_calls=stats.side_calls, refused_calls=dict(stats.refused_calls),
+            refusal_messages=dict(stats.refusal_messages),
             extra={"run_id": self.config.run.id, "run_dir": str(self.run_dir)},
         )
         self._save_events(events)

@@ -6,6 +6,17 @@
             ...                                   # chunk.new_output_ids, chunk.new_logprobs, chunk.finished
         await engine.pause_generation("retract")
         await engine.update_weights_from_tensor(model.state_dict(), weight_version="4")
+        await engine.update_weights_from_disk("/ckpt/published/v00000004", weight_version="4")
+        await engine.init_weights_update_group(master_address="10.0.0.5", master_port=29600, rank_offset=1,
+                                               world_size=2, group_name="g", backend="nccl")
+        await engine.update_weights_from_distributed(names, dtypes, shapes, group_name="g", weight_version="4")
+
+Weight updates take SGLang's three paths: `update_weights_from_tensor` (the tensors in the request),
+`update_weights_from_disk` (an HF directory the server reads), and the distributed pair: after
+`init_weights_update_group` the caller broadcasts each tensor named in `update_weights_from_distributed`
+over that group while the request is in flight (`gyre.engine.update_group` is the caller's side of
+the group). Every update carries a `weight_version`; the server flushes its prefix cache (`flush_cache`)
+and aborts running requests only when `abort_all_requests` says so.
 
 Used by the proxy (generation, abort, KV migration) and the cell agent (pause, memory, weights). It
 speaks SGLang's native API with SGLang's field names; `/gyre/kv/*` exists only on the embedded
@@ -296,6 +307,62 @@ class EngineClient:
             "abort_all_requests": abort_all_requests,
         }
         response = await self._call("POST", "/update_weights_from_disk", json=body)
+        return str(orjson.loads(response.content).get("message", ""))
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+        timeout_s: float | None = None,
+    ) -> str:
+        """Make the server's ranks join the caller's weight-update group (rank 0 at master_address:port,
+        hosted by the caller, who joins concurrently: the server answers once the group has formed)."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        response = await self._call("POST", "/init_weights_update_group", json=body, timeout_s=timeout_s)
+        return str(orjson.loads(response.content).get("message", ""))
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str = "weight_update_group",
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        timeout_s: float | None = None,
+    ) -> str:
+        """Announce tensors (HF names, dtype names such as `bfloat16`, shapes) that the caller broadcasts
+        from rank 0 of `group_name`, in this order, while the request is in flight."""
+        if not len(names) == len(dtypes) == len(shapes):
+            raise ValueError("names, dtypes and shapes must have one entry per tensor")
+        body = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+            "weight_version": weight_version,
+        }
+        response = await self._call("POST", "/update_weights_from_distributed", json=body, timeout_s=timeout_s)
+        return str(orjson.loads(response.content).get("message", ""))
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> str:
+        response = await self._call("POST", "/destroy_weights_update_group", json={"group_name": group_name})
         return str(orjson.loads(response.content).get("message", ""))
 
     # ---- health and info ---------------------------------------------------------------------

@@ -27,15 +27,14 @@ def render_chat(
     """The text `template` renders for one conversation (`variables`: special tokens, template kwargs)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    # transformers annotates the result as `str`; it is (rendered conversations, generation indices).
-    render: Any = render_jinja_template
-    rendered, _ = render(
-        conversations=[[dict(m) for m in messages]],
+    conversation: list[dict[str, Any]] = [dict(m) for m in messages]
+    out: Any = render_jinja_template(  # (rendered conversations, generation indices)
+        conversations=[conversation],
         tools=[dict(t) for t in tools] if tools else None,
         chat_template=template,
         add_generation_prompt=add_generation_prompt,
         **dict(variables or {}),
     )
-    text = rendered[0]
+    text = out[0][0]
     assert isinstance(text, str)
     return text

@@ -5,7 +5,8 @@ own session (process group = its pid), as root for the `isolated` launcher. Stan
 so it starts fast and imports nothing of the repository. Three processes:
 
     supervisor   host network; for network mode `proxy` serves CONTROL_DIR/proxy.sock and relays
-                 each connection to the proxy's TCP address; waits for the netns child.
+                 each connection to the proxy's TCP address; waits for the netns child, then
+                 adds the CPU time of the whole sandbox to status.json (`sandbox_cpu_s`).
     netns child  (modes `proxy` and `none`) a new network namespace with only loopback up; for
                  `proxy` listens on 127.0.0.1:PORT and relays to proxy.sock; forks the command,
                  waits for it and writes CONTROL_DIR/status.json (exit code or signal, rusage).
@@ -17,6 +18,8 @@ so it starts fast and imports nothing of the repository. Three processes:
                  resets SIGPIPE/SIGXFSZ, chdirs into the workspace and execs with the given env;
                  stdout/stderr go to CONTROL_DIR/{stdout,stderr}.log. A failure before exec
                  reaches the parent through a close-on-exec pipe and is recorded as `exec_error`.
+                 (Under the fork server, forkserver.py, the same steps run in a fork of a
+                 pre-imported interpreter, which runs a `python -m` harness in place of the exec.)
 
 The supervisor and the netns child ignore SIGTERM (a group-wide SIGTERM is meant for the
 command); they end when the command has ended. Mode `host` skips the namespace (no network
@@ -262,8 +265,18 @@ def relay(listener: socket.socket, connect: Callable[[], socket.socket]) -> None
     threading.Thread(target=loop, daemon=True).start()
 
 
-def exec_command(spec: dict[str, Any], report_fd: int, listener: socket.socket | None) -> NoReturn:
-    """In the command's process: drop privileges, apply limits, exec. Never returns."""
+def exec_argv(spec: dict[str, Any], report_fd: int) -> NoReturn:
+    """The last step of the command's process: exec its argv (the close-on-exec report pipe closes)."""
+    os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+
+
+Execute = Callable[[dict[str, Any], int], NoReturn]
+"""The command's last step (`exec_argv`; the fork server runs a pre-imported module in place)."""
+
+
+def exec_command(spec: dict[str, Any], report_fd: int, listener: socket.socket | None,
+                 execute: Execute = exec_argv) -> NoReturn:
+    """In the command's process: drop privileges, apply limits, then `execute`. Never returns."""
     try:
         if listener is not None:
             listener.close()
@@ -289,7 +302,7 @@ def exec_command(spec: dict[str, Any], report_fd: int, listener: socket.socket |
             os.setuid(spec["uid"])
         os.chdir(spec["cwd"])
         os.umask(0o022)
-        os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+        execute(spec, report_fd)
     except BaseException as e:  # everything before exec is reported to the parent
         try:
             os.write(report_fd, f"{type(e).__name__}: {e}".encode()[:1000])
@@ -297,14 +310,14 @@ def exec_command(spec: dict[str, Any], report_fd: int, listener: socket.socket |
             os._exit(127)
 
 
-def run_command(spec: dict[str, Any], listener: socket.socket | None) -> int:
+def run_command(spec: dict[str, Any], listener: socket.socket | None, execute: Execute = exec_argv) -> int:
     """In the netns child: fork the command, wait, write status.json. Returns the exit status."""
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     started = time.time()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
-        exec_command(spec, write_fd, listener)
+        exec_command(spec, write_fd, listener, execute)
     os.close(write_fd)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also from the parent, so the group exists before anyone signals it
@@ -338,7 +351,7 @@ def _tcp_connect(host: str, port: int) -> socket.socket:
     return socket.create_connection((host, port), timeout=30)
 
 
-def netns_child(spec: dict[str, Any]) -> NoReturn:
+def netns_child(spec: dict[str, Any], execute: Execute = exec_argv) -> NoReturn:
     """Never returns: isolates the network, runs the command, exits with its status."""
     code = 125
     try:
@@ -351,14 +364,27 @@ def netns_child(spec: dict[str, Any]) -> NoReturn:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind(("127.0.0.1", spec["network"]["listen_port"]))
             listener.listen(128)
-        status = run_command(spec, listener)
+        status = run_command(spec, listener, execute)
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     except BaseException as e:  # recorded for the runner, which reports INFRA_FAILURE
         write_json(os.path.join(spec["control_dir"], "status.json"), {"setup_error": f"{type(e).__name__}: {e}"})
     os._exit(code)
 
 
-def main(spec_path: str) -> int:
+def record_sandbox_cpu(status_path: str) -> None:
+    """Add `sandbox_cpu_s` to the status: CPU of this supervisor and everything it waited for (the
+    netns child, the command and the command's children), i.e. what the whole sandbox cost."""
+    try:
+        with open(status_path) as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return
+    cpu = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
+    write_json(status_path, {**status, "sandbox_cpu_s": round(cpu, 3)})
+
+
+def main(spec_path: str, execute: Execute = exec_argv) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -379,7 +405,7 @@ def main(spec_path: str) -> int:
     if pid == 0:
         if network["mode"] == "proxy":
             listener.close()
-        netns_child(spec)
+        netns_child(spec, execute)
     if network["mode"] == "proxy":
         target = (network["target_host"], network["target_port"])
         relay(listener, lambda: _tcp_connect(*target))
@@ -389,6 +415,7 @@ def main(spec_path: str) -> int:
         killed_by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         write_json(status_path, {"setup_error": f"sandbox child ended without a status (signal {killed_by})",
                                  "signal": killed_by})
+    record_sandbox_cpu(status_path)
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 

@@ -19,6 +19,10 @@ What each launcher enforces (`launcher.enforced()` says it at run time):
   from /dev/null, stdout/stderr to files. No network isolation; processes that leave the group
   (setsid) are not reached.
 
+With a fork server (`launcher.fork_server`, forkserver.py), a `python -m MODULE` command the server
+has preloaded starts from a fork of it instead of a new interpreter: the same supervisor code (init.py),
+the same isolation steps in the same order, only the final exec replaced by running the module in place.
+
 `spec.binds` gives host directories at absolute paths inside the sandbox (a Harbor task's `/app`,
 `/tests`, `/logs/verifier`): only a launcher with `mounts_paths` honours them (`isolated`: a mount
 namespace and a chroot into a bind-mounted view of the host root, see init.py); callers rewrite the
@@ -40,9 +44,10 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from gyre.sandbox import procs
+from gyre.sandbox.forkclient import ForkServer, ForkServerError
 from gyre.sandbox.limits import SandboxLimits
 from gyre.sandbox.outcome import SandboxOutcome, read_outcome
 from gyre.tasks import check_relative
@@ -122,6 +127,15 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
             os.lchown(os.path.join(root, name), uid, gid)
 
 
+class Supervisor(Protocol):
+    """The sandbox supervisor as its starter sees it: an asyncio child, or a fork server's ForkedProcess."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
 class SandboxHandle:
     """A running (or finished) sandbox: wait for it, stop it, sweep and release it."""
 
@@ -129,7 +143,7 @@ class SandboxHandle:
         self,
         launcher: SandboxLauncher,
         state: SandboxState,
-        process: asyncio.subprocess.Process | None,
+        process: Supervisor | None,
     ) -> None:
         self.launcher = launcher
         self.state = state
@@ -223,6 +237,8 @@ class SandboxLauncher(ABC):
     """True when sandboxes reach only the relayed proxy (the harness gets a loopback base URL)."""
     mounts_paths: ClassVar[bool] = False
     """True when `SandboxSpec.binds` are honoured (else a spec with binds is refused)."""
+    fork_server: ForkServer | None = None
+    """Where `python -m MODULE` commands it preloaded are forked from (None: every start is an exec)."""
 
     @abstractmethod
     def enforced(self) -> dict[str, str]:
@@ -278,6 +294,16 @@ class SandboxLauncher(ABC):
         spec_path = control / "spec.json"
         spec_path.write_text(json.dumps(init_spec))
         os.chmod(spec_path, 0o600)
+        server = self.fork_server
+        if server is not None and server.accepts(spec.argv, env):
+            try:
+                forked = await server.spawn(spec_path, control / "supervisor.log")
+            except ForkServerError:
+                pass  # logged by the server's client; this start is a plain one
+            else:
+                started = forked.started
+                state = SandboxState(forked.pid, started if started is not None else -1, uid, str(spec.root))
+                return SandboxHandle(self, state, forked)
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-I", "-S", str(INIT_SCRIPT), str(spec_path),

@@ -20,6 +20,9 @@ class SandboxOutcome:
     """False when the command never ran (sandbox setup or exec failed)."""
     error: str = ""
     cpu_s: float = 0.0
+    """CPU seconds of the command (and the children it waited for)."""
+    sandbox_cpu_s: float = 0.0
+    """CPU seconds of the whole sandbox: the supervisor and its namespace child too."""
     maxrss_kb: int = 0
     stderr_tail: str = ""
 
@@ -64,6 +67,7 @@ def read_outcome(control_dir: Path) -> SandboxOutcome | None:
         started=not error,
         error=error,
         cpu_s=float(status.get("cpu_s") or 0.0),
+        sandbox_cpu_s=float(status.get("sandbox_cpu_s") or 0.0),
         maxrss_kb=int(status.get("maxrss_kb") or 0),
         stderr_tail=_tail(control_dir / "stderr.log"),
     )

@@ -35,6 +35,7 @@ from gyre.stack.servers import LOOPBACK, free_port
 from gyre.stack.state import ProcessEntry, StackState
 from gyre.stack.supervisor import SERVICES
 from gyre.tasks import TaskError, TaskSet
+from gyre.trainer.layout import check_trainer
 
 __all__ = ["SERVICES", "ProcessEntry", "StackError", "StackState", "down", "down_state", "grpc_health",
            "live_runs", "pid_alive", "resolve_run", "status", "up"]
@@ -92,8 +93,9 @@ def up(
 ) -> StackState:
     """Start the run's supervisor and wait until every service is SERVING; on failure, or when `stop` is set
     meanwhile, stop everything started and raise `StackError`. A model directory the services could not
-    load raises `ModelError` before anything starts."""
+    load, or a trainer layout that cannot build it, raises `ModelError` before anything starts."""
     check_model_dir(config.model.require_path())
+    check_trainer(config.cell_agent.trainer, config.model.require_path())
     try:
         TaskSet.from_section(config.tasks)  # a malformed task fails here, before anything is spawned
     except TaskError as e:

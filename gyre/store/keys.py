@@ -66,6 +66,10 @@ class Keys:
     def batch(self, batch_id: str) -> str:
         return self._k("batch", batch_id, "record")
 
+    def open_batches(self) -> str:
+        """The packer's set of batch ids whose stream is not closed yet (resumed after a restart)."""
+        return self._k("batch", "open", "set")
+
     # -- cell agents: the core's trainer state and each cell's records (added by the cell agent) ----
     def trainer(self, part: str) -> str:
         """The core's trainer state: `version`, `snapshot`, `published`, `rendezvous`, `pulls`."""

@@ -8,7 +8,8 @@ with, and the weighted queries the scheduler dispatches.
 
 What is dispatched: the `queries` (ids and suite names) and the datasets' lines; when neither is
 given, every task of `dirs`, or the built-in arithmetic suites when there are no `dirs` either. A
-task listed more than once is drawn with the sum of its entries' weights. Every dispatched task is
+task listed more than once is drawn with the sum of its entries' weights; a task of `held_out` (the
+held-out evaluation pool) is never dispatched, whatever lists it. Every dispatched task is
 loaded once here, so a malformed `task.toml` stops the run's start instead of failing executions.
 """
 
@@ -82,7 +83,10 @@ class TaskSet:
                 listed = [(tid, None, f"dir {s.display}") for s in registry.dir_suites for tid in s.task_ids()]
             else:
                 listed = [(tid, None, "builtin") for tid in demo_task_ids()]
-        queries = _merge(listed, section.weights, errors)
+        held_out = set(section.held_out)
+        for tid in section.held_out:
+            _expand(registry, tid, "tasks.held_out", errors)
+        queries = [q for q in _merge(listed, section.weights, errors) if q.task_id not in held_out]
         for query in queries:
             _load(registry, query, problems, errors)
         errors += [str(p) for p in problems.errors]

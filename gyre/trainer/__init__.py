@@ -1,6 +1,7 @@
 """The training role of a cell: trainer backends, the cells' process groups, checkpoints.
 
-    backends/       registry of trainer backends (`torch`: GyreLM + AdamW on flat buffers)
+    backends/       registry of trainer backends (`torch`: CausalLM + AdamW on flat buffers; `megatron`)
+    layout.py       whether the configured backend can train the model (checked before anything starts)
     flat.py         parameters and gradients as views of two contiguous buffers
     optimizer.py    AdamW with a constant lr, the global-norm clip of the summed gradient
     collectives.py  the K cells' torch.distributed world and its pre-built prefix and pair groups

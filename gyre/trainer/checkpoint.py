@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,13 @@ def step_dir(root: Path, version: int) -> Path:
     return Path(root) / f"step-{version:08d}"
 
 
+def staged_dir(root: Path, version: int) -> Path:
+    """Where `save_trainer_checkpoint` assembles `step_dir(root, version)` before renaming it into place
+    (the same name in every process: the TP ranks of a megatron cell write their shards into it)."""
+    final = step_dir(root, version)
+    return final.with_name(f"{final.name}.staged")
+
+
 def save_trainer_checkpoint(
     root: Path,
     *,
@@ -63,15 +70,21 @@ def save_trainer_checkpoint(
     backend: str,
     source: Path,
     keep: int = 2,
+    write_extra: Callable[[Path], None] | None = None,
+    info: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write `step-<version>/` (replacing an older copy of the same version) and prune to `keep`."""
+    """Write `step-<version>/` (replacing an older copy of the same version) and prune to `keep`.
+    `write_extra(staged)` adds a backend's own files (e.g. per-rank optimizer shards) before
+    `trainer.json`, which also records `info`, marks the directory complete."""
     final = step_dir(root, version)
-    staged = write_weights(
-        final.with_name(f"{final.name}.staged"), arch=arch, tensors=tensors, version=version, source=source
-    )
+    staged = write_weights(staged_dir(root, version), arch=arch, tensors=tensors, version=version, source=source)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), staged / OPTIMIZER_FILENAME)
-    (staged / TRAINER_FILENAME).write_text(json.dumps({"policy_version": version, "backend": backend}))
+    if write_extra is not None:
+        write_extra(staged)
+    (staged / TRAINER_FILENAME).write_text(
+        json.dumps({**(info or {}), "policy_version": version, "backend": backend})
+    )
     if final.exists():
         shutil.rmtree(final)
     staged.replace(final)
@@ -104,15 +117,21 @@ def prune_checkpoints(root: Path, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def read_trainer_info(path: Path) -> dict[str, Any]:
+    """`trainer.json` of a complete checkpoint directory (policy_version, backend, backend extras)."""
+    info_path = Path(path) / TRAINER_FILENAME
+    if not info_path.is_file():
+        raise ValueError(f"{path} is not a complete trainer checkpoint (no {TRAINER_FILENAME})")
+    info: dict[str, Any] = json.loads(info_path.read_text())
+    return info
+
+
 def read_trainer_checkpoint(
     path: Path, dtype: torch.dtype = torch.float32
 ) -> tuple[ModelArch, dict[str, torch.Tensor], dict[str, Any] | None, int]:
     """(architecture, weights, optimizer state or None, policy version) of a checkpoint directory."""
     path = Path(path)
-    info_path = path / TRAINER_FILENAME
-    if not info_path.is_file():
-        raise ValueError(f"{path} is not a complete trainer checkpoint (no {TRAINER_FILENAME})")
-    version = int(json.loads(info_path.read_text())["policy_version"])
+    version = int(read_trainer_info(path)["policy_version"])
     info = check_model_dir(path)
     optimizer_path = path / OPTIMIZER_FILENAME
     optimizer = torch.load(optimizer_path, weights_only=True) if optimizer_path.is_file() else None

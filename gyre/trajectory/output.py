@@ -132,8 +132,7 @@ class Llama3JsonParser(ToolCallParser):
             prefix = text[:tag] if tag >= 0 and start == tag + len("<|python_tag|>") else text[:start]
             prefix = prefix[:-1] if prefix.endswith("\n") else prefix
             blocks: list[TextBlock | ThinkingBlock | ParsedCall] = [TextBlock(prefix)] if prefix else []
-            blocks.extend(calls)
-            return blocks
+            return [*blocks, *calls]
         return [TextBlock(text)] if text else []
 
     def _calls_from(self, text: str, pos: int) -> list[ParsedCall] | None:

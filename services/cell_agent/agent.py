@@ -15,8 +15,10 @@ checkpoint root, named in Redis), admit again, report ready. A switch to rollout
 waits until v is published.
 
 Weight publication (core): after the final step of a burst, and on an explicit PublishWeights, the
-core writes the published directory and pushes the weights to every rollout engine (`update_weights_*`
-with the new weight version; engines flush their prefix cache), then emits WeightsPublished.
+core writes the published directory and pushes the weights to every rollout engine with the new weight
+version — its own in-process, the others' by `cell_agent.trainer.publication` (tensor, disk or
+distributed: `publication.py`); engines flush their prefix cache and keep running requests unless
+`publish_abort_requests` — then emits WeightsPublished.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry
 
 from gyre.config import GyreConfig
-from gyre.engine import EngineClient
 from gyre.ids import cell_engine_id
 from gyre.log import get_logger
 from gyre.rl.loss import ObjectiveParams
@@ -42,9 +43,12 @@ from gyre.store import Keys
 from gyre.trainer.checkpoint import published_path, write_published
 from gyre.v1 import common_pb2
 from gyre.v1 import events_pb2 as ev
+from services.cell_agent.detached import Detached
 from services.cell_agent.engine_host import EngineHost, create_engine_host
 from services.cell_agent.errors import CellStateError
 from services.cell_agent.metrics import CellAgentMetrics
+from services.cell_agent.publication import Publisher
+from services.cell_agent.replay import report_replayed
 from services.cell_agent.roles import Role, RoleMachine
 from services.cell_agent.step_runner import StepOutcome, StepRunner
 from services.cell_agent.trainer_state import EngineEntry, Published
@@ -144,6 +148,13 @@ class CellAgent:
             metrics=self.metrics,
         )
         self.state = self.training.state
+        self.publisher = Publisher(
+            self.section.trainer,
+            bind_host=config.run.host,
+            advertise_host=config.run.peer_host("cell_agent", cell),
+            timeout_s=self.section.publish_timeout_s,
+            run_id=config.run.id,
+        )
         self.roles = RoleMachine(Role.ROLLOUT)
         self.metrics.role = lambda: self.roles.role.value
         self.metrics.policy_version = lambda: self.training.trainer.version
@@ -153,12 +164,16 @@ class CellAgent:
         self._batch_lock = asyncio.Lock()
         self._publish_lock = asyncio.Lock()
         self._published_event_version: int | None = None
+        self._ops = Detached()
+        """Switches, steps and publications run detached from the RPC that asked (detached.py)."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         torch.set_num_threads(self.section.engine.num_threads)
         await self.engine.start()
-        await self.training.start()
+        self.training.on_replayed = lambda steps: report_replayed(self.training, self.emit, steps)
+        replayed = await self.training.start()
+        await report_replayed(self.training, self.emit, replayed)
         published = await self.state.published()
         if published is not None and await self.engine.weight_version() != str(published.version):
             await self.engine.load_weights(Path(published.path), published.version)
@@ -166,20 +181,26 @@ class CellAgent:
         log.info("cell_agent_started", cell=self.cell, engine=self.engine.url, role=self.roles.role.value)
 
     async def background(self) -> list[Coroutine[Any, Any, None]]:
-        """Coroutines the service supervises: joining the collectives, and (core) serving pulls."""
-        tasks: list[Coroutine[Any, Any, None]] = [self.training.connect()]
+        """Coroutines the service supervises: the collectives across cell restarts, and (core) serving pulls."""
+        tasks: list[Coroutine[Any, Any, None]] = [self.training.keep_world(), self.training.world.heartbeat()]
         if self.is_core:
             tasks.append(self.training.serve_pulls())
         return tasks
 
     async def stop(self) -> None:
+        self._ops.cancel_all()
         if self.is_core:
             await self.training.checkpoint()
+            await self.publisher.close()
         await self.engine.stop()
         await self.training.close()
 
     # -- roles -----------------------------------------------------------------------------------------
     async def switch_role(self, to_role: Role, weight_version: int = 0) -> SwitchResult:
+        return await self._ops.run(("switch", to_role, weight_version),
+                                   lambda: self._switch_role(to_role, weight_version))
+
+    async def _switch_role(self, to_role: Role, weight_version: int) -> SwitchResult:
         async with self._switch_lock:
             if self.roles.role is to_role:
                 return SwitchResult(to_role, 0.0, 0, self._as_version(await self.engine.weight_version()))
@@ -259,7 +280,10 @@ class CellAgent:
             raise ValueError("batch_id must be set")
         if self.roles.role is not Role.TRAINING:
             raise CellStateError(f"cell {self.cell} is in {self.roles.role.value}; switch it to training first")
-        async with self._batch_lock:
+        return await self._ops.run(("join", batch_id), lambda: self._join_batch(batch_id, step, final_in_burst))
+
+    async def _join_batch(self, batch_id: str, step: int, final_in_burst: bool) -> StepOutcome:
+        async with self._batch_lock, self.training.step_lock:
             self.batch_id = batch_id
             began = time.monotonic()
             try:
@@ -296,6 +320,7 @@ class CellAgent:
                 sequence_ratio_min=metrics.seq_ratio_min if trained else 0.0,
                 sequence_ratio_mean=metrics.seq_ratio_sum / metrics.num_executions if trained else 0.0,
                 sequence_ratio_max=metrics.seq_ratio_max if trained else 0.0,
+                microstep_ids=list(outcome.microstep_ids),
             ),
             f"step:{outcome.batch_id}:{outcome.policy_version}",
         )
@@ -303,9 +328,6 @@ class CellAgent:
                  cells=outcome.cells, loss=metrics.loss, grad_norm=outcome.grad_norm)
         if outcome.final_in_burst:
             await self.publish_weights(None)
-        every = self.section.trainer.checkpoint_every_steps
-        if every and outcome.policy_version % every == 0:
-            await self.training.checkpoint()
 
     # -- publication -------------------------------------------------------------------------------------
     async def publish_weights(self, targets: Sequence[PublishTarget] | None) -> PublishResult:
@@ -313,6 +335,10 @@ class CellAgent:
         (`targets`, or every cell engine registered in the rollout role)."""
         if not self.is_core:
             raise CellStateError(f"cell {self.cell} is a satellite; only the core (cell 0) publishes weights")
+        return await self._ops.run(("publish", tuple(targets) if targets is not None else None),
+                                   lambda: self._publish_weights(targets))
+
+    async def _publish_weights(self, targets: Sequence[PublishTarget] | None) -> PublishResult:
         async with self._publish_lock:
             started = time.monotonic()
             t = self.training
@@ -337,7 +363,7 @@ class CellAgent:
             if targets is None:
                 entries = await self.state.engines(self.num_cells)
                 targets = [PublishTarget(e.engine_id, e.url, e.cell) for e in entries if e.role == Role.ROLLOUT.value]
-            results = await asyncio.gather(*(self._push(target, named, version) for target in targets),
+            results = await asyncio.gather(*(self._push(target, named, version, path) for target in targets),
                                            return_exceptions=True)
             updated: list[str] = []
             for target, result in zip(targets, results, strict=True):
@@ -357,24 +383,26 @@ class CellAgent:
             log.info("weights_published", policy_version=version, engines=updated, duration_s=round(duration, 4))
             return PublishResult(version, duration, tuple(updated), str(path))
 
-    async def _push(self, target: PublishTarget, named: dict[str, torch.Tensor], version: int) -> None:
+    async def _push(self, target: PublishTarget, named: dict[str, torch.Tensor], version: int, path: Path) -> None:
         if target.cell == self.cell:
             if self.roles.role is Role.ROLLOUT:
-                await self.engine.push_weights(named, version)
+                await self.engine.push_weights(
+                    named, version, abort_requests=self.section.trainer.publish_abort_requests
+                )
             return
-        async with EngineClient(target.url, timeout_s=self.section.publish_timeout_s) as client:
-            await client.update_weights_from_tensor(named, weight_version=str(version))
+        await self.publisher.push(target.url, named, version=version, path=path)
 
     # -- status --------------------------------------------------------------------------------------------
     async def view(self) -> CellView:
         t = self.training
-        digest = await t.compute.run(t.trainer.digest) if t.trainer.version is not None else ""
+        version = t.trainer.version if t.built else None
+        digest = await t.compute.run(t.trainer.digest) if version is not None else ""
         return CellView(
             cell=self.cell,
             role=self.roles.role,
             engine_id=self.engine_id,
             engine_url=self.engine.url,
-            policy_version=t.trainer.version,
+            policy_version=version,
             engine_weight_version=await self.engine.weight_version(),
             batch_id=self.batch_id,
             microsteps_processed=t.microsteps_processed,

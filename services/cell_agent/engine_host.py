@@ -78,8 +78,11 @@ class EngineHost(ABC):
         """Serve the weights of a published file as `version`; the prefix cache is flushed."""
 
     @abstractmethod
-    async def push_weights(self, named: Mapping[str, torch.Tensor], version: int) -> None:
-        """Serve these weights as `version`; the prefix cache is flushed."""
+    async def push_weights(
+        self, named: Mapping[str, torch.Tensor], version: int, *, abort_requests: bool = False
+    ) -> None:
+        """Serve these weights as `version`; the prefix cache is flushed; running requests continue
+        under the new weights unless `abort_requests`."""
 
     @abstractmethod
     async def reopen(self) -> None:
@@ -134,8 +137,10 @@ class EmbeddedEngineHost(EngineHost):
         await self.server.update_weights_from_disk(path, weight_version=str(version))
         self.weights_released = False
 
-    async def push_weights(self, named: Mapping[str, torch.Tensor], version: int) -> None:
-        await self.server.update_weights(named, weight_version=str(version))
+    async def push_weights(
+        self, named: Mapping[str, torch.Tensor], version: int, *, abort_requests: bool = False
+    ) -> None:
+        await self.server.update_weights(named, weight_version=str(version), abort_all_requests=abort_requests)
         self.weights_released = False
 
     async def reopen(self) -> None:
@@ -199,8 +204,12 @@ class HttpEngineHost(EngineHost):
         await self.client.update_weights_from_disk(str(path), weight_version=str(version))
         self.weights_released = False
 
-    async def push_weights(self, named: Mapping[str, torch.Tensor], version: int) -> None:
-        await self.client.update_weights_from_tensor(named, weight_version=str(version))
+    async def push_weights(
+        self, named: Mapping[str, torch.Tensor], version: int, *, abort_requests: bool = False
+    ) -> None:
+        await self.client.update_weights_from_tensor(
+            named, weight_version=str(version), abort_all_requests=abort_requests
+        )
         self.weights_released = False
 
     async def reopen(self) -> None:

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from gyre.config import GyreConfig
 from gyre.model.files import check_model_dir
 from gyre.service import GyreService
+from gyre.trainer.layout import check_trainer
 
 if TYPE_CHECKING:
     from services.cell_agent.agent import CellAgent
@@ -29,8 +30,10 @@ class CellAgentService(GyreService):
 
     def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
         super().__init__(config, instance)
-        # Before any connection: a model directory the engine and trainer cannot load stops the cell here.
+        # Before any connection: a model directory the engine and trainer cannot load, or a trainer layout
+        # that cannot build it (megatron), stops the cell here (exit 2, the field named).
         check_model_dir(config.model.require_path())
+        check_trainer(config.cell_agent.trainer, config.model.require_path())
 
     @property
     def cell(self) -> int:

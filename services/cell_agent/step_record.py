@@ -127,6 +127,8 @@ class StepRecord:
         self._ack_all = redis.register_script(scripts.ACK_ALL)
         self._try_close = redis.register_script(scripts.TRY_CLOSE)
         self._confirm = redis.register_script(scripts.CONFIRM)
+        self._restart = redis.register_script(scripts.RESTART)
+        self._finish_replayed = redis.register_script(scripts.FINISH_REPLAYED)
 
     def processing_key(self, cell: int) -> str:
         return self.processing_prefix + consumer_name(cell)
@@ -236,7 +238,28 @@ class StepRecord:
 
     async def ack_all(self, cell: int) -> int:
         """After the reduction: acknowledge every item this cell holds (the queue then drains)."""
-        return int(await self._ack_all(keys=[self.processing_key(cell), self.acked_key, self.payloads_key]))
+        return int(await self._ack_all(keys=[self.processing_key(cell), self.acked_key]))
+
+    async def restart(self, num_cells: int) -> None:
+        """Core, in a new process: void what an earlier core process's part of this step gathered and
+        reopen the window (every claim back to the queue, finished marks and participants forgotten)."""
+        await self._restart(
+            keys=[self.join_key, self.participants_key, self.evicted_key, self.ready_key, self.metrics_key,
+                  self.pending_key],
+            args=[self.processing_prefix, self.done_prefix, CONSUMER_PREFIX, num_cells],
+        )
+
+    async def finish_replayed(self, num_cells: int, version: int) -> None:
+        """Core: this step was taken again from its stored micro-steps (replay.py); it is done at `version`."""
+        await self._finish_replayed(keys=[self.join_key, self.acked_key],
+                                    args=[self.processing_prefix, CONSUMER_PREFIX, num_cells, version])
+
+    async def done_items(self, cells: tuple[int, ...]) -> list[str]:
+        """The micro-steps the given cells finished (their gradients are in the reduction)."""
+        out: list[str] = []
+        for c in cells:
+            out.extend(_text(i) or "" for i in await self._redis.smembers(self.done_key(c)))
+        return out
 
     async def finish(self, version: int) -> None:
         """Core: the optimizer step produced `version`."""

@@ -32,7 +32,7 @@ from gyre.rl.codec import decode_microstep
 from gyre.rl.loss import LossMetrics
 from gyre.store import Claim
 from gyre.v1 import events_pb2 as ev
-from services.cell_agent.errors import CellStateError
+from services.cell_agent.errors import CellStateError, CellUnavailableError
 from services.cell_agent.step_record import Registration, StepRecord, StepState, StepStatus, consumer_name
 from services.cell_agent.training import TrainingSide
 
@@ -64,6 +64,8 @@ class StepOutcome:
     """Core only: micro-steps of the step over all its cells."""
     duration_s: float = 0.0
     """Core only: seconds from JoinBatch to the optimizer step's end."""
+    microstep_ids: tuple[str, ...] = ()
+    """Core only: the micro-steps whose gradients went into the step."""
 
 
 @dataclass(slots=True)
@@ -107,9 +109,14 @@ class StepRunner:
                 raise CellStateError(
                     f"batch {batch_id!r} trains step {step}; the core holds policy version {t.trainer.version}"
                 )
+            if status.state is not None and batch_id not in t.started_batches:
+                # An earlier core process began this step and died: what it gathered is void.
+                await record.restart(t.num_cells)
+                log.warning("step_restarted", batch=batch_id, step=step, was=status.state.value)
+            t.started_batches.add(batch_id)
             status = await record.open(step, final_in_burst)
         else:
-            status = await record.wait_opened(self.section.join_timeout_s, self.section.poll_s)
+            status = await self._wait_opened(record)
         if status.step != step:
             raise CellStateError(f"batch {batch_id!r} was opened for step {status.step}, not {step}")
         if status.state is StepState.DONE:
@@ -145,6 +152,25 @@ class StepRunner:
             policy_version=status.version,
             final_in_burst=status.final_in_burst,
         )
+
+    async def _wait_opened(self, record: StepRecord) -> StepStatus:
+        """Satellite: wait until the core opened the record (JoinBatch may reach a satellite first)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.section.join_timeout_s
+        while True:
+            self._check_world()
+            status = await record.status(-1)
+            if status.state is not None:
+                return status
+            if loop.time() >= deadline:
+                raise TimeoutError(f"batch {record.batch_id!r} was not opened by the core within "
+                                   f"{self.section.join_timeout_s} s")
+            await asyncio.sleep(self.section.poll_s)
+
+    def _check_world(self) -> None:
+        """Satellite: leave the step when the cells' world is being re-formed (a cell restarted)."""
+        if self.training.world.changed():
+            raise CellUnavailableError(f"cell {self.cell}: the cells' world is being re-formed; join again")
 
     async def _heartbeat(self, record: StepRecord) -> None:
         while True:
@@ -188,6 +214,10 @@ class StepRunner:
                     await record.confirm(self.cell)
                 elif status.state is not StepState.OPEN:
                     return status, work.metrics, work.processed
+                if self.training.world.changed():
+                    await record.evict_self(self.cell)
+                    await record.release(self.cell)
+                    self._check_world()
                 if loop.time() - last_reclaim >= self.section.heartbeat_interval_s:
                     last_reclaim = loop.time()
                     reclaimed = await record.queue.reclaim_dead()
@@ -256,14 +286,18 @@ class StepRunner:
         merged = LossMetrics()
         for text in (await record.metrics(cells)).values():
             merged = merged.merge(metrics_from_json(text))
+        applied = await record.done_items(cells)
         grad_norm = await t.optimizer_step()
         if not status.final_in_burst and t.groups is not None and n > 1:
             await t.compute.run(t.groups.broadcast_from_core, t.trainer.flat_params, n)
         await record.ack_all(self.cell)
         version = t.trainer.version
         assert version is not None
+        every = self.section.checkpoint_every_steps
+        if every and version % every == 0:  # before the step counts as done: a restart resumes after it
+            await t.checkpoint()
         await record.finish(version)
-        num_microsteps = await record.num_done(cells)
+        num_microsteps = len(applied)
         return StepOutcome(
             batch_id=record.batch_id,
             step=version - 1,
@@ -277,4 +311,5 @@ class StepRunner:
             grad_norm=grad_norm,
             step_microsteps=num_microsteps,
             duration_s=time.monotonic() - started,
+            microstep_ids=tuple(sorted(applied)),
         )

@@ -77,15 +77,46 @@ redis.call('DEL', KEYS[1])
 return #ids
 """
 
-# KEYS: processing:<consumer>, acked, payloads
+# KEYS: processing:<consumer>, acked
+# (payloads stay: a core that restarts before its next checkpoint replays the step from them, and drops
+# them once a checkpoint covers the step: services/cell_agent/replay.py)
 ACK_ALL = """
 local ids = redis.call('LRANGE', KEYS[1], 0, -1)
 for _, id in ipairs(ids) do
   redis.call('SADD', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
 end
 redis.call('DEL', KEYS[1])
 return #ids
+"""
+
+# KEYS: join, participants, evicted, ready, metrics, pending
+# ARGV: processing-list prefix, done-set prefix, consumer prefix, number of cells
+# A core process that (re)joins a step an earlier core process had begun: whatever that step had gathered
+# (claims, finished micro-steps, gradients in the memory of the dead core, a closing window) is void.
+# Every claim goes back to the head of the queue, every finished mark is forgotten, the window reopens.
+RESTART = """
+for c = tonumber(ARGV[4]) - 1, 0, -1 do
+  local plist = ARGV[1] .. ARGV[3] .. c
+  local ids = redis.call('LRANGE', plist, 0, -1)
+  for i = #ids, 1, -1 do redis.call('LPUSH', KEYS[6], ids[i]) end
+  redis.call('DEL', plist, ARGV[2] .. c)
+end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('HSET', KEYS[1], 'state', 'open')
+redis.call('HDEL', KEYS[1], 'cells', 'version')
+return 1
+"""
+
+# KEYS: join, acked; ARGV: processing-list prefix, consumer prefix, number of cells, version
+# A step a restarted core took again from its stored micro-steps: every item is acknowledged, it is done.
+FINISH_REPLAYED = """
+for c = 0, tonumber(ARGV[3]) - 1 do
+  local plist = ARGV[1] .. ARGV[2] .. c
+  for _, id in ipairs(redis.call('LRANGE', plist, 0, -1)) do redis.call('SADD', KEYS[2], id) end
+  redis.call('DEL', plist)
+end
+redis.call('HSET', KEYS[1], 'state', 'done', 'version', ARGV[4])
+return 1
 """
 
 # KEYS: join, participants, evicted, heartbeats, pending, known, acked, closed, ready

@@ -5,9 +5,14 @@
     snapshot     the core's SnapshotRecord, under a sequence lock (`seq` odd while the core changes
                  its weights): how a satellite knows the bytes it pulled are one whole version
     published    {version, path} of the newest published weights: what a cell loads on its way to rollout
-    rendezvous   {host, port} of the core's torch.distributed store (when `dist_port` is 0)
-    pulls        a list of satellite indices waiting for the core to serve a `torch`-transport pull
-    cell k       engine: {engine_id, url, role, weight_version}; transitions: a sequence for event ids
+    checkpointed the newest version the core has a checkpoint of (steps after it are replayed from their
+                 micro-steps by a core that restarts; their payloads are kept until then)
+    world        {generation, host, port, members}: the current torch.distributed world of the cells, the
+                 core's rendezvous store of that generation and the incarnation of every member
+    pulls        "<cell>:<generation>" entries: satellites waiting for the core to serve a `torch` pull
+    cell k       engine: {engine_id, url, role, weight_version}; transitions: a sequence for event ids;
+                 incarnation: a fresh id per process start, kept alive with a TTL (the core re-forms the world
+                 when one changes)
 """
 
 from __future__ import annotations
@@ -41,6 +46,27 @@ class EngineEntry:
     url: str
     role: str
     weight_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorldRecord:
+    """One generation of the cells' torch.distributed world, as the core announces it."""
+
+    generation: int
+    host: str
+    port: int
+    """The core's rendezvous store of this generation."""
+    members: tuple[str, ...]
+    """The incarnation of every cell (index = cell) the world is formed with."""
+
+    def to_json(self) -> str:
+        return json.dumps({"generation": self.generation, "host": self.host, "port": self.port,
+                           "members": list(self.members)})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> WorldRecord:
+        d = json.loads(raw)
+        return cls(int(d["generation"]), str(d["host"]), int(d["port"]), tuple(str(m) for m in d["members"]))
 
 
 def _s(raw: bytes | str | None) -> str | None:
@@ -111,27 +137,48 @@ class TrainerState:
                                    f"(newest: {newest})")
             await asyncio.sleep(poll_s)
 
-    # -- rendezvous of the torch.distributed world --------------------------------------------------
-    async def set_rendezvous(self, host: str, port: int) -> None:
-        await self._redis.set(self._keys.trainer("rendezvous"), json.dumps({"host": host, "port": port}))
+    # -- checkpoints ----------------------------------------------------------------------------------
+    async def set_checkpointed(self, version: int) -> None:
+        await self._redis.set(self._keys.trainer("checkpointed"), version)
 
-    async def clear_rendezvous(self) -> None:
-        await self._redis.delete(self._keys.trainer("rendezvous"))
+    async def checkpointed(self) -> int | None:
+        raw = _s(await self._redis.get(self._keys.trainer("checkpointed")))
+        return None if raw is None else int(raw)
 
-    async def rendezvous(self) -> tuple[str, int] | None:
-        raw = await self._redis.get(self._keys.trainer("rendezvous"))
-        if raw is None:
-            return None
-        data = json.loads(raw)
-        return str(data["host"]), int(data["port"])
+    # -- the torch.distributed world of the cells ---------------------------------------------------
+    async def set_world(self, world: WorldRecord) -> None:
+        await self._redis.set(self._keys.trainer("world"), world.to_json())
+
+    async def world(self) -> WorldRecord | None:
+        raw = await self._redis.get(self._keys.trainer("world"))
+        return None if raw is None else WorldRecord.from_json(raw)
+
+    async def clear_world(self, generation: int) -> None:
+        """Forget the announced world if it is still `generation` (a core stopping for good)."""
+        current = await self.world()
+        if current is not None and current.generation == generation:
+            await self._redis.delete(self._keys.trainer("world"))
+
+    async def set_incarnation(self, cell: int, incarnation: str, ttl_s: float) -> None:
+        """This cell's process is alive as `incarnation` for the next `ttl_s` (refreshed while it runs)."""
+        await self._redis.set(self._keys.cell(cell, "incarnation"), incarnation, px=int(ttl_s * 1000))
+
+    async def incarnations(self, num_cells: int) -> list[str | None]:
+        """Each cell's live incarnation (None: no live process registered)."""
+        raw = await self._redis.mget([self._keys.cell(c, "incarnation") for c in range(num_cells)])
+        return [_s(r) for r in raw]
 
     # -- pull requests of the torch transport -------------------------------------------------------
-    async def request_pull(self, cell: int) -> None:
-        await self._redis.rpush(self._keys.trainer("pulls"), cell)
+    async def request_pull(self, cell: int, generation: int = 0) -> None:
+        await self._redis.rpush(self._keys.trainer("pulls"), f"{cell}:{generation}")
 
-    async def next_pull(self) -> int | None:
-        raw = await self._redis.lpop(self._keys.trainer("pulls"))
-        return None if raw is None else int(str(_s(raw)))  # type: ignore[arg-type]
+    async def next_pull(self) -> tuple[int, int] | None:
+        """(satellite, world generation) of the oldest pull request."""
+        raw = _s(await self._redis.lpop(self._keys.trainer("pulls")))
+        if raw is None:
+            return None
+        cell, _, generation = raw.partition(":")
+        return int(cell), int(generation or 0)
 
     # -- cells: engines and transition sequence -------------------------------------------------------
     async def set_engine(self, entry: EngineEntry) -> None:

@@ -2,8 +2,8 @@
 weight transport, and the core's authoritative snapshot.
 
     training = TrainingSide(cell=k, ...)
-    await training.start()            # core: resume from the newest checkpoint, announce the version
-    await training.connect()          # join the world (K−1 prefix groups), open the weight transport
+    await training.start()            # core: resume from the newest checkpoint (+ replay), announce the version
+    await training.keep_world()       # join the world (world.py: re-formed when a cell restarts), forever
     await training.pull_snapshot(7)   # satellite: the core's weights of version 7, or False if gone
 
 The core's snapshot is its live flat parameter buffer, exposed through the transport once the core
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -29,15 +30,17 @@ from gyre.config.training import TrainerSection
 from gyre.log import get_logger
 from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys
-from gyre.trainer.backends import TrainerBackend, TrainerSpec, create_trainer
+from gyre.trainer.backends import TrainerBackend, TrainerSpec, create_trainer, trainer_class
 from gyre.trainer.checkpoint import latest_checkpoint
-from gyre.trainer.collectives import CellGroups, connect_store, host_store, set_socket_interface
+from gyre.trainer.collectives import CellGroups
 from gyre.weights.snapshot import SnapshotRecord
-from gyre.weights.transports import TransportOptions, WeightTransport, create_transport
+from gyre.weights.transports import WeightTransport
 from services.cell_agent.compute import ComputeThread
 from services.cell_agent.errors import CellUnavailableError, SnapshotError
 from services.cell_agent.metrics import CellAgentMetrics
+from services.cell_agent.replay import ReplayedStep, drop_replay_payloads, replay_steps
 from services.cell_agent.trainer_state import TrainerState
+from services.cell_agent.world import WorldKeeper
 
 log = get_logger("gyre.cell_agent.training")
 
@@ -72,89 +75,92 @@ class TrainingSide:
         self.core_host = core_host
         self.bind_host = bind_host
         self.exposed = False
-        self.trainer: TrainerBackend = create_trainer(
-            section.backend, TrainerSpec(section, model_section, objective, with_optimizer=self.is_core)
-        )
-        if not self.is_core:
-            self.trainer.version = None  # a satellite knows its weights only once it pulled them
+        self.spec = TrainerSpec(section, model_section, objective, with_optimizer=self.is_core)
+        self._trainer: TrainerBackend | None = None
+        if not (trainer_class(section.backend).needs_world and num_cells > 1):
+            self._trainer = self._build()
         self.compute = ComputeThread(f"trainer-{cell}")
         self.groups: CellGroups | None = None
         self.transport: WeightTransport | None = None
         self.connected = asyncio.Event()
         self.weights_lock = threading.Lock()
+        self.step_lock = asyncio.Lock()
+        """Held while this cell takes part in a step, and while its world is re-formed (never both)."""
         self.checkpointed_version: int | None = None
         self.microsteps_processed = 0
-        self._store: object | None = None
+        self.world = WorldKeeper(self)
+        self.on_replayed: Callable[[list[ReplayedStep]], Awaitable[None]] | None = None
+        """Reports steps replayed by a trainer built once the world formed (the agent sets it)."""
+        self.started_batches: set[str] = set()
+        """Batches this process has begun its part of (a batch begun by an earlier process is restarted)."""
+
+    @property
+    def trainer(self) -> TrainerBackend:
+        if self._trainer is None:
+            raise CellUnavailableError(
+                f"cell {self.cell}'s {self.section.backend} trainer is built once the cells' world is joined"
+            )
+        return self._trainer
+
+    @property
+    def built(self) -> bool:
+        """The trainer exists (a backend that needs the cells' world is built in `connect`)."""
+        return self._trainer is not None
+
+    def _build(self) -> TrainerBackend:
+        trainer = create_trainer(self.section.backend, self.spec)
+        if not self.is_core:
+            trainer.version = None  # a satellite knows its weights only once it pulled them
+        return trainer
 
     # -- start-up ------------------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Core: load the newest checkpoint if there is one; announce the policy version."""
+    async def start(self) -> list[ReplayedStep]:
+        """Core: load the newest checkpoint if there is one, replay the steps taken after it (a core that
+        restarts after steps it had not checkpointed yet), announce the policy version; once the trainer
+        is built: here, or when the world forms for a backend that needs it (`build_after_world`).
+        Returns the replayed steps."""
+        if not self.built:
+            return []
+        return await self._resume()
+
+    async def build_after_world(self) -> list[ReplayedStep]:
+        """Build a trainer that needs the cells' world (megatron), once it has formed; then resume it."""
+        if self.built:
+            return []
+        self._trainer = await self.compute.run(self._build)
+        log.info("trainer_built", backend=self.section.backend)
+        replayed = await self._resume()
+        if replayed and self.on_replayed is not None:
+            await self.on_replayed(replayed)
+        return replayed
+
+    async def _resume(self) -> list[ReplayedStep]:
         if not self.is_core:
-            return
+            return []
         latest = latest_checkpoint(self.checkpoint_root)
         if latest is not None:
             await self.compute.run(self.trainer.load_checkpoint, latest)
             self.checkpointed_version = self.trainer.version
             log.info("trainer_resumed", checkpoint=str(latest), policy_version=self.trainer.version)
         assert self.trainer.version is not None
+        reached = await self.state.version()
+        replayed: list[ReplayedStep] = []
+        if reached is not None and reached > self.trainer.version:
+            replayed = await replay_steps(self, self.trainer.version, reached)
+            if self.section.checkpoint_every_steps:
+                await self.checkpoint()
         await self.state.set_version(self.trainer.version)
+        return replayed
 
     async def connect(self) -> None:
-        """Join the cells' world and open the weight transport (blocks until all K cells are up)."""
-        if self.num_cells > 1:
-            set_socket_interface(self.section.dist_socket_ifname)
-            store = await self._rendezvous()
-            self.groups = await self.compute.run(
-                CellGroups.initialize,
-                store,
-                cell=self.cell,
-                num_cells=self.num_cells,
-                backend=self.section.dist_backend,
-                timeout_s=self.section.collective_timeout_s,
-            )
-            log.info("collectives_ready", world_size=self.num_cells)
-        options = TransportOptions(
-            host=(self.section.mooncake_host or self.own_host) if self.is_core else self.own_host,
-            protocol=self.section.mooncake_protocol,
-            device=self.section.mooncake_device,
-            groups=self.groups,
-        )
-        if self.num_cells > 1:
-            self.transport = await self.compute.run(create_transport, self.section.weight_transport, options)
-        self.connected.set()
-        if self.is_core:
-            await self.publish_snapshot()
+        """Join the cells' world (the core forms it; blocks until all K cells are in it)."""
+        await self.world.register()
+        await self.world.connect()
 
-    async def _rendezvous(self) -> object:
-        timeout_s = self.section.rendezvous_timeout_s
-        if self.is_core:
-            hosted = await asyncio.to_thread(
-                host_store, bind_host=self.bind_host, port=self.section.dist_port, world_size=self.num_cells,
-                timeout_s=timeout_s,
-            )
-            if self.section.dist_port == 0:
-                await self.state.set_rendezvous(self.core_host, hosted.port)
-            self._store = hosted
-            return hosted.store
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            found = (
-                (self.core_host, self.section.dist_port) if self.section.dist_port else await self.state.rendezvous()
-            )
-            if found is not None:
-                try:
-                    store = await asyncio.to_thread(
-                        connect_store, host=found[0], port=found[1], world_size=self.num_cells,
-                        timeout_s=min(5.0, timeout_s),
-                    )
-                    self._store = store
-                    return store
-                except (RuntimeError, TimeoutError) as e:  # a stale announcement or the core restarting
-                    log.warning("rendezvous_retry", host=found[0], port=found[1], error=str(e))
-            if loop.time() > deadline:
-                raise CellUnavailableError(f"the core did not open its rendezvous within {timeout_s} s")
-            await asyncio.sleep(0.2)
+    async def keep_world(self) -> None:
+        """Join the world, then follow it across cell restarts for as long as the cell runs (world.py)."""
+        await self.world.register()
+        await self.world.keep()
 
     async def wait_connected(self, timeout_s: float) -> None:
         try:
@@ -211,19 +217,25 @@ class TrainingSide:
         await self.connected.wait()
         if self.transport is None or not self.transport.core_serves:
             return
-        transport = self.transport
         while True:
-            satellite = await self.state.next_pull()
-            if satellite is None:
+            request = await self.state.next_pull()
+            if request is None:
                 await asyncio.sleep(self.section.poll_s)
                 continue
+            satellite, generation = request
+            async with self.world.world_lock:
+                transport = self.transport
+                if generation != self.world.generation or transport is None:
+                    log.warning("pull_of_another_world_dropped", satellite=satellite, generation=generation,
+                                current=self.world.generation)
+                    continue
 
-            def serve(target: int = satellite) -> None:
-                with self.weights_lock:
-                    assert self.trainer.version is not None
-                    transport.serve(self.trainer.flat_params, self.trainer.version, target)
+                def serve(target: int = satellite, via: WeightTransport = transport) -> None:
+                    with self.weights_lock:
+                        assert self.trainer.version is not None
+                        via.serve(self.trainer.flat_params, self.trainer.version, target)
 
-            await asyncio.to_thread(serve)
+                await asyncio.to_thread(serve)
 
     async def pull_snapshot(self, version: int, *, timeout_s: float = 60.0) -> bool:
         """Satellite: make this cell's weights the core's weights of `version`. False when the core has
@@ -240,6 +252,8 @@ class TrainingSide:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
+            if self.world.changed():
+                raise CellUnavailableError(f"cell {self.cell}: the cells' world is being re-formed; join again")
             if loop.time() > deadline:
                 raise CellUnavailableError(f"no consistent snapshot of version {version} within {timeout_s} s")
             read = await self.state.read_snapshot()
@@ -252,7 +266,7 @@ class TrainingSide:
                 await asyncio.sleep(self.section.poll_s)  # the core has not exposed its weights yet
                 continue
             if transport.core_serves:
-                await self.state.request_pull(self.cell)
+                await self.state.request_pull(self.cell, self.world.generation)
             got = await self.compute.run(
                 transport.pull, read.record.endpoint, self.trainer.flat_params, cell=self.cell
             )
@@ -273,19 +287,21 @@ class TrainingSide:
 
     # -- checkpoints -------------------------------------------------------------------------------------
     async def checkpoint(self) -> Path | None:
-        """Core: write a checkpoint of the current version unless one exists."""
-        if not self.is_core or self.trainer.version is None or self.trainer.version == self.checkpointed_version:
+        """Core: write a checkpoint of the current version unless one exists; then the micro-steps of the
+        steps it covers are no longer needed for a replay and are dropped."""
+        if not self.is_core or not self.built or self.trainer.version is None:
             return None
+        if self.trainer.version == self.checkpointed_version:
+            return None
+        version = self.trainer.version
         path = await self.compute.run(self.trainer.save_checkpoint, self.checkpoint_root)
-        self.checkpointed_version = self.trainer.version
-        log.info("checkpoint_written", path=str(path), policy_version=self.trainer.version)
+        previous = await self.state.checkpointed() or 0
+        self.checkpointed_version = version
+        await self.state.set_checkpointed(version)
+        await drop_replay_payloads(self, range(previous, version))
+        log.info("checkpoint_written", path=str(path), policy_version=version)
         return path
 
     async def close(self) -> None:
-        if self.transport is not None:
-            await self.compute.run(self.transport.close)
-        if self.groups is not None:
-            await self.compute.run(self.groups.close)
-        if self.is_core and self.section.dist_port == 0:
-            await self.state.clear_rendezvous()
+        await self.world.close()
         self.compute.close()

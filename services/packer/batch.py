@@ -89,6 +89,7 @@ async def fill_batch(
                 reward_mean=metrics_.reward_mean, reward_std=metrics_.reward_std,
                 num_resolved=metrics_.num_valid + metrics_.num_placeholder,
                 admitted_by_class=packed.admitted_by_class, targets_by_class=packed.targets_by_class,
+                num_executions_without_targets=packed.num_executions_without_targets,
             ),
             event_id=f"batch.group_packed:{progress.batch_id}:{group.group_id}",
         )

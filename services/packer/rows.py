@@ -39,6 +39,9 @@ class GroupRows:
     """Admitted trajectories per leaf class (`main`, `sub_agent`, …)."""
     targets_by_class: dict[str, int] = field(default_factory=dict)
     """Admitted target tokens per leaf class of the trajectory that holds them."""
+    num_executions_without_targets: int = 0
+    """Members that contribute no target token: placeholders, excluded members, and valid ones whose
+    tree holds nothing trainable (no model call answered, or only side calls)."""
 
     @property
     def num_trajectories(self) -> int:
@@ -64,16 +67,20 @@ async def group_rows(
     rows: list[TrajectoryRow] = []
     by_class: dict[str, int] = {}
     targets_by_class: dict[str, int] = {}
+    without_targets = 0
     for member in group.members:
         if member.status is not MemberStatus.VALID:
+            without_targets += 1
             continue
         tree = await load_tree(member.execution_id)
         if tree is None:  # the harness never made a model call: nothing to train, L_i = 0
+            without_targets += 1
             continue
         admitted = admit(tree, j_max=j_max, seed=admission_seed(run_seed, member.execution_id))
+        without_targets += not any(a.num_targets for a in admitted)
         for a in admitted:
             by_class[a.leaf_class.value] = by_class.get(a.leaf_class.value, 0) + 1
             targets_by_class[a.leaf_class.value] = targets_by_class.get(a.leaf_class.value, 0) + a.num_targets
         rows.extend(materialize(tree, admitted, row_layout))
-    return GroupRows(rows, advantages, sum(r.num_targets for r in rows), by_class, targets_by_class)
+    return GroupRows(rows, advantages, sum(r.num_targets for r in rows), by_class, targets_by_class, without_targets)
 

@@ -6,6 +6,12 @@ tree rows (`packer.row_layout`), given group-relative
 advantages and per-token coefficients, packed into micro-steps on the batch's Redis queue, and the
 stream is closed after B groups. Events: GroupPacked, MicroStepEnqueued, StreamClosed.
 
+Restart-safe: each open batch is recorded in Redis (`Keys.batch`, indexed by `Keys.open_batches`) until
+its stream closes, and a restarted packer resumes every one at start-up. A resumed stream takes the
+groups its batch had claimed first, in packing order, and packs them again into the same micro-steps
+(admission is seeded per execution): queue items and events carry deterministic ids, so nothing is
+enqueued or counted twice.
+
     python -m services.packer --config runs/<run>/config.yaml
 """
 
@@ -37,29 +43,42 @@ class PackerService(GyreService):
             self.metrics_registry, open_batches=lambda: sum(not b.closed for b in self.batches.values())
         )
         packer_pb2_grpc.add_PackerServicer_to_server(_Servicer(self), self.server)
+        for raw in sorted(await self.redis.smembers(self.keys.open_batches())):
+            record = await self.redis.hgetall(self.keys.batch(raw.decode()))
+            if not record:
+                continue
+            step, num_groups, version = (int(record[k]) for k in (b"step", b"num_groups", b"policy_version"))
+            self.log.info("batch_resumed", batch=raw.decode(), step=step)
+            await self.open_batch(step, num_groups, version)
 
     async def open_batch(self, step: int, num_groups: int, policy_version: int) -> BatchProgress:
         batch_id = make_batch_id(self.config.run.id, step)
         if batch_id in self.batches:  # a retried OpenBatch
             return self.batches[batch_id]
-        cfg, sched = self.config.packer, self.config.scheduler
         progress = BatchProgress(batch_id, step, num_groups, policy_version)
         self.batches[batch_id] = progress
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.batch(batch_id),
+                      mapping={"step": step, "num_groups": num_groups, "policy_version": policy_version})
+            pipe.sadd(self.keys.open_batches(), batch_id)
+            await pipe.execute()
         await self.bus.publish(
             ev.BatchOpened(batch_id=batch_id, step=step, num_groups=num_groups), event_id=f"batch.opened:{batch_id}"
         )
         queue = WorkQueue(self.redis, self.keys, microstep_queue(batch_id), self.config.redis.heartbeat_timeout_s)
-        self.supervisor.spawn(
-            fill_batch(
-                progress, claim_group=self.groups.claim, load_tree=self.trees.load, queue=queue, bus=self.bus,
-                num_batch_executions=num_groups * sched.group_size, token_budget=cfg.microstep_tokens,
-                j_max=cfg.j_max, run_seed=sched.seed, normalize_std=cfg.normalize_std, row_layout=cfg.row_layout,
-                metrics=self.metrics,
-            ),
-            f"batch-{step}",
-        )
+        self.supervisor.spawn(self._stream(progress, queue), f"batch-{step}")
         self.log.info("batch_opened", batch=batch_id, step=step, groups=num_groups, policy_version=policy_version)
         return progress
+
+    async def _stream(self, progress: BatchProgress, queue: WorkQueue) -> None:
+        cfg, sched = self.config.packer, self.config.scheduler
+        await fill_batch(
+            progress, claim_group=self.groups.claim, load_tree=self.trees.load, queue=queue, bus=self.bus,
+            num_batch_executions=progress.num_groups * sched.group_size, token_budget=cfg.microstep_tokens,
+            j_max=cfg.j_max, run_seed=sched.seed, normalize_std=cfg.normalize_std, row_layout=cfg.row_layout,
+            metrics=self.metrics,
+        )
+        await self.redis.srem(self.keys.open_batches(), progress.batch_id)
 
 
 class _Servicer(packer_pb2_grpc.PackerServicer):

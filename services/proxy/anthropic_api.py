@@ -88,12 +88,12 @@ async def count_tokens(core: ProxyCore, adapter: AnthropicAdapter, request: Requ
         num_tokens = core.count_tokens(state, model_request)
     except ProxyError as e:
         core.metrics.answered("anthropic_count_tokens", adapter.error_status(e))
-        core.metrics.failed("anthropic_count_tokens", e, False)
+        core.metrics.failed("anthropic_count_tokens", e, False, model_call=False)
         return adapter.error_response(e, request_id)
     except Exception as e:
         log.exception("proxy_internal_error", error=repr(e))
         failure = InternalError(f"internal error in the proxy: {e!r}")
-        core.metrics.failed("anthropic_count_tokens", failure, False)
+        core.metrics.failed("anthropic_count_tokens", failure, False, model_call=False)
         return adapter.error_response(failure, request_id)
     core.metrics.answered("anthropic_count_tokens", 200)
     return json_response({"input_tokens": num_tokens}, 200, {adapter.request_id_header: request_id})

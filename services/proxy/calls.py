@@ -40,6 +40,7 @@ from services.proxy.errors import (
 from services.proxy.executions import Executions, ExecutionState
 from services.proxy.generation import Generation
 from services.proxy.metrics import OverheadClock, ProxyMetrics
+from services.proxy.replay import ReplayedGeneration, unanswered_output
 from services.proxy.routing import Router
 from services.proxy.streaming import Detokenizer, StreamEvent, fold_events, make_streamer
 
@@ -74,6 +75,8 @@ class CallSettings:
     default_max_tokens: int
     max_engine_attempts: int
     retry_backoff_s: float
+    replay_unanswered_calls: bool = True
+    """Answer a retried call from the output already recorded for it (services/proxy/replay.py)."""
 
 
 class ModelCall:
@@ -82,7 +85,7 @@ class ModelCall:
         *,
         state: ExecutionState,
         prepared: PreparedCall,
-        generation: Generation,
+        generation: Generation | ReplayedGeneration,
         template: ChatTemplate,
         executions: Executions,
         metrics: ProxyMetrics,
@@ -235,19 +238,26 @@ def begin_call(
     """Prepare one call: validate sampling, match and encode against the execution's tree."""
     sampling, max_new_tokens = engine_sampling(request, template, settings.default_max_tokens)
     prepared = prepare(state, request)
-    generation = Generation(
-        router,
-        execution_id=state.execution_id,
-        call_id=f"{state.execution_id}-{request_id}",
-        prompt_ids=prepared.input_ids.tolist(),
-        sampling=sampling,
-        max_new_tokens=max_new_tokens,
-        stop_token_ids=template.stop_token_ids,
-        stream=request.stream,
-        clock=clock,
-        max_attempts=settings.max_engine_attempts,
-        backoff_s=settings.retry_backoff_s,
-    )
+    recorded = unanswered_output(prepared) if settings.replay_unanswered_calls else None
+    generation: Generation | ReplayedGeneration
+    if recorded is not None:  # a retry of a call whose answer never reached the harness
+        metrics.replayed.inc()
+        log.info("call_replayed", execution=state.execution_id, node=recorded.node_id)
+        generation = ReplayedGeneration(recorded, prepared.input_ids.tolist(), template.stop_token_ids)
+    else:
+        generation = Generation(
+            router,
+            execution_id=state.execution_id,
+            call_id=f"{state.execution_id}-{request_id}",
+            prompt_ids=prepared.input_ids.tolist(),
+            sampling=sampling,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=template.stop_token_ids,
+            stream=request.stream,
+            clock=clock,
+            max_attempts=settings.max_engine_attempts,
+            backoff_s=settings.retry_backoff_s,
+        )
     return ModelCall(
         state=state,
         prepared=prepared,

@@ -1,7 +1,9 @@
 """The proxy's domain errors: one class per way a harness call can be refused or fail.
 
-API-neutral: each error has an HTTP status and a `kind`; the API modules (anthropic_api.py,
-chat_api.py, responses_api.py) render it as the caller's own error body, and app.py maps any
+API-neutral: each error has an HTTP status, a `kind` (the error type of the caller's format) and a
+`reason`: why the call was refused, finer than `kind` (`prompt_too_long` inside `invalid_request`), the
+label of `gyre_proxy_refused_calls_total` and the key of `ProxyStats.refused_calls`. The API modules
+(anthropic_api.py, chat_api.py, responses_api.py) render it as the caller's own error body, and app.py maps any
 exception that escapes a handler to one of these (an unexpected one becomes `InternalError`).
 Only engine and internal failures are 5xx; everything a harness can send wrong is a 4xx.
 """
@@ -27,6 +29,7 @@ class ProxyError(Exception):
 
     status: ClassVar[int] = 500
     kind: ClassVar[ErrorKind] = ErrorKind.INTERNAL
+    reason: ClassVar[str] = "internal"
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -40,10 +43,23 @@ class ProxyError(Exception):
 
 
 class InvalidRequestError(ProxyError):
-    """Malformed JSON, a field of the wrong type, an unsupported feature, a prompt too long."""
+    """Malformed JSON, a field of the wrong type, an unsupported feature."""
 
     status = 400
     kind = ErrorKind.INVALID_REQUEST
+    reason = "invalid_request"
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt leaves the engine's context no room for one output token."""
+
+    reason = "prompt_too_long"
+
+
+class EngineRefusedError(InvalidRequestError):
+    """The engine refused the request itself (HTTP 400): the harness's error, not retried."""
+
+    reason = "engine_refused"
 
 
 class AuthenticationError(ProxyError):
@@ -51,6 +67,7 @@ class AuthenticationError(ProxyError):
 
     status = 401
     kind = ErrorKind.AUTHENTICATION
+    reason = "authentication"
 
 
 class ExecutionClosedError(ProxyError):
@@ -58,16 +75,19 @@ class ExecutionClosedError(ProxyError):
 
     status = 403
     kind = ErrorKind.PERMISSION
+    reason = "execution_closed"
 
 
 class NotFoundError(ProxyError):
     status = 404
     kind = ErrorKind.NOT_FOUND
+    reason = "not_found"
 
 
 class BodyTooLargeError(ProxyError):
     status = 413
     kind = ErrorKind.TOO_LARGE
+    reason = "body_too_large"
 
 
 class EngineUnavailableError(ProxyError):
@@ -75,6 +95,7 @@ class EngineUnavailableError(ProxyError):
 
     status = 503
     kind = ErrorKind.OVERLOADED
+    reason = "engine_unavailable"
 
 
 class EngineOutputError(ProxyError):
@@ -83,6 +104,7 @@ class EngineOutputError(ProxyError):
 
     status = 502
     kind = ErrorKind.INTERNAL
+    reason = "engine_output"
 
 
 class InternalError(ProxyError):

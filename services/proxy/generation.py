@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from gyre.engine import EngineError, EngineRequestError
 from gyre.engine.types import FinishReason
-from services.proxy.errors import EngineUnavailableError, ExecutionClosedError, InvalidRequestError
+from services.proxy.errors import (
+    EngineRefusedError,
+    EngineUnavailableError,
+    ExecutionClosedError,
+    PromptTooLongError,
+)
 from services.proxy.metrics import OverheadClock
 
 if TYPE_CHECKING:
@@ -160,7 +165,7 @@ class Generation:
                 self.num_moves += 1
                 continue
             if isinstance(error, EngineRequestError):
-                raise InvalidRequestError(f"the engine refused the request: {error.message}")
+                raise EngineRefusedError(f"the engine refused the request: {error.message}")
             last_error = error
             failures += 1
             if failures >= self.max_attempts:
@@ -177,7 +182,7 @@ class Generation:
             return self.requested_max_new_tokens
         room = context_len - len(self.prompt_ids)
         if room <= 0:
-            raise InvalidRequestError(
+            raise PromptTooLongError(
                 f"prompt is too long: {len(self.prompt_ids)} tokens > {context_len - 1} maximum", "messages"
             )
         return min(self.requested_max_new_tokens, room)

@@ -118,4 +118,6 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServicer):
             recorded_calls=s.recorded_calls,
             history_mismatches=s.history_mismatches,
             side_calls=s.side_calls,
+            refused_calls=s.refused_calls,
+            refusal_messages=s.refusal_messages,
         )

@@ -7,6 +7,11 @@ Each proxy owns its `CollectorRegistry` (two proxies in one test process do not 
 `overhead_seconds` is the time a call spends in the proxy itself — parsing, matching, encoding,
 rendering, recording — excluding the time it waits on engines and on the harness reading the
 stream (`OverheadClock` measures it by pausing around those waits).
+
+Refused calls: every model call answered with an error counts once under its `ProxyError.reason`
+(`prompt_too_long`, `engine_unavailable`, ...), with the latest message per reason kept for reports
+(`gyre status`, the demo's summary.json), so a run whose calls are all refused says why instead of
+"completing" on empty trees. A harness retry is another call and counts again.
 """
 
 from __future__ import annotations
@@ -14,13 +19,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gyre.metrics.registry import series
 from services.proxy.errors import ProxyError
 
+REFUSAL_REASONS = (
+    "invalid_request", "prompt_too_long", "engine_refused", "authentication", "execution_closed", "not_found",
+    "body_too_large", "engine_unavailable", "engine_output", "internal",
+)
+"""The reasons of the proxy's errors (services/proxy/errors.py), pre-created as label children."""
+REFUSAL_MESSAGE_CHARS = 300
 OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -37,6 +48,10 @@ class StatsCounters:
     recorded_calls: int = 0
     history_mismatches: int = 0
     side_calls: int = 0
+    refused_calls: dict[str, int] = field(default_factory=dict)
+    """Model calls answered with an error, by `ProxyError.reason`."""
+    refusal_messages: dict[str, str] = field(default_factory=dict)
+    """The latest error message per reason (at most REFUSAL_MESSAGE_CHARS characters)."""
 
 
 class ProxyMetrics:
@@ -103,6 +118,16 @@ class ProxyMetrics:
         )
         for kind in ("task", "summary", "side"):
             self.recorded.labels(kind)
+        self.replayed = Counter(
+            series("proxy", "replayed_calls"),
+            "Retried calls answered with the output recorded for their lost first attempt (replay.py).",
+            registry=r,
+        )
+        self.refused = Counter(
+            series("proxy", "refused_calls"), "Model calls answered with an error, by reason.", ["reason"], registry=r
+        )
+        for reason in REFUSAL_REASONS:
+            self.refused.labels(reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -111,7 +136,12 @@ class ProxyMetrics:
         self.stats.requests += 1
         self.requests.labels(api, str(status)).inc()
 
-    def failed(self, api: str, error: ProxyError, during_transition: bool) -> None:
+    def failed(self, api: str, error: ProxyError, during_transition: bool, *, model_call: bool = True) -> None:
+        """An answered error; `model_call=False` for requests that are not model calls (count_tokens)."""
+        if model_call:
+            self.stats.refused_calls[error.reason] = self.stats.refused_calls.get(error.reason, 0) + 1
+            self.stats.refusal_messages[error.reason] = error.message[:REFUSAL_MESSAGE_CHARS]
+            self.refused.labels(error.reason).inc()
         if error.is_client_error:
             self.stats.client_errors += 1
         else:

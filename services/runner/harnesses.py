@@ -18,6 +18,9 @@ flags and environment variables, e.g. Claude Code's `--system-prompt`, `--tools`
 `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`); the variables that route the harness to the proxy are the runner's
 and cannot be overridden (`HARNESS_ROUTING_ENV`).
 
+A harness that is `python -m MODULE` names it in `fork_module` (with `fork_paths`, its PYTHONPATH): the
+runner then forks its executions from a fork server that imported MODULE once (runner.fork_server).
+
 Adding one: subclass `HarnessCommand`, set `name`, implement `argv` (and `env`/`prepare` when
 needed), add it to `HARNESSES` and to `RunnerSection.harness`; the contract test in
 tests/unit/runner/test_harnesses.py checks every entry.
@@ -25,6 +28,7 @@ tests/unit/runner/test_harnesses.py checks every entry.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import zlib
@@ -55,6 +59,10 @@ class Launch:
 
 class HarnessCommand(ABC):
     name: ClassVar[str]
+    fork_module: ClassVar[str | None] = None
+    """The module of a `python -m MODULE` harness a fork server may preload (None: always a new process)."""
+    fork_paths: ClassVar[tuple[str, ...]] = ()
+    """The PYTHONPATH entries the harness gets (the fork server puts them first on its sys.path)."""
 
     def __init__(self, extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None) -> None:
         self.extra_args = list(extra_args or [])
@@ -98,6 +106,8 @@ class HarnessCommand(ABC):
 
 class DemoHarness(HarnessCommand):
     name = "demo"
+    fork_module = "harness"
+    fork_paths = (str(REPO_ROOT),)
 
     def argv(self, launch: Launch) -> list[str]:
         task = launch.task
@@ -108,7 +118,7 @@ class DemoHarness(HarnessCommand):
                 "--seed", seed]
 
     def env(self, launch: Launch) -> dict[str, str]:
-        return {**super().env(launch), "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1",
+        return {**super().env(launch), "PYTHONPATH": os.pathsep.join(self.fork_paths), "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONUNBUFFERED": "1"}
 
 

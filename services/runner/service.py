@@ -21,6 +21,7 @@ import grpc
 
 from gyre.bus import Delivery, EventConsumer, watch_consumer
 from gyre.config import GyreConfig
+from gyre.sandbox.forkclient import ForkServer
 from gyre.sandbox.host import open_sandbox
 from gyre.service import GyreService
 from gyre.store import Counters
@@ -46,6 +47,7 @@ class RunnerService(GyreService):
     def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
         super().__init__(config, instance)
         self.consumer: EventConsumer | None = None
+        self.fork_server: ForkServer | None = None
         self._drained = False
 
     @property
@@ -58,6 +60,11 @@ class RunnerService(GyreService):
         tasks = TaskSet.from_section(self.config.tasks)  # a malformed task stops the start, naming file and key
         self.launcher, limits = open_sandbox(self, section)
         run_dir = self.config.run.path.resolve()
+        harness = make_harness(section)
+        if section.fork_server and harness.fork_module is not None:
+            self.fork_server = ForkServer.start(harness.fork_module, paths=harness.fork_paths,
+                                                log_path=run_dir / "logs" / f"{self.instance_name}-forkserver.log")
+            self.launcher.fork_server = self.fork_server
         self.proxy = ProxyClient(f"{self.config.run.host}:{self.config.proxy.port}", attempts=section.open_attempts)
         self.slots = Slots(section.max_concurrent)
         metrics = RunnerMetrics(self.metrics_registry)
@@ -69,7 +76,7 @@ class RunnerService(GyreService):
             ownership=Ownership(self.redis, self.keys, self.runner_id),
             proxy=self.proxy,
             launcher=self.launcher,
-            harness=make_harness(section),
+            harness=harness,
             registry=tasks.registry,
             workspace_root=(section.workspace_dir or run_dir / "workspaces").resolve(),
             sandbox_root=run_dir / "sandboxes",
@@ -119,6 +126,8 @@ class RunnerService(GyreService):
         await super().stop(grace_s)
 
     async def teardown(self) -> None:
+        if self.fork_server is not None:
+            await self.fork_server.stop()
         if hasattr(self, "proxy"):
             await self.proxy.close()
 

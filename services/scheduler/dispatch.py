@@ -3,7 +3,12 @@ counter, GroupDispatched events) and StartExecutions into start commands for the
 
 Queries are drawn from the run's task set (the `tasks:` config section: gyre/tasks/taskset.py) in a
 seeded, weighted, interleaved cycle (gyre/tasks/sampling.py); a group is N executions of one query.
-Executions wait in a FIFO (a Redis list) between dispatch and start.
+
+Everything is a function of the policy's counters, so executing an action twice (a scheduler killed
+mid-action executes it again after its restart) writes the same thing twice: the k-th group of the run
+(0-based) is `g<k+1>` and runs the cycle's k-th query; executions start in dispatch order, so the p-th
+execution started is the p-th dispatched one, `g<p // N + 1>-e<p % N>`. Records, the counter (by group
+token), events (by event id) and start commands (by event id, and the runner's claim) are idempotent.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import time
 
 import redis.asyncio as aioredis
 
+from gyre import ids
 from gyre.bus import EventBus
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records
 from gyre.tasks import TaskSet
@@ -24,10 +30,24 @@ class QuerySource:
 
     def __init__(self, tasks: TaskSet, seed: int) -> None:
         self.tasks = tasks
+        self._seed = seed
         self._cycle = tasks.cycle(seed)
+        self._drawn = 0
+        """Draws taken from `_cycle`."""
 
     def next(self) -> str:
+        self._drawn += 1
         return self._cycle.next()
+
+    def at(self, index: int) -> str:
+        """The cycle's `index`-th draw (0-based), whatever was drawn before."""
+        if index < 0:
+            raise ValueError(f"draw index must be >= 0; got {index}")
+        if index < self._drawn:
+            self._cycle, self._drawn = self.tasks.cycle(self._seed), 0
+        while self._drawn < index:
+            self.next()
+        return self.next()
 
     def limits(self, task_id: str) -> tuple[float, float]:
         task = self.tasks.registry.get(task_id)
@@ -35,7 +55,9 @@ class QuerySource:
 
 
 class Dispatcher:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, bus: EventBus, profile: str, queries: QuerySource) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, bus: EventBus, profile: str, queries: QuerySource, group_size: int
+    ) -> None:
         self._redis = redis
         self._keys = keys
         self._bus = bus
@@ -43,20 +65,23 @@ class Dispatcher:
         self._counters = Counters(redis, keys)
         self.queries = queries
         self._profile = profile
-        self._fifo = keys.queue("exec_fifo", "list")
-        self._seq = keys.queue("exec_fifo", "group_seq")
+        self.group_size = group_size
+        """N: executions per group (fixed for a run: execution ids follow from it)."""
 
-    async def dispatch(self, num_groups: int, group_size: int, policy_version: int, burst: int) -> list[str]:
-        """Create `num_groups` groups; returns their ids in dispatch order."""
+    async def dispatch(
+        self, num_groups: int, group_size: int, policy_version: int, burst: int, first_group: int = 0
+    ) -> list[str]:
+        """Create the groups `first_group` .. `first_group + num_groups − 1` of the run; returns their ids."""
+        if group_size != self.group_size:
+            raise ValueError(f"groups of {group_size} asked for; this run's groups have {self.group_size}")
         group_ids: list[str] = []
-        for _ in range(num_groups):
-            seq = int(await self._redis.incr(self._seq))
-            group_id = f"g{seq:05d}"
-            task_id = self.queries.next()
+        for index in range(first_group, first_group + num_groups):
+            group_id = ids.group_id(index + 1)
+            task_id = self.queries.at(index)
             harness_timeout_s, budget_s = self.queries.limits(task_id)
             executions = [
                 ExecutionRecord(
-                    execution_id=f"{group_id}-e{i:02d}", group_id=group_id, index_in_group=i, query_id=task_id,
+                    execution_id=ids.execution_id(group_id, i), group_id=group_id, index_in_group=i, query_id=task_id,
                     task_id=task_id, harness_timeout_s=harness_timeout_s, overall_budget_s=budget_s,
                     profile=self._profile,
                 )
@@ -69,7 +94,6 @@ class Dispatcher:
             )
             await self._records.put_group(group, executions)
             await self._counters.add("dispatched", group_size, token=group_id)
-            await self._redis.rpush(self._fifo, *group.execution_ids)
             await self._bus.publish(
                 ev.GroupDispatched(
                     group_id=group_id, query_id=task_id, execution_ids=list(group.execution_ids),
@@ -80,16 +104,15 @@ class Dispatcher:
             group_ids.append(group_id)
         return group_ids
 
-    async def start(self, engine_id: str, count: int) -> list[str]:
-        """Send start commands for the `count` oldest queued executions, routed to `engine_id`."""
+    async def start(self, engine_id: str, count: int, first: int = 0) -> list[str]:
+        """Send start commands for the executions `first` .. `first + count − 1` in dispatch order (the
+        oldest queued ones), routed to `engine_id`."""
         started: list[str] = []
-        for _ in range(count):
-            raw = await self._redis.lpop(self._fifo)
-            if raw is None:
-                raise AssertionError("the policy started more executions than were dispatched")
-            execution_id = raw.decode()
+        for position in range(first, first + count):
+            execution_id = ids.execution_id(ids.group_id(position // self.group_size + 1), position % self.group_size)
             record = await self._records.get_execution(execution_id)
-            assert record is not None, f"execution {execution_id} has no dispatch record"
+            if record is None:
+                raise AssertionError(f"the policy started execution {execution_id}, which was never dispatched")
             await self._bus.publish(
                 ev.ExecutionStartRequested(
                     execution=common.ExecutionRef(
@@ -104,6 +127,3 @@ class Dispatcher:
             started.append(execution_id)
         return started
 
-    async def queued(self) -> list[str]:
-        """Executions dispatched and not yet started, oldest first."""
-        return [raw.decode() for raw in await self._redis.lrange(self._fifo, 0, -1)]

@@ -6,6 +6,10 @@ the actions. Actions that answer at once (a dispatch) return follow-up events th
 before the next queued event; long ones (a role transition, a batch) run as tasks that report back
 through `handle`. An event the policy rejects (a duplicate delivery, say) is logged and dropped:
 the policy validates, the shell does not second-guess it.
+
+After each applied event the driver calls `after_apply` (the service persists its state there, then
+starts the long actions): a bus event is handed over with its stream sequence, and `applied_seq` says
+which bus events the persisted state includes.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from gyre.log import get_logger
 from services.scheduler.policy import Action, Event, Policy
@@ -26,33 +30,39 @@ AfterApply = Callable[[], Awaitable[None]]
 
 
 class Driver:
-    def __init__(self, policy: Policy, execute: Execute, after_apply: AfterApply, start_s: float = 0.0) -> None:
+    def __init__(
+        self, policy: Policy, execute: Execute, after_apply: AfterApply, start_s: float = 0.0, applied_seq: int = 0
+    ) -> None:
         self.policy = policy
         self._execute = execute
         self._after_apply = after_apply
-        self._queue: asyncio.Queue[tuple[MakeEvent, asyncio.Future[None] | None]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[list[MakeEvent], int | None, asyncio.Future[None] | None]] = asyncio.Queue()
         self._origin = time.monotonic() - start_s
         self.num_applied = 0
         self.num_rejected = 0
+        self.applied_seq = applied_seq
+        """Stream sequence of the last bus event applied (0: none yet)."""
 
     def now(self) -> float:
         return time.monotonic() - self._origin
 
-    async def handle(self, make: MakeEvent) -> None:
-        """Queue an event and wait until it is applied (so a NATS ack follows the state change)."""
+    async def handle(self, make: MakeEvent | Sequence[MakeEvent], seq: int | None = None) -> None:
+        """Queue events and wait until they are applied and persisted (so a NATS ack follows the state
+        change). `seq`: the stream sequence of the bus message they came from."""
+        makes = [make] if callable(make) else list(make)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self._queue.put((make, done))
+        await self._queue.put((makes, seq, done))
         await done
 
     def post(self, make: MakeEvent) -> None:
         """Queue an event without waiting (timers)."""
-        self._queue.put_nowait((make, None))
+        self._queue.put_nowait(([make], None, None))
 
     async def run(self) -> None:
         while True:
-            make, done = await self._queue.get()
+            makes, seq, done = await self._queue.get()
             try:
-                await self._apply(make)
+                await self._apply(makes, seq)
             except Exception as e:
                 if done is not None:
                     done.set_exception(e)
@@ -60,9 +70,12 @@ class Driver:
             if done is not None and not done.done():
                 done.set_result(None)
 
-    async def _apply(self, make: MakeEvent) -> None:
-        pending: deque[MakeEvent] = deque([make])
+    async def _apply(self, makes: list[MakeEvent], seq: int | None) -> None:
+        pending: deque[MakeEvent] = deque(makes)
         changed = False
+        if seq is not None and seq > self.applied_seq:
+            self.applied_seq = seq
+            changed = True
         while pending:
             event = pending.popleft()(self.now())
             if event is None:

@@ -1,14 +1,23 @@
-"""gRPC stubs of the services the scheduler drives: cell agents, proxy, packer, runner."""
+"""gRPC stubs of the services the scheduler drives (cell agents, proxy, packer, runner), and the retry
+of a call while its peer is down or restarting (`call_peer`)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from gyre.config import GyreConfig
+from gyre.log import get_logger
 from gyre.v1 import cell_agent_pb2_grpc, common_pb2, packer_pb2_grpc, proxy_pb2_grpc, runner_pb2_grpc
 from services.scheduler.naming import engine_id
+
+log = get_logger("gyre.scheduler.peers")
+T = TypeVar("T")
 
 
 @dataclass
@@ -58,3 +67,33 @@ class Peers:
     async def close(self) -> None:
         for ch in self.channels:
             await ch.close()
+
+
+RETRYABLE: frozenset[grpc.StatusCode] = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+     grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+"""Codes of a peer that is down, restarting or was cut off mid-call: the call is repeated."""
+
+
+async def call_peer(
+    rpc: Callable[..., Awaitable[T]], request: Message, *, timeout_s: float, retry_s: float, what: str,
+    retry_on: frozenset[grpc.StatusCode] = RETRYABLE,
+) -> T:
+    """`rpc(request)`, repeated with backoff (0.2 s doubling, at most 5 s) while it fails with a code in
+    `retry_on`, for at most `retry_s`; then the last error is raised. Every call the scheduler retries is
+    idempotent on the peer (a repeated SwitchRole, JoinBatch, OpenBatch, PublishWeights or Drain joins
+    or repeats the first)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + retry_s
+    delay = 0.2
+    while True:
+        try:
+            return await rpc(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in retry_on or loop.time() + delay > deadline:
+                raise
+            log.warning("peer_call_retried", call=what, code=e.code().name, detail=(e.details() or "")[:200],
+                        retry_in_s=delay)
+        await asyncio.sleep(delay)
+        delay = min(5.0, delay * 2)

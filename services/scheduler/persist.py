@@ -1,67 +1,97 @@
-"""Persistence of the policy's state in Redis, so a restarted scheduler resumes the run.
+"""The scheduler's whole state in Redis, written after every applied event, so a restarted scheduler
+resumes the run where the killed one stopped.
 
-After every applied event the driver writes one JSON document: counters, roles, versions, the
-running executions and their engines (started, or start commanded and not yet confirmed), and the
-outstanding groups. On start-up `restore` rebuilds the policy with `PolicyState.restore`; the
-durable NATS consumer then resumes from the first unacknowledged event.
+One JSON document (`Keys.scheduler_state()`), written with one SET after each event the driver applied
+and before the event's NATS message is acknowledged:
+
+    policy        the policy's complete state (services/scheduler/policy/persisted.py): counters, roles
+                  (transitions in flight included), placement, the open batch, pending publications,
+                  staleness records, the supply timer
+    shell         what the shell keeps beside it: starts commanded and not yet confirmed, the groups of
+                  each enqueued micro-step, each open batch's mean reward, whether the run is stopping
+    applied_seq   stream sequence of the last bus event applied: a restarted scheduler re-reads the event
+                  stream from the next one (services/scheduler/service.py), so every event is applied
+                  exactly once and in order
+
+Events that are not on the bus (RPC completions, ticks) are re-made by re-driving the actions the
+restored state has in flight (services/scheduler/recovery.py).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from services.scheduler.policy import GroupRecord, Policy, PolicyParams, PolicyState, Role
+from services.scheduler.policy import Policy, PolicyParams, PolicyState, state_from_dict, state_to_dict
 
 
-def snapshot(policy: Policy, commanded: dict[str, int]) -> dict[str, Any]:
-    s = policy.state
-    running = {**commanded, **s.placement.assignments()}
-    return {
-        "dispatched": s.dispatched,
-        "started": s.started,
-        "finished": s.finished,
-        "roles": [str(r) for r in s.roles],
-        "version": s.version,
-        "published_version": s.published_version,
-        "burst": s.burst,
-        "running": running,
-        "groups": {
-            g: [r.dispatch_version, r.ready, r.packed_step] for g, r in s.groups.items()
-        },
-        "now_s": s.now_s,
-    }
+@dataclass(slots=True)
+class ShellState:
+    """The scheduler shell's own facts (the executor and the event translator share this object)."""
+
+    commanded: dict[str, int] = field(default_factory=dict)
+    """Execution id → engine, for starts commanded and not yet confirmed started."""
+    microstep_groups: dict[str, list[str]] = field(default_factory=dict)
+    """Micro-step id → the groups of its rows (from MicroStepEnqueued), until it is done."""
+    batch_reward: dict[int, float] = field(default_factory=dict)
+    """Step → mean reward of its batch (from the packer's StreamClosed) until the step completes."""
+    last_step_reward: float = float("nan")
+    """Mean reward of the groups the last completed step trained on."""
+    stopping: bool = False
+    """The run is ending (Shutdown, or max_steps reached): no more dispatch, starts or batches."""
+    packed_executions: int = 0
+    """Executions of the groups packed so far (N per GroupPacked)."""
+    executions_without_targets: int = 0
+    """Of those, the ones that contributed no target token (`gyre status` shows the share)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "commanded": self.commanded,
+            "microstep_groups": self.microstep_groups,
+            "batch_reward": {str(k): v for k, v in self.batch_reward.items()},
+            "last_step_reward": None if self.last_step_reward != self.last_step_reward else self.last_step_reward,
+            "stopping": self.stopping,
+            "packed_executions": self.packed_executions,
+            "executions_without_targets": self.executions_without_targets,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShellState:
+        last = data.get("last_step_reward")
+        return cls(
+            commanded={e: int(engine) for e, engine in data["commanded"].items()},
+            microstep_groups={m: list(g) for m, g in data["microstep_groups"].items()},
+            batch_reward={int(k): float(v) for k, v in data["batch_reward"].items()},
+            last_step_reward=float("nan") if last is None else float(last),
+            stopping=bool(data["stopping"]),
+            packed_executions=int(data.get("packed_executions", 0)),
+            executions_without_targets=int(data.get("executions_without_targets", 0)),
+        )
 
 
-async def save(redis: aioredis.Redis, key: str, policy: Policy, commanded: dict[str, int]) -> None:
-    await redis.set(key, json.dumps(snapshot(policy, commanded)))
+@dataclass(slots=True)
+class Restored:
+    state: PolicyState
+    shell: ShellState
+    applied_seq: int
 
 
-async def restore(redis: aioredis.Redis, key: str, params: PolicyParams) -> PolicyState | None:
+async def save(redis: aioredis.Redis, key: str, policy: Policy, shell: ShellState, applied_seq: int) -> None:
+    doc = {"policy": state_to_dict(policy.state), "shell": shell.to_dict(), "applied_seq": applied_seq}
+    await redis.set(key, json.dumps(doc, allow_nan=False))
+
+
+async def restore(redis: aioredis.Redis, key: str, params: PolicyParams) -> Restored | None:
+    """The stored state, or None when this run has none yet (a fresh start)."""
     raw = await redis.get(key)
     if raw is None:
         return None
-    data = json.loads(raw)
-    roles = [Role(r) for r in data["roles"]]
-    # A transition in flight when the scheduler stopped is settled by asking the cell agents again;
-    # until then a draining cell counts as training and a returning one as training.
-    roles = [Role.TRAINING if r in (Role.DRAINING, Role.RETURNING) else r for r in roles]
-    groups = {
-        g: GroupRecord(dispatch_version=v, ready=ready, packed_step=packed)
-        for g, (v, ready, packed) in data["groups"].items()
-    }
-    return PolicyState.restore(
-        params,
-        dispatched=data["dispatched"],
-        started=data["started"],
-        finished=data["finished"],
-        roles=roles,
-        version=data["version"],
-        published_version=data["published_version"],
-        running={e: int(eng) for e, eng in data["running"].items()},
-        groups=groups,
-        burst=data["burst"],
-        now_s=data["now_s"],
+    doc = json.loads(raw)
+    return Restored(
+        state=state_from_dict(params, doc["policy"]),
+        shell=ShellState.from_dict(doc["shell"]),
+        applied_seq=int(doc["applied_seq"]),
     )

@@ -1,8 +1,13 @@
 """The scheduler service: the shell around the policy state machine.
 
 It feeds the policy real events (from NATS, from RPC completions and a clock) and executes its
-actions on the other services (see executor.py). `GetState` serves `gyre status`. Its state is
-rebuilt from Redis (persist.py) and the durable event consumer after a restart.
+actions on the other services (see executor.py). `GetState` serves `gyre status`.
+
+Restart-safe: the whole state is persisted after every applied event (persist.py). A restarted
+scheduler restores it, asks every cell agent for its role, re-drives the long actions that were in
+flight (executor.py `recover`), and re-reads the event stream from the first event the stored state
+does not include (its durable consumer is re-created at that sequence), so each bus event is applied
+exactly once, in stream order, whatever moment the previous scheduler was killed at.
 
     python -m services.scheduler --config runs/<run>/config.yaml
 """
@@ -26,7 +31,8 @@ from services.scheduler.driver import Driver
 from services.scheduler.executor import ActionExecutor, RunFacts
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.naming import ROLE_TO_PROTO
-from services.scheduler.peers import Peers
+from services.scheduler.peers import Peers, call_peer
+from services.scheduler.persist import ShellState
 from services.scheduler.policy import (
     Mode,
     Policy,
@@ -63,49 +69,76 @@ class SchedulerService(GyreService):
             self.log.warning("task_not_reproduced_locally", detail=warning)
         self.params = PolicyParams.from_section(cfg)
         self.peers = Peers.connect(self.config)
-        self.dispatcher = Dispatcher(self.redis, self.keys, self.bus, profile=cfg.profile or "generic", queries=queries)
-        state = await persist.restore(self.redis, self.keys.scheduler_state(), self.params)
-        self.resumed = state is not None
-        self.policy = Policy(self.params, state)
-        self.facts = RunFacts(max_steps=cfg.max_steps)
+        self.dispatcher = Dispatcher(
+            self.redis, self.keys, self.bus, profile=cfg.profile or "generic", queries=queries,
+            group_size=cfg.group_size,
+        )
+        restored = await persist.restore(self.redis, self.keys.scheduler_state(), self.params)
+        self.resumed = restored is not None
+        self.policy = Policy(self.params, restored.state if restored else None)
+        shell = restored.shell if restored else ShellState()
+        self.facts = RunFacts(max_steps=cfg.max_steps, shell=shell, peer_retry_s=cfg.peer_retry_s)
         self.executor = ActionExecutor(
             driver=lambda: self.driver, peers=self.peers, dispatcher=self.dispatcher, supervisor=self.supervisor,
-            facts=self.facts, separate_pool_capacity=cfg.separate_pool_capacity,
+            facts=self.facts, separate_pool_capacity=cfg.separate_pool_capacity, persist=self.persist_state,
         )
-        self.translator = EventTranslator(self.executor.commanded)
-        self.driver = Driver(self.policy, self.executor.execute, self._persist, start_s=state.now_s if state else 0.0)
+        self.translator = EventTranslator(shell)
+        self.driver = Driver(
+            self.policy, self.executor.execute, self._after_apply,
+            start_s=restored.state.now_s if restored else 0.0, applied_seq=restored.applied_seq if restored else 0,
+        )
+        if restored is not None:
+            snap = self.policy.snapshot()
+            self.log.info("scheduler_resumed", version=snap.version, dispatched=snap.dispatched, started=snap.started,
+                          finished=snap.finished, roles=[str(r) for r in snap.roles], batch=snap.batch_step,
+                          pending_publications=self.policy.state.pending_publications,
+                          applied_seq=restored.applied_seq)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(_Servicer(self), self.server)
         self.supervisor.spawn(self.driver.run(), "driver")
         self.supervisor.spawn(self.step_metrics.run(), "step-metrics")
         self.supervisor.spawn(self._begin(), "begin")
 
-    async def _persist(self) -> None:
-        await persist.save(self.redis, self.keys.scheduler_state(), self.policy, self.executor.commanded)
+    async def persist_state(self) -> None:
+        await persist.save(self.redis, self.keys.scheduler_state(), self.policy, self.facts.shell,
+                           self.driver.applied_seq)
+
+    async def _after_apply(self) -> None:
+        await self.persist_state()
+        self.executor.start_deferred()
 
     async def _begin(self) -> None:
         """Wait for the engines, publish the engine table to the proxy, then start (or resume) the run."""
-        await self._wait_for_peers()
+        roles = await self._wait_for_peers()
         await self.executor.publish_engine_table()
+        if self.resumed:
+            policy_roles = [str(r) for r in self.policy.state.roles]
+            self.log.info("cells_reconciled", policy_roles=policy_roles, cell_roles=roles,
+                          redriven=self.executor.recover())
         await self.bus.consume(
-            "scheduler", list(CONSUMED), self._on_event, max_ack_pending=1024, ack_wait_s=120.0, batch=4
+            "scheduler", list(CONSUMED), self._on_event, max_ack_pending=1024, ack_wait_s=120.0, batch=4,
+            start_seq=self.driver.applied_seq + 1,
         )
         if not self.resumed:
             await self.driver.handle(lambda now: RunStarted(now))
         self.supervisor.spawn(self._ticker(), "ticker")
 
-    async def _wait_for_peers(self, timeout_s: float = 120.0) -> None:
+    async def _wait_for_peers(self, timeout_s: float = 120.0) -> list[str]:
+        """Every cell agent's role, once each answers."""
         from gyre.v1 import cell_agent_pb2
 
         deadline = asyncio.get_running_loop().time() + timeout_s
+        roles: list[str] = []
         for cell, stub in enumerate(self.peers.cells):
             while True:
                 try:
-                    await stub.GetStatus(cell_agent_pb2.GetCellStatusRequest(), timeout=5)
+                    status = await stub.GetStatus(cell_agent_pb2.GetCellStatusRequest(), timeout=5)
+                    roles.append(common_pb2.CellRole.Name(status.role).removeprefix("CELL_ROLE_").lower())
                     break
                 except grpc.aio.AioRpcError:
                     if asyncio.get_running_loop().time() > deadline:
                         raise TimeoutError(f"cell agent {cell} did not answer within {timeout_s:.0f} s") from None
                     await asyncio.sleep(0.5)
+        return roles
 
     async def _ticker(self) -> None:
         while True:
@@ -114,10 +147,13 @@ class SchedulerService(GyreService):
 
     # -- events --------------------------------------------------------------------------------------
     async def _on_event(self, event: Message, delivery: Delivery) -> None:
-        if isinstance(event, ev.GroupPacked) and delivery.num_delivered == 1:
+        if delivery.stream_seq <= self.driver.applied_seq:  # a redelivery of an event already applied
+            return
+        if isinstance(event, ev.GroupPacked):
             self.metrics.group_staleness.observe(event.staleness)
-        for make in self.translator.translate(event):
-            await self.driver.handle(make)
+            self.facts.shell.packed_executions += self.config.scheduler.group_size
+            self.facts.shell.executions_without_targets += event.num_executions_without_targets
+        await self.driver.handle(self.translator.translate(event), seq=delivery.stream_seq)
 
     async def teardown(self) -> None:
         if hasattr(self, "step_metrics"):
@@ -146,6 +182,8 @@ class SchedulerService(GyreService):
             consumed_groups=snap.consumed_groups, transitions=snap.transitions_completed,
             last_step_reward=self.translator.last_step_reward,
             executions_in_flight=len(self.policy.state.placement.assignments()) + len(self.executor.commanded),
+            packed_executions=self.facts.shell.packed_executions,
+            executions_without_targets=self.facts.shell.executions_without_targets,
         )
 
 
@@ -169,9 +207,11 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Shutdown(self, request: scheduler_pb2.ShutdownRequest, context: grpc.aio.ServicerContext
                        ) -> scheduler_pb2.ShutdownResponse:
-        self.s.facts.stopping = True
+        self.s.facts.shell.stopping = True
+        await self.s.persist_state()
         cancelled = 0
         if request.cancel_running:
-            resp = await self.s.peers.runner.CancelExecution(runner_pb2.CancelExecutionRequest(all=True), timeout=60)
+            resp = await call_peer(self.s.peers.runner.CancelExecution, runner_pb2.CancelExecutionRequest(all=True),
+                                   timeout_s=60, retry_s=self.s.config.scheduler.peer_retry_s, what="CancelExecution")
             cancelled = resp.cancelled
         return scheduler_pb2.ShutdownResponse(cancelled=cancelled)

@@ -1,9 +1,9 @@
 """Bus events → policy events, for the scheduler's driver.
 
 Protobuf events from NATS become the pure policy's event types. The few facts the policy does not
-keep live here: starts commanded but not yet confirmed (shared with the executor, which records
-them), each open batch's mean reward until its step completes (for `GetState`), and the groups of
-each enqueued micro-step.
+keep live in the shell's `ShellState` (persisted with the policy): starts commanded but not yet
+confirmed (the executor records them), each open batch's mean reward until its step completes (for
+`GetState`), and the groups of each enqueued micro-step.
 
 Each policy event is made by a `MakeEvent` closure that the driver calls inside its serialized
 apply, so a closure that reads or changes `commanded` sees the executor's writes in action order —
@@ -19,6 +19,7 @@ from gyre.v1 import common_pb2
 from gyre.v1 import events_pb2 as ev
 from services.scheduler.driver import MakeEvent
 from services.scheduler.naming import engine_index
+from services.scheduler.persist import ShellState
 from services.scheduler.policy import (
     BatchStreamClosed,
     ExecutionStarted,
@@ -44,14 +45,14 @@ CONSUMED: tuple[type[Message], ...] = (
 
 
 class EventTranslator:
-    def __init__(self, commanded: dict[str, int]) -> None:
-        self.commanded = commanded
+    def __init__(self, shell: ShellState) -> None:
+        self.shell = shell
+        self.commanded = shell.commanded
         """Execution id → engine, for starts commanded and not yet confirmed (the executor's dict)."""
-        self.microstep_groups: dict[str, tuple[str, ...]] = {}
-        self.batch_reward: dict[int, float] = {}
-        """Step → mean reward of its batch (from the packer's StreamClosed) until the step completes."""
-        self.last_step_reward = float("nan")
-        """Mean reward of the groups the last completed step trained on."""
+
+    @property
+    def last_step_reward(self) -> float:
+        return self.shell.last_step_reward
 
     def translate(self, e: Message) -> list[MakeEvent]:
         """The policy events one bus event makes (none for bookkeeping-only events)."""
@@ -61,8 +62,9 @@ class EventTranslator:
                 eid, engine = e.execution.execution_id, engine_index(e.engine_id)
 
                 def confirmed(now: float) -> ExecutionStarted:
-                    self.commanded.pop(eid, None)
-                    return ExecutionStarted(now, eid, engine)
+                    # The engine the policy placed it on: a start commanded twice (by a scheduler that
+                    # restarted mid-action) may name another engine than the command the runner ran.
+                    return ExecutionStarted(now, eid, self.commanded.pop(eid, engine))
 
                 return [confirmed]
             case ev.ExecutionTerminated():
@@ -83,24 +85,24 @@ class EventTranslator:
                 gid, step = e.group_id, step_of_batch(e.batch_id)
                 return [lambda now: GroupPacked(now, gid, step)]
             case ev.MicroStepEnqueued():
-                self.microstep_groups[e.microstep_id] = tuple(e.group_ids)
+                self.shell.microstep_groups[e.microstep_id] = list(e.group_ids)
                 return []
             case ev.MicroStepClaimed():
-                groups = tuple(e.group_ids) or self.microstep_groups.get(e.microstep_id, ())
+                groups = tuple(e.group_ids) or tuple(self.shell.microstep_groups.get(e.microstep_id, ()))
                 cell, step = e.cell, int(e.step)
                 return [lambda now: MicroStepClaimed(now, cell, step, groups)]
             case ev.MicroStepDone():
                 cell, step = e.cell, int(e.step)
-                self.microstep_groups.pop(e.microstep_id, None)
+                self.shell.microstep_groups.pop(e.microstep_id, None)
                 return [lambda now: MicroStepDone(now, cell, step)]
             case ev.StreamClosed():
                 step, num = step_of_batch(e.batch_id), e.num_groups
-                self.batch_reward[step] = e.mean_reward
+                self.shell.batch_reward[step] = e.mean_reward
                 return [lambda now: BatchStreamClosed(now, step, num)]
             case ev.StepCompleted():
                 version = e.policy_version
-                reward = self.batch_reward.pop(version - 1, None)
+                reward = self.shell.batch_reward.pop(version - 1, None)
                 if reward is not None:
-                    self.last_step_reward = reward
+                    self.shell.last_step_reward = reward
                 return [lambda now: StepCompleted(now, version)]
         return []

@@ -2,9 +2,7 @@
 npm, driven against a running proxy whose engine is scripted (it stands in for the model; the
 harness is what is under test).
 
-A binary is taken from the repo's `node_modules/.bin` (`make setup` / CI run `npm ci`), else from
-`$GYRE_NODE_BIN_DIR`. In CI (`CI` set) a missing binary fails the test; on a developer machine
-without it the test is skipped.
+The `claude_bin` / `codex_bin` fixtures are in tests/conftest.py (the e2e runs on the CLIs use them too).
 """
 
 from __future__ import annotations
@@ -19,30 +17,6 @@ import pytest
 
 from gyre.stack.servers import ServerProcess
 from tests.support.proxy_stack import ProxyStack, proxy_stack, scripted_engine
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _binary(name: str, package: str) -> Path:
-    candidates = [REPO / "node_modules" / ".bin" / name]
-    if os.environ.get("GYRE_NODE_BIN_DIR"):
-        candidates.append(Path(os.environ["GYRE_NODE_BIN_DIR"]) / name)
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate
-    if os.environ.get("CI"):
-        pytest.fail(f"{name} is not installed: CI installs {package} with `npm ci` in the repo root")
-    pytest.skip(f"{name} is not installed; run `npm ci` in the repo root or set GYRE_NODE_BIN_DIR")
-
-
-@pytest.fixture(scope="session")
-def claude_bin() -> Path:
-    return _binary("claude", "@anthropic-ai/claude-code@2.1.332")
-
-
-@pytest.fixture(scope="session")
-def codex_bin() -> Path:
-    return _binary("codex", "@openai/codex")
 
 
 @pytest.fixture

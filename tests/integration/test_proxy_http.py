@@ -136,6 +136,10 @@ async def test_refused_requests_are_4xx_in_the_callers_format_and_record_nothing
     assert await stored_nodes(stack, "e1") == 0 and not stack.tree("e1").nodes
     stats = await stack.stats()
     assert stats.client_errors == 8 and stats.server_errors == 0
+    # every refusal is a refused model call, by reason, with its latest message (no silent runs)
+    assert sum(stats.refused_calls.values()) == 8, dict(stats.refused_calls)
+    assert stats.refused_calls["body_too_large"] == 2 and stats.refused_calls["invalid_request"] == 6
+    assert set(stats.refusal_messages) == set(stats.refused_calls) and all(stats.refusal_messages.values())
 
     await stack.script("cell-0", ["fine<|im_end|>"])
     newer = {
@@ -198,7 +202,8 @@ async def test_an_engine_outage_is_overloaded_and_records_nothing(stack: ProxySt
     r = await post(stack, "/v1/chat/completions", {**CHAT, "stream": True}, key)
     assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
     assert await stored_nodes(stack, "e1") == 0
-    assert (await stack.stats()).server_errors == 2
+    stats = await stack.stats()
+    assert stats.server_errors == 2 and dict(stats.refused_calls) == {"engine_unavailable": 2}
 
 
 async def test_grpc_refusals(stack: ProxyStack) -> None:

@@ -64,7 +64,8 @@ async def test_missing_reward_is_excluded_at_the_budget_and_an_early_exit_is_fai
         evaluator={"backoff_s": 0.2, "max_attempts": 50, "max_concurrent": 3,
                    "sandbox": {"kill_grace_s": 1.0, "uid_base": 184000}},
     )
-    dispatcher = Dispatcher(redis, keys, bus, "generic", QuerySource(TaskSet.from_section(config.tasks), seed=0))
+    dispatcher = Dispatcher(redis, keys, bus, "generic", QuerySource(TaskSet.from_section(config.tasks), seed=0),
+                            group_size=3)
     events = await EventLog.attach(bus)
     async with RunnerService(config), EvaluatorService(config):
         (group_id,) = await dispatcher.dispatch(num_groups=1, group_size=3, policy_version=0, burst=0)

@@ -27,7 +27,9 @@ MODEL = ModelSection(
 
 
 async def _side(cell: int, redis_url: str, run_id: str, root: Path) -> TrainingSide:
-    section = TrainerSection(poll_s=0.001, rendezvous_timeout_s=60, lr=1e-3)
+    # Mooncake: a one-sided read (the torch transport needs the core to serve each pull, which the
+    # cell agent does and this bare core loop does not).
+    section = TrainerSection(poll_s=0.001, rendezvous_timeout_s=60, lr=1e-3, weight_transport="mooncake")
     side = TrainingSide(
         cell=cell, num_cells=2, section=section, model_section=MODEL, objective=ObjectiveParams(),
         redis=await connect_redis(redis_url), keys=Keys(run_id), checkpoint_root=root,

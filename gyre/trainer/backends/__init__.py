@@ -1,28 +1,47 @@
 """Trainer backends, by name (the config field `cell_agent.trainer.backend`).
 
+    check_trainer(section, model_dir)      # at `gyre up` / service start: LayoutError (a ModelError) → exit 2
     trainer = create_trainer("torch", TrainerSpec(section, model_section, objective, with_optimizer=True))
 
-See `base.py` for the interface and how to add a backend.
+The registry maps a name to a loader of its class, so a backend's heavy imports (megatron-core takes
+seconds) happen only when a cell builds that backend. See `base.py` for the interface and how to add
+a backend; tests/unit/cell_agent/test_trainer_contract.py runs the contract for every name here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gyre.trainer.backends.base import TrainerBackend, TrainerSpec
 from gyre.trainer.backends.torch_backend import TorchTrainer
+from gyre.trainer.layout import check_trainer
 
-TRAINER_BACKENDS: dict[str, type[TrainerBackend]] = {
-    TorchTrainer.name: TorchTrainer,
+
+def _megatron() -> type[TrainerBackend]:
+    from gyre.trainer.backends.megatron.trainer import MegatronTrainer
+
+    return MegatronTrainer
+
+
+TRAINER_BACKENDS: dict[str, Callable[[], type[TrainerBackend]]] = {
+    TorchTrainer.name: lambda: TorchTrainer,
+    "megatron": _megatron,
 }
+"""name → a function returning the backend class (importing its module on first use)."""
 
-
-def create_trainer(name: str, spec: TrainerSpec) -> TrainerBackend:
+def trainer_class(name: str) -> type[TrainerBackend]:
+    """The backend class registered as `name` (imports its module)."""
     try:
-        cls = TRAINER_BACKENDS[name]
+        load = TRAINER_BACKENDS[name]
     except KeyError:
         raise ValueError(
             f"cell_agent.trainer.backend {name!r} is not registered; available: {', '.join(TRAINER_BACKENDS)}"
         ) from None
-    return cls.create(spec)
+    return load()
 
 
-__all__ = ["TRAINER_BACKENDS", "TorchTrainer", "TrainerBackend", "TrainerSpec", "create_trainer"]
+def create_trainer(name: str, spec: TrainerSpec) -> TrainerBackend:
+    return trainer_class(name).create(spec)
+
+
+__all__ = ["TRAINER_BACKENDS", "TorchTrainer", "TrainerBackend", "TrainerSpec", "check_trainer", "create_trainer", "trainer_class"]

@@ -49,6 +49,11 @@ class TrainerSpec:
 class TrainerBackend(ABC):
     name: ClassVar[str]
 
+    needs_world: ClassVar[bool] = False
+    """True when building the backend needs torch.distributed's default world to exist (megatron-core
+    resolves its groups through it): a cell agent of a multi-cell run then builds it once it has joined
+    the cells' world, and a single cell starts a world of its own process."""
+
     version: int | None
     """Policy version of the weights held; None until the weights are known (a satellite that has
     not pulled a snapshot yet)."""
@@ -103,3 +108,8 @@ class TrainerBackend(ABC):
     @abstractmethod
     def digest(self) -> str:
         """SHA-256 of the weight bytes (`flat_params`)."""
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the trainer keeps between steps (parameters, gradients, optimizer state): what a
+        GPU cell may offload while it serves (`gyre.trainer.offload`). Backends add their optimizer's."""
+        return [self.flat_params, self.flat_grads]

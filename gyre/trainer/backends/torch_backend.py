@@ -27,6 +27,7 @@ from gyre.rl.step_loss import StepResult, train_microstep
 from gyre.trainer.backends.base import TrainerBackend, TrainerSpec
 from gyre.trainer.checkpoint import read_trainer_checkpoint, save_trainer_checkpoint
 from gyre.trainer.flat import FlatParameters
+from gyre.trainer.offload import optimizer_tensors
 from gyre.trainer.optimizer import build_adamw, clip_flat_grads
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -121,3 +122,6 @@ class TorchTrainer(TrainerBackend):
 
     def digest(self) -> str:
         return self.flat.digest()
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [*super().state_tensors(), *optimizer_tensors(self.optimizer)]

@@ -3,11 +3,12 @@
 SGLang endpoints (entrypoints/http_server.py), same paths, methods, fields and status codes:
 `/generate`, `/abort_request`, `/pause_generation`, `/continue_generation`, `/flush_cache`,
 `/release_memory_occupation`, `/resume_memory_occupation`, `/update_weights_from_tensor`,
-`/update_weights_from_disk`, `/health`, `/health_generate`, `/get_model_info`, `/get_server_info`,
-`/get_weight_version`, `/metrics` (Prometheus: `gyre_engine_*` where SGLang has `sglang:*`). Errors use
-SGLang's shapes: `{"error": {"message": ...}}` for a refused request, `{"object": "error", "message",
-"type", "param", "code"}` for a body that does not parse, `{"success": false, "message": ...}` for
-weight updates.
+`/update_weights_from_disk`, `/init_weights_update_group`, `/update_weights_from_distributed`,
+`/destroy_weights_update_group` (gloo: `update_groups.py`), `/health`, `/health_generate`,
+`/get_model_info`, `/get_server_info`, `/get_weight_version`, `/metrics` (Prometheus: `gyre_engine_*`
+where SGLang has `sglang:*`). Errors use SGLang's shapes: `{"error": {"message": ...}}` for a refused
+request, `{"object": "error", "message", "type", "param", "code"}` for a body that does not parse,
+`{"success": false, "message": ...}` for weight updates.
 
 Gyre extensions: `/gyre/kv/{pin,export,import,release}` (KV migration, see kv_transfer.py) and
 `/gyre/script` (the scripted backend's queue).
@@ -34,6 +35,7 @@ from services.cell_agent.engine.backends.base import BackendError
 from services.cell_agent.engine.backends.scripted import ScriptedBackend
 from services.cell_agent.engine.output import OutputBuilder
 from services.cell_agent.engine.protocol import GenerateRequest, RequestRefused, parse_generate
+from services.cell_agent.engine.update_groups import parse_update
 from services.cell_agent.engine.weights import decode_named_tensors
 
 if TYPE_CHECKING:
@@ -209,6 +211,31 @@ def build_app(server: EngineServer) -> Starlette:
             return _json({"success": False, "message": str(e), "num_paused_requests": 0}, 400)
         return _json({"success": True, "message": message, "num_paused_requests": 0})
 
+    async def init_weights_update_group(request: Request) -> Response:
+        body = await _body(request)
+        try:
+            message = await server.update_groups.init(body)
+        except (RequestRefused, BackendError) as e:
+            return _json({"success": False, "message": str(e)}, 400)
+        except RuntimeError as e:  # the trainer's rendezvous could not be joined in time
+            return _json({"success": False, "message": f"joining the weight-update group failed: {e}"}, 400)
+        return _json({"success": True, "message": message})
+
+    async def update_weights_from_distributed(request: Request) -> Response:
+        body = await _body(request)
+        try:
+            message = await server.update_weights_from_distributed(parse_update(body))
+        except (RequestRefused, BackendError) as e:
+            return _json({"success": False, "message": str(e)}, 400)
+        return _json({"success": True, "message": message})
+
+    async def destroy_weights_update_group(request: Request) -> Response:
+        try:
+            message = server.update_groups.destroy(await _body(request, allow_empty=True))
+        except RequestRefused as e:
+            return _json({"success": False, "message": str(e)}, 400)
+        return _json({"success": True, "message": message})
+
     # ---- health and info ---------------------------------------------------------------------
 
     async def health(request: Request) -> Response:
@@ -272,6 +299,7 @@ def build_app(server: EngineServer) -> Starlette:
                 "disable_radix_cache": not section.enable_prefix_cache,
                 "incremental_streaming_output": section.incremental_streaming_output,
                 "random_seed": section.seed,
+                "tp_size": 1,
                 "weight_version": weight_version(),
                 "internal_states": [core.stats()],
             }
@@ -333,6 +361,9 @@ def build_app(server: EngineServer) -> Starlette:
         Route("/resume_memory_occupation", resume_memory_occupation, methods=["GET", "POST"]),
         Route("/update_weights_from_tensor", update_weights_from_tensor, methods=["POST"]),
         Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
+        Route("/init_weights_update_group", init_weights_update_group, methods=["POST"]),
+        Route("/update_weights_from_distributed", update_weights_from_distributed, methods=["POST"]),
+        Route("/destroy_weights_update_group", destroy_weights_update_group, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
         Route("/get_model_info", get_model_info, methods=["GET"]),

@@ -5,6 +5,10 @@
         ...
         await engine.update_weights(named_tensors, weight_version="3")   # in-process path
 
+Weight updates arrive in-process (the hosting cell agent), or over HTTP by SGLang's three paths:
+tensors in the request, an HF directory on disk, or a broadcast over a weight-update group the
+trainer hosts (`update_groups.py`, gloo).
+
 The server binds its socket before serving, so port 0 picks a free port and `url` is known once
 `start()` returns. It serves the Hugging Face model directory `model_dir` (its tokenizer and stop ids
 always come from there); a `model` passed in is served instead of the directory's weights and updated
@@ -32,9 +36,14 @@ from gyre.config.engine import EngineSection
 from gyre.model.arch import ModelArch, read_arch
 from gyre.model.tokenizer import Tokenizer, generation_eos_ids
 from services.cell_agent.engine.backends import BackendContext, create_backend
+from services.cell_agent.engine.backends.base import BackendError
 from services.cell_agent.engine.metrics import engine_registry
 from services.cell_agent.engine.protocol import SamplingParams
 from services.cell_agent.engine.scheduler import EngineCore
+from services.cell_agent.engine.update_groups import DistributedUpdate, UpdateGroups
+
+UPDATE_GROUP_TIMEOUT_S = 120.0
+"""Seconds a weight-update group waits for its peers (joining, and each update's broadcast)."""
 
 log = structlog.get_logger(__name__)
 
@@ -106,6 +115,7 @@ class EngineServer:
         self._stopped = False
         self.metrics_registry = engine_registry(lambda: self._core)
         """`gyre_engine_*` series of this engine (its `GET /metrics`, and its cell agent's)."""
+        self.update_groups = UpdateGroups(host=section.host, timeout_s=UPDATE_GROUP_TIMEOUT_S)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -195,6 +205,7 @@ class EngineServer:
                 self._http_task.cancel()
         if self._socket is not None:
             self._socket.close()
+        self.update_groups.clear()
         log.info("engine_stopped", url=self.url)
         if error is not None:
             raise error
@@ -239,6 +250,20 @@ class EngineServer:
             lambda: core.update_weights(
                 lambda: core.backend.load_weights_from_disk(path, weight_version), True, abort_all_requests
             )
+        )
+
+    async def update_weights_from_distributed(self, update: DistributedUpdate) -> str:
+        """Receive `update`'s tensors over its group (generation goes on meanwhile), then apply them."""
+        try:
+            tensors = await self.update_groups.receive(update)
+        except RuntimeError as e:  # a peer died or the broadcast timed out: the group is unusable now
+            self.update_groups.drop(update.group_name)
+            raise BackendError(f"receiving over weight-update group {update.group_name!r} failed: {e}") from e
+        return await self.update_weights(
+            tensors,
+            weight_version=update.weight_version,
+            flush_cache=update.flush_cache,
+            abort_all_requests=update.abort_all_requests,
         )
 
     async def release_memory(self, tags: Sequence[str] | None = None) -> None:

@@ -6,7 +6,8 @@
 
 Driven by the scheduler service (real events, wall clock) and by `sim/` (simulated clock). Modules:
 params (the knobs and modes), events / actions (the vocabulary), ledger (Eq. 1–3), supply (the supply
-check), reroute (destination order), placement (per-engine occupancy), staleness, state, policy.
+check), reroute (destination order), placement (per-engine occupancy), staleness, state, persisted (the
+state as JSON-able data, what a restarted scheduler resumes from), policy.
 """
 
 from services.scheduler.policy.actions import (
@@ -37,6 +38,7 @@ from services.scheduler.policy.events import (
     WeightsPublished,
 )
 from services.scheduler.policy.params import Mode, PolicyParams
+from services.scheduler.policy.persisted import state_from_dict, state_to_dict
 from services.scheduler.policy.policy import Policy
 from services.scheduler.policy.reroute import destination_order, fill_destinations, reroute_destination
 from services.scheduler.policy.roles import SEPARATE_POOL, Engine, Role
@@ -81,4 +83,6 @@ __all__ = [
     "fill_destinations",
     "mean_staleness",
     "reroute_destination",
+    "state_from_dict",
+    "state_to_dict",
 ]

@@ -13,7 +13,7 @@ Each action is answered later by events, never by a return value:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.scheduler.policy.roles import Engine, Role
 
@@ -25,6 +25,9 @@ class DispatchGroups:
     num_groups: int
     group_size: int
     policy_version: int
+    first_group: int = field(default=0, compare=False)
+    """Groups dispatched before these: the first new group is the `first_group`-th of the run (0-based),
+    so a shell that executes the action twice (after a restart) writes the same groups."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,9 @@ class StartExecutions:
 
     engine: Engine
     count: int
+    first: int = field(default=0, compare=False)
+    """Executions started before these: they are the `first`-th to `first + count − 1`-th dispatched
+    executions (0-based, dispatch order), so starting them twice starts the same executions."""
 
 
 @dataclass(frozen=True, slots=True)

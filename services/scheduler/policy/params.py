@@ -7,6 +7,9 @@ values of this record, not a code path:
     elastic   cells join training one by one under waterlevel control, return at burst end
     async     cells 0..T-1 train for the whole run, the rest roll out (the paper uses μ = 1, φ = E[d])
     colocate  all cells switch together (the paper uses φ = 0, μ = 2E[d] + 1)
+
+`matched_phi_mu(mode, E[d], elastic_mu)` gives each mode's (φ, μ) at one target staleness, the rule
+every comparison of the modes uses (`gyre demo --mode`, `gyre bench e2e`, the simulator's defaults).
 """
 
 from __future__ import annotations
@@ -24,6 +27,29 @@ class Mode(StrEnum):
     ELASTIC = "elastic"
     ASYNC = "async"
     COLOCATE = "colocate"
+
+
+def matched_phi_mu(mode: Mode, target_staleness: float, elastic_mu: int) -> tuple[float, int]:
+    """(φ, μ) of `mode` whose steady-state staleness φ + (μ − 1)/2 is `target_staleness`.
+
+    elastic (E[d] − (μ_e − 1)/2, μ_e), async (E[d], 1), colocate (0, 2·E[d] + 1): the paper's rule
+    for comparing the modes at one staleness (Table 2 rows E0 (0.5, 3), A0 (1.5, 1), C0 (0, 4))."""
+    if target_staleness < 0:
+        raise ValueError(f"target staleness must be >= 0; got {target_staleness}")
+    if mode is Mode.ELASTIC:
+        phi = target_staleness - (elastic_mu - 1) / 2
+        if phi < 0:
+            raise ValueError(f"elastic μ={elastic_mu} overshoots target staleness {target_staleness:g}; lower μ")
+        return phi, elastic_mu
+    if mode is Mode.ASYNC:
+        return target_staleness, 1
+    mu = 2 * target_staleness + 1
+    if not math.isclose(mu, round(mu), abs_tol=1e-9):
+        raise ValueError(
+            f"colocate needs μ = 2·E[d] + 1 to be whole; target staleness {target_staleness:g} gives {mu:g}:"
+            " pick E[d] as a multiple of 0.5"
+        )
+    return 0.0, round(mu)
 
 
 @dataclass(frozen=True, slots=True)

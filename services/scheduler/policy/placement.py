@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from services.scheduler.policy.actions import RerouteExecutions
 from services.scheduler.policy.reroute import fill_destinations
@@ -157,6 +158,33 @@ class Placement:
         assert not self._serving[slot], f"cell {cell} already serves rollout"
         self._serving[slot] = True
         self.rollout_capacity += self._capacity[slot]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything but the capacities (which come from the params): JSON-able, see `from_dict`."""
+        return {
+            "serving": list(self._serving),
+            "load": list(self._load),
+            "unbound": list(self._unbound),
+            "members": [list(m) for m in self._members],
+            "forward": [list(f) for f in self._forward],
+        }
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], *, num_cells: int, cell_capacity: int, separate_pool_capacity: int
+    ) -> Placement:
+        p = cls(num_cells=num_cells, cell_capacity=cell_capacity, separate_pool_capacity=separate_pool_capacity)
+        slots = num_cells + 1
+        if any(len(data[k]) != slots for k in ("serving", "load", "unbound", "members", "forward")):
+            raise ValueError(f"stored placement does not have {slots} engine slots (num_cells changed?)")
+        p._serving = [bool(x) for x in data["serving"]]
+        p._load = [int(x) for x in data["load"]]
+        p._unbound = [int(x) for x in data["unbound"]]
+        p._members = [dict.fromkeys(str(e) for e in m) for m in data["members"]]
+        p._forward = [deque(int(x) for x in f) for f in data["forward"]]
+        p._where = {e: slot for slot, members in enumerate(p._members) for e in members}
+        p.rollout_capacity = sum(c for c, s in zip(p._capacity, p._serving, strict=True) if s)
+        return p
 
     def restore(self, running: Mapping[str, Engine]) -> None:
         """Rebind executions that were running before a restart (their engines must serve rollout)."""

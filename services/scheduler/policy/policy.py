@@ -145,7 +145,10 @@ class Policy:
         self._check_batch(e.step, "GroupPacked")
         record = self._group(e.group_id)
         if not record.ready:
-            raise ValueError(f"group {e.group_id!r} packed before it was ready")
+            # The packer claims a group as soon as its last member resolved, which can be before the
+            # evaluator's GroupReady reaches the bus: being packed is proof of readiness.
+            record.ready = True
+            s.ready_unclaimed += 1
         if record.packed_step is not None:
             raise ValueError(f"group {e.group_id!r} packed twice")
         if s.batch_packed >= self.params.batch_groups:
@@ -226,8 +229,9 @@ class Policy:
 
     def _dispatch(self, num_groups: int, out: list[Action]) -> None:
         """Boundary dispatch: d grows here and nowhere else, so it is constant inside a burst."""
+        first_group = self._s.dispatched // self.params.group_size
         self._s.dispatched += num_groups * self.params.group_size
-        out.append(DispatchGroups(num_groups, self.params.group_size, self._s.published_version))
+        out.append(DispatchGroups(num_groups, self.params.group_size, self._s.published_version, first_group))
 
     def _start_executions(self, out: list[Action]) -> None:
         """Start rule: min(d − p, C_R − (p − f)), placed in reroute order (pool, then high cells)."""
@@ -245,8 +249,8 @@ class Policy:
             take = min(n, placement.free(engine))
             if take > 0:
                 placement.reserve(engine, take)
+                out.append(StartExecutions(engine, take, s.started))
                 s.started += take
-                out.append(StartExecutions(engine, take))
                 n -= take
                 if n == 0:
                     return

@@ -6,6 +6,8 @@ from typing import Any
 
 from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
+from gyre.model.causal_lm import CausalLM
+from gyre.model.weights import load_model
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep
 from gyre.trainer.backends import TrainerSpec, create_trainer
@@ -25,7 +27,10 @@ def trainer(name: str = "torch", *, with_optimizer: bool = True, **section: Any)
 
 
 def batch(t: Any, *, seed: int = 0, step: int = 0, num_groups: int = 3, token_budget: int = 200) -> list[MicroStep]:
+    """Micro-steps with the trainer's own log-probs as behaviour (the model directory's CausalLM for a
+    backend whose model is not one, e.g. megatron's GPTModel)."""
+    model = t.model if isinstance(t.model, CausalLM) else load_model(t.spec.model_section.require_path())
     return synthetic_microsteps(
-        t.model, batch_id=f"b{seed}", step=step, num_groups=num_groups, group_size=3, token_budget=token_budget,
+        model, batch_id=f"b{seed}", step=step, num_groups=num_groups, group_size=3, token_budget=token_budget,
         max_row_tokens=90, seed=seed,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gyre.demo.events import RecordedEvent
-from gyre.demo.report import RunFacts, summarize, timeline
+from gyre.demo.report import RunFacts, run_warnings, summarize, timeline, trained_nothing
 from gyre.v1 import common_pb2 as common
 from gyre.v1 import events_pb2 as ev
 
@@ -80,3 +80,33 @@ def test_timeline_segments_follow_roles() -> None:
     assert tl.step_end_s and tl.publish_s
     final = tl.series[-1]
     assert final[1] == 6 - 6  # waterlevel d - f: every execution terminated
+
+
+def test_a_healthy_run_has_no_warnings_and_counts_executions_without_targets() -> None:
+    events = _events()
+    for e in events:
+        if isinstance(e.event, ev.StepCompleted):
+            e.event.num_targets = 40
+        if isinstance(e.event, ev.GroupPacked) and e.event.group_id == "g2":
+            e.event.num_executions_without_targets = 1  # its placeholder
+    summary = summarize(events, FACTS)
+    assert summary["target_tokens_by_step"] == [40, 40]
+    assert summary["executions_consumed"] == 4 and summary["executions_without_targets"] == 1
+    assert summary["refused_calls"] == {} and run_warnings(summary) == [] and not trained_nothing(summary)
+
+
+def test_a_run_that_trained_nothing_says_why() -> None:
+    events = _events()
+    for e in events:
+        if isinstance(e.event, ev.GroupPacked):
+            e.event.num_executions_without_targets = 2
+    facts = RunFacts(mode="elastic", phi=0.5, mu=1, num_cells=2, group_size=2, cell_capacity=4,
+                     separate_pool_capacity=0, refused_calls={"prompt_too_long": 7},
+                     refusal_messages={"prompt_too_long": "prompt is too long: 49097 tokens > 4095 maximum"})
+    summary = summarize(events, facts)
+    assert summary["target_tokens_by_step"] == [0, 0] and trained_nothing(summary)
+    assert summary["refused_calls"] == {"prompt_too_long": 7}
+    warnings = "\n".join(run_warnings(summary))
+    assert "no optimizer step trained a token" in warnings
+    assert "4 of 4 consumed executions (100%)" in warnings
+    assert "prompt_too_long: 7 (latest: prompt is too long: 49097 tokens > 4095 maximum)" in warnings

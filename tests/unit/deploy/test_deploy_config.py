@@ -14,7 +14,13 @@ from urllib.parse import urlparse
 import pytest
 
 from gyre.config import ConfigError, GyreConfig, RunSection, load_config
+from gyre.model.arch import ModelError
+from gyre.model.files import check_model_dir
 from gyre.stack.launcher import SERVICES
+from gyre.trainer.backends import trainer_class
+from gyre.trainer.layout import check_trainer
+from services.cell_agent.engine_host import ENGINE_HOSTS
+from tests.support.models import hf_dir
 from tests.unit.deploy.support import COMPOSE_CONFIG, K8S_CONFIG, OVERLAYS, Manifest, find, objects
 
 
@@ -81,9 +87,48 @@ def test_overlay_environment_is_a_valid_config_override(
                 environ = {e["name"]: e["value"] for e in container.get("env", []) if e["name"].startswith("GYRE_")}
                 config = load_config(K8S_CONFIG, environ=environ)
                 if workload["metadata"]["name"] == "cell-agent":
-                    expected = {"cpu": ("embedded", "torch", "gloo"), "gpu": ("sglang", "megatron", "nccl")}[overlay]
+                    expected = {
+                        "cpu": ("embedded", "torch", "gloo", "cpu"),
+                        "gpu": ("sglang", "megatron", "nccl", "cuda"),
+                    }[overlay]
                     agent = config.cell_agent
-                    assert (agent.engine.backend, agent.trainer.backend, agent.trainer.dist_backend) == expected
+                    trainer = agent.trainer
+                    assert (agent.engine.backend, trainer.backend, trainer.dist_backend, trainer.device) == expected
+
+
+def _cell_agent_config(rendered: dict[str, list[Manifest]], overlay: str, model_dir: Path) -> GyreConfig:
+    """The cell agents' config of an overlay, with `model.path` set as a deployment must set it."""
+    (container,) = find(rendered[overlay], "StatefulSet", "cell-agent")["spec"]["template"]["spec"]["containers"]
+    environ = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("GYRE_")}
+    return load_config(K8S_CONFIG, environ={**environ, "GYRE_MODEL__PATH": str(model_dir)})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_cell_agents_of_every_overlay_pass_their_start_checks(
+    rendered: dict[str, list[Manifest]], overlay: str
+) -> None:
+    """What a cell agent checks before it connects to anything (gyre.trainer.layout.check_trainer, the
+    model directory, the registries of trainer backends and engine hosts) passes for the overlay's
+    settings on a Qwen3 model: the configuration can start. (Running it needs the overlay's hardware.)"""
+    model_dir = hf_dir("qwen3")
+    config = _cell_agent_config(rendered, overlay, model_dir)
+    check_model_dir(config.model.require_path())
+    check_trainer(config.cell_agent.trainer, config.model.require_path())
+    backend = trainer_class(config.cell_agent.trainer.backend)
+    assert backend.name == config.cell_agent.trainer.backend
+    assert config.cell_agent.engine.backend in ENGINE_HOSTS
+    if overlay == "gpu":
+        trainer = config.cell_agent.trainer
+        assert trainer.megatron.params_dtype == "bfloat16" and trainer.publication == "distributed"
+        # the same checks refuse a layout that cannot start, before anything is spawned
+        bad = load_config(K8S_CONFIG, environ={
+            "GYRE_MODEL__PATH": str(model_dir), "GYRE_CELL_AGENT__TRAINER__BACKEND": "megatron",
+            "GYRE_CELL_AGENT__TRAINER__MEGATRON__TENSOR_PARALLEL_SIZE": "4",
+        })
+        with pytest.raises(ModelError, match="num_key_value_heads: 2 is not divisible"):
+            check_trainer(bad.cell_agent.trainer, model_dir)
+        with pytest.raises(ConfigError, match="dist_backend nccl needs a CUDA trainer device"):
+            load_config(K8S_CONFIG, environ={"GYRE_CELL_AGENT__TRAINER__DIST_BACKEND": "nccl"})
 
 
 def test_peer_host_falls_back_to_the_bind_host() -> None:

@@ -245,6 +245,8 @@ def test_gpu_overlay_requests_gpus_and_selects_the_cluster_backends(rendered: di
     assert env["GYRE_CELL_AGENT__ENGINE__BACKEND"] == "sglang"
     assert env["GYRE_CELL_AGENT__TRAINER__BACKEND"] == "megatron"
     assert env["GYRE_CELL_AGENT__TRAINER__DIST_BACKEND"] == "nccl"
+    assert env["GYRE_CELL_AGENT__TRAINER__DEVICE"] == "cuda"
+    assert env["GYRE_CELL_AGENT__TRAINER__PUBLICATION"] == "distributed"
     assert "nvidia.com/gpu" not in cpu["resources"]["limits"]
     for overlay in OVERLAYS:
         for workload in workloads(rendered[overlay]):

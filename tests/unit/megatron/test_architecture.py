@@ -1,8 +1,10 @@
-"""HF config.json → GPTArchitecture, and bad models or layouts refused with the field named (pure
-Python: no process group, no megatron import), plus the rope kinds against transformers' own."""
+"""Models and layouts megatron-core cannot build are refused with the field named, before any process
+group exists (pure Python: no megatron import), and at `gyre up` / service start through
+`check_trainer`; and the RoPE the backend applies is transformers' own for every rope kind."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,135 +12,81 @@ import torch
 import torch.distributed as dist
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from gyre.trainer.backends.megatron import architecture_from_hf, check_parallel_layout
-from tests.unit.megatron.helpers import hf_model
+from gyre.config.training import TrainerSection
+from gyre.model.arch import ModelArch, ModelError, arch_from_config
+from gyre.model.files import check_model_dir
+from gyre.model.rope import inv_freq_and_scaling
+from gyre.trainer.backends import check_trainer
+from gyre.trainer.backends.megatron import LayoutError, check_megatron_layout
+from tests.unit.megatron.helpers import family_dir, hf_reference
 
 
-def _config(family: str = "qwen3", **overrides: Any) -> dict[str, Any]:
-    return {**hf_model(family).config.to_dict(), **overrides}
-
-
-def test_families_parse_to_their_flags() -> None:
-    qwen3, llama, qwen2 = (architecture_from_hf(_config(f)) for f in ("qwen3", "llama", "qwen2"))
-    assert (qwen3.qk_layernorm, qwen3.qkv_bias, qwen3.tie_word_embeddings) == (True, False, True)
-    assert (llama.qk_layernorm, llama.qkv_bias, llama.tie_word_embeddings) == (False, False, False)
-    assert (qwen2.qk_layernorm, qwen2.qkv_bias) == (False, True)
-    assert (qwen3.num_attention_heads, qwen3.num_query_groups, qwen3.head_dim) == (4, 2, 16)
-    assert llama.rope.kind == "llama3" and llama.rope.original_max_position_embeddings == 32
-
-
-def test_old_config_dialect_reads_rope_theta_and_rope_scaling() -> None:
-    config = _config("llama")
-    del config["rope_parameters"]
-    config.update(rope_theta=5e5, rope_scaling={"type": "linear", "factor": 2.0})
-    rope = architecture_from_hf(config).rope
-    assert (rope.kind, rope.theta, rope.factor) == ("linear", 5e5, 2.0)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "field"),
-    [
-        ({"model_type": "mistral"}, "model_type 'mistral'"),
-        (
-            {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
-            "rope_parameters.rope_type 'dynamic'",
-        ),
-        (
-            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
-            "rope_parameters.rope_type 'longrope'",
-        ),
-        ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "rope_parameters.factor"),
-        (
-            {
-                "rope_parameters": {
-                    "rope_type": "yarn",
-                    "rope_theta": 1e4,
-                    "factor": 2.0,
-                    "original_max_position_embeddings": 16,
-                    "attention_factor": 1.3,
-                }
-            },
-            "rope_parameters.attention_factor",
-        ),
-        ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"attention_bias": True}, "attention_bias"),
-        ({"use_sliding_window": True}, "use_sliding_window"),
-        ({"num_key_value_heads": 3}, "num_key_value_heads"),
-        ({"attention_dropout": 0.1}, "attention_dropout"),
-        ({"vocab_size": None}, "vocab_size"),
-    ],
-)
-def test_unsupported_models_name_the_field(overrides: dict[str, Any], field: str) -> None:
-    with pytest.raises(ValueError, match=field.replace("(", r"\(")):
-        architecture_from_hf(_config(**overrides))
-    assert not dist.is_initialized()
+def _arch(family: str = "qwen3", **overrides: Any) -> ModelArch:
+    return arch_from_config({**check_model_dir(family_dir(family)).arch.raw, **overrides})
 
 
 @pytest.mark.parametrize(
     ("overrides", "tp", "field"),
     [
-        ({"num_attention_heads": 6, "num_key_value_heads": 6, "head_dim": 16}, 4, "num_attention_heads 6"),
-        ({}, 4, "num_key_value_heads 2"),
-        ({"vocab_size": 511}, 2, "vocab_size 511"),
-        ({"intermediate_size": 130, "num_key_value_heads": 4}, 4, "intermediate_size 130"),
+        ({"num_attention_heads": 6, "num_key_value_heads": 6}, 4, "num_attention_heads: 6 is not divisible"),
+        ({}, 4, "num_key_value_heads: 2 is not divisible"),
+        ({"vocab_size": 511}, 2, "vocab_size: 511 is not divisible"),
+        ({"intermediate_size": 130, "num_key_value_heads": 4}, 4, "intermediate_size: 130 is not divisible"),
     ],
 )
 def test_layouts_megatron_cannot_split_name_the_field(overrides: dict[str, Any], tp: int, field: str) -> None:
-    arch = architecture_from_hf(_config(**overrides))
-    with pytest.raises(ValueError, match=field):
-        check_parallel_layout(arch, tensor_parallel_size=tp)
-    check_parallel_layout(architecture_from_hf(_config()), tensor_parallel_size=2)
-    with pytest.raises(ValueError, match="pipeline_parallel_size"):
-        check_parallel_layout(
-            architecture_from_hf(_config()), tensor_parallel_size=1, pipeline_parallel_size=2
-        )
+    with pytest.raises(LayoutError, match=rf"{field} by cell_agent\.trainer\.megatron\.tensor_parallel_size {tp}"):
+        check_megatron_layout(_arch(**overrides), tensor_parallel_size=tp)
+    check_megatron_layout(_arch(), tensor_parallel_size=2)
     assert not dist.is_initialized()
 
 
-@pytest.mark.parametrize(
-    "rope",
-    [
-        {"rope_type": "default", "rope_theta": 1e6},
-        {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0},
-        {
-            "rope_type": "llama3",
-            "rope_theta": 5e5,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 32,
-        },
-        {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 16},
-        {
-            "rope_type": "yarn",
-            "rope_theta": 1e4,
-            "factor": 8.0,
-            "original_max_position_embeddings": 64,
-            "mscale": 0.707,
-            "mscale_all_dim": 1.0,
-            "beta_fast": 16,
-            "truncate": False,
-        },
-    ],
-)
-def test_rope_kinds_equal_transformers(rope: dict[str, Any]) -> None:
-    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
-        _yarn_get_concentration_factor_from_config,
-    )
+@pytest.mark.parametrize("field", ["attention_bias", "mlp_bias"])
+def test_llama_biases_megatron_cannot_express_are_refused(field: str) -> None:
+    with pytest.raises(LayoutError, match=f"{field}: true is not supported by the megatron backend"):
+        check_megatron_layout(_arch("llama", **{field: True}), tensor_parallel_size=1)
 
-    from gyre.trainer.backends.megatron.model import transformer_config
-    from gyre.trainer.backends.megatron.rotary import GyreRotaryEmbedding
 
-    model = hf_model("qwen3", rope_parameters=rope)
-    arch = architecture_from_hf(model.config.to_dict())
-    want, attention_factor = (
-        ROPE_INIT_FUNCTIONS[rope["rope_type"]](model.config, torch.device("cpu"))
-        if rope["rope_type"] != "default"
+def _write_config(tmp_path: Path, **overrides: Any) -> Path:
+    source = family_dir("qwen3")
+    for item in source.iterdir():
+        (tmp_path / item.name).write_bytes(item.read_bytes())
+    import json
+
+    config = json.loads((source / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **overrides}))
+    return tmp_path
+
+
+def test_check_trainer_refuses_before_anything_starts(tmp_path: Path) -> None:
+    """What `gyre up` and the cell agent's start run: a ModelError (exit 2) naming both fields."""
+    megatron = TrainerSection(backend="megatron", megatron={"tensor_parallel_size": 4})
+    with pytest.raises(ModelError, match=r"config\.json: num_key_value_heads: 2 is not divisible by cell_agent"):
+        check_trainer(megatron, family_dir("qwen3"))
+    with pytest.raises(ModelError, match=r"tensor_parallel_size: 2: a cell agent runs one trainer process"):
+        check_trainer(TrainerSection(backend="megatron", megatron={"tensor_parallel_size": 2}), family_dir("qwen3"))
+    with pytest.raises(ModelError, match=r"rope_parameters\.rope_type: 'dynamic' is not supported"):
+        check_trainer(
+            TrainerSection(backend="megatron"),
+            _write_config(tmp_path, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
+        )
+    check_trainer(TrainerSection(backend="megatron"), family_dir("qwen3"))
+    check_trainer(TrainerSection(), family_dir("qwen3"))
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_yarn"])
+def test_rope_is_transformers_own(family: str) -> None:
+    """The backend's RoPE is `gyre.model.rope` (the torch backend's): inverse frequencies and attention
+    factor equal transformers' for the family's rope kind."""
+    model = hf_reference(family_dir(family))
+    arch = check_model_dir(family_dir(family)).arch
+    kind = arch.rope.kind
+    want, factor = (
+        ROPE_INIT_FUNCTIONS[kind](model.config, torch.device("cpu"))
+        if kind != "default"
         else (model.model.rotary_emb.inv_freq, 1.0)
     )
-    mine = GyreRotaryEmbedding(
-        arch.rope, kv_channels=arch.head_dim, device=torch.device("cpu"), cp_group=None
-    )
-    torch.testing.assert_close(mine.inv_freq, want.float(), rtol=1e-6, atol=0.0)
-    config = transformer_config(arch, tp_size=1, params_dtype=torch.float32, use_te=False)
-    assert _yarn_get_concentration_factor_from_config(config) == pytest.approx(attention_factor, rel=1e-12)
+    mine, scaling = inv_freq_and_scaling(arch.rope, arch.head_dim)
+    torch.testing.assert_close(mine, want.float(), rtol=1e-6, atol=0.0)
+    assert scaling == pytest.approx(factor, rel=1e-12)

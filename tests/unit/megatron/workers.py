@@ -1,7 +1,7 @@
 """Process bodies of the megatron tests (spawned: a fresh interpreter per rank, like a cell's TP ranks).
 
-Each rank builds the same randomized transformers model, the megatron trainer on its TP shard and
-the transformers reference, and reports numbers (differences, flags) for the test to assert on."""
+Each rank builds the megatron trainer on its TP shard of the same HF directory, and the transformers
+reference, and reports numbers (differences, flags) for the test to assert on."""
 
 from __future__ import annotations
 
@@ -15,17 +15,14 @@ import torch.distributed as dist
 
 from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
+from gyre.model.arch import arch_from_config
+from gyre.model.files import check_model_dir
+from gyre.model.weights import load_state_dict
 from gyre.rl.loss import ObjectiveParams
+from gyre.rl.microstep import MicroStep
 from gyre.trainer.backends.base import TrainerSpec
 from gyre.trainer.collectives import connect_store, host_store
-from tests.unit.megatron.helpers import (
-    VOCAB,
-    hf_model,
-    hf_packed_logits,
-    hf_reference_step,
-    hf_tensors,
-    row_logprobs_fn,
-)
+from tests.unit.megatron.helpers import batch, hf_packed_logits, hf_reference, hf_reference_step, hf_tensors
 
 _KEEP: list[Any] = []
 LR = 1e-3
@@ -49,55 +46,42 @@ def _join_world(rank: int, world: int, ports: Queue[Any]) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
 
 
-def _spec(**section: Any) -> TrainerSpec:
-    return TrainerSpec(TrainerSection(**section), ModelSection(), ObjectiveParams(), with_optimizer=True)
+def _spec(directory: Path, **section: Any) -> TrainerSpec:
+    return TrainerSpec(
+        TrainerSection(backend="megatron", **section), ModelSection(path=directory), ObjectiveParams(), with_optimizer=True
+    )
 
 
-def _family_report(
-    family: str, tp_group: dist.ProcessGroup | None, checkpoint_root: Path | None
-) -> dict[str, Any]:
-    from gyre.trainer.backends.megatron.bench import synthetic_microsteps
+def _trainer(directory: Path, tp_group: dist.ProcessGroup | None, *, version: int | None = 0, **section: Any) -> Any:
     from gyre.trainer.backends.megatron.trainer import MegatronTrainer
 
-    reference = hf_model(family)
+    info = check_model_dir(directory)
+    return MegatronTrainer(
+        _spec(directory, **section), info.arch, load_state_dict(info), tp_group=tp_group, version=version,
+        source=directory,
+    )
+
+
+def _family_report(family: str, directory: Path, tp_group: dist.ProcessGroup | None, root: Path) -> dict[str, Any]:
+    reference = hf_reference(directory)
     tensors = hf_tensors(reference)
-    steps = synthetic_microsteps(
-        row_logprobs_fn(reference),
-        vocab_size=VOCAB,
-        num_groups=2,
-        group_size=3,
-        token_budget=160,
-        max_row_tokens=48,
-        seed=3,
-    )
-    trainer = MegatronTrainer(
-        # chunk_tokens below the largest micro-step: those take the two-pass chunked path here, one
-        # pass in the reference, and must give the same step.
-        _spec(lr=LR, grad_clip=GRAD_CLIP, adam_eps=ADAM_EPS, chunk_tokens=64),
-        reference.config.to_dict(),
-        tensors,
-        tp_group=tp_group,
-    )
+    steps = batch(directory)
+    # chunk_tokens below the largest micro-step: those take the two-pass chunked path here, one pass in
+    # the reference, and must give the same step.
+    trainer = _trainer(directory, tp_group, lr=LR, grad_clip=GRAD_CLIP, adam_eps=ADAM_EPS, chunk_tokens=64)
     report: dict[str, Any] = {"family": family, "num_microsteps": len(steps)}
 
     back = trainer.named_weights()
-    report["roundtrip_exact"] = sorted(back) == sorted(tensors) and all(
-        torch.equal(back[k], tensors[k]) for k in back
-    )
+    report["roundtrip_exact"] = sorted(back) == sorted(tensors) and all(torch.equal(back[k], tensors[k]) for k in back)
 
     logprob_diff = 0.0
     with torch.no_grad():
         for s in steps:
-            ids, pos = (
-                torch.as_tensor(s.input_ids, dtype=torch.int64),
-                torch.as_tensor(s.position_ids, dtype=torch.int64),
-            )
+            ids, pos = torch.as_tensor(s.input_ids, dtype=torch.int64), torch.as_tensor(s.position_ids, dtype=torch.int64)
             cu = torch.as_tensor(s.cu_seqlens, dtype=torch.int32)
             targets = torch.as_tensor(s.target_mask.nonzero()[0])
-            mine = torch.log_softmax(trainer._logits(ids, pos, cu).double(), -1)[targets - 1, ids[targets]]
-            ref = torch.log_softmax(hf_packed_logits(reference, ids, pos, cu).double(), -1)[
-                targets - 1, ids[targets]
-            ]
+            mine = torch.log_softmax(trainer.logits(ids, pos, cu, None).double(), -1)[targets - 1, ids[targets]]
+            ref = torch.log_softmax(hf_packed_logits(reference, ids, cu).double(), -1)[targets - 1, ids[targets]]
             logprob_diff = max(logprob_diff, float((mine - ref).abs().max()))
     report["logprob_max_abs_diff"] = logprob_diff
 
@@ -111,64 +95,59 @@ def _family_report(
         reference, steps, lr=LR, adam_eps=ADAM_EPS, grad_clip=GRAD_CLIP, objective=ObjectiveParams()
     )
     after, want = trainer.named_weights(), hf_tensors(reference)
-    report["param_max_rel_diff"] = max(
-        float((after[k] - want[k]).abs().max() / want[k].abs().max()) for k in want
-    )
-    report["param_max_rel_moved"] = max(
-        float((want[k] - tensors[k]).abs().max() / want[k].abs().max()) for k in want
-    )
+    report["param_max_rel_diff"] = max(float((after[k] - want[k]).abs().max() / want[k].abs().max()) for k in want)
+    report["param_max_rel_moved"] = max(float((want[k] - tensors[k]).abs().max() / want[k].abs().max()) for k in want)
     report["params_close"] = all(torch.allclose(after[k], want[k], rtol=1e-5, atol=1e-7) for k in want)
 
-    if checkpoint_root is not None:
-        path = trainer.save_checkpoint(checkpoint_root)
-        again = MegatronTrainer(
-            _spec(lr=LR), reference.config.to_dict(), tensors, tp_group=tp_group, version=None
-        )
-        again.load_checkpoint(path)
-        report["checkpoint_restored"] = again.version == trainer.version and torch.equal(
-            again.flat_params, trainer.flat_params
-        )
-        state_a = trainer.store.optimizer_state()["state"]
-        state_b = again.store.optimizer_state()["state"]
-        report["optimizer_restored"] = all(
-            torch.equal(state_a[i]["exp_avg_sq"], state_b[i]["exp_avg_sq"]) for i in state_a
-        )
+    path = trainer.save_checkpoint(root)
+    again = _trainer(directory, tp_group, version=None, lr=LR)
+    again.load_checkpoint(path)
+    report["checkpoint_files"] = sorted(p.name for p in path.iterdir())
+    report["checkpoint_restored"] = again.version == trainer.version and torch.equal(again.flat_params, trainer.flat_params)
+    state_a, state_b = trainer.store.optimizer_state()["state"], again.store.optimizer_state()["state"]
+    report["optimizer_restored"] = all(torch.equal(state_a[i]["exp_avg_sq"], state_b[i]["exp_avg_sq"]) for i in state_a)
     return report
 
 
-def trainer_worker(
-    rank: int, world: int, families: list[str], ports: Queue[Any], results: Queue[Any], root: str
-) -> None:
+def _tree_report(directory: Path, tree_step: MicroStep, path_step: MicroStep, tp_group: dist.ProcessGroup | None) -> dict[str, Any]:
+    """One tree-packed micro-step against its paths: same gradient, same loss."""
+    trainer = _trainer(directory, tp_group)
+    grads = []
+    losses = []
+    for step in (path_step, tree_step):
+        trainer.zero_grads()
+        losses.append(trainer.accumulate(step).metrics.loss)
+        grads.append(trainer.flat_grads.clone())
+    return {
+        "grad_max_abs": float(grads[0].abs().max()),
+        "grad_max_diff": float((grads[1] - grads[0]).abs().max()),
+        "loss_paths": losses[0],
+        "loss_tree": losses[1],
+    }
+
+
+def trainer_worker(rank: int, world: int, job: dict[str, Any], ports: Queue[Any], results: Queue[Any], root: str) -> None:
+    """`job`: {"families": {name: dir}, "tree": (dir, tree_step, path_step), "bad_llama": config dict}."""
     torch.set_num_threads(1)
     exitcode = 1
     try:
         from gyre.trainer.backends.megatron.trainer import MegatronTrainer
 
-        bad = hf_model("qwen3", num_key_value_heads=1, num_attention_heads=2, head_dim=32)
         before = dist.is_initialized()
         try:
-            MegatronTrainer(
-                _spec(),
-                {**bad.config.to_dict(), "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
-                hf_tensors(bad),
-            )
+            MegatronTrainer(_spec(Path(root)), arch_from_config(job["bad_llama"]), {})
             refused = ""
         except ValueError as e:
             refused = str(e)
-        results.put(
-            (
-                rank,
-                "bad_input",
-                {"message": refused, "dist_before": before, "dist_after": dist.is_initialized()},
-            )
-        )
+        results.put((rank, "bad_input", {"message": refused, "dist_before": before, "dist_after": dist.is_initialized()}))
         tp_group = None
         if world > 1:
             _join_world(rank, world, ports)
             tp_group = dist.group.WORLD
-        checkpoints = Path(root) / "checkpoints"
-        for family in families:
-            results.put((rank, "family", _family_report(family, tp_group, checkpoints)))
+        directory, tree_step, path_step = job["tree"]
+        results.put((rank, "tree", _tree_report(Path(directory), tree_step, path_step, tp_group)))
+        for family, directory in job["families"].items():
+            results.put((rank, "family", _family_report(family, Path(directory), tp_group, Path(root) / "checkpoints")))
         results.put((rank, "done", {}))
         exitcode = 0
     except BaseException as e:  # the test process must hear about it instead of timing out

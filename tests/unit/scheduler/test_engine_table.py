@@ -10,7 +10,8 @@ from gyre.lifecycle import Supervisor
 from gyre.v1 import cell_agent_pb2, common_pb2, proxy_pb2
 from services.scheduler.executor import ActionExecutor, RunFacts
 from services.scheduler.peers import Peers
-from services.scheduler.policy import BeginTransition, Role
+from services.scheduler.persist import ShellState
+from services.scheduler.policy import Role
 
 
 class FakeProxy:
@@ -41,6 +42,10 @@ class FakeCell:
         return cell_agent_pb2.SwitchRoleResponse()
 
 
+async def _nothing() -> None:
+    return None
+
+
 def _executor(num_cells: int, roles: list[Role]) -> tuple[ActionExecutor, FakeProxy]:
     proxy = FakeProxy()
     engines = [common_pb2.EngineEndpoint(engine_id=f"cell-{c}", url=f"http://127.0.0.1:{9000 + c}")
@@ -48,13 +53,14 @@ def _executor(num_cells: int, roles: list[Role]) -> tuple[ActionExecutor, FakePr
     peers = Peers(channels=[], cells=[FakeCell() for _ in range(num_cells)], proxy=proxy,  # type: ignore[arg-type]
                   packer=None, runner=None, engines=engines)  # type: ignore[arg-type]
 
-    async def handle(make: Any) -> None:
+    async def handle(make: Any, seq: int | None = None) -> None:
         return None
 
     driver = SimpleNamespace(policy=SimpleNamespace(state=SimpleNamespace(roles=roles, version=1)),
                              now=lambda: 0.0, handle=handle)
     executor = ActionExecutor(driver=lambda: driver, peers=peers, dispatcher=None,  # type: ignore[arg-type]
-                              supervisor=Supervisor("test"), facts=RunFacts(max_steps=0), separate_pool_capacity=0)
+                              supervisor=Supervisor("test"), facts=RunFacts(max_steps=0, shell=ShellState()),
+                              separate_pool_capacity=0, persist=_nothing)
     return executor, proxy
 
 
@@ -65,9 +71,9 @@ async def test_cells_returning_together_all_end_up_in_the_table() -> None:
     assert proxy.tables[-1] == ["cell-0", "cell-1", "cell-2"]
     # Colocate: every cell leaves together, then every cell comes back together. The policy's roles
     # change only when each TransitionCompleted is applied, i.e. after these calls return.
-    await asyncio.gather(*(executor._transition(BeginTransition(c, Role.TRAINING)) for c in range(3)))
+    await asyncio.gather(*(executor._transition(c, Role.TRAINING) for c in range(3)))
     roles[:] = [Role.TRAINING] * 3
-    await asyncio.gather(*(executor._transition(BeginTransition(c, Role.ROLLOUT)) for c in range(3)))
+    await asyncio.gather(*(executor._transition(c, Role.ROLLOUT) for c in range(3)))
     assert proxy.tables[-1] == ["cell-0", "cell-1", "cell-2"]
     assert proxy.updates_during_drain == 0
 
@@ -76,9 +82,9 @@ async def test_a_drained_cell_leaves_the_next_table() -> None:
     roles = [Role.ROLLOUT] * 3
     executor, proxy = _executor(3, roles)
     await executor.publish_engine_table()
-    await executor._transition(BeginTransition(0, Role.TRAINING))
+    await executor._transition(0, Role.TRAINING)
     roles[0] = Role.TRAINING
-    await executor._transition(BeginTransition(1, Role.TRAINING))
+    await executor._transition(1, Role.TRAINING)
     roles[1] = Role.TRAINING
-    await executor._transition(BeginTransition(1, Role.ROLLOUT))
+    await executor._transition(1, Role.ROLLOUT)
     assert proxy.tables[-1] == ["cell-1", "cell-2"]

@@ -57,6 +57,15 @@ def test_sim_ablation_json_has_every_row_with_the_papers_ratio():
     assert out["configs"]["E0"]["ratio_vs_e0"] == 1.0
     assert out["configs"]["A0"]["paper_ratio_vs_e0"] == 1.556
     assert {"total_h", "ratio_vs_e0", "paper_ratio_vs_e0"} <= set(out["configs"]["C2"])
+    # Every figure of the preset is disclosed with its source; none is this machine's.
+    sources = out["calibration"]
+    assert sources["training.join_s"] == {"value": 8.52, "source": "paper"}
+    assert sources["workload.sigma_query"]["source"] == "fitted"
+    assert sources["training.node_tokens_per_s"]["source"] == "assumed"
+    assert "Table 2" in sources["training.node_tokens_per_s"]["note"]
+    assert out["regime"].startswith("cluster scale") and out["validation"] is None
+    swept = _last_json(runner.invoke(app, ["sim", "ablation", "--steps", "1", "--json", "--node-tokens-per-s", "9000"]).output)
+    assert swept["calibration"]["training.node_tokens_per_s"] == {"value": 9000.0, "source": "--node-tokens-per-s"}
 
 
 def test_sim_presets_lists_every_preset():

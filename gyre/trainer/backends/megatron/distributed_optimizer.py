@@ -30,6 +30,7 @@ from torch import Tensor
 from gyre.config.training import TrainerSection
 from gyre.trainer.backends.megatron.model import GyreGPTModel
 from gyre.trainer.backends.megatron.parameters import is_tp_partial
+from gyre.trainer.offload import optimizer_tensors
 
 
 class DistributedShard:
@@ -128,6 +129,15 @@ class DistributedShard:
                 p.data.copy_(tensors[n])
         if self.optimizer is not None:
             self.optimizer.reload_model_params()  # the fp32 master weights follow
+
+    def state_tensors(self) -> list[Tensor]:
+        """DDP's parameter and gradient buffers, the fp32 master shards and the inner Adam state."""
+        tensors = [self.params, self.grads]
+        if self.optimizer is not None:
+            for group in getattr(self.optimizer, "shard_fp32_from_float16_groups", []):
+                tensors.extend(group)
+            tensors.extend(optimizer_tensors(self.optimizer.optimizer))
+        return tensors
 
     def optimizer_state(self) -> dict[str, Any] | None:
         if self.optimizer is None:

@@ -1,34 +1,37 @@
-"""A megatron-core `GPTModel` built from a `GPTArchitecture`, and its packed logits function.
+"""A megatron-core `GPTModel` built from a `ModelArch`, and its packed logits function.
 
 The model is Megatron's own GPTModel, TransformerBlock, SelfAttention (fused QKV, column/row-parallel
 linears, vocab-parallel embedding and LM head) and MLP (SwiGLU: gated_linear_unit + silu), configured
-from the HF config. What makes it run on a CPU machine, without patching the library:
+from the HF config. What makes it run on a CPU machine and train Gyre's rows, without patching the
+library:
 
-- the layer spec's core attention is `PackedSDPAttention` (megatron's local one calls CUDA);
+- the layer spec's core attention is `attention.PackedCoreAttention` (RoPE at each token's own
+  position, then the packed path/tree attention of `gyre.model.attention`); the model itself is
+  built with `position_embedding_type="none"`, so Megatron applies no RoPE of its own;
 - `transformer_impl="local"`, every fusion off, `use_cpu_initialization=True`;
-- the rotary module is `GyreRotaryEmbedding` (Megatron's calls CUDA), swapped in by the subclass;
-- the process groups come in a `ProcessGroupCollection` (the cell's TP group, single-rank groups for
-  the rest), so megatron's global `parallel_state` is never initialized and the cells' world stays
-  the caller's.
+- the process groups come in a `ProcessGroupCollection` (the cell's TP group, a group of this
+  process alone for the rest), so megatron's global `parallel_state` is never initialized and the
+  cells' torch.distributed world stays the cell agent's.
 
-On CUDA with Transformer Engine importable, the TE layer spec is used instead (flash/cuDNN attention
-takes the same `thd` PackedSeqParams); that path is untested here (no GPU).
+On CUDA with Transformer Engine importable, the TE layer spec is used for the linears and norms (its
+fused input norms: `weights.py` `fused_norms`), with the same core attention; that path is untested
+here (no GPU).
 
 Packed rows: `packed_logits` passes the micro-step as one [1, T] sequence with
-`PackedSeqParams(qkv_format="thd", cu_seqlens=...)`; Megatron applies RoPE per row from cu_seqlens
-(positions restart at 0 in each row, which is the micro-step contract, checked), and the core
-attention attends per row. Under TP the LM head's logits are vocab-parallel; they are all-gathered
-with Megatron's `gather_from_tensor_model_parallel_region`, whose backward hands each rank the
-gradient of its own vocab slice, so the loss and its gradient are exact on every rank.
+`GyrePackedSeqParams(qkv_format="thd", ...)` carrying the row bounds, the positions' cos/sin and the
+tree layout. Under TP the LM head's logits are vocab-parallel; they are all-gathered by `GatherVocab`,
+whose backward hands each rank the gradient of its own vocab slice, so the loss and its gradient are
+exact on every rank.
 
     model = build_gpt_model(arch, tp_group=group, device=torch.device("cpu"), params_dtype=torch.float32)
-    logits = packed_logits(model, input_ids, position_ids, cu_seqlens)      # [T, V]
+    logits = packed_logits(model, input_ids, position_ids, cu_seqlens, tree)      # [T, V]
 """
 
 from __future__ import annotations
 
-import dataclasses
+import datetime
 import importlib.util
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -38,7 +41,6 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.models.gpt.gpt_model import GPTModel
-from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel.layers import (
     set_defaults_if_not_set_tensor_model_parallel_attributes,
@@ -48,45 +50,57 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
-from gyre.trainer.backends.megatron.architecture import GPTArchitecture
-from gyre.trainer.backends.megatron.attention import PackedSDPAttention
-from gyre.trainer.backends.megatron.rotary import GyreRotaryEmbedding
+from gyre.model.arch import ModelArch
+from gyre.model.rope import Rotary
+from gyre.model.tree_layout import TreeLayout
+from gyre.trainer.backends.megatron.attention import GyrePackedSeqParams, PackedCoreAttention
 from gyre.trainer.backends.megatron.weights import tp_partition_dim
 
 
-@dataclasses.dataclass
-class YarnTransformerConfig(TransformerConfig):
-    """TransformerConfig plus the YaRN fields megatron's `Attention` reads for the attention factor
-    (`_yarn_get_concentration_factor_from_config`); only YaRN models use it."""
-
-    yarn_rotary_scaling_factor: float = 1.0
-    yarn_mscale: float | None = None
-    yarn_mscale_all_dim: float | None = None
-
-
 def uses_transformer_engine(device: torch.device) -> bool:
-    """The TE layer spec on CUDA when Transformer Engine is installed, else the local spec + SDPA."""
+    """The TE layer spec on CUDA when Transformer Engine is installed, else the local spec."""
     return device.type == "cuda" and importlib.util.find_spec("transformer_engine") is not None
 
 
+def ensure_world(device: torch.device) -> None:
+    """megatron-core 0.16 resolves its process groups only while torch.distributed's default world
+    exists (`get_tensor_model_parallel_group_if_none` returns None otherwise, at build and at forward
+    time): start a world of this process alone when there is none. A cell agent of a multi-cell run
+    builds its trainer after joining the cells' world, so this only happens for a single cell."""
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def solo_group(device: torch.device) -> dist.ProcessGroup:
+    """A group of this process alone, outside the torch.distributed world: gloo on a loopback device (a
+    group of one talks to nobody), NCCL for CUDA tensors (untested here: no GPU)."""
+    if device.type == "cuda":
+        return dist.ProcessGroupNCCL(dist.HashStore(), 0, 1, dist.ProcessGroupNCCL.Options())
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = datetime.timedelta(seconds=60)
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return dist.ProcessGroupGloo(dist.HashStore(), 0, 1, options)
+
+
 def transformer_config(
-    arch: GPTArchitecture, *, tp_size: int, params_dtype: torch.dtype, use_te: bool
+    arch: ModelArch, *, tp_size: int, params_dtype: torch.dtype, use_te: bool
 ) -> TransformerConfig:
     """The megatron TransformerConfig of `arch`: no dropout, no fusions, no biases but Qwen2's q/k/v."""
-    kwargs: dict[str, object] = dict(
+    return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
-        ffn_hidden_size=arch.ffn_hidden_size,
-        num_attention_heads=arch.num_attention_heads,
-        num_query_groups=arch.num_query_groups,
+        ffn_hidden_size=arch.intermediate_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
         kv_channels=arch.head_dim,
         normalization="RMSNorm",
-        layernorm_epsilon=arch.norm_eps,
+        layernorm_epsilon=arch.rms_norm_eps,
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
-        qk_layernorm=arch.qk_layernorm,
+        qk_layernorm=arch.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp_size,
@@ -106,28 +120,21 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         transformer_impl="transformer_engine" if use_te else "local",
     )
-    if arch.rope.kind == "yarn":
-        return YarnTransformerConfig(
-            **kwargs,  # type: ignore[arg-type]
-            yarn_rotary_scaling_factor=arch.rope.factor,
-            yarn_mscale=arch.rope.mscale,
-            yarn_mscale_all_dim=arch.rope.mscale_all_dim,
-        )
-    return TransformerConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def layer_spec(arch: GPTArchitecture, *, use_te: bool) -> ModuleSpec:
-    """Megatron's GPT layer spec; the local one gets `PackedSDPAttention` as its core attention."""
+def layer_spec(arch: ModelArch, *, use_te: bool) -> ModuleSpec:
+    """Megatron's GPT layer spec (TE or local) with `PackedCoreAttention` as its core attention."""
     if use_te:
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
-    spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = PackedSDPAttention
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
     return spec
 
 
 def process_groups(tp_group: dist.ProcessGroup) -> ProcessGroupCollection:
-    """The model's groups: `tp_group` for tensor parallelism, a group of this rank alone for the rest."""
-    alone = dist.new_group([dist.get_rank()], use_local_synchronization=True)
+    """The model's groups: `tp_group` for tensor parallelism, a group of this process alone for the rest."""
+    alone = tp_group if tp_group.size() == 1 else dist.new_group([dist.get_rank()], use_local_synchronization=True)
     groups = ProcessGroupCollection()
     groups.tp = tp_group
     for name in ("pp", "cp", "embd", "pos_embd", "dp", "dp_cp"):
@@ -138,15 +145,10 @@ def process_groups(tp_group: dist.ProcessGroup) -> ProcessGroupCollection:
 
 
 class GyreGPTModel(GPTModel):
-    """GPTModel with RoPE from `GyreRotaryEmbedding` (HF rope kinds, any device)."""
+    """GPTModel without RoPE of its own (`PackedCoreAttention` applies it), plus the HF rotary of `arch`."""
 
     def __init__(
-        self,
-        arch: GPTArchitecture,
-        config: TransformerConfig,
-        spec: ModuleSpec,
-        pg_collection: ProcessGroupCollection,
-        device: torch.device,
+        self, arch: ModelArch, config: TransformerConfig, spec: ModuleSpec, pg_collection: ProcessGroupCollection
     ) -> None:
         super().__init__(
             config=config,
@@ -155,25 +157,21 @@ class GyreGPTModel(GPTModel):
             max_sequence_length=arch.max_position_embeddings,
             parallel_output=True,
             share_embeddings_and_output_weights=arch.tie_word_embeddings,
-            position_embedding_type="rope",
+            position_embedding_type="none",
             pg_collection=pg_collection,
         )
         self.arch = arch
-        self.rotary_pos_emb = GyreRotaryEmbedding(
-            arch.rope, kv_channels=arch.head_dim, device=device, cp_group=pg_collection.cp
-        )
+        self.rotary = Rotary(arch.rope, arch.head_dim)
 
 
 def build_gpt_model(
-    arch: GPTArchitecture, *, tp_group: dist.ProcessGroup, device: torch.device, params_dtype: torch.dtype
+    arch: ModelArch, *, tp_group: dist.ProcessGroup, device: torch.device, params_dtype: torch.dtype
 ) -> GyreGPTModel:
     """The (uninitialized) model shard of this TP rank, on `device`; load weights before use."""
     use_te = uses_transformer_engine(device)
     config = transformer_config(arch, tp_size=tp_group.size(), params_dtype=params_dtype, use_te=use_te)
-    model = GyreGPTModel(arch, config, layer_spec(arch, use_te=use_te), process_groups(tp_group), device)
-    model = model.to(
-        device=device, dtype=params_dtype
-    )  # the local spec builds its norms in the default dtype
+    model = GyreGPTModel(arch, config, layer_spec(arch, use_te=use_te), process_groups(tp_group))
+    model = model.to(device=device, dtype=params_dtype)  # the local spec builds its norms in the default dtype
     for name, p in model.named_parameters():
         # Megatron sets these only when it initializes weights itself (perform_initialization), yet its
         # optimizer's norm and the clip here read them.
@@ -203,30 +201,43 @@ class GatherVocab(torch.autograd.Function):
         return grad[..., rank * width : (rank + 1) * width].contiguous(), None
 
 
-def check_row_positions(position_ids: Tensor, cu_seqlens: Tensor) -> None:
-    """`ValueError` unless positions restart at 0 in every row (the thd RoPE derives them from cu_seqlens)."""
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    starts = torch.repeat_interleave(cu_seqlens[:-1].to(torch.int64), lengths)
-    expected = torch.arange(position_ids.shape[0], device=position_ids.device) - starts.to(
-        position_ids.device
-    )
-    if not torch.equal(position_ids.to(torch.int64), expected):
+def packed_logits(
+    model: GyreGPTModel,
+    input_ids: Tensor,
+    position_ids: Tensor,
+    cu_seqlens: Tensor,
+    tree: TreeLayout | None = None,
+) -> Tensor:
+    """Full-vocabulary logits [T, V] of a packed micro-step: the logits contract of `gyre.rl.step_loss`
+    (causal attention per path row, ancestor-only in tree rows, positions as given)."""
+    if input_ids.dim() != 1 or position_ids.shape != input_ids.shape:
+        raise ValueError("input_ids and position_ids must both be 1-D [T]")
+    bounds = [int(b) for b in cu_seqlens.tolist()]
+    if not bounds or bounds[0] != 0 or bounds[-1] != input_ids.shape[0]:
+        raise ValueError(f"cu_seqlens must run from 0 to T={input_ids.shape[0]}; got {bounds[:4]}...")
+    if position_ids.numel() and int(position_ids.max()) >= model.arch.max_position_embeddings:
         raise ValueError(
-            "position_ids must restart at 0 in every row of cu_seqlens (the packed micro-step layout)"
+            f"position {int(position_ids.max())} is beyond max_position_embeddings="
+            f"{model.arch.max_position_embeddings} of the model (config.json); shorten the sequence"
         )
-
-
-def packed_logits(model: GyreGPTModel, input_ids: Tensor, position_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
-    """Full-vocabulary logits [T, V] of a packed micro-step (block-diagonal causal attention)."""
-    check_row_positions(position_ids, cu_seqlens)
-    device = next(model.parameters()).device
+    weight = model.embedding.word_embeddings.weight
+    device = weight.device
+    cos, sin = model.rotary.cos_sin(position_ids.to(device), weight.dtype)
     cu = cu_seqlens.to(device=device, dtype=torch.int32)
-    longest = int((cu[1:] - cu[:-1]).max())
-    packed = PackedSeqParams(
-        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+    longest = max(b - a for a, b in itertools.pairwise(bounds))
+    packed = GyrePackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+        rope_cos=cos,
+        rope_sin=sin,
+        bounds=bounds,
+        tree=tree,
     )
     ids = input_ids.to(device=device, dtype=torch.int64)[None]
-    logits = model(ids, position_ids.to(device)[None], None, packed_seq_params=packed)[0]  # [T, V / tp]
+    logits: Tensor = model(ids, None, None, packed_seq_params=packed)[0]  # [T, V / tp]
     if model.pg_collection.tp.size() > 1:
         logits = GatherVocab.apply(logits, model.pg_collection.tp)
     return logits

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from gyre.config.training import TrainerSection
 from gyre.trainer.flat import FlatParameters
+from gyre.trainer.offload import optimizer_tensors
 from gyre.trainer.optimizer import CLIP_EPS, build_adamw
 
 
@@ -117,6 +118,9 @@ class FlatShard:
 
     def load_named(self, tensors: dict[str, Tensor]) -> None:
         self.flat.load_named(tensors)
+
+    def state_tensors(self) -> list[Tensor]:
+        return [self.flat.params, self.flat.grads, *optimizer_tensors(self.optimizer)]
 
     def optimizer_state(self) -> dict[str, Any] | None:
         return None if self.optimizer is None else self.optimizer.state_dict()

@@ -1,10 +1,8 @@
 """The `megatron` trainer backend: a megatron-core GPTModel shard per TP rank of a cell, trained on
-packed micro-steps with the Gyre objective; AdamW on the core.
+packed micro-steps (path and tree rows) with the Gyre objective; AdamW on the core.
 
-Built from an HF model (config.json dict + HF-named tensors), so it does not depend on how the run
-loads its model; every TP rank of the cell constructs it with the same inputs and its TP group:
-
-    trainer = MegatronTrainer(spec, hf_config, hf_tensors, tp_group=group)   # group None = TP 1
+    trainer = MegatronTrainer.create(spec)                         # model.path, TP 1 (the cell agent)
+    trainer = MegatronTrainer(spec, arch, hf_tensors, tp_group=g)  # every TP rank of a cell, same inputs
     trainer.zero_grads()
     for step in claimed_microsteps:
         trainer.accumulate(step)              # every TP rank of the cell, same micro-step
@@ -15,124 +13,124 @@ What the base interface means here:
 
 - `flat_params` / `flat_grads` are this TP rank's shard in Megatron's layout (fused QKV, fused
   gate/up), the fastest thing to move: cells share one layout, so a satellite's TP rank r pulls the
-  core's rank-r buffer and the reduction runs rank by rank. HF names and full shapes are only needed
-  where something outside the trainer reads the weights: `named_weights()` (publication, a collective
-  of the TP group) and checkpoints.
+  core's rank-r buffer and the reduction runs rank by rank. HF names and full shapes only where the
+  weights leave the trainer: `named_weights()` (publication, a collective of the TP group) and
+  checkpoints (HF directories of `gyre.trainer.checkpoint`, plus one optimizer shard per TP rank).
 - `accumulate` runs `gyre.rl.step_loss.train_microstep` with `model.packed_logits` as the logits
-  function (TP logits gathered exactly), then sums the TP-partial q/k-norm gradients.
-- `optimizer_step` clips by the TP-global norm, steps torch AdamW, bumps the version. On GPUs with a
-  data-parallel group inside the cell, Megatron's DistributedOptimizer is the intended path
-  (`distributed_optimizer.py`, untested: no GPU on the machines that built this).
-- `ValueError` for a model or layout megatron cannot build, raised before any process group is made.
+  function — tree-packed rows included, with the torch backend's attention — then sums the
+  TP-partial q/k-norm gradients.
+- `optimizer_step` clips by the TP-global norm, steps torch AdamW, bumps the version. On GPUs
+  Megatron's DistributedOptimizer is the intended path (`distributed_optimizer.py`, untested: no
+  GPU on the machines that built this).
+- `architecture.LayoutError` (a `ModelError`: exit 2) for a model or layout megatron cannot build,
+  raised before any process group is made.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.distributed as dist
 
+from gyre.model.arch import ModelArch
+from gyre.model.files import check_model_dir
+from gyre.model.tree_layout import TreeLayout
+from gyre.model.weights import load_state_dict, torch_dtype
 from gyre.rl.microstep import MicroStep
 from gyre.rl.step_loss import StepResult, train_microstep
 from gyre.trainer.backends.base import TrainerBackend, TrainerSpec
-from gyre.trainer.backends.megatron.architecture import (
-    GPTArchitecture,
-    architecture_from_hf,
-    check_parallel_layout,
+from gyre.trainer.backends.megatron.architecture import check_cell_layout, check_megatron_layout
+from gyre.trainer.backends.megatron.model import (
+    build_gpt_model,
+    ensure_world,
+    packed_logits,
+    solo_group,
+    uses_transformer_engine,
 )
-from gyre.trainer.backends.megatron.checkpoint import (
-    CONFIG_FILENAME,
-    finish_checkpoint,
-    optimizer_filename,
-    read_checkpoint_info,
-    read_hf_directory,
-    staging_dir,
-    step_dir,
-    write_hf_directory,
-)
-from gyre.trainer.backends.megatron.model import build_gpt_model, packed_logits, uses_transformer_engine
 from gyre.trainer.backends.megatron.parameters import FlatShard
 from gyre.trainer.backends.megatron.weights import check_hf_tensors, hf_to_megatron, megatron_to_hf
+from gyre.trainer.checkpoint import (
+    read_trainer_checkpoint,
+    read_trainer_info,
+    save_trainer_checkpoint,
+    staged_dir,
+    step_dir,
+)
 from gyre.trainer.flat import weights_digest
 
 if TYPE_CHECKING:
     from gyre.trainer.backends.megatron.distributed_optimizer import DistributedShard
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+def optimizer_filename(tp_rank: int, tp_size: int) -> str:
+    """The optimizer shard of one TP rank inside a checkpoint directory."""
+    return f"optimizer-tp{tp_rank}-of-{tp_size}.pt"
 
 
-def single_rank_group() -> dist.ProcessGroup:
-    """A TP group of this process alone; starts a one-process gloo world if none exists yet."""
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    return dist.new_group([dist.get_rank()], use_local_synchronization=True)
+def params_dtype(spec: TrainerSpec) -> torch.dtype:
+    """`trainer.megatron.params_dtype`, else `trainer.dtype`."""
+    return torch_dtype(spec.section.megatron.params_dtype or spec.section.dtype)
 
 
 class MegatronTrainer(TrainerBackend):
     name: ClassVar[str] = "megatron"
+    needs_world: ClassVar[bool] = True
 
     def __init__(
         self,
         spec: TrainerSpec,
-        hf_config: Mapping[str, Any],
+        arch: ModelArch,
         hf_tensors: Mapping[str, torch.Tensor],
         *,
         tp_group: dist.ProcessGroup | None = None,
         version: int | None = 0,
-        params_dtype: torch.dtype | None = None,
+        source: Path | None = None,
     ) -> None:
-        self.arch: GPTArchitecture = architecture_from_hf(hf_config)
-        check_parallel_layout(self.arch, tensor_parallel_size=1 if tp_group is None else tp_group.size())
-        check_hf_tensors(self.arch, hf_tensors)
+        """`hf_tensors`: the HF-named weights of `arch` (every rank passes all of them and keeps its
+        shard); `source`: the HF directory whose tokenizer files checkpoints copy (default model.path)."""
+        check_megatron_layout(arch, tensor_parallel_size=1 if tp_group is None else tp_group.size())
+        check_hf_tensors(arch, hf_tensors)
         self.spec = spec
-        self.hf_config = dict(hf_config)
+        self._arch = arch
+        self.source = source
         self.device = torch.device(spec.section.device)
-        dtype = params_dtype or _DTYPES[spec.section.dtype]
-        self.tp_group = tp_group if tp_group is not None else single_rank_group()
+        dtype = params_dtype(spec)
+        if tp_group is None:
+            ensure_world(self.device)
+        self.tp_group = tp_group if tp_group is not None else solo_group(self.device)
         self.tp_rank, self.tp_size = self.tp_group.rank(), self.tp_group.size()
         self.fused_norms = uses_transformer_engine(self.device)
-        self.model = build_gpt_model(
-            self.arch, tp_group=self.tp_group, device=self.device, params_dtype=dtype
-        )
+        self.model = build_gpt_model(arch, tp_group=self.tp_group, device=self.device, params_dtype=dtype)
         self.model.train()
         self.store: FlatShard | DistributedShard
         if self.device.type == "cuda":  # untested: no GPU where this was built
             from gyre.trainer.backends.megatron.distributed_optimizer import DistributedShard
 
-            self.store = DistributedShard(
-                self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer
-            )
+            self.store = DistributedShard(self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer)
         else:
-            self.store = FlatShard(
-                self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer
-            )
+            self.store = FlatShard(self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer)
         self.store.load_named(self._shard_of(hf_tensors))
         self.version = version
 
     @classmethod
     def create(cls, spec: TrainerSpec) -> MegatronTrainer:
-        """From the HF directory `model.path` of the config (TP 1; the cell agent passes its TP group
-        to the constructor instead)."""
-        path = getattr(spec.model_section, "path", None)
-        if path is None:
-            raise ValueError("model.path: the megatron backend needs an HF model directory")
-        config, tensors = read_hf_directory(Path(path))
-        return cls(spec, config, tensors, version=0)
+        """The initial weights of the run: the `model.path` directory (version 0), one process (TP 1)."""
+        check_cell_layout(spec.section.megatron.tensor_parallel_size)
+        path = spec.model_section.require_path()
+        info = check_model_dir(path)
+        return cls(spec, info.arch, load_state_dict(info, params_dtype(spec)), version=0, source=path)
 
     def _shard_of(self, hf_tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return hf_to_megatron(
-            self.arch, hf_tensors, tp_rank=self.tp_rank, tp_size=self.tp_size, fused_norms=self.fused_norms
+            self._arch, hf_tensors, tp_rank=self.tp_rank, tp_size=self.tp_size, fused_norms=self.fused_norms
         )
 
     @property
-    def config(self) -> dict[str, Any]:  # type: ignore[override]
-        """The HF config.json of the weights (what published directories and engines must match)."""
-        return self.hf_config
+    def arch(self) -> ModelArch:
+        return self._arch
 
     @property
     def flat_params(self) -> torch.Tensor:
@@ -145,16 +143,21 @@ class MegatronTrainer(TrainerBackend):
     def zero_grads(self) -> None:
         self.store.zero_grads()
 
-    def _logits(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor
+    def logits(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        tree: TreeLayout | None = None,
     ) -> torch.Tensor:
-        return packed_logits(self.model, input_ids, position_ids, cu_seqlens)
+        """The packed logits function of `gyre.rl.step_loss` (a TP collective when TP > 1)."""
+        return packed_logits(self.model, input_ids, position_ids, cu_seqlens, tree)
 
     def accumulate(self, step: MicroStep) -> StepResult:
         before = self.store.partial_grads()
         result = train_microstep(
             step,
-            self._logits,
+            self.logits,
             objective=self.spec.objective,
             chunk_tokens=self.spec.section.chunk_tokens,
             device=self.device,
@@ -183,7 +186,7 @@ class MegatronTrainer(TrainerBackend):
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """HF name → full tensor (new tensors, gathered over the TP group: every TP rank must call it)."""
-        return megatron_to_hf(self.arch, self._gathered_shards(), fused_norms=self.fused_norms)
+        return megatron_to_hf(self._arch, self._gathered_shards(), fused_norms=self.fused_norms)
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor], version: int | None) -> None:
         """HF-named full tensors in; each TP rank keeps its shard."""
@@ -191,46 +194,71 @@ class MegatronTrainer(TrainerBackend):
         self.version = version
 
     def save_checkpoint(self, directory: Path) -> Path:
-        """Collective over the TP group: rank 0 writes the HF weights, every rank its optimizer shard."""
+        """An HF checkpoint directory (`gyre.trainer.checkpoint`) plus each TP rank's optimizer shard.
+        A collective of the TP group: rank 0 writes the weights and commits, every rank its shard."""
         if self.version is None:
             raise RuntimeError("cannot checkpoint weights of unknown version")
+        version = self.version
         weights = self.named_weights()
-        staging = staging_dir(directory, self.version)
+
+        def write_shard(staged: Path) -> None:
+            state = self.store.optimizer_state()
+            if state is not None:
+                torch.save(state, staged / optimizer_filename(self.tp_rank, self.tp_size))
+
+        def write_shards(staged: Path) -> None:  # rank 0, between weights and trainer.json
+            self._barrier()  # the staged directory exists
+            write_shard(staged)
+            self._barrier()  # every rank has written its shard
+
         if self.tp_rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)  # a partial copy left by a crash
-            write_hf_directory(staging, self.hf_config, weights)
-        self._barrier()
-        state = self.store.optimizer_state()
-        if state is not None:
-            torch.save(state, staging / optimizer_filename(self.tp_rank, self.tp_size))
-        self._barrier()
-        if self.tp_rank == 0:
-            finish_checkpoint(
-                directory, self.version, tp_size=self.tp_size, keep=self.spec.section.keep_checkpoints
+            save_trainer_checkpoint(
+                directory,
+                version=version,
+                arch=self._arch,
+                tensors=weights,
+                optimizer=None,
+                backend=self.name,
+                source=self.source or self.spec.model_section.require_path(),
+                keep=self.spec.section.keep_checkpoints,
+                write_extra=write_shards,
+                info={"tensor_parallel_size": self.tp_size},
             )
-        self._barrier()
-        return step_dir(directory, self.version)
+        else:
+            self._barrier()
+            write_shard(staged_dir(directory, version))
+            self._barrier()
+        self._barrier()  # committed
+        return step_dir(directory, version)
 
     def load_checkpoint(self, path: Path) -> None:
-        info = read_checkpoint_info(path)
-        config = json.loads((Path(path) / CONFIG_FILENAME).read_text())
-        if architecture_from_hf(config) != self.arch:
-            raise ValueError(f"checkpoint {path} has another architecture than this trainer's model")
-        _, tensors = read_hf_directory(Path(path))
-        self.store.load_named(self._shard_of(tensors))
+        info = read_trainer_info(path)
+        if info.get("backend") != self.name:
+            raise ValueError(
+                f"checkpoint {path} was written by the {info.get('backend')!r} backend: its optimizer state "
+                f"does not fit the megatron backend; resume with cell_agent.trainer.backend: "
+                f"{info.get('backend')}, or start from its weights with model.path: {path}"
+            )
+        arch, tensors, _, version = read_trainer_checkpoint(path, params_dtype(self.spec))
+        if arch.fingerprint() != self._arch.fingerprint():
+            raise ValueError(f"checkpoint {path} has a different architecture than model.path ({self._arch.architecture})")
         optimizer_path = Path(path) / optimizer_filename(self.tp_rank, self.tp_size)
+        if self.store.optimizer is not None and not optimizer_path.is_file():
+            raise ValueError(
+                f"checkpoint {path} has no optimizer shard for TP rank {self.tp_rank} of {self.tp_size} "
+                f"(written with tensor_parallel_size {info.get('tensor_parallel_size')})"
+            )
+        self.store.load_named(self._shard_of(tensors))
         if self.store.optimizer is not None:
-            if int(info["tensor_parallel_size"]) != self.tp_size or not optimizer_path.is_file():
-                raise ValueError(
-                    f"checkpoint {path} has no optimizer shard for TP rank {self.tp_rank} of {self.tp_size} "
-                    f"(written with tensor_parallel_size {info['tensor_parallel_size']})"
-                )
             self.store.load_optimizer_state(torch.load(optimizer_path, weights_only=True))
-        self.version = int(info["policy_version"])
+        self.version = version
 
     def digest(self) -> str:
         """SHA-256 of this TP rank's shard (`flat_params`)."""
         return weights_digest(self.store.params)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return self.store.state_tensors()
 
     def _barrier(self) -> None:
         if self.tp_size > 1:

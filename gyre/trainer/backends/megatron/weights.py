@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from gyre.trainer.backends.megatron.architecture import GPTArchitecture
+from gyre.model.arch import ModelArch
 
 _REPLICATED_LAYER = {
     "input_layernorm.weight": "input_layernorm.weight",
@@ -56,33 +56,21 @@ def tp_partition_dim(megatron_name: str) -> int | None:
     return 0
 
 
-def _layer_names(arch: GPTArchitecture, fused_norms: bool) -> dict[str, str]:
+def _layer_names(arch: ModelArch, fused_norms: bool) -> dict[str, str]:
     """Megatron suffix → HF suffix of the one-to-one tensors of a layer (the fused ones are separate)."""
     names = {(_FUSED_NORM_NAMES[m] if fused_norms else m): h for m, h in _REPLICATED_LAYER.items()}
-    if arch.qk_layernorm:
+    if arch.qk_norm:
         names["self_attention.q_layernorm.weight"] = "self_attn.q_norm.weight"
         names["self_attention.k_layernorm.weight"] = "self_attn.k_norm.weight"
     return names
 
 
-def hf_names(arch: GPTArchitecture) -> list[str]:
+def hf_names(arch: ModelArch) -> list[str]:
     """Every HF tensor name of `arch` (what `hf_to_megatron` needs and `megatron_to_hf` returns)."""
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    if not arch.tie_word_embeddings:
-        names.append("lm_head.weight")
-    per_layer = [
-        *_layer_names(arch, False).values(),
-        "self_attn.o_proj.weight",
-        *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
-        *(f"self_attn.{p}_proj.weight" for p in "qkv"),
-    ]
-    if arch.qkv_bias:
-        per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
-    names += [f"model.layers.{i}.{n}" for i in range(arch.num_layers) for n in per_layer]
-    return names
+    return list(arch.parameter_shapes())
 
 
-def check_hf_tensors(arch: GPTArchitecture, hf: Mapping[str, Tensor]) -> None:
+def check_hf_tensors(arch: ModelArch, hf: Mapping[str, Tensor]) -> None:
     """`ValueError` naming the first missing or unexpected tensor (a tied `lm_head.weight` equal to the
     embedding, as `state_dict()` reports it, is accepted)."""
     expected = set(hf_names(arch))
@@ -100,17 +88,17 @@ def check_hf_tensors(arch: GPTArchitecture, hf: Mapping[str, Tensor]) -> None:
         )
 
 
-def _qkv_groups(arch: GPTArchitecture, q: Tensor, k: Tensor, v: Tensor) -> list[Tensor]:
+def _qkv_groups(arch: ModelArch, q: Tensor, k: Tensor, v: Tensor) -> list[Tensor]:
     """Per query group g: [q heads of g; k_g; v_g] along dim 0 (works for weights and biases)."""
-    per = arch.num_attention_heads // arch.num_query_groups
-    qs = q.reshape(arch.num_query_groups, per * arch.head_dim, *q.shape[1:])
-    ks = k.reshape(arch.num_query_groups, arch.head_dim, *k.shape[1:])
-    vs = v.reshape(arch.num_query_groups, arch.head_dim, *v.shape[1:])
-    return [torch.cat((qs[g], ks[g], vs[g])) for g in range(arch.num_query_groups)]
+    per = arch.num_heads // arch.num_kv_heads
+    qs = q.reshape(arch.num_kv_heads, per * arch.head_dim, *q.shape[1:])
+    ks = k.reshape(arch.num_kv_heads, arch.head_dim, *k.shape[1:])
+    vs = v.reshape(arch.num_kv_heads, arch.head_dim, *v.shape[1:])
+    return [torch.cat((qs[g], ks[g], vs[g])) for g in range(arch.num_kv_heads)]
 
 
 def hf_to_megatron(
-    arch: GPTArchitecture, hf: Mapping[str, Tensor], *, tp_rank: int, tp_size: int, fused_norms: bool = False
+    arch: ModelArch, hf: Mapping[str, Tensor], *, tp_rank: int, tp_size: int, fused_norms: bool = False
 ) -> dict[str, Tensor]:
     """The named Megatron parameters of TP rank `tp_rank` (new tensors; `hf` is not modified)."""
     check_hf_tensors(arch, hf)
@@ -127,7 +115,7 @@ def hf_to_megatron(
     }
     if not arch.tie_word_embeddings:
         out["output_layer.weight"] = rows(hf["lm_head.weight"])
-    groups_per_rank = arch.num_query_groups // tp_size
+    groups_per_rank = arch.num_kv_heads // tp_size
     mine = slice(tp_rank * groups_per_rank, (tp_rank + 1) * groups_per_rank)
     for i in range(arch.num_layers):
         m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
@@ -146,7 +134,7 @@ def hf_to_megatron(
 
 
 def megatron_to_hf(
-    arch: GPTArchitecture, shards: Sequence[Mapping[str, Tensor]], *, fused_norms: bool = False
+    arch: ModelArch, shards: Sequence[Mapping[str, Tensor]], *, fused_norms: bool = False
 ) -> dict[str, Tensor]:
     """Full HF tensors from the named parameters of every TP rank, in rank order (replicated tensors
     are taken from rank 0). `lm_head.weight` is left out when tied, as `save_pretrained` does."""
@@ -166,7 +154,7 @@ def megatron_to_hf(
     }
     if not arch.tie_word_embeddings:
         out["lm_head.weight"] = rows("output_layer.weight")
-    per = arch.num_attention_heads // arch.num_query_groups
+    per = arch.num_heads // arch.num_kv_heads
     q_size = per * arch.head_dim
     for i in range(arch.num_layers):
         m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
@@ -174,7 +162,7 @@ def megatron_to_hf(
             out[h + h_name] = first[m + m_name].clone()
         for kind in ("weight", "bias") if arch.qkv_bias else ("weight",):
             fused = rows(f"{m}self_attention.linear_qkv.{kind}")
-            grouped = fused.reshape(arch.num_query_groups, q_size + 2 * arch.head_dim, *fused.shape[1:])
+            grouped = fused.reshape(arch.num_kv_heads, q_size + 2 * arch.head_dim, *fused.shape[1:])
             q, k, v = grouped.split((q_size, arch.head_dim, arch.head_dim), dim=1)
             for name, t in (("q", q), ("k", k), ("v", v)):
                 out[f"{h}self_attn.{name}_proj.{kind}"] = t.reshape(-1, *fused.shape[1:]).clone()

@@ -1,0 +1,158 @@
+"""Training runs on the real, pinned CLIs: Claude Code and Codex launched by the runner in sandboxes on a
+Harbor task, their calls through the proxy to an engine serving a tiny Qwen3 from `gyre model init`,
+the reward from the task's `tests/test.sh`, and one optimizer step on what they sent.
+
+A tiny random model does not call tools, so the engine's output source is `scored_script` with
+*rules*: each turn is chosen from the conversation (a regex over the decoded prompt), and its tokens
+carry the served model's log-probs. The rules play a short agent — delegate to a sub-agent, read its
+report, fix the bug (or, for some calls, only run the tests), finish — so every tree holds a main root,
+a sub-agent root and a compaction summary, and the members of a group can earn different rewards.
+
+Claude Code is shrunk only with its own flags (`runner.harness_args`, `runner.harness_env`):
+`--system-prompt` replaces its ~7 KB system prompt with one line and `--tools Bash,Agent` keeps two of
+its twelve tools, so its first request is ~13 KB instead of ~50 KB (fidelity: the policy never sees
+Claude Code's own instructions or the other tools' schemas). Auto-compaction normally fires near 1 M
+tokens; `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` lowers its threshold to ~6K tokens, which the task's long
+instruction (project notes) crosses after the main agent's first turn while the sub-agent's shorter
+prompts stay below it (fidelity: compaction after one turn, where a real run compacts after hours).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gyre.cli.demo import demo_config
+from gyre.demo.run import DemoRun
+from gyre.model.files import check_model_dir
+from gyre.model.init import init_model_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.cli]
+
+REPO = Path(__file__).resolve().parents[2]
+
+SHAPE: dict[str, Any] = {
+    "num_cells": 2, "group_size": 2, "batch_groups": 1, "phi": 1, "mu": 2, "rho_min": 0.5, "tau_s": 0.2,
+    "cell_capacity": 4,
+}
+COMPACT_AT_TOKENS = 6000
+"""Claude Code's auto-compaction threshold in this run: a share of its 980K-token effective window."""
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+FIX = _call("Bash", command="sed -i 's/a - b/a + b/' calc.py && python3 -m unittest test_calc",
+            description="Fix add and run the tests")
+ONLY_TEST = _call("Bash", command="python3 -m unittest test_calc", description="Run the tests")
+CLAUDE_RULES: list[dict[str, Any]] = [
+    # Compaction request (Claude Code appends this to the last user message).
+    {"when": "CRITICAL: Respond with TEXT ONLY",
+     "text": "<analysis>The sub-agent read calc.py.</analysis>\n<summary>add in calc.py returns a - b; it must "
+             "return a + b. Next: fix it and run the tests.</summary>"},
+    # The sub-agent: read the file, then report.
+    {"when": r"You are an agent for Claude Code[\s\S]*<tool_response>",
+     "text": "calc.py: add returns a - b instead of a + b."},
+    {"when": "You are an agent for Claude Code", "text": _call("Bash", command="cat calc.py", description="Read calc.py")},
+    # The main agent after compaction: fix (or only test), then finish.
+    {"when": r"This session is being continued[\s\S]*<tool_response>", "text": "Done."},
+    {"when": "This session is being continued", "choices": [FIX, ONLY_TEST]},
+    # A main turn after a tool result without a compaction: stop (the test then fails on the missing summary).
+    {"when": "<tool_response>", "text": "Stopping."},
+    # The main agent's first turn: delegate.
+    {"when": "^", "text": _call("Agent", description="Find the bug", prompt="Read calc.py and report why add is wrong.",
+                                subagent_type="general-purpose", run_in_background=False)},
+]
+CLAUDE_ARGS = ["--system-prompt", "You are a coding agent. Work in the current directory.", "--tools", "Bash,Agent"]
+NOTES = "".join(
+    f"- Note {i}: calc.py is imported by the reporting job; keep the signature of add(a, b) unchanged.\n"
+    for i in range(220)
+)
+
+
+def _task_set(tmp_path: Path) -> Path:
+    """examples/tasks/fix-add with project notes appended to its instruction (a Harbor task set of one)."""
+    root = tmp_path / "tasks"
+    shutil.copytree(REPO / "examples" / "tasks" / "fix-add", root / "fix-add")
+    instruction = root / "fix-add" / "instruction.md"
+    instruction.write_text(instruction.read_text() + "\nProject notes:\n" + NOTES)
+    return root
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def _run(tmp_path: Path, run_id: str, harness: dict[str, Any], rules: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    model_dir = init_model_dir(tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0,
+                               max_position_embeddings=32768)
+    script = tmp_path / "rules.jsonl"
+    script.write_text("".join(json.dumps(r) + "\n" for r in rules))
+    config = demo_config(None, {
+        "run": {"id": run_id, "dir": str(tmp_path / "runs")},
+        "model": {"path": str(model_dir)},
+        "tasks": {"dirs": [str(_task_set(tmp_path))], "queries": []},
+        # Sandbox uids of their own: a runner kills every process of its uids, and this machine may be
+        # running other stacks.
+        "runner": {**harness, "sandbox": {"uid_base": 150000}},
+        "evaluator": {"sandbox": {"uid_base": 151000}},
+        "cell_agent": {"engine": {"output_source": "scored_script", "script_file": str(script)}},
+        "scheduler": SHAPE,
+    })
+    summary = DemoRun(config, steps=1).execute()
+    return config, summary
+
+
+def _assert_trained_one_step(config: Any, summary: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    assert summary["steps"] == 1
+    ex = summary["executions"]
+    assert ex["dispatched"] == sum(v for k, v in ex.items() if k != "dispatched")
+    assert ex["trained"] >= 2
+    # The reward is the task's verifier: test.sh wrote reward.txt in each preserved workspace's log dir.
+    done = [e["event"] for e in events if e["type"] == "gyre.v1.EvaluationDone"]
+    assert done and all(d.get("status") == "EVALUATION_STATUS_VALID" for d in done), done
+    assert {float(d.get("reward", 0.0)) for d in done} <= {0.0, 1.0}
+    step = next(e["event"] for e in events if e["type"] == "gyre.v1.StepCompleted")
+    assert int(step.get("policyVersion", 0)) == 1 and int(step.get("numTargetTokens", 0)) > 0
+    assert check_model_dir(config.run.path / "checkpoints" / "published" / "v00000001").policy_version == 1
+
+
+@pytest.mark.usefixtures("claude_bin")
+def test_claude_code_executions_are_trained_on(tmp_path: Path) -> None:
+    config, summary = _run(tmp_path, "e2eclaude", {
+        "harness": "claude_code", "harness_args": CLAUDE_ARGS,
+        "harness_env": {"CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": f"{100 * COMPACT_AT_TOKENS / 980_000:.3f}"},
+    }, CLAUDE_RULES)
+    events = _events(config.run.path)
+    _assert_trained_one_step(config, summary, events)
+    # Every execution's tree: a main root and a sub-agent root (a sub_agent leaf exists only under one),
+    # a compaction summary leaf, and the post-compaction main path; admission took all three classes.
+    packed = [e["event"] for e in events if e["type"] == "gyre.v1.GroupPacked"]
+    by_class = summary["admitted_trajectories_by_class"]
+    members = sum(int(p.get("numTrajectories", 0)) for p in packed) // 3
+    assert by_class == {"main": members, "main_summary": members, "sub_agent": members}, by_class
+    assert members >= 1
+    assert summary["recorded_calls"] >= 6 * members and summary["history_mismatch_rate"] == 0.0
+
+
+CODEX_FIX = _call("exec_command", cmd="sed -i 's/a - b/a + b/' calc.py && python3 -m unittest test_calc")
+CODEX_ONLY_TEST = _call("exec_command", cmd="python3 -m unittest test_calc")
+CODEX_RULES: list[dict[str, Any]] = [
+    {"when": "<tool_response>", "text": "Done."},
+    {"when": "^", "choices": [CODEX_FIX, CODEX_ONLY_TEST]},
+]
+
+
+@pytest.mark.usefixtures("codex_bin")
+def test_codex_executions_are_trained_on(tmp_path: Path) -> None:
+    config, summary = _run(tmp_path, "e2ecodex", {"harness": "codex"}, CODEX_RULES)
+    events = _events(config.run.path)
+    _assert_trained_one_step(config, summary, events)
+    by_class = summary["admitted_trajectories_by_class"]
+    assert set(by_class) == {"main"} and by_class["main"] >= 2, by_class
+    assert summary["recorded_calls"] >= 2 * by_class["main"] and summary["history_mismatch_rate"] == 0.0
