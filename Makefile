@@ -52,6 +52,8 @@ demo: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
 bench: setup

@@ -139,7 +139,7 @@ def _backends(model: Path, steps: list[Any], state: dict[str, Any], target: Targ
 
 def _digest(weights: torch.Tensor) -> str:
     """SHA-256 of a copy (`weights_digest` shares a CPU buffer with numpy, which pins its storage)."""
-    from gyre.weights.snapshot import weights_digest
+    from gyre.trainer.flat import weights_digest
 
     return weights_digest(weights.detach().to("cpu", copy=True))
 

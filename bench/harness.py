@@ -10,7 +10,7 @@ production sandboxes (isolated when root), and a proxy that only hands out crede
 tools) on a built-in `add/` task against a scripted Messages endpoint (bench/_scripted_messages.py: one
 write_file call, then a final answer; it stands in for the model, which is not what is measured), once
 per start: `plain` starts each sandbox's harness as a new interpreter, `fork` forks it from the runner's
-pre-imported fork server (services/runner/sandbox/forkserver.py), the runner's default. `trivial`: a
+pre-imported fork server (gyre/sandbox/forkserver.py), the runner's default. `trivial`: a
 task.yaml task (`echo ok > out.txt`) run by the `command` harness; `harbor`: examples/tasks/fix-add (a
 no-op harness; its tests/test.sh runs with Harbor's paths, bind-mounted when root); both start plainly.
 

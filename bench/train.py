@@ -59,12 +59,12 @@ from gyre.model.init import init_model_dir
 from gyre.model.weights import load_model
 from gyre.rl.codec import encode_microstep
 from gyre.rl.microstep import MicroStep
+from gyre.stack.cells import LocalCells, with_cell_ports
 from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Keys, WorkQueue, connect_redis
 from gyre.trainer.synthetic import synthetic_microsteps
 from gyre.v1 import common_pb2
 from gyre.v1 import events_pb2 as ev
-from services.cell_agent.local import LocalCells, with_cell_ports
 
 
 def _config(run_dir: Path, nats_url: str, redis_url: str, run_id: str, model: Path) -> GyreConfig:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from gyre.trainer.collectives import CellGroups, connect_store, host_store
-from gyre.weights.snapshot import weights_digest
+from gyre.trainer.flat import weights_digest
 from gyre.weights.transports import TransportOptions, create_transport
 
 

@@ -12,7 +12,7 @@ its steps and tokens in the safetensors metadata. Weights are saved in fp16 (abo
 directory the engine, the trainer and `transformers` load. Then it measures the reward the
 checkpoint gets on the demo tasks (harness/policy_eval.py) and prints one JSON line.
 
-Why this shape (shared/FACTS.md, "Learning on CPU"): a warm start from a mostly-right teacher leaves
+Why this shape (docs/facts.md, "Learning on CPU"): a warm start from a mostly-right teacher leaves
 the model imperfect but well-formed, so groups of samples disagree and RL has signal at step 0.
 """
 

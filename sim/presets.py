@@ -1,6 +1,6 @@
 """Simulator presets: the paper's clusters and workloads, with every assumed parameter named.
 
-Reported by the paper (shared/reference/qwengyre-paper-notes.txt) and used as given:
+Reported by the paper (docs/method.md, "What the paper reports") and used as given:
   nl2repo-122b        32 nodes, 8 cells × 4 nodes, 144 concurrent executions per cell, N=16, B=32;
                       mean execution 1.93 h, mean query 2.96 h, 9.51% of queries > 4 h,
                       harness-timeout rate 6.25%, overall-timeout rate 0.87%

@@ -4,7 +4,7 @@ Events are proto messages from `protos/gyre/v1/events.proto`, encoded as canonic
 subjects `gyre.<run>.<area>.<event>`; commands (execution start requests) go to a work-queue stream.
 """
 
-from gyre.bus.client import Delivery, EventBus, EventConsumer, login_url, nats_auth
+from gyre.bus.client import Delivery, EventBus, EventConsumer, login_url, nats_auth, watch_consumer
 from gyre.bus.codec import decode_event, encode_event, event_type_name
 from gyre.bus.subjects import StreamSpec, command_stream, event_stream, subject_for
 
@@ -21,4 +21,5 @@ __all__ = [
     "login_url",
     "nats_auth",
     "subject_for",
+    "watch_consumer",
 ]

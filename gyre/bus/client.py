@@ -302,3 +302,9 @@ class EventBus:
                 await asyncio.wait_for(self.nc.drain(), timeout=5.0)
             except (TimeoutError, nats.errors.ConnectionClosedError):
                 await self.nc.close()
+
+
+async def watch_consumer(consumer: EventConsumer) -> None:
+    """Turn a consume loop that died into a supervised crash instead of a silent stop."""
+    await asyncio.shield(consumer.task)
+    raise RuntimeError(f"consumer {consumer.name!r} stopped on its own")

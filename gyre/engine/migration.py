@@ -4,7 +4,7 @@
     # then re-send the request (prompt + the output the source produced) to `destination`;
     # it reuses `moved.num_tokens` tokens of KV instead of recomputing them.
 
-Order, as DESIGN.md prescribes: pin on the source (the blocks survive the abort) → abort the request
+Order, as docs/design.md prescribes: pin on the source (the blocks survive the abort) → abort the request
 on the source (its original call returns finish_reason abort with the output so far) → export →
 import on the destination → release the pin once the destination has confirmed. Commands on one
 engine apply in order, so the export sees the request already stopped. Any failure after the pin

@@ -13,10 +13,31 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class FinishReason:
+    """SGLang's `meta_info.finish_reason`: why a generation ended. The client parses it (`from_json`), the
+    embedded engine writes it (`to_json`); one type for both sides of the wire."""
+
     type: str
+    """`stop`, `length` or `abort`."""
     matched: int | str | None = None
+    """The stop token id or stop string that ended a `stop`."""
     length: int | None = None
+    """The output length that ended a `length`."""
     message: str | None = None
+    """Why an `abort` happened."""
+    status_code: int | None = None
+    """The HTTP status an `abort` maps to, when it is an error the caller must see (e.g. 400)."""
+
+    @classmethod
+    def stop(cls, matched: int | str) -> FinishReason:
+        return cls("stop", matched=matched)
+
+    @classmethod
+    def max_length(cls, length: int) -> FinishReason:
+        return cls("length", length=length)
+
+    @classmethod
+    def abort(cls, message: str, status_code: int | None = None) -> FinishReason:
+        return cls("abort", message=message, status_code=status_code)
 
     @classmethod
     def from_json(cls, data: Any) -> FinishReason | None:
@@ -27,7 +48,19 @@ class FinishReason:
             matched=data.get("matched"),
             length=data.get("length"),
             message=data.get("message"),
+            status_code=data.get("status_code"),
         )
+
+    def to_json(self) -> dict[str, Any]:
+        if self.type == "stop":
+            return {"type": "stop", "matched": self.matched}
+        if self.type == "length":
+            return {"type": "length", "length": self.length}
+        out: dict[str, Any] = {"type": "abort", "message": self.message}
+        if self.status_code is not None:
+            out["status_code"] = self.status_code
+            out["err_type"] = None
+        return out
 
     @property
     def aborted(self) -> bool:

@@ -10,7 +10,7 @@ model directory; the proxy recognizes the family of any directory from its chat 
     family = detect_family(tokenizer)           # from the template the directory ships
 
 To add a family: write `templates/<name>.jinja` (it must be append-only: `gyre model verify-template`),
-add a `Family` to `FAMILIES` and, if its tool calls have a new syntax, a parser to
+add a `ChatFamily` to `FAMILIES` and, if its tool calls have a new syntax, a parser to
 `gyre.trajectory.output.PARSERS`; the contract test in tests/unit/model/test_families.py renders
 every entry through the proxy's template adapter.
 """
@@ -26,7 +26,10 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
 
 @dataclass(frozen=True, slots=True)
-class Family:
+class ChatFamily:
+    """A chat-template family (ChatML/Qwen2, Qwen3, Llama 3): its end-of-turn token, tool-call parser and
+    special tokens. Not a metric family (`gyre.metrics.Family`)."""
+
     name: str
     end_of_turn: str
     """The token an assistant turn ends with (the engine stops on it)."""
@@ -50,10 +53,10 @@ class Family:
         return (TEMPLATE_DIR / f"{self.name}.jinja").read_text()
 
 
-FAMILIES: dict[str, Family] = {
+FAMILIES: dict[str, ChatFamily] = {
     family.name: family
     for family in (
-        Family(
+        ChatFamily(
             name="chatml",
             end_of_turn="<|im_end|>",
             tool_call_parser="hermes",
@@ -73,7 +76,7 @@ FAMILIES: dict[str, Family] = {
             stop_tokens=("<|im_end|>", "<|endoftext|>"),
             reasoning=True,
         ),
-        Family(
+        ChatFamily(
             name="qwen2",
             end_of_turn="<|im_end|>",
             tool_call_parser="hermes",
@@ -84,7 +87,7 @@ FAMILIES: dict[str, Family] = {
             marker="<tool_call>",
             stop_tokens=("<|im_end|>", "<|endoftext|>"),
         ),
-        Family(
+        ChatFamily(
             name="qwen3",
             end_of_turn="<|im_end|>",
             tool_call_parser="hermes",
@@ -103,7 +106,7 @@ FAMILIES: dict[str, Family] = {
             stop_tokens=("<|im_end|>", "<|endoftext|>"),
             reasoning=True,
         ),
-        Family(
+        ChatFamily(
             name="llama3",
             end_of_turn="<|eot_id|>",
             tool_call_parser="llama3_json",
@@ -128,7 +131,7 @@ ARCH_FAMILIES = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
 """The chat family `gyre model init --arch A` gives a model of architecture family A."""
 
 
-def detect_family(tokenizer: Tokenizer) -> Family:
+def detect_family(tokenizer: Tokenizer) -> ChatFamily:
     """The family whose markers the directory's chat template contains (most specific first)."""
     template = tokenizer.chat_template
     if not template:

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from gyre.model.arch import arch_from_config
 from gyre.model.causal_lm import CausalLM
-from gyre.model.families import ARCH_FAMILIES, FAMILIES, Family
+from gyre.model.families import ARCH_FAMILIES, FAMILIES, ChatFamily
 from gyre.model.tokenizer import GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from gyre.model.vocab import build_tokenizer
 from gyre.model.weights import write_model_dir
@@ -70,7 +70,7 @@ family="chatml", overrides=EMBEDDED_DEFAULT)`."""
 
 
 def _config(
-    arch: str, size: Size, vocab_size: int, family: Family, tok: Tokenizer, dtype: str
+    arch: str, size: Size, vocab_size: int, family: ChatFamily, tok: Tokenizer, dtype: str
 ) -> dict[str, Any]:
     architecture, model_type = ARCHES[arch]
     head_dim = size.hidden_size // size.num_heads
@@ -106,7 +106,7 @@ def _config(
     return config
 
 
-def _tokenizer_config(family: Family, max_positions: int) -> dict[str, Any]:
+def _tokenizer_config(family: ChatFamily, max_positions: int) -> dict[str, Any]:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": family.bos_token,

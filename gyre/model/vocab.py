@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from gyre.model.families import FAMILIES, Family
+from gyre.model.families import FAMILIES, ChatFamily
 from gyre.model.tokenizer import Tokenizer as GyreTokenizer
 
 TOKENIZER_KINDS = ("bpe", "byte")
@@ -55,13 +55,13 @@ def corpus_files() -> list[Path]:
     return [*files, readme] if readme.is_file() else files
 
 
-def _added(family: Family) -> list[AddedToken]:
+def _added(family: ChatFamily) -> list[AddedToken]:
     return [AddedToken(t, special=True, normalized=False) for t in family.special_tokens] + [
         AddedToken(t, special=False, normalized=False) for t in family.added_tokens
     ]
 
 
-def build_tokenizer(family: Family, kind: str = "bpe", vocab_size: int = 8192) -> Tokenizer:
+def build_tokenizer(family: ChatFamily, kind: str = "bpe", vocab_size: int = 8192) -> Tokenizer:
     """A byte-level tokenizer of `family` with `vocab_size` ids in total (`byte`: 256 + specials)."""
     if kind not in TOKENIZER_KINDS:
         raise ValueError(f"tokenizer kind must be one of {TOKENIZER_KINDS}; got {kind!r}")

@@ -1,7 +1,7 @@
 """Group-relative advantages: the reward of each resolved member of a group minus the group mean,
 optionally divided by the group's reward std (+eps). No value function is learned.
 
-Who counts (shared/DESIGN.md "Outcomes"):
+Who counts (docs/design.md "Outcomes"):
 
 - `valid`: scored by the evaluator (also after a timeout); its reward counts and it gets an advantage.
 - `placeholder`: a total failure with nothing to evaluate; it counts with reward 0 (whatever reward

@@ -1,4 +1,4 @@
-"""The GSPO-variant loss with token-level importance correction (paper Eqs. 5–6; shared/DESIGN.md
+"""The GSPO-variant loss with token-level importance correction (paper Eqs. 5–6; docs/design.md
 "Objective"), written over flat per-target tensors so it is blind to how targets were packed.
 
 For target u of execution i (Â_i its advantage, c_u its coefficient 1/(L_i·B·N)):

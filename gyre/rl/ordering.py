@@ -12,7 +12,6 @@ overtake it. Pure functions over anything that has `group_id`, `policy_version` 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 
@@ -28,17 +27,6 @@ class ReadyGroupLike(Protocol):
 
 
 G = TypeVar("G", bound=ReadyGroupLike)
-
-
-@dataclass(slots=True, frozen=True)
-class ReadyGroup:
-    """A group whose N executions are all closed and resolved."""
-
-    group_id: str
-    policy_version: int
-    """Policy version published when the group was admitted (v_d)."""
-    ready_time_s: float
-    """When the last member was resolved (seconds, any monotonic clock shared by the packer)."""
 
 
 def ready_group_key(group: ReadyGroupLike) -> tuple[int, float, str]:

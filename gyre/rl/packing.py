@@ -2,7 +2,7 @@
 fixed coefficient `1 / (L_i · B · N)`.
 
 Why the coefficient goes on the token: the batch loss is `1/(B·N) · Σ_i 1/L_i · Σ_{u∈T_i} ℓ_u`
-(shared/DESIGN.md "Objective"), a plain sum over tokens once each token carries `1/(L_i·B·N)`. Any
+(docs/design.md "Objective"), a plain sum over tokens once each token carries `1/(L_i·B·N)`. Any
 split of the micro-steps over any number of cells then sums to the exact batch gradient. `B·N`
 counts every raw execution of the batch, excluded ones included, so the packer passes it in
 (`num_batch_executions`) instead of counting the executions it happens to see.

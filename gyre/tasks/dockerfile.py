@@ -1,6 +1,6 @@
 """What a Harbor task's `environment/Dockerfile` says about its workspace, read without building it.
 
-No container runs on the embedded default (shared/FACTS.md), so the local sandbox reproduces the one
+No container runs on the embedded default (docs/facts.md), so the local sandbox reproduces the one
 part of the image a task's files define: the working directory (the final stage's `WORKDIR`) and the
 files `COPY`/`ADD` put under it from the build context (`environment/`). Everything else (`RUN`
 steps, copies to other places, `COPY --from`, remote `ADD`) needs the image: it is reported as a

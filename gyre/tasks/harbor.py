@@ -16,7 +16,7 @@ Inside the environment Harbor's paths are absolute: tests are at `/tests`, the s
 working directory (e.g. `/app`) and writes its reward to `/logs/verifier/reward.txt` (a number) or
 `/logs/verifier/reward.json` (named numbers; Gyre takes `reward`, or the only one); `reward.txt` is
 read first; agents may log to `/logs/agent/`. How the local sandbox gives those paths (bind mounts
-in a mount namespace, else the paths rewritten) is in services/runner/task_paths.py.
+in a mount namespace, else the paths rewritten) is in gyre/sandbox/task_paths.py.
 
 Timeouts: the harness gets [agent] timeout_sec (Harbor's default 600 s), one verifier attempt
 [verifier] timeout_sec (600 s); the overall budget is the harness timeout plus two verifier timeouts,

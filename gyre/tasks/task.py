@@ -79,7 +79,7 @@ class Verifier:
 class TaskEnvironment:
     """The environment a task was written for. A container sandbox on a cluster builds `dockerfile`
     (or pulls `docker_image`); the local sandbox has no containers and runs on the host's tools, with
-    the workspace at `workdir` when it can mount it there (services/runner/task_paths.py)."""
+    the workspace at `workdir` when it can mount it there (gyre/sandbox/task_paths.py)."""
 
     workdir: str | None = None
     """Absolute working directory inside the environment (the Dockerfile's WORKDIR, e.g. /app);

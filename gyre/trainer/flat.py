@@ -18,13 +18,22 @@ assign `p.grad = None` (e.g. `optimizer.zero_grad()` with its default `set_to_no
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from gyre.weights.snapshot import weights_digest
+
+def weights_digest(buffer: torch.Tensor) -> str:
+    """SHA-256 (hex) of the raw bytes of a contiguous tensor (on the host; a device tensor is copied)."""
+    if not buffer.is_contiguous():
+        raise ValueError("weights_digest needs a contiguous tensor")
+    host = buffer.detach()
+    if host.device.type != "cpu":
+        host = host.cpu()
+    return hashlib.sha256(host.view(torch.uint8).numpy().data).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Admission: at most J_max trajectories per execution, drawn by role priority on the tree.
 
-The rule (DESIGN.md "Admission", paper "Trajectory sampling"): repeat until `j_max` trajectories
+The rule (docs/design.md "Admission", paper "Trajectory sampling"): repeat until `j_max` trajectories
 are admitted or no unmasked trainable token remains — take the highest-priority leaf class
 (main > main_summary > sub_agent > sub_agent_summary) that still has unmasked trainable tokens on
 some leaf's path; draw one of its leaves with probability proportional to the unmasked trainable

@@ -1,5 +1,5 @@
 """The core's weight snapshot as satellites see it: a record naming the version, size and digest of
-the flat parameter buffer and where to read it, plus the digest both sides compute.
+the flat parameter buffer and where to read it (the digest itself is `gyre.trainer.flat.weights_digest`).
 
 The record lives in Redis (the cell agent writes it); its `seq` field is a sequence lock: the core
 makes it odd before it changes the buffer (an optimizer step) and even afterwards, so a reader that
@@ -12,21 +12,8 @@ saw the same even `seq` before and after its read knows the bytes it got are the
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-
-import torch
-
-
-def weights_digest(buffer: torch.Tensor) -> str:
-    """SHA-256 (hex) of the raw bytes of a contiguous tensor (on the host; a device tensor is copied)."""
-    if not buffer.is_contiguous():
-        raise ValueError("weights_digest needs a contiguous tensor")
-    host = buffer.detach()
-    if host.device.type != "cpu":
-        host = host.cpu()
-    return hashlib.sha256(host.view(torch.uint8).numpy().data).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

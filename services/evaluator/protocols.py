@@ -8,7 +8,7 @@
 - `score_line`: the task's argv in the workspace copy; exit 0 and a last stdout line `{"score": x}`.
 - `harbor`: `bash /tests/test.sh` from the working directory, with a fresh copy of the task's
   `tests/` at /tests, an empty /logs/verifier and the execution's agent logs at /logs/agent (bind
-  mounts, or rewritten paths: services/runner/task_paths.py); the reward from /logs/verifier
+  mounts, or rewritten paths: gyre/sandbox/task_paths.py); the reward from /logs/verifier
   (services/evaluator/rewards.py), whatever test.sh's exit status, as Harbor reads it.
 
 Adding one: subclass `VerifierProtocol`, set `name`, implement `plan` and `result`, add it to
@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from gyre.sandbox import SandboxOutcome
+from gyre.sandbox.host import BASE_PATH, REPO_ROOT
+from gyre.sandbox.task_paths import agent_logs_of, verifier_view
 from gyre.tasks import Task
 from gyre.tasks.dockerfile import DEFAULT_WORKDIR
 from services.evaluator.rewards import parse_score, read_reward
-from services.runner.harnesses import BASE_PATH, REPO_ROOT
-from services.runner.sandbox import SandboxOutcome
-from services.runner.task_paths import agent_logs_of, verifier_view
 
 _TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 

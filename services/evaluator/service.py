@@ -24,8 +24,9 @@ from collections import Counter
 import grpc
 from google.protobuf import json_format
 
-from gyre.bus import Delivery
+from gyre.bus import Delivery, watch_consumer
 from gyre.config import GyreConfig
+from gyre.sandbox.host import open_sandbox
 from gyre.service import GyreService
 from gyre.store import Records, WorkQueue
 from gyre.store.groups import GroupOutcomes, MemberOutcome
@@ -36,7 +37,6 @@ from gyre.v1 import events_pb2 as ev
 from services.evaluator.metrics import EvaluatorMetrics
 from services.evaluator.store import Evaluation, EvaluationStore
 from services.evaluator.verifier import VerifierRunner
-from services.runner.service import open_sandbox, watch_consumer
 
 TERMINATED_CONSUMER = "evaluator"
 QUEUE = "evaluations"

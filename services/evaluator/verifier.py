@@ -1,7 +1,7 @@
 """Scoring one terminated execution: the task's verifier on its preserved workspace, in the same
 kind of sandbox as the harness (no network at all), with retries inside the overall budget.
 
-Outcome classes (shared/DESIGN.md, "Outcomes"; the paper's "Partial scoring"):
+Outcome classes (docs/design.md, "Outcomes"; the paper's "Partial scoring"):
 
 - **valid**: the verifier gave a score in [0, 1] (a `{"score": x}` last stdout line, or Harbor's
   reward.txt / reward.json: services/evaluator/protocols.py). This holds after any termination,
@@ -26,12 +26,12 @@ import uuid
 from pathlib import Path
 
 from gyre.log import get_logger
+from gyre.sandbox import NetworkPolicy, SandboxError, SandboxLauncher, SandboxLimits, SandboxSpec
+from gyre.sandbox.workspace import content_hash, copy_workspace
 from gyre.tasks import Task, TaskError, TaskRegistry
 from gyre.v1 import events_pb2 as ev
 from services.evaluator.protocols import PROTOCOLS, Attempt
 from services.evaluator.store import Evaluation
-from services.runner.sandbox import NetworkPolicy, SandboxError, SandboxLauncher, SandboxLimits, SandboxSpec
-from services.runner.workspace import content_hash, copy_workspace
 
 log = get_logger("gyre.evaluator")
 

@@ -6,7 +6,7 @@
     (root-owned, content hash) → CloseExecution → ExecutionTerminated, counter f → forget
 
 A task written for an environment (a Harbor task) gets its working directory and `/logs/agent`
-as bind mounts, or its prompt rewritten to the host paths (services/runner/task_paths.py).
+as bind mounts, or its prompt rewritten to the host paths (gyre/sandbox/task_paths.py).
 
 A start that can never run (unknown or malformed task, workspace or sandbox failure, no proxy)
 terminates as INFRA_FAILURE with no workspace reference: the evaluator turns it into a placeholder. Every
@@ -29,15 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from gyre.bus import EventBus
 from gyre.log import bind_context, get_logger
-from gyre.store import CounterInvariantError, Counters
-from gyre.tasks import Task, TaskError, TaskRegistry
-from gyre.v1 import common_pb2 as cm
-from gyre.v1 import events_pb2 as ev
-from services.runner.harnesses import HarnessCommand, Launch
-from services.runner.metrics import RunnerMetrics, reason_label
-from services.runner.ownership import OwnedExecution, Ownership
-from services.runner.proxy_client import ProxyClient, ProxyUnavailableError
-from services.runner.sandbox import (
+from gyre.sandbox import (
     NetworkPolicy,
     SandboxError,
     SandboxHandle,
@@ -47,8 +39,16 @@ from services.runner.sandbox import (
     SandboxSpec,
     read_outcome,
 )
-from services.runner.task_paths import agent_logs_of, harness_layout
-from services.runner.workspace import content_hash, create_workspace, preserve
+from gyre.sandbox.task_paths import agent_logs_of, harness_layout
+from gyre.sandbox.workspace import content_hash, create_workspace, preserve
+from gyre.store import CounterInvariantError, Counters
+from gyre.tasks import Task, TaskError, TaskRegistry
+from gyre.v1 import common_pb2 as cm
+from gyre.v1 import events_pb2 as ev
+from services.runner.harnesses import HarnessCommand, Launch
+from services.runner.metrics import RunnerMetrics, reason_label
+from services.runner.ownership import OwnedExecution, Ownership
+from services.runner.proxy_client import ProxyClient, ProxyUnavailableError
 
 log = get_logger("gyre.runner")
 Reason: TypeAlias = cm.TerminationReason.ValueType

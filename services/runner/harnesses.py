@@ -38,11 +38,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from gyre.config.runner import HARNESS_ROUTING_ENV, RunnerSection
+from gyre.sandbox import SandboxLimits
+from gyre.sandbox.host import BASE_PATH, REPO_ROOT
 from gyre.tasks import Task
-from services.runner.sandbox import SandboxLimits
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from gyre.sandbox import SandboxState
 from gyre.store import Keys
-from services.runner.sandbox import SandboxState
 
 
 @dataclass(frozen=True, slots=True)

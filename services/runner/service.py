@@ -8,7 +8,7 @@ request goes to one of them). A runner takes a request only when it has a free s
 reconciles the executions it owned before a crash or restart (adopts running sandboxes,
 terminates the rest with a reason); at stop it cancels running executions (`on_stop: cancel`) or
 leaves them for the next incarnation (`detach`). The lifecycle of one execution is in
-`services/runner/execution.py`; sandboxes in `services/runner/sandbox/`.
+`services/runner/execution.py`; sandboxes in `gyre/sandbox/`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import time
 
 import grpc
 
-from gyre.bus import Delivery, EventConsumer
-from gyre.config import ConfigError, GyreConfig
-from gyre.config.runner import EvaluatorSection, RunnerSection
+from gyre.bus import Delivery, EventConsumer, watch_consumer
+from gyre.config import GyreConfig
+from gyre.sandbox.forkclient import ForkServer
+from gyre.sandbox.host import open_sandbox
 from gyre.service import GyreService
 from gyre.store import Counters
 from gyre.tasks import TaskSet
@@ -33,8 +34,6 @@ from services.runner.harnesses import make_harness
 from services.runner.metrics import RunnerMetrics
 from services.runner.ownership import Ownership
 from services.runner.proxy_client import ProxyClient
-from services.runner.sandbox import SandboxLauncher, SandboxLimits, check_disjoint, make_launcher, uid_range
-from services.runner.sandbox.forkclient import ForkServer
 
 #: Durable consumer shared by every runner instance (the work queue of start requests).
 START_CONSUMER = "runner"
@@ -131,35 +130,6 @@ class RunnerService(GyreService):
             await self.fork_server.stop()
         if hasattr(self, "proxy"):
             await self.proxy.close()
-
-
-async def watch_consumer(consumer: EventConsumer) -> None:
-    """Turn a consume loop that died into a supervised crash instead of a silent stop."""
-    await asyncio.shield(consumer.task)
-    raise RuntimeError(f"consumer {consumer.name!r} stopped on its own")
-
-
-def open_sandbox(service: GyreService, section: RunnerSection | EvaluatorSection) -> tuple[SandboxLauncher, SandboxLimits]:
-    """The service instance's launcher over its own sandbox uids, and the configured limits."""
-    box = section.sandbox
-    uids = uid_range(box.uid_base, service.instance, section.max_concurrent)
-    check_sandbox_uids(service.config, **{service.name: uids})
-    launcher = make_launcher(box.isolation, uids.start, len(uids))
-    service.log.info("sandbox_enforced", **launcher.enforced())
-    return launcher, SandboxLimits(box.cpu_s, box.memory_mb, box.max_processes, box.file_size_mb, box.open_files)
-
-
-def check_sandbox_uids(config: GyreConfig, **mine: range) -> None:
-    """Refuse to start when this instance's sandbox uids overlap the other service's first ones."""
-    ranges = {
-        "runner": uid_range(config.runner.sandbox.uid_base, 0, config.runner.max_concurrent),
-        "evaluator": uid_range(config.evaluator.sandbox.uid_base, 0, config.evaluator.max_concurrent),
-        **mine,
-    }
-    try:
-        check_disjoint(**ranges)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
 
 
 class RunnerServicer(runner_pb2_grpc.RunnerServicer):

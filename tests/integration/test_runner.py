@@ -11,12 +11,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from gyre.bus import EventBus
+from gyre.sandbox.workspace import content_hash
 from gyre.stack.servers import ServerProcess
 from gyre.store import Counters, Keys
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.runner.service import RunnerService
-from services.runner.workspace import content_hash
 from tests.support.proxy_stub import ProxyStub
 from tests.support.runner_env import EventLog, dispatch_group, run_config
 from tests.support.scripted_anthropic import ScriptedAnthropic, arithmetic_solver

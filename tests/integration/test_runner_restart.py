@@ -19,12 +19,12 @@ import yaml
 
 from gyre.bus import EventBus
 from gyre.config import GyreConfig
+from gyre.sandbox import procs
 from gyre.stack.servers import ServerProcess
 from gyre.store import Counters, Keys
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.runner.ownership import Ownership
-from services.runner.sandbox import procs
 from tests.support.proxy_stub import ProxyStub
 from tests.support.runner_env import EventLog, dispatch_group, run_config, write_task
 from tests.support.scripted_anthropic import ScriptedAnthropic, text

@@ -12,11 +12,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from gyre.bus import EventBus
+from gyre.sandbox import procs
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
-from services.runner.sandbox import procs
 from services.runner.service import RunnerService
 from tests.support.proxy_stub import ProxyStub
 from tests.support.runner_env import EventLog, dispatch_group, run_config, write_task

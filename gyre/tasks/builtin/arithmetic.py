@@ -1,7 +1,7 @@
 """The built-in arithmetic suites (the demo's tasks): single-digit additions answered by writing a file.
 
 Chosen for what the embedded byte-level model can learn by RL on CPU in a demo run
-(shared/FACTS.md, "Learning on CPU"): after a short warm start on a mostly-right teacher, RL on
+(docs/facts.md, "Learning on CPU"): after a short warm start on a mostly-right teacher, RL on
 single-digit addition raises the reward, while two-digit addition and free-form copying are not
 learned. The reward shape follows the same probe: 1 for the right answer, 0.2 for a written but
 wrong answer (the tool call was well formed), 0 when nothing was written.

@@ -34,7 +34,7 @@ import gyre
 from services.cell_agent.engine.backends.base import BackendError
 from services.cell_agent.engine.backends.scripted import ScriptedBackend
 from services.cell_agent.engine.output import OutputBuilder
-from services.cell_agent.engine.protocol import GenerateRequest, RequestError, parse_generate
+from services.cell_agent.engine.protocol import GenerateRequest, RequestRefused, parse_generate
 from services.cell_agent.engine.update_groups import parse_update
 from services.cell_agent.engine.weights import decode_named_tensors
 
@@ -84,7 +84,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _domain_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestError | BackendError)
+    assert isinstance(exc, RequestRefused | BackendError)
     return _error(str(exc), exc.status_code)
 
 
@@ -190,7 +190,7 @@ def build_app(server: EngineServer) -> Starlette:
                 flush_cache=bool(body.get("flush_cache", True)),
                 abort_all_requests=bool(body.get("abort_all_requests", False)),
             )
-        except (RequestError, BackendError) as e:
+        except (RequestRefused, BackendError) as e:
             return _json({"success": False, "message": str(e)}, 400)
         return _json({"success": True, "message": message})
 
@@ -207,7 +207,7 @@ def build_app(server: EngineServer) -> Starlette:
                 weight_version=version,
                 abort_all_requests=bool(body.get("abort_all_requests", False)),
             )
-        except (RequestError, BackendError) as e:
+        except (RequestRefused, BackendError) as e:
             return _json({"success": False, "message": str(e), "num_paused_requests": 0}, 400)
         return _json({"success": True, "message": message, "num_paused_requests": 0})
 
@@ -215,7 +215,7 @@ def build_app(server: EngineServer) -> Starlette:
         body = await _body(request)
         try:
             message = await server.update_groups.init(body)
-        except (RequestError, BackendError) as e:
+        except (RequestRefused, BackendError) as e:
             return _json({"success": False, "message": str(e)}, 400)
         except RuntimeError as e:  # the trainer's rendezvous could not be joined in time
             return _json({"success": False, "message": f"joining the weight-update group failed: {e}"}, 400)
@@ -225,14 +225,14 @@ def build_app(server: EngineServer) -> Starlette:
         body = await _body(request)
         try:
             message = await server.update_weights_from_distributed(parse_update(body))
-        except (RequestError, BackendError) as e:
+        except (RequestRefused, BackendError) as e:
             return _json({"success": False, "message": str(e)}, 400)
         return _json({"success": True, "message": message})
 
     async def destroy_weights_update_group(request: Request) -> Response:
         try:
             message = server.update_groups.destroy(await _body(request, allow_empty=True))
-        except RequestError as e:
+        except RequestRefused as e:
             return _json({"success": False, "message": str(e)}, 400)
         return _json({"success": True, "message": message})
 
@@ -310,7 +310,7 @@ def build_app(server: EngineServer) -> Starlette:
     async def kv_pin(request: Request) -> Response:
         rid = (await _body(request)).get("rid")
         if not isinstance(rid, str) or not rid:
-            raise RequestError("rid is required")
+            raise RequestRefused("rid is required")
         pin = await core.control(lambda: core.pin(rid))
         return _json(
             {
@@ -346,7 +346,7 @@ def build_app(server: EngineServer) -> Starlette:
             body = await _body(request)
             entries = body.get("entries", [])
             if not isinstance(entries, list):
-                raise RequestError("entries must be a list of script entries")
+                raise RequestRefused("entries must be a list of script entries")
             replace = bool(body.get("replace", False))
             await core.control(lambda: backend.add_script(entries, replace=replace))
         return _json(backend.script_status())
@@ -380,7 +380,7 @@ def build_app(server: EngineServer) -> Starlette:
         routes=routes,
         exception_handlers={
             HTTPException: _http_error,
-            RequestError: _domain_error,
+            RequestRefused: _domain_error,
             BackendError: _domain_error,
         },
     )

@@ -9,7 +9,7 @@ Field names and defaults follow SGLang's `GenerateReqInput` (managers/io_struct.
 Anything SGLang accepts but this engine does not implement (batches, `n > 1`, penalties, grammars,
 prompt log-probs) is refused with a 400 naming the field, never silently ignored; top-level keys that
 only tune SGLang's bookkeeping (`log_metrics`, `priority`, ...) are ignored. Bad input raises
-`RequestError`, which the HTTP layer maps to SGLang's `{"error": {"message": ...}}`.
+`RequestRefused`, which the HTTP layer maps to SGLang's `{"error": {"message": ...}}`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ _NEUTRAL_REQUEST: dict[str, Any] = {
 }
 
 
-class RequestError(ValueError):
+class RequestRefused(ValueError):
     """A request the engine refuses (HTTP 400 by default)."""
 
     def __init__(self, message: str, status_code: int = 400) -> None:
@@ -95,9 +95,9 @@ class GenerateRequest:
 def _typed(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
     # bool is an int in Python; SGLang's pydantic layer would refuse true for an int field too.
     if isinstance(value, bool) and kind is not bool and not (isinstance(kind, tuple) and bool in kind):
-        raise RequestError(f"{name} must be {getattr(kind, '__name__', kind)}; got {value!r}")
+        raise RequestRefused(f"{name} must be {getattr(kind, '__name__', kind)}; got {value!r}")
     if not isinstance(value, kind):
-        raise RequestError(f"{name} must be {getattr(kind, '__name__', kind)}; got {type(value).__name__}")
+        raise RequestRefused(f"{name} must be {getattr(kind, '__name__', kind)}; got {type(value).__name__}")
     return value
 
 
@@ -105,14 +105,14 @@ def parse_sampling_params(raw: Mapping[str, Any] | None, vocab_size: int) -> Sam
     if raw is None:
         return SamplingParams()
     if not isinstance(raw, Mapping):
-        raise RequestError("sampling_params must be an object; a list means a batch, which is not supported")
+        raise RequestRefused("sampling_params must be an object; a list means a batch, which is not supported")
     known = {f for f in SamplingParams.__dataclass_fields__} | set(_NEUTRAL_SAMPLING) | _IGNORED_SAMPLING
     for key in raw:
         if key not in known:
-            raise RequestError(f"sampling_params.{key} is not a sampling parameter")
+            raise RequestRefused(f"sampling_params.{key} is not a sampling parameter")
     for key, neutral in _NEUTRAL_SAMPLING.items():
         if raw.get(key, neutral) not in (neutral, None):
-            raise RequestError(f"sampling_params.{key}={raw[key]!r} is not supported by the embedded engine")
+            raise RequestRefused(f"sampling_params.{key}={raw[key]!r} is not supported by the embedded engine")
 
     def get(name: str, default: Any) -> Any:
         value = raw.get(name)
@@ -120,28 +120,28 @@ def parse_sampling_params(raw: Mapping[str, Any] | None, vocab_size: int) -> Sam
 
     max_new_tokens = raw.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
     if max_new_tokens is not None and (_typed("max_new_tokens", max_new_tokens, int) < 0):
-        raise RequestError(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
+        raise RequestRefused(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
     temperature = float(_typed("temperature", get("temperature", 1.0), (int, float)))
     if not math.isfinite(temperature) or temperature < 0:
-        raise RequestError(f"temperature must be a non-negative finite number, got {temperature}.")
+        raise RequestRefused(f"temperature must be a non-negative finite number, got {temperature}.")
     top_p = float(_typed("top_p", get("top_p", 1.0), (int, float)))
     if not 0.0 < top_p <= 1.0:
-        raise RequestError(f"top_p must be in (0, 1], got {top_p}.")
+        raise RequestRefused(f"top_p must be in (0, 1], got {top_p}.")
     top_k = _typed("top_k", get("top_k", -1), int)
     if top_k < 1 and top_k != -1:
-        raise RequestError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+        raise RequestRefused(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
     min_p = float(_typed("min_p", get("min_p", 0.0), (int, float)))
     if not 0.0 <= min_p <= 1.0:
-        raise RequestError(f"min_p must be in [0, 1], got {min_p}.")
+        raise RequestRefused(f"min_p must be in [0, 1], got {min_p}.")
     stop_raw = get("stop", [])
     stop = [stop_raw] if isinstance(stop_raw, str) else _typed("stop", stop_raw, list)
     for s in stop:
         if not isinstance(s, str) or not s:
-            raise RequestError(f"stop must be a string or a list of non-empty strings; got {s!r}")
+            raise RequestRefused(f"stop must be a string or a list of non-empty strings; got {s!r}")
     stop_ids = _typed("stop_token_ids", get("stop_token_ids", []), list)
     for t in stop_ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-            raise RequestError(f"stop_token_ids must be token ids in [0, {vocab_size}); got {t!r}")
+            raise RequestRefused(f"stop_token_ids must be token ids in [0, {vocab_size}); got {t!r}")
     seed = raw.get("sampling_seed")
     if seed is not None:
         _typed("sampling_seed", seed, int)
@@ -161,47 +161,47 @@ def parse_sampling_params(raw: Mapping[str, Any] | None, vocab_size: int) -> Sam
 
 
 def parse_generate(body: Any, tokenizer: Tokenizer, vocab_size: int, max_seq_len: int) -> GenerateRequest:
-    """Validate a `/generate` body into a `GenerateRequest` (raises `RequestError`)."""
+    """Validate a `/generate` body into a `GenerateRequest` (raises `RequestRefused`)."""
     if not isinstance(body, Mapping):
-        raise RequestError("the request body must be a JSON object")
+        raise RequestRefused("the request body must be a JSON object")
     for key, neutral in _NEUTRAL_REQUEST.items():
         if body.get(key, neutral) not in (neutral, None, [], {}):
-            raise RequestError(f"{key} is not supported by the embedded engine")
+            raise RequestRefused(f"{key} is not supported by the embedded engine")
     if body.get("logprob_start_len") not in (None, -1):
-        raise RequestError(
+        raise RequestRefused(
             "logprob_start_len >= 0 (prompt log-probs) is not supported by the embedded engine"
         )
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
-        raise RequestError("Either text or input_ids should be provided.")
+        raise RequestRefused("Either text or input_ids should be provided.")
     if input_ids is not None:
         ids = _typed("input_ids", input_ids, list)
         if not ids:
-            raise RequestError("input_ids cannot be empty.")
+            raise RequestRefused("input_ids cannot be empty.")
         if isinstance(ids[0], list):
-            raise RequestError(
+            raise RequestRefused(
                 "batched input_ids (a list of lists) are not supported; send one request per call"
             )
         for t in ids:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-                raise RequestError(f"input_ids must be token ids in [0, {vocab_size}); got {t!r}")
+                raise RequestRefused(f"input_ids must be token ids in [0, {vocab_size}); got {t!r}")
     else:
         if not isinstance(text, str):
-            raise RequestError("batched text (a list) is not supported; send one request per call")
+            raise RequestRefused("batched text (a list) is not supported; send one request per call")
         ids = tokenizer.encode(text)
         if not ids:
-            raise RequestError("text cannot be empty.")
+            raise RequestRefused("text cannot be empty.")
     rid = body.get("rid")
     if rid is None:
         rid = uuid.uuid4().hex
     elif not isinstance(rid, str) or not rid:
-        raise RequestError(
+        raise RequestRefused(
             "rid must be a non-empty string (a list of rids means a batch, which is not supported)"
         )
     sampling = parse_sampling_params(body.get("sampling_params"), vocab_size)
     total = len(ids) + (sampling.max_new_tokens or 0)
     if len(ids) >= max_seq_len or total > max_seq_len:
-        raise RequestError(
+        raise RequestRefused(
             f"Requested token count exceeds the model's maximum context length of {max_seq_len} tokens. "
             f"You requested a total of {total} tokens: {len(ids)} tokens from the input and "
             f"{sampling.max_new_tokens or 0} tokens for the completion. Please reduce the number of tokens "

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from gyre.engine.types import FinishReason
 from services.cell_agent.engine.protocol import GenerateRequest
 
 
@@ -28,38 +29,6 @@ class Phase(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-@dataclass(frozen=True, slots=True)
-class FinishReason:
-    type: str
-    matched: int | str | None = None
-    length: int | None = None
-    message: str | None = None
-    status_code: int | None = None
-
-    @classmethod
-    def stop(cls, matched: int | str) -> FinishReason:
-        return cls("stop", matched=matched)
-
-    @classmethod
-    def max_length(cls, length: int) -> FinishReason:
-        return cls("length", length=length)
-
-    @classmethod
-    def abort(cls, message: str, status_code: int | None = None) -> FinishReason:
-        return cls("abort", message=message, status_code=status_code)
-
-    def to_json(self) -> dict[str, Any]:
-        if self.type == "stop":
-            return {"type": "stop", "matched": self.matched}
-        if self.type == "length":
-            return {"type": "length", "length": self.length}
-        out: dict[str, Any] = {"type": "abort", "message": self.message}
-        if self.status_code is not None:
-            out["status_code"] = self.status_code
-            out["err_type"] = None
-        return out
 
 
 @dataclass(slots=True, eq=False)

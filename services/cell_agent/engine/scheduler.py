@@ -30,10 +30,11 @@ from typing import Any, TypeVar
 
 import structlog
 
+from gyre.engine.types import FinishReason
 from gyre.model.tokenizer import Tokenizer
 from services.cell_agent.engine.backends.base import MEMORY_TAGS, BackendError, EngineBackend, KVPin, Sampled
-from services.cell_agent.engine.protocol import GenerateRequest, RequestError
-from services.cell_agent.engine.request import FinishReason, Phase, RequestState
+from services.cell_agent.engine.protocol import GenerateRequest, RequestRefused
+from services.cell_agent.engine.request import Phase, RequestState
 from services.cell_agent.engine.sampler import request_generator
 
 log = structlog.get_logger(__name__)
@@ -80,14 +81,14 @@ class EngineCore:
 
     def submit(self, request: GenerateRequest, notify: Callable[[], None]) -> RequestState:
         if self.failed is not None:
-            raise RequestError(f"the engine loop has failed: {self.failed}", 500)
+            raise RequestRefused(f"the engine loop has failed: {self.failed}", 500)
         if self._stopping:
-            raise RequestError("the engine is shutting down", 503)
+            raise RequestRefused("the engine is shutting down", 503)
         if request.rid in self._by_rid:
-            raise RequestError(f"Duplicate request ID {request.rid!r}: a request with this rid is in flight")
+            raise RequestRefused(f"Duplicate request ID {request.rid!r}: a request with this rid is in flight")
         for t in request.input_ids:
             if t >= self.backend.vocab_size:
-                raise RequestError(f"input_ids must be token ids in [0, {self.backend.vocab_size}); got {t}")
+                raise RequestRefused(f"input_ids must be token ids in [0, {self.backend.vocab_size}); got {t}")
         gen = request_generator(self.seed, request.rid, request.sampling.sampling_seed)
         state = RequestState(request=request, generator=gen, notify=notify)
         self._by_rid[request.rid] = state
@@ -218,7 +219,7 @@ class EngineCore:
                 continue
             try:
                 admitted = self.backend.admit(state)
-            except (RequestError, BackendError) as e:
+            except (RequestRefused, BackendError) as e:
                 self._waiting.popleft()
                 del self._by_rid[state.rid]
                 state.fail(e)
@@ -294,7 +295,7 @@ class EngineCore:
 
     def pause(self, mode: str) -> None:
         if mode not in PAUSE_MODES:
-            raise RequestError(f"Invalid mode: {mode!r}. Expected one of {list(PAUSE_MODES)}.")
+            raise RequestRefused(f"Invalid mode: {mode!r}. Expected one of {list(PAUSE_MODES)}.")
         if mode == "abort":
             self._abort(None, True, "Aborted by /pause_generation (mode=abort).")
         elif mode == "retract":
@@ -344,7 +345,7 @@ def _check_tags(tags: Sequence[str] | None) -> list[str]:
         return list(MEMORY_TAGS)
     unknown = [t for t in tags if t not in MEMORY_TAGS]
     if unknown:
-        raise RequestError(f"unknown memory tags {unknown}; expected a subset of {list(MEMORY_TAGS)}")
+        raise RequestRefused(f"unknown memory tags {unknown}; expected a subset of {list(MEMORY_TAGS)}")
     return list(tags)
 
 

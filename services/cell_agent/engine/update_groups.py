@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from gyre.engine.update_group import in_daemon_thread, join_group, parse_dtype, receive
-from services.cell_agent.engine.protocol import RequestError
+from services.cell_agent.engine.protocol import RequestRefused
 
 DEFAULT_GROUP = "weight_update_group"
 
@@ -47,33 +47,33 @@ class DistributedUpdate:
 def _text(body: Mapping[str, Any], key: str, default: str | None = None) -> str:
     value = body.get(key, default)
     if not isinstance(value, str) or not value:
-        raise RequestError(f"{key} must be a non-empty string; got {value!r}")
+        raise RequestRefused(f"{key} must be a non-empty string; got {value!r}")
     return value
 
 
 def _integer(body: Mapping[str, Any], key: str, minimum: int) -> int:
     value = body.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RequestError(f"{key} must be an integer >= {minimum}; got {value!r}")
+        raise RequestRefused(f"{key} must be an integer >= {minimum}; got {value!r}")
     return value
 
 
 def parse_update(body: Mapping[str, Any]) -> DistributedUpdate:
     names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
     if not isinstance(names, list) or not isinstance(dtypes, list) or not isinstance(shapes, list):
-        raise RequestError("names, dtypes and shapes must be lists")
+        raise RequestRefused("names, dtypes and shapes must be lists")
     if not names or not len(names) == len(dtypes) == len(shapes):
-        raise RequestError("names, dtypes and shapes must be non-empty lists of one entry per tensor")
+        raise RequestRefused("names, dtypes and shapes must be non-empty lists of one entry per tensor")
     specs: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
         if not isinstance(name, str) or not name:
-            raise RequestError(f"names: {name!r} is not a parameter name")
+            raise RequestRefused(f"names: {name!r} is not a parameter name")
         try:
             parsed = parse_dtype(str(dtype))
         except ValueError as e:
-            raise RequestError(f"dtypes: {e}") from None
+            raise RequestRefused(f"dtypes: {e}") from None
         if not isinstance(shape, list) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
-            raise RequestError(f"shapes: {shape!r} of {name!r} is not a list of sizes")
+            raise RequestRefused(f"shapes: {shape!r} of {name!r} is not a list of sizes")
         specs.append((name, parsed, tuple(shape)))
     version = body.get("weight_version")
     return DistributedUpdate(
@@ -102,11 +102,11 @@ class UpdateGroups:
         name = _text(body, "group_name", DEFAULT_GROUP)
         backend = body.get("backend", "nccl")
         if backend != "gloo":
-            raise RequestError(f"backend {backend!r}: the embedded engine runs on CPU; its weight-update groups use gloo")
+            raise RequestRefused(f"backend {backend!r}: the embedded engine runs on CPU; its weight-update groups use gloo")
         if rank >= world_size:
-            raise RequestError(f"rank_offset {rank} must be below world_size {world_size} (this engine has one rank)")
+            raise RequestRefused(f"rank_offset {rank} must be below world_size {world_size} (this engine has one rank)")
         if name in self._groups:
-            raise RequestError(f"weight-update group {name!r} exists already; destroy it first")
+            raise RequestRefused(f"weight-update group {name!r} exists already; destroy it first")
         group = await in_daemon_thread(
             lambda: join_group(
                 master_address=master_address, master_port=master_port, rank=rank, world_size=world_size,
@@ -120,7 +120,7 @@ class UpdateGroups:
         """The broadcast tensors of `update` (blocks a daemon thread, not the loop)."""
         group = self._groups.get(update.group_name)
         if group is None:
-            raise RequestError(f"no weight-update group {update.group_name!r}; call /init_weights_update_group first")
+            raise RequestRefused(f"no weight-update group {update.group_name!r}; call /init_weights_update_group first")
         return await in_daemon_thread(lambda: receive(group, update.specs))
 
     def drop(self, name: str) -> None:
@@ -130,7 +130,7 @@ class UpdateGroups:
     def destroy(self, body: Mapping[str, Any]) -> str:
         name = _text(body, "group_name", DEFAULT_GROUP)
         if self._groups.pop(name, None) is None:
-            raise RequestError(f"no weight-update group {name!r}")
+            raise RequestRefused(f"no weight-update group {name!r}")
         return f"Succeeded to destroy weight-update group {name!r}."
 
     def clear(self) -> None:

@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
-from services.cell_agent.engine.protocol import RequestError
+from services.cell_agent.engine.protocol import RequestRefused
 
 SAFETENSORS_FORMAT = "safetensors"
 
@@ -33,16 +33,16 @@ SAFETENSORS_FORMAT = "safetensors"
 def decode_named_tensors(body: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     load_format = body.get("load_format")
     if load_format != SAFETENSORS_FORMAT:
-        raise RequestError(
+        raise RequestRefused(
             f"load_format {load_format!r} is not accepted by the embedded engine: it does not unpickle "
             "tensors sent over HTTP; send load_format='safetensors' with base64 safetensors "
             "(gyre.engine.EngineClient.update_weights_from_tensor does)"
         )
     payload = body.get("serialized_named_tensors")
     if not isinstance(payload, list) or len(payload) != 1 or not isinstance(payload[0], str):
-        raise RequestError("serialized_named_tensors must be a list of one base64 string (tp_size is 1)")
+        raise RequestRefused("serialized_named_tensors must be a list of one base64 string (tp_size is 1)")
     try:
         raw = base64.b64decode(payload[0], validate=True)
         return dict(st_load(raw))
     except (binascii.Error, ValueError, SafetensorError) as e:
-        raise RequestError(f"serialized_named_tensors[0] is not base64 safetensors: {e}") from e
+        raise RequestRefused(f"serialized_named_tensors[0] is not base64 safetensors: {e}") from e

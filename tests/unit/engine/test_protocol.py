@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gyre.model.tokenizer import Tokenizer
-from services.cell_agent.engine.protocol import DEFAULT_MAX_NEW_TOKENS, RequestError, parse_generate
+from services.cell_agent.engine.protocol import DEFAULT_MAX_NEW_TOKENS, RequestRefused, parse_generate
 from tests.support.models import small_dir
 
 TOK = Tokenizer.from_dir(small_dir())
@@ -68,7 +68,7 @@ def test_max_new_tokens_none_fills_the_context() -> None:
     ],
 )
 def test_invalid_requests_are_refused_with_a_named_reason(body: dict[str, Any], fragment: str) -> None:
-    with pytest.raises(RequestError, match=fragment) as info:
+    with pytest.raises(RequestRefused, match=fragment) as info:
         parse(body)
     assert info.value.status_code == 400
 

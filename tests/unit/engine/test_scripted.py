@@ -10,7 +10,7 @@ import pytest
 from gyre.engine import EngineRequestError
 from gyre.model.tokenizer import Tokenizer
 from services.cell_agent.engine.backends.scripted import ScriptEntry, scripted_logprob
-from services.cell_agent.engine.protocol import RequestError
+from services.cell_agent.engine.protocol import RequestRefused
 from tests.support.models import small_dir
 from tests.unit.engine.helpers import engine_section, serve
 
@@ -75,7 +75,7 @@ async def test_rules_answer_by_the_prompt_and_are_never_used_up() -> None:
     ],
 )
 def test_bad_rules_are_refused(entry: dict[str, Any], problem: str) -> None:
-    with pytest.raises(RequestError, match=problem):
+    with pytest.raises(RequestRefused, match=problem):
         ScriptEntry.from_json(entry)
 
 
@@ -132,5 +132,5 @@ async def test_script_endpoint_appends_and_replaces() -> None:
     ],
 )
 def test_malformed_entries_are_refused(entry: dict[str, Any]) -> None:
-    with pytest.raises(RequestError):
+    with pytest.raises(RequestRefused):
         ScriptEntry.from_json(entry)

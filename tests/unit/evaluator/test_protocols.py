@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from gyre.sandbox import SandboxLimits, make_launcher
+from gyre.sandbox.workspace import create_workspace
 from gyre.tasks import TaskRegistry
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.evaluator.protocols import PROTOCOLS, resolve_env
 from services.evaluator.verifier import VerifierRunner
-from services.runner.sandbox import SandboxLimits, make_launcher
-from services.runner.workspace import create_workspace
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "tasks" / "fix-add"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from gyre.sandbox import SandboxOutcome
 from gyre.v1 import common_pb2 as cm
 from services.evaluator.rewards import parse_score
 from services.runner.execution import reason_of
-from services.runner.sandbox import SandboxOutcome
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,23 @@
+from dataclasses import dataclass
+
 import pytest
 
 from gyre.rl.ordering import (
-    ReadyGroup,
     next_ready_group,
     order_ready_groups,
     ready_group_key,
     staleness,
     take_ready_groups,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyGroup:
+    """The fields ordering reads (`ReadyGroupLike`); the packer's own group type has more."""
+
+    group_id: str
+    policy_version: int
+    ready_time_s: float
 
 
 def test_oldest_policy_version_first_then_oldest_ready_time():

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from gyre.config import ConfigError, load_config
+from gyre.sandbox import SandboxLimits
 from gyre.tasks import Task
 from services.runner.harnesses import HARNESSES, CommandHarness, Launch, make_harness
-from services.runner.sandbox import SandboxLimits
 
 LAUNCH = Launch(Task("add/3+5", "3+5=? Write the answer to answer.txt."), "3+5=? Write the answer to answer.txt.", "e1", "http://127.0.0.1:8123", "key-e1",
                 Path("/sandbox/home"))

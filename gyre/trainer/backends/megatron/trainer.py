@@ -59,7 +59,7 @@ from gyre.trainer.checkpoint import (
     staged_dir,
     step_dir,
 )
-from gyre.weights.snapshot import weights_digest
+from gyre.trainer.flat import weights_digest
 
 if TYPE_CHECKING:
     from gyre.trainer.backends.megatron.distributed_optimizer import DistributedShard

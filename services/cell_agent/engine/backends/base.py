@@ -24,9 +24,10 @@ from typing import Any, ClassVar
 import torch
 
 from gyre.config.engine import EngineSection
+from gyre.engine.types import FinishReason
 from gyre.model.arch import ModelArch
 from gyre.model.tokenizer import Tokenizer
-from services.cell_agent.engine.request import FinishReason, RequestState
+from services.cell_agent.engine.request import RequestState
 
 #: Memory tags of `/release_memory_occupation` (SGLang's names); None in a request means all.
 MEMORY_TAGS = ("kv_cache", "weights")
@@ -123,7 +124,7 @@ class EngineBackend(ABC):
     @abstractmethod
     def admit(self, state: RequestState) -> bool:
         """Claim what `state` needs to start (KV for its uncached tokens); False = not now. Sets
-        `state.num_computed` (prefix-cache hit) and `state.kv_version`. Raises `RequestError` or
+        `state.num_computed` (prefix-cache hit) and `state.kv_version`. Raises `RequestRefused` or
         `BackendError` for a request that can never be served (it is then failed, not retried)."""
 
     @abstractmethod

@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from gyre.engine.types import FinishReason
 from gyre.model.tokenizer import Tokenizer
 from services.cell_agent.engine.backends.base import (
     BackendContext,
@@ -54,8 +55,8 @@ from services.cell_agent.engine.backends.base import (
     StepPlan,
 )
 from services.cell_agent.engine.kv_transfer import KVPayload, decode_kv, encode_kv
-from services.cell_agent.engine.protocol import RequestError
-from services.cell_agent.engine.request import FinishReason, RequestState
+from services.cell_agent.engine.protocol import RequestRefused
+from services.cell_agent.engine.request import RequestState
 
 FINGERPRINT = "scripted"
 
@@ -93,23 +94,23 @@ class ScriptEntry:
         allowed = set(cls.__dataclass_fields__)
         unknown = set(data) - allowed
         if unknown:
-            raise RequestError(f"unknown script entry keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+            raise RequestRefused(f"unknown script entry keys {sorted(unknown)}; allowed: {sorted(allowed)}")
         if sum(data.get(k) is not None for k in ("text", "output_ids", "choices")) != 1:
-            raise RequestError("a script entry needs exactly one of 'text', 'output_ids' or 'choices'")
+            raise RequestRefused("a script entry needs exactly one of 'text', 'output_ids' or 'choices'")
         choices = data.get("choices")
         if choices is not None and (
             not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices)
         ):
-            raise RequestError("script entry 'choices' must be a non-empty list of strings")
+            raise RequestRefused("script entry 'choices' must be a non-empty list of strings")
         if data.get("when") is not None:
             try:
                 re.compile(str(data["when"]))
             except re.error as e:
-                raise RequestError(f"script entry 'when' is not a regex: {e}") from e
+                raise RequestRefused(f"script entry 'when' is not a regex: {e}") from e
         if data.get("finish", "stop") not in ("stop", "length"):
-            raise RequestError(f"script entry finish must be 'stop' or 'length'; got {data.get('finish')!r}")
+            raise RequestRefused(f"script entry finish must be 'stop' or 'length'; got {data.get('finish')!r}")
         if data.get("finish") == "length" and not (data.get("text") or data.get("output_ids")):
-            raise RequestError("a script entry with finish 'length' needs at least one token")
+            raise RequestRefused("a script entry with finish 'length' needs at least one token")
         ids = data.get("output_ids")
         logprobs = data.get("logprobs")
         try:
@@ -125,7 +126,7 @@ class ScriptEntry:
                 choices=tuple(choices) if choices is not None else None,
             )
         except (TypeError, ValueError) as e:
-            raise RequestError(f"malformed script entry: {e}") from e
+            raise RequestRefused(f"malformed script entry: {e}") from e
 
 
 @dataclass(slots=True)
@@ -220,7 +221,7 @@ class ScriptedBackend(EngineBackend):
         if self._repeat:  # the configured script starts over (`engine.script_repeat`)
             self._queue.extend(self._repeat)
             return self._take(rid, prompt)
-        raise RequestError(f"no scripted output is queued for request {rid!r}; POST entries to /gyre/script")
+        raise RequestRefused(f"no scripted output is queued for request {rid!r}; POST entries to /gyre/script")
 
     # ---- properties --------------------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class ScriptedBackend(EngineBackend):
                 elif self._default_stop is not None:
                     terminator = self._default_stop
                 else:
-                    raise RequestError("the scripted entry needs stop_token_id: the model declares no stop ids")
+                    raise RequestRefused("the scripted entry needs stop_token_id: the model declares no stop ids")
                 tokens.append(terminator)
             logprobs = list(entry.logprobs) if entry.logprobs is not None else []
             logprobs += [scripted_logprob(i) for i in range(len(logprobs), len(tokens))]

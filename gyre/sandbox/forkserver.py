@@ -2,7 +2,7 @@
 are forked, so an execution does not pay the interpreter start and its imports again (`import
 anthropic` alone is ~3 CPU-seconds on a shared core; a fork is milliseconds).
 
-Started by the runner (services/runner/sandbox/forkclient.py), never by hand:
+Started by the runner (gyre/sandbox/forkclient.py), never by hand:
 
     python -I forkserver.py --fd N --module harness --path /repo
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.sandbox import SandboxError, SandboxSpec, make_launcher
-from services.runner.task_paths import PathMap, harness_layout
+from gyre.sandbox import SandboxError, SandboxSpec, make_launcher
+from gyre.sandbox.task_paths import PathMap, harness_layout
 
 UID_BASE = 175000
 SUPPORTED = ["process", "isolated"] if os.geteuid() == 0 else ["process"]

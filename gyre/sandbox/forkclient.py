@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.log import get_logger
-from services.runner.sandbox import procs
+from gyre.sandbox import procs
 
 SERVER_SCRIPT = Path(__file__).with_name("forkserver.py")
 log = get_logger("gyre.runner.forkserver")

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from services.runner.sandbox import NetworkPolicy, SandboxLimits, SandboxSpec, make_launcher, procs
-from services.runner.sandbox.forkclient import ForkedProcess, ForkServer
+from gyre.sandbox import NetworkPolicy, SandboxLimits, SandboxSpec, make_launcher, procs
+from gyre.sandbox.forkclient import ForkedProcess, ForkServer
 
 SUPPORTED = ["process", "isolated"] if os.geteuid() == 0 else ["process"]
 UID_BASE = 176000

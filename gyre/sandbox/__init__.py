@@ -1,6 +1,6 @@
 """Sandboxes for harness executions and verifier runs (see `launcher.py` for what is enforced)."""
 
-from services.runner.sandbox.launcher import (
+from gyre.sandbox.launcher import (
     LAUNCHERS,
     NetworkPolicy,
     SandboxError,
@@ -10,9 +10,9 @@ from services.runner.sandbox.launcher import (
     SandboxState,
     make_launcher,
 )
-from services.runner.sandbox.limits import SandboxLimits
-from services.runner.sandbox.outcome import SandboxOutcome, read_outcome
-from services.runner.sandbox.uids import check_disjoint, uid_range
+from gyre.sandbox.limits import SandboxLimits
+from gyre.sandbox.outcome import SandboxOutcome, read_outcome
+from gyre.sandbox.uids import check_disjoint, uid_range
 
 __all__ = [
     "LAUNCHERS",

@@ -3,11 +3,11 @@ else the paths rewritten.
 
 Harbor tasks name absolute paths (gyre/tasks/harbor.py): the working directory (e.g. `/app`, where
 the workspace is), `/tests`, `/logs/verifier`, `/logs/agent`. No container runs on the embedded
-default (shared/FACTS.md), so each path is a host directory:
+default (docs/facts.md), so each path is a host directory:
 
 - `isolated` launcher (root): the command runs in its own mount namespace, chrooted into a view of
   the host root in which each host directory is bind-mounted at its absolute path
-  (services/runner/sandbox/init.py, `enter_root`). Scripts, prompts and tools see exactly Harbor's
+  (gyre/sandbox/init.py, `enter_root`). Scripts, prompts and tools see exactly Harbor's
   paths; nothing on the host changes.
 - `process` launcher (no root, no namespaces): the paths are rewritten to the host directories: in
   the prompt, in the verifier's copy of `tests/` (every UTF-8 text file) and in the verifier's

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gyre.sandbox.workspace import content_hash, copy_workspace, create_workspace, preserve
 from gyre.tasks import Task, WorkspaceSource
-from services.runner.workspace import content_hash, copy_workspace, create_workspace, preserve
 
 
 def test_workspace_holds_sources_in_order_then_files(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.sandbox import (
+from gyre.sandbox import (
     LAUNCHERS,
     NetworkPolicy,
     SandboxLauncher,

@@ -26,10 +26,10 @@ the same isolation steps in the same order, only the final exec replaced by runn
 `spec.binds` gives host directories at absolute paths inside the sandbox (a Harbor task's `/app`,
 `/tests`, `/logs/verifier`): only a launcher with `mounts_paths` honours them (`isolated`: a mount
 namespace and a chroot into a bind-mounted view of the host root, see init.py); callers rewrite the
-paths instead where it cannot (services/runner/task_paths.py).
+paths instead where it cannot (gyre/sandbox/task_paths.py).
 
 Adding a launcher (e.g. a Kubernetes pod): subclass `SandboxLauncher`, implement `launch`,
-`attach` and `enforced`, add it to `LAUNCHERS`; tests/unit/runner/test_sandbox_contract.py runs
+`attach` and `enforced`, add it to `LAUNCHERS`; tests/unit/sandbox/test_sandbox_contract.py runs
 the contract over every launcher the machine supports.
 """
 
@@ -46,11 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
+from gyre.sandbox import procs
+from gyre.sandbox.forkclient import ForkServer, ForkServerError
+from gyre.sandbox.limits import SandboxLimits
+from gyre.sandbox.outcome import SandboxOutcome, read_outcome
 from gyre.tasks import check_relative
-from services.runner.sandbox import procs
-from services.runner.sandbox.forkclient import ForkServer, ForkServerError
-from services.runner.sandbox.limits import SandboxLimits
-from services.runner.sandbox.outcome import SandboxOutcome, read_outcome
 
 INIT_SCRIPT = Path(__file__).with_name("init.py")
 NetworkMode = Literal["proxy", "none", "host"]

@@ -23,7 +23,7 @@ import grpc
 import yaml
 
 from gyre.config import GyreConfig
-from gyre.stack.launcher import grpc_health
+from gyre.stack.health import grpc_health
 from gyre.stack.servers import free_port
 from gyre.v1 import cell_agent_pb2 as pb
 from gyre.v1 import cell_agent_pb2_grpc as pb_grpc

@@ -14,8 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from gyre.sandbox.launcher import chown_tree
 from gyre.tasks import Task, check_relative
-from services.runner.sandbox.launcher import chown_tree
 
 _CHUNK = 1 << 20
 
