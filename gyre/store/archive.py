@@ -162,7 +162,7 @@ class StepArchiver:
             if not meta:
                 trees[eid] = None  # the harness never opened a tree (never started, or never called)
                 continue
-            blobs = {int(_text(a)): bytes(b) for a, b in (await r.hgetall(k.tree_nodes(eid))).items()}
+            blobs = {int(_text(a)): b if isinstance(b, bytes) else b.encode() for a, b in (await r.hgetall(k.tree_nodes(eid))).items()}
             target = tree_path(self.archive_dir, eid)
             trees[eid] = str(target.relative_to(self.archive_dir))
             if not target.exists():
