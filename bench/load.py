@@ -9,8 +9,8 @@ harnesses and the evaluator. One *step* = `concurrency` executions in groups of 
 records are written (as the scheduler does), each is opened on the proxy, calls it `turns` times with a
 Claude-Code-shaped history that grows by a tool exchange per turn, is closed, gets an outcome (as the
 evaluator does), its group is claimed for the step's batch and `StepArchiver.archive_step` archives
-and deletes the batch (as the packer does on `StepCompleted`). `--steps` steps run at the first
-concurrency (the flatness measure), then one step at each other concurrency.
+and deletes the batch (as the packer does on `StepCompleted`). `--steps` steps run at `--flat-concurrency`
+(the flatness measure; default: the first level, which then counts them), then one step at each other level.
 
 Per execution, `ExecutionStarted` and `ExecutionTerminated` are published on the run's JetStream bus
 and read by a durable consumer over the scheduler's subjects; `events_per_s` is that consumer's rate.
@@ -24,7 +24,7 @@ Prints one JSON object (last line):
     errors, lost                                   non-200 answers; executions whose tree (Redis, then the
                                                    archive) does not hold every answered call
     events_per_s, redis_bytes_per_execution        Redis growth of one step before archiving / executions
-    redis_used_memory_after_step, used_memory_ratio_last_vs_4   flatness (goal: <= 1.1)
+    redis_used_memory_after_step, redis_keys_after_step, used_memory_ratio_last_vs_4   flatness (goal: <= 1.1)
 """
 
 from __future__ import annotations
@@ -241,6 +241,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                           max_ack_pending=4096)
         results: dict[str, Any] = {}
         memory: dict[int, int] = {}
+        num_keys: dict[int, int] = {}
         grown_per_execution: list[float] = []
         limits = httpx.Limits(max_connections=max(levels) + 16, max_keepalive_connections=max(levels) + 16)
         async with (
@@ -251,7 +252,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             await stub.UpdateRoutes(proxy_pb2.UpdateRoutesRequest(
                 engines=[common_pb2.EngineEndpoint(engine_id="cell-0", url=engine_url, cell=0)],
                 default_engine_id="cell-0"))
-            plan = [levels[0]] * args.steps + levels[1:]
+            flat = args.flat_concurrency or levels[0]
+            plan = [flat] * args.steps + (levels[1:] if flat == levels[0] else levels)
             for step, concurrency in enumerate(plan):
                 body = {"entries": [{"text": OUTPUT}] * (concurrency * args.turns), "replace": True}
                 (await http.post(f"{engine_url}/gyre/script", json=body)).raise_for_status()
@@ -261,6 +263,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 wall_s = time.perf_counter() - start
                 after = _overhead_buckets((await http.get(metrics_url)).text)
                 memory[step + 1] = int((await redis.info("memory"))["used_memory"])
+                num_keys[step + 1] = len([k async for k in redis.scan_iter(match=load.keys.pattern(), count=1000)])
                 grown_per_execution.append(grown / concurrency)
                 entry = results.setdefault(str(concurrency), {"latencies": [], "errors": 0, "calls": 0, "wall_s": 0.0,
                                                               "p50": [], "p99": []})
@@ -271,7 +274,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 entry["p50"].append(_histogram_quantile(scrape, after, 0.5))
                 entry["p99"].append(_histogram_quantile(scrape, after, 0.99))
                 print(json.dumps({"step": step + 1, "concurrency": concurrency, "wall_s": round(wall_s, 2),
-                                  "used_memory": memory[step + 1], "errors": entry["errors"]}), file=sys.stderr)
+                                  "used_memory": memory[step + 1], "keys": num_keys[step + 1], "errors": entry["errors"],
+                                  "overhead_ms_p50": _ms(entry["p50"][-1] or 0.0), "overhead_ms_p99": _ms(entry["p99"][-1] or 0.0),
+                                  "lost": len(load.lost)}), file=sys.stderr)
             for _ in range(200):
                 if consumed[0] >= load.num_events:
                     break
@@ -314,11 +319,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "events_per_s": round(consumed[0] / span_s, 1) if span_s > 0 else None,
         "redis_bytes_per_execution": round(statistics.median(grown_per_execution[: args.steps])),
         "redis_used_memory_after_step": memory,
+        "redis_keys_after_step": num_keys,
         "used_memory_ratio_last_vs_4": round(memory[min(last, args.steps)] / memory[4], 3) if 4 in memory else None,
         "turns": args.turns,
         "initial_kb": args.initial_kb,
         "group_size": args.group_size,
-        "steps_at_first_concurrency": args.steps,
+        "flatness_steps": args.steps,
+        "flatness_concurrency": args.flat_concurrency or levels[0],
     }
 
 
@@ -327,12 +334,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--concurrency", default="64,256,1152", help="comma-separated; the first runs --steps steps")
     parser.add_argument("--turns", type=int, default=4, help="calls per execution")
     parser.add_argument("--steps", type=int, default=12, help="steps at the first concurrency (flatness)")
+    parser.add_argument("--flat-concurrency", type=int, default=0,
+                        help="executions per flatness step (0 = the first --concurrency level)")
     parser.add_argument("--group-size", type=int, default=8, help="executions per group")
     parser.add_argument("--initial-kb", type=int, default=16, help="size of the first request's JSON")
     parser.add_argument("--lines-per-turn", type=int, default=30, help="tool-output lines added per turn (~60 B each)")
     parser.add_argument("--json", action="store_true", help="accepted: the last line is always JSON")
     args = parser.parse_args(argv)
-    for c in args.concurrency.split(","):
+    for c in [*args.concurrency.split(","), str(args.flat_concurrency)]:
         if not c.strip().isdigit() or int(c) % args.group_size:
             parser.error(f"--concurrency: each level must be a multiple of --group-size {args.group_size}; got {c!r}")
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
