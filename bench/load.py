@@ -206,7 +206,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "redis": {"url": redis_server.url},
             "log": {"level": "warning", "format": "json"},
             "model": {"path": str(_bench_model(workdir / "model"))},
-            "cell_agent": {"engine": {"output_source": "scripted", "max_batch_size": 512}},
+            "cell_agent": {"engine": {"output_source": "scripted", "max_batch_size": 512,
+                                      "kv_cache_tokens": args.kv_cache_tokens}},
         }
         config_path = workdir / "gyre.yaml"
         config_path.write_text(yaml.safe_dump(config))
@@ -253,7 +254,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 engines=[common_pb2.EngineEndpoint(engine_id="cell-0", url=engine_url, cell=0)],
                 default_engine_id="cell-0"))
             flat = args.flat_concurrency or levels[0]
-            plan = [flat] * args.steps + (levels[1:] if flat == levels[0] else levels)
+            plan = [flat] * args.steps + (levels[1:] if flat == levels[0] and args.steps > 0 else levels)
             for step, concurrency in enumerate(plan):
                 body = {"entries": [{"text": OUTPUT}] * (concurrency * args.turns), "replace": True}
                 (await http.post(f"{engine_url}/gyre/script", json=body)).raise_for_status()
@@ -269,6 +270,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                                               "p50": [], "p99": []})
                 entry["latencies"] += [x for h in harnesses for x in h.latencies_s]
                 entry["errors"] += sum(len(h.errors) for h in harnesses)
+                samples = entry.setdefault("error_samples", [])
+                samples += [e for h in harnesses for e in h.errors if e not in samples][: max(0, 5 - len(samples))]
                 entry["calls"] += sum(h.num_answered for h in harnesses)
                 entry["wall_s"] += wall_s
                 entry["p50"].append(_histogram_quantile(scrape, after, 0.5))
@@ -303,6 +306,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "client_ms_p50": _ms(statistics.median(entry["latencies"])) if entry["latencies"] else None,
             "client_ms_p99": _ms(_percentile(entry["latencies"], 0.99)) if entry["latencies"] else None,
             "errors": entry["errors"],
+            "error_samples": entry.get("error_samples", []),
             "calls": entry["calls"],
             "calls_per_s": round(entry["calls"] / entry["wall_s"], 1) if entry["wall_s"] else None,
         }
@@ -317,7 +321,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "events": load.num_events,
         "events_consumed": consumed[0],
         "events_per_s": round(consumed[0] / span_s, 1) if span_s > 0 else None,
-        "redis_bytes_per_execution": round(statistics.median(grown_per_execution[: args.steps])),
+        "redis_bytes_per_execution": round(statistics.median(grown_per_execution)),
+        "redis_bytes_per_execution_by_step": [round(g) for g in grown_per_execution],
         "redis_used_memory_after_step": memory,
         "redis_keys_after_step": num_keys,
         "used_memory_ratio_last_vs_4": round(memory[min(last, args.steps)] / memory[4], 3) if 4 in memory else None,
@@ -337,8 +342,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--flat-concurrency", type=int, default=0,
                         help="executions per flatness step (0 = the first --concurrency level)")
     parser.add_argument("--group-size", type=int, default=8, help="executions per group")
-    parser.add_argument("--initial-kb", type=int, default=16, help="size of the first request's JSON")
+    parser.add_argument("--initial-kb", type=int, default=4, help="size of the first request's JSON")
     parser.add_argument("--lines-per-turn", type=int, default=30, help="tool-output lines added per turn (~60 B each)")
+    parser.add_argument("--kv-cache-tokens", type=int, default=4_000_000,
+                        help="engine KV pool: every execution's context at once, so the engine never queues")
     parser.add_argument("--json", action="store_true", help="accepted: the last line is always JSON")
     args = parser.parse_args(argv)
     for c in [*args.concurrency.split(","), str(args.flat_concurrency)]:
