@@ -80,15 +80,19 @@ class Harness:
         self.num_answered = 0
         self.latencies_s: list[float] = []
         self.errors: list[str] = []
+        self.in_flight = False
+        """A call was under way when the step's time ran out (the proxy may have recorded it)."""
 
     async def run(self, http: httpx.AsyncClient, base_url: str, turns: int) -> None:
         for turn in range(turns):
             start = time.perf_counter()
+            self.in_flight = True
             try:
                 response = await http.post(f"{base_url}/v1/messages", json=self.body, headers={"x-api-key": self.key})
             except httpx.HTTPError as e:
                 self.errors.append(f"{type(e).__name__}: {e}")
                 return
+            self.in_flight = False
             self.latencies_s.append(time.perf_counter() - start)
             if response.status_code != 200:
                 self.errors.append(f"{response.status_code}: {response.text[:200]}")
@@ -140,6 +144,8 @@ class Load:
         self.lost: list[str] = []
         self.num_events = 0
         self.events_consumed = 0
+        self.num_cut = 0
+        """Executions still running when their step's `--step-timeout-s` ran out."""
 
     async def step(
         self, step: int, concurrency: int, stub: proxy_pb2_grpc.ProxyStub, http: httpx.AsyncClient, base_url: str,
@@ -169,13 +175,18 @@ class Load:
                 opened.append(Harness(eid, response.api_key, body, g * size + i, self.args.lines_per_turn))
                 await bus.publish(ev.ExecutionStarted(execution=ref, runner_id="load", engine_id="cell-0"),
                                   event_id=f"started:{eid}")
-        await asyncio.gather(*(h.run(http, base_url, self.args.turns) for h in opened))
+        tasks = [asyncio.create_task(h.run(http, base_url, self.args.turns)) for h in opened]
+        _, pending = await asyncio.wait(tasks, timeout=self.args.step_timeout_s or None)
+        for task in pending:  # out of time: the step is reported as cut, its unfinished executions counted
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self.num_cut += sum(h.in_flight or (h.num_answered < self.args.turns and not h.errors) for h in opened)
         for h in opened:
             await stub.CloseExecution(proxy_pb2.CloseExecutionRequest(execution_id=h.execution_id))
             ref = common_pb2.ExecutionRef(execution_id=h.execution_id, group_id=h.execution_id.split("-")[0])
             await bus.publish(ev.ExecutionTerminated(execution=ref, exit_code=0), event_id=f"terminated:{h.execution_id}")
             recorded = await redis.hget(self.keys.tree_meta(h.execution_id), "num_calls")
-            if int(recorded or 0) != h.num_answered:
+            if int(recorded or 0) not in ((h.num_answered, h.num_answered + 1) if h.in_flight else (h.num_answered,)):
                 self.lost.append(f"{h.execution_id}: redis tree has {recorded} calls, harness got {h.num_answered}")
         self.num_events += 2 * len(opened)
         for h in opened:
@@ -189,7 +200,7 @@ class Load:
         for h in opened:
             path = tree_path(self.archive_dir, h.execution_id)
             calls = int(read_archived_tree(path).meta.get("num_calls", 0)) if path.exists() else -1
-            if calls != h.num_answered:
+            if calls not in ((h.num_answered, h.num_answered + 1) if h.in_flight else (h.num_answered,)):
                 self.lost.append(f"{h.execution_id}: archive has {calls} calls, harness got {h.num_answered}")
         return opened, grown
 
@@ -277,7 +288,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 entry["p50"].append(_histogram_quantile(scrape, after, 0.5))
                 entry["p99"].append(_histogram_quantile(scrape, after, 0.99))
                 print(json.dumps({"step": step + 1, "concurrency": concurrency, "wall_s": round(wall_s, 2),
-                                  "used_memory": memory[step + 1], "keys": num_keys[step + 1], "errors": entry["errors"],
+                                  "used_memory": memory[step + 1], "keys": num_keys[step + 1], "errors": entry["errors"], "unfinished": load.num_cut,
                                   "overhead_ms_p50": _ms(entry["p50"][-1] or 0.0), "overhead_ms_p99": _ms(entry["p99"][-1] or 0.0),
                                   "lost": len(load.lost)}), file=sys.stderr)
             for _ in range(200):
@@ -317,6 +328,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "by_concurrency": {c: level(e) for c, e in results.items()},
         "errors": sum(e["errors"] for e in results.values()),
         "lost": len(load.lost),
+        "unfinished_at_step_timeout": load.num_cut,
         "lost_detail": load.lost[:10],
         "events": load.num_events,
         "events_consumed": consumed[0],
@@ -346,6 +358,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--lines-per-turn", type=int, default=30, help="tool-output lines added per turn (~60 B each)")
     parser.add_argument("--kv-cache-tokens", type=int, default=4_000_000,
                         help="engine KV pool: every execution's context at once, so the engine never queues")
+    parser.add_argument("--step-timeout-s", type=float, default=0.0,
+                        help="cut a step's harnesses after this long (0 = never); reported as unfinished_at_step_timeout")
     parser.add_argument("--json", action="store_true", help="accepted: the last line is always JSON")
     args = parser.parse_args(argv)
     for c in [*args.concurrency.split(","), str(args.flat_concurrency)]:
