@@ -34,3 +34,7 @@ def step_of_batch(batch_id_: str) -> int:
 def microstep_queue(batch_id_: str) -> str:
     """Name of the reliable work queue holding the micro-steps of a batch."""
     return f"microsteps:{batch_id_}"
+
+
+EVALUATIONS_QUEUE = "evaluations"
+"""Name of the evaluator's reliable work queue (one item per terminated execution)."""

@@ -50,7 +50,10 @@ BUS_USERS: dict[str, BusUse] = {
         publishes=(ev.EvaluationDone, ev.GroupReady),
         consumes=(("evaluator", ev.ExecutionTerminated),),
     ),
-    "packer": BusUse(publishes=(ev.BatchOpened, ev.GroupPacked, ev.MicroStepEnqueued, ev.StreamClosed)),
+    "packer": BusUse(
+        publishes=(ev.BatchOpened, ev.GroupPacked, ev.MicroStepEnqueued, ev.StreamClosed),
+        consumes=(("packer-archive", ev.StepCompleted),),  # a committed step's groups leave Redis
+    ),
     "cell_agent": BusUse(
         publishes=(ev.RoleTransitionBegun, ev.RoleTransitionCompleted, ev.WeightsPublished, ev.StepCompleted,
                    ev.MicroStepClaimed, ev.MicroStepDone),

@@ -7,7 +7,7 @@ Bad values raise `ConfigError` whose one-line message names the field and the fi
 
 Sections live one concern per module: `infra` (run, NATS, Redis, log), `metrics`, `model`, `tasks`, `scheduler`,
 `proxy`, `runner` (runner, evaluator and their sandboxes), `training` (objective, packer, trainer),
-`engine`, `cell_agent`; `base` holds the strict base model and the bounded field types (`AtLeastOne`, `Port`, ...).
+`engine`, `cell_agent`, `archive`; `base` holds the strict base model and the bounded field types (`AtLeastOne`, `Port`, ...).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from gyre.config.archive import ArchiveSection
 from gyre.config.base import Section
 from gyre.config.cell_agent import CellAgentSection
 from gyre.config.engine import EngineSection
@@ -39,6 +40,7 @@ from gyre.config.tasks import TasksSection
 from gyre.config.training import ObjectiveSection, PackerSection, TrainerSection
 
 __all__ = [
+    "ArchiveSection",
     "CellAgentSection",
     "ConfigError",
     "EngineSection",
@@ -99,6 +101,8 @@ class GyreConfig(Section):
     """The stream packer."""
     cell_agent: CellAgentSection = Field(default_factory=CellAgentSection)
     """The cell agents (engine + trainer)."""
+    archive: ArchiveSection = Field(default_factory=ArchiveSection)
+    """Where trained groups go when they leave Redis (trees, records, outcomes, evaluations)."""
 
     @model_validator(mode="after")
     def _profile_of_the_harness(self) -> GyreConfig:

@@ -83,6 +83,10 @@ class Counters:
             raise
         return CounterValues(int(d), int(p), int(f), bool(applied))
 
+    def seen_key(self, field: Field) -> str:
+        """The set of tokens counted for `field` (archiving drops the tokens of trained groups)."""
+        return self._keys.counter_seen(_SHORT[field])
+
     async def get(self) -> CounterValues:
         raw = await self._redis.hmget(self._keys.counters(), ["d", "p", "f"])
         d, p, f = (int(v) if v is not None else 0 for v in raw)

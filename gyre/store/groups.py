@@ -217,6 +217,18 @@ class GroupOutcomes:
         groups = await self._unclaim(keys=[self._ready, self._batch(batch_id)], args=[self._prefix])
         return [_text(g) for g in groups]
 
+    async def claimed_ids(self, batch_id: str) -> list[str]:
+        """Ids of the groups `batch_id` claimed (whatever is left of their records), sorted."""
+        return sorted(_text(g) for g in await self._redis.smembers(self._batch(batch_id)))
+
+    def group_keys(self, group_id: str) -> tuple[str, ...]:
+        """The group's outcome keys (members, meta): what archiving deletes once its step committed."""
+        return self._members(group_id), self._meta(group_id)
+
+    def batch_key(self, batch_id: str) -> str:
+        """The set of the groups a batch claimed (deleted last when a committed batch is archived)."""
+        return self._batch(batch_id)
+
     async def published(self, group_id: str) -> bool:
         """`GroupReady` of this group was published (see `mark_published`)."""
         return bool(await self._redis.hexists(self._meta(group_id), "published"))

@@ -56,6 +56,18 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 return 1
 """
 
+# KEYS: known, acked; ARGV: ids
+_FORGET = """
+local n = 0
+for _, id in ipairs(ARGV) do
+  if redis.call('SREM', KEYS[2], id) == 1 then
+    redis.call('SREM', KEYS[1], id)
+    n = n + 1
+  end
+end
+return n
+"""
+
 # KEYS: heartbeats, pending; ARGV: timeout_s, processing key prefix
 _RECLAIM = """
 local t = redis.call('TIME')
@@ -99,6 +111,7 @@ class WorkQueue:
         self._hb = redis.register_script(_HEARTBEAT)
         self._ack = redis.register_script(_ACK)
         self._reclaim = redis.register_script(_RECLAIM)
+        self._forget = redis.register_script(_FORGET)
 
     def _processing(self, consumer: str) -> str:
         return self._processing_prefix + consumer
@@ -137,6 +150,14 @@ class WorkQueue:
             keys=[self._heartbeats, self._pending], args=[self.heartbeat_timeout_s, self._processing_prefix]
         )
         return [m.decode() for m in moved]
+
+    async def forget(self, item_ids: list[str]) -> int:
+        """Drop acknowledged items from the id sets (`known`, `acked`) once their results are archived,
+        so the sets stay bounded; an item not yet acknowledged is kept. Returns the number dropped. A
+        forgotten id can be put again: forget only what no producer will redeliver."""
+        if not item_ids:
+            return 0
+        return int(await self._forget(keys=[self._known, self._acked], args=list(item_ids)))
 
     async def close(self) -> None:
         """No more items will be put (the producer's stream of this queue is closed)."""

@@ -11,6 +11,10 @@ ended just before it (recorded as engine-sampled, log-prob 0), so a session's hi
 rebuild its tree. The summary says how the session maps into a tree: roots by agent kind, nodes,
 leaves by class, unique tokens against tokens if every path were expanded, and what admission
 would take.
+
+Archived trees (`runs/<run>/archive/trees/<execution>.tree.gz`, written when a trained group leaves
+Redis) are summarized the same way from what the proxy recorded (`summarize_archive`), with the
+profile and chat template stored with each tree and its recorded call count as `requests`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 
 from gyre.trajectory.admission import admit
 from gyre.trajectory.anthropic import from_anthropic, message_from_anthropic
+from gyre.trajectory.archive import TREE_SUFFIX, archived_trees, read_archived_tree
 from gyre.trajectory.messages import Api, Message, ModelRequest, RequestError
 from gyre.trajectory.node import CallMeta
 from gyre.trajectory.openai_chat import from_openai_chat
@@ -143,14 +148,16 @@ def replay(
     return tree
 
 
-def summarize(tree: TrajectoryTree, num_requests: int, j_max: int = 5, seed: int = 0) -> dict[str, Any]:
-    """The JSON summary `gyre trace replay` prints."""
+def summarize(
+    tree: TrajectoryTree, num_requests: int, j_max: int = 5, seed: int = 0, template_name: str | None = None
+) -> dict[str, Any]:
+    """The JSON summary `gyre trace replay` prints (`template_name` for a read-only tree)."""
     stats = tree_stats(tree)
     admitted = admit(tree, j_max=j_max, seed=seed)
     return {
         "execution_id": tree.execution_id,
         "profile": tree.profile.name,
-        "template": tree.template.name,
+        "template": template_name if template_name is not None else tree.template.name,
         "requests": num_requests,
         **stats.as_dict(),
         "admitted": {
@@ -161,6 +168,47 @@ def summarize(tree: TrajectoryTree, num_requests: int, j_max: int = 5, seed: int
             "by_class": dict(Counter(str(a.leaf_class) for a in admitted)),
         },
     }
+
+
+def is_archive_input(path: Path) -> bool:
+    """A directory (a run's, or its archive) or one archived tree file, rather than captured bodies."""
+    return Path(path).is_dir() or Path(path).name.endswith(TREE_SUFFIX)
+
+
+def archive_files(paths: Iterable[Path], execution_id: str | None = None) -> list[Path]:
+    """The archived tree files named by `paths` (tree files, archive or run directories), in order."""
+    files: list[Path] = []
+    for path in paths:
+        found = list(archived_trees(path).values()) if Path(path).is_dir() else [Path(path)]
+        if Path(path).is_dir() and not found:
+            raise ValueError(f"{path}: no archived trees (looked in trees/ and archive/trees/)")
+        files += found
+    if execution_id is not None:
+        files = [f for f in files if f.name == f"{execution_id}{TREE_SUFFIX}"]
+        if not files:
+            raise ValueError(f"execution {execution_id!r} is not in the archive")
+    return files
+
+
+def summarize_archive(
+    files: Iterable[Path], profile: HarnessProfile | None = None, j_max: int = 5, seed: int = 0
+) -> dict[str, Any]:
+    """Summaries of archived trees: one tree's summary, or `{"num_trees", "totals", "trees"}` for several."""
+    summaries = []
+    for path in files:
+        archived = read_archived_tree(path)
+        tree = archived.tree(None, profile)
+        num_calls = int(archived.meta.get("num_calls", 0))
+        summary = summarize(tree, num_calls, j_max=j_max, seed=seed, template_name=archived.meta.get("template", ""))
+        summaries.append({**summary, "policy_version": int(archived.meta.get("policy_version", 0)),
+                          "closed": tree.closed, "file": str(path)})
+    if len(summaries) == 1:
+        return summaries[0]
+    totals = {key: sum(int(s[key]) for s in summaries)
+              for key in ("requests", "nodes", "unique_tokens", "sampled_tokens", "expanded_tokens")}
+    totals["admitted_trajectories"] = sum(s["admitted"]["trajectories"] for s in summaries)
+    totals["admitted_targets"] = sum(s["admitted"]["targets"] for s in summaries)
+    return {"num_trees": len(summaries), "totals": totals, "trees": summaries}
 
 
 def _record(tree: TrajectoryTree, request: ModelRequest, output: Message, request_id: str) -> None:

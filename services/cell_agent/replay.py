@@ -85,7 +85,7 @@ async def replay_steps(side: TrainingSide, from_version: int, to_version: int) -
 
 async def drop_replay_payloads(side: TrainingSide, steps: Iterable[int]) -> None:
     """The micro-steps of these steps are covered by a checkpoint: no replay needs them any more."""
-    keys = [_queue_key(side, s, "payloads") for s in steps]
+    keys = [_queue_key(side, s, part) for s in steps for part in ("payloads", "known")]
     for i in range(0, len(keys), 64):
         await side.redis.delete(*keys[i : i + 64])
 

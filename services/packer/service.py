@@ -12,22 +12,30 @@ groups its batch had claimed first, in packing order, and packs them again into 
 (admission is seeded per execution): queue items and events carry deterministic ids, so nothing is
 enqueued or counted twice.
 
+When a step commits (`StepCompleted`, durable consumer `packer-archive`), the groups of its batch are
+archived to files and deleted from Redis (`archive:` section; gyre/store/archive.py).
+
     python -m services.packer --config runs/<run>/config.yaml
 """
 
 from __future__ import annotations
 
 import grpc
+from google.protobuf import json_format
 
+from gyre.bus import Delivery
 from gyre.ids import batch_id as make_batch_id
 from gyre.ids import microstep_queue
 from gyre.service import GyreService
 from gyre.store import WorkQueue
+from gyre.store.archive import StepArchiver
 from gyre.v1 import events_pb2 as ev
 from gyre.v1 import packer_pb2, packer_pb2_grpc
 from services.packer.batch import BatchProgress, fill_batch
 from services.packer.metrics import PackerMetrics
 from services.packer.sources import GroupSource, TreeSource
+
+ARCHIVE_CONSUMER = "packer-archive"
 
 
 class PackerService(GyreService):
@@ -50,6 +58,20 @@ class PackerService(GyreService):
             step, num_groups, version = (int(record[k]) for k in (b"step", b"num_groups", b"policy_version"))
             self.log.info("batch_resumed", batch=raw.decode(), step=step)
             await self.open_batch(step, num_groups, version)
+        archive = self.config.archive
+        if archive.enabled:
+            self.archiver = StepArchiver(self.redis, self.keys, archive.path_for(self.config.run.path),
+                                         compress_level=archive.compress_level)
+            await self.bus.consume(ARCHIVE_CONSUMER, [ev.StepCompleted], self._archive_step, batch=1,
+                                   ack_wait_s=archive.ack_wait_s, confirm_ack=True)
+
+    async def _archive_step(self, event: object, delivery: Delivery) -> None:
+        """The step of this batch committed: its groups leave Redis, archived first."""
+        assert isinstance(event, ev.StepCompleted)
+        done = await self.archiver.archive_step(event.batch_id, policy_version=event.policy_version,
+                                                completed=json_format.MessageToDict(event))
+        self.log.info("step_archived", batch=done.batch_id, groups=done.num_groups, trees=done.num_trees,
+                      keys_deleted=done.num_keys_deleted, bytes_written=done.bytes_written)
 
     async def open_batch(self, step: int, num_groups: int, policy_version: int) -> BatchProgress:
         batch_id = make_batch_id(self.config.run.id, step)

@@ -1,8 +1,9 @@
 """Per-execution API keys: issued by `OpenExecution`, resolved on every harness request.
 
 A key is a random secret (`gyre-` + 43 URL-safe characters). Redis keeps only its SHA-256
-(`proxy_key(digest)` → execution id), so a restarted proxy still resolves every key it issued
-and a Redis dump does not leak usable keys. Resolved keys are cached in memory: the hot path
+(`proxy_key(digest)` → execution id, and the execution's digests in `proxy_keys_of`, which archiving
+uses to drop them), so a restarted proxy still resolves every key it issued and a Redis dump does not
+leak usable keys. Resolved keys are cached in memory: the hot path
 costs one hash and one dictionary lookup.
 """
 
@@ -33,7 +34,10 @@ class Credentials:
         """A new key for `execution_id` (an execution may hold several, e.g. after a retried open)."""
         api_key = KEY_PREFIX + secrets.token_urlsafe(32)
         digest = key_digest(api_key)
-        await self._redis.set(self._keys.proxy_key(digest), execution_id.encode())
+        async with self._redis.pipeline(transaction=False) as pipe:  # the index first: it never misses a key
+            pipe.sadd(self._keys.proxy_keys_of(execution_id), digest)
+            pipe.set(self._keys.proxy_key(digest), execution_id.encode())
+            await pipe.execute()
         self._cache[digest] = execution_id
         return api_key
 

@@ -8,6 +8,7 @@ from gyre.bus.permissions import BUS_USERS, inbox_prefix, permissions
 from gyre.bus.subjects import ROUTES, subject_for
 from gyre.v1 import events_pb2 as ev
 from services.evaluator.service import TERMINATED_CONSUMER
+from services.packer.service import ARCHIVE_CONSUMER
 from services.runner.service import START_CONSUMER
 from services.scheduler.translate import CONSUMED
 
@@ -15,7 +16,8 @@ from services.scheduler.translate import CONSUMED
 def test_every_service_has_a_user_and_the_durables_are_the_services_own() -> None:
     assert {"scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent"} <= set(BUS_USERS)
     durables = {user: [d for d, _ in use.consumes] for user, use in BUS_USERS.items() if use.consumes}
-    assert durables == {"scheduler": ["scheduler"], "runner": [START_CONSUMER], "evaluator": [TERMINATED_CONSUMER]}
+    assert durables == {"scheduler": ["scheduler"], "runner": [START_CONSUMER], "evaluator": [TERMINATED_CONSUMER],
+                        "packer": [ARCHIVE_CONSUMER]}
 
 
 def test_every_event_and_command_has_exactly_one_publishing_user() -> None:

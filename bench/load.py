@@ -1,0 +1,375 @@
+"""Load benchmark: many concurrent synthetic executions against the real proxy, the run's bus and Redis,
+with each step's groups archived out of Redis as the packer does once a step committed.
+
+    gyre bench load [--concurrency 64,256,1152] [--turns 4] [--steps 12] [--group-size 8] [--json]
+
+Processes: nats-server, redis-server (no AOF), an embedded engine with scripted outputs and the real
+proxy service (`python -m services.proxy`); this process plays the scheduler's records, the runners'
+harnesses and the evaluator. One *step* = `concurrency` executions in groups of `group-size`: their
+records are written (as the scheduler does), each is opened on the proxy, calls it `turns` times with a
+Claude-Code-shaped history that grows by a tool exchange per turn, is closed, gets an outcome (as the
+evaluator does), its group is claimed for the step's batch and `StepArchiver.archive_step` archives
+and deletes the batch (as the packer does on `StepCompleted`). `--steps` steps run at `--flat-concurrency`
+(the flatness measure; default: the first level, which then counts them), then one step at each other level.
+
+Per execution, `ExecutionStarted` and `ExecutionTerminated` are published on the run's JetStream bus
+and read by a durable consumer over the scheduler's subjects; `events_per_s` is that consumer's rate.
+The scheduler's policy itself is not run here (it needs cells); this measures the bus path its events take.
+
+Prints one JSON object (last line):
+    by_concurrency.{C}.proxy_overhead_ms_p50/p99   time in the proxy excluding engine and client waits,
+                                                   from the proxy's own histogram (interpolated in buckets)
+    by_concurrency.{C}.client_ms_p50/p99           harness-seen latency of a call (includes the engine)
+    by_concurrency.{C}.errors, .calls, .calls_per_s
+    errors, lost                                   non-200 answers; executions whose tree (Redis, then the
+                                                   archive) does not hold every answered call
+    events_per_s, redis_bytes_per_execution        Redis growth of one step before archiving / executions
+    redis_used_memory_after_step, redis_keys_after_step, used_memory_ratio_last_vs_4   flatness (goal: <= 1.1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import structlog
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.proxy import _bench_model, _ms, _percentile, _wait_file, claude_code_body
+from gyre.bus import EventBus
+from gyre.ids import batch_id as make_batch_id
+from gyre.stack.servers import ServerProcess, start_nats, start_redis
+from gyre.store import ExecutionRecord, GroupRecord, Keys, Records
+from gyre.store.archive import StepArchiver
+from gyre.store.connection import connect_redis
+from gyre.store.groups import GroupOutcomes, MemberOutcome, OutcomeStatus
+from gyre.trajectory.archive import read_archived_tree, tree_path
+from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
+from gyre.v1 import events_pb2 as ev
+
+RUN_ID = "benchload"
+OUTPUT = "Reading the module now.<|im_end|>"
+OVERHEAD = "gyre_proxy_overhead_seconds"
+
+
+def _tool_output(execution: int, turn: int, lines: int) -> str:
+    return "".join(f"{i:>6}\tdef f_{execution}_{turn}_{i}(value):  # the old API\n" for i in range(lines))
+
+
+class Harness:
+    """One synthetic execution: a Claude-Code-shaped conversation that grows by one exchange per call."""
+
+    def __init__(self, execution_id: str, key: str, body: dict[str, Any], index: int, lines_per_turn: int) -> None:
+        self.execution_id = execution_id
+        self.key = key
+        self.body = body
+        self.index = index
+        self.lines_per_turn = lines_per_turn
+        self.num_answered = 0
+        self.latencies_s: list[float] = []
+        self.errors: list[str] = []
+        self.in_flight = False
+        """A call was under way when the step's time ran out (the proxy may have recorded it)."""
+
+    async def run(self, http: httpx.AsyncClient, base_url: str, turns: int) -> None:
+        for turn in range(turns):
+            start = time.perf_counter()
+            self.in_flight = True
+            try:
+                response = await http.post(f"{base_url}/v1/messages", json=self.body, headers={"x-api-key": self.key})
+            except httpx.HTTPError as e:
+                self.errors.append(f"{type(e).__name__}: {e}")
+                return
+            self.in_flight = False
+            self.latencies_s.append(time.perf_counter() - start)
+            if response.status_code != 200:
+                self.errors.append(f"{response.status_code}: {response.text[:200]}")
+                return
+            self.num_answered += 1
+            content = response.json()["content"]
+            user = f"Tool output {turn}:\n{_tool_output(self.index, turn, self.lines_per_turn)}"
+            self.body = {**self.body, "messages": [*self.body["messages"], {"role": "assistant", "content": content},
+                                                   {"role": "user", "content": user}]}
+
+
+def _overhead_buckets(text: str) -> dict[float, float]:
+    """Cumulative bucket counts of the proxy's overhead histogram, summed over its `api` label."""
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == OVERHEAD + "_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return buckets
+
+
+def _histogram_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """Quantile of the observations between two scrapes, linear within a bucket (Prometheus' rule)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound, cumulative in zip(bounds, counts, strict=True):
+        if cumulative >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = bound, cumulative
+    return lower
+
+
+class Load:
+    def __init__(self, args: argparse.Namespace, workdir: Path, redis_url: str, nats_url: str) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.redis_url = redis_url
+        self.nats_url = nats_url
+        self.keys = Keys(RUN_ID)
+        self.archive_dir = workdir / "runs" / RUN_ID / "archive"
+        self.lost: list[str] = []
+        self.num_events = 0
+        self.events_consumed = 0
+        self.num_cut = 0
+        """Executions still running when their step's `--step-timeout-s` ran out."""
+
+    async def step(
+        self, step: int, concurrency: int, stub: proxy_pb2_grpc.ProxyStub, http: httpx.AsyncClient, base_url: str,
+        bus: EventBus, redis: Any,
+    ) -> tuple[list[Harness], int]:
+        """Run one step's executions, check their trees, archive the batch; returns the harnesses and the
+        Redis bytes the step added before it was archived."""
+        size = self.args.group_size
+        records, outcomes = Records(redis, self.keys), GroupOutcomes(redis, self.keys)
+        before = int((await redis.info("memory"))["used_memory"])
+        groups = [f"s{step:03d}g{g:04d}" for g in range(concurrency // size)]
+        opened: list[Harness] = []
+        initial = claude_code_body(self.args.initial_kb * 1024, seed=step)
+        for g, group_id in enumerate(groups):
+            eids = [f"{group_id}-e{i:02d}" for i in range(size)]
+            await records.put_group(
+                GroupRecord(group_id, "load/q", "load/t", tuple(eids), policy_version=step, burst=0,
+                            dispatched_at_ms=int(time.time() * 1000)),
+                [ExecutionRecord(e, group_id, i, "load/q", "load/t", 600.0, 1200.0, "claude_code")
+                 for i, e in enumerate(eids)],
+            )
+            for i, eid in enumerate(eids):
+                ref = common_pb2.ExecutionRef(execution_id=eid, group_id=group_id, index_in_group=i, query_id="load/q")
+                response = await stub.OpenExecution(proxy_pb2.OpenExecutionRequest(
+                    execution=ref, profile="claude_code", engine_id="cell-0", policy_version=step))
+                body = {**initial, "messages": [*initial["messages"]]}
+                opened.append(Harness(eid, response.api_key, body, g * size + i, self.args.lines_per_turn))
+                await bus.publish(ev.ExecutionStarted(execution=ref, runner_id="load", engine_id="cell-0"),
+                                  event_id=f"started:{eid}")
+        tasks = [asyncio.create_task(h.run(http, base_url, self.args.turns)) for h in opened]
+        _, pending = await asyncio.wait(tasks, timeout=self.args.step_timeout_s or None)
+        for task in pending:  # out of time: the step is reported as cut, its unfinished executions counted
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self.num_cut += sum(h.in_flight or (h.num_answered < self.args.turns and not h.errors) for h in opened)
+        for h in opened:
+            await stub.CloseExecution(proxy_pb2.CloseExecutionRequest(execution_id=h.execution_id))
+            ref = common_pb2.ExecutionRef(execution_id=h.execution_id, group_id=h.execution_id.split("-")[0])
+            await bus.publish(ev.ExecutionTerminated(execution=ref, exit_code=0), event_id=f"terminated:{h.execution_id}")
+            recorded = await redis.hget(self.keys.tree_meta(h.execution_id), "num_calls")
+            if int(recorded or 0) not in ((h.num_answered, h.num_answered + 1) if h.in_flight else (h.num_answered,)):
+                self.lost.append(f"{h.execution_id}: redis tree has {recorded} calls, harness got {h.num_answered}")
+        self.num_events += 2 * len(opened)
+        for h in opened:
+            status: OutcomeStatus = "valid" if not h.errors else "excluded"
+            await outcomes.resolve(h.execution_id.split("-")[0], size, step, MemberOutcome(h.execution_id, status, 1.0))
+        grown = int((await redis.info("memory"))["used_memory"]) - before
+        batch = make_batch_id(RUN_ID, step)
+        claimed = await outcomes.claim_ready(len(groups), batch)
+        assert len(claimed) == len(groups), f"step {step}: {len(claimed)} of {len(groups)} groups ready"
+        await StepArchiver(redis, self.keys, self.archive_dir).archive_step(batch, policy_version=step + 1)
+        for h in opened:
+            path = tree_path(self.archive_dir, h.execution_id)
+            calls = int(read_archived_tree(path).meta.get("num_calls", 0)) if path.exists() else -1
+            if calls not in ((h.num_answered, h.num_answered + 1) if h.in_flight else (h.num_answered,)):
+                self.lost.append(f"{h.execution_id}: archive has {calls} calls, harness got {h.num_answered}")
+        return opened, grown
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    nats: ServerProcess = start_nats(workdir / "nats")
+    redis_server: ServerProcess = start_redis(workdir / "redis", appendonly=False)
+    processes: list[subprocess.Popen[bytes]] = []
+    levels = [int(c) for c in args.concurrency.split(",")]
+    try:
+        config = {
+            "run": {"id": RUN_ID, "dir": str(workdir / "runs")},
+            "nats": {"url": nats.url},
+            "redis": {"url": redis_server.url},
+            "log": {"level": "warning", "format": "json"},
+            "model": {"path": str(_bench_model(workdir / "model"))},
+            "cell_agent": {"engine": {"output_source": "scripted", "max_batch_size": 512,
+                                      "kv_cache_tokens": args.kv_cache_tokens}},
+        }
+        config_path = workdir / "gyre.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        engine_proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cell_agent.engine", "--config", str(config_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        processes.append(engine_proc)
+        assert engine_proc.stdout is not None
+        engine_url = json.loads(await asyncio.to_thread(engine_proc.stdout.readline))["url"]
+        proxy_proc = subprocess.Popen(
+            [sys.executable, "-m", "services.proxy", "--config", str(config_path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        processes.append(proxy_proc)
+        endpoint = await _wait_file(workdir / "runs" / RUN_ID / "services" / "proxy.json", proxy_proc, 60)
+        metrics_url = f"http://127.0.0.1:{endpoint['metrics_port']}/metrics"
+        load = Load(args, workdir, redis_server.url, nats.url)
+        redis = await connect_redis(redis_server.url)
+        bus = await EventBus.connect(nats.url, run_id=RUN_ID, source="load")
+        consumed = [0]
+        first_last = [0.0, 0.0]
+
+        async def count(event: object, delivery: object) -> None:
+            now = time.perf_counter()
+            first_last[0] = first_last[0] or now
+            first_last[1] = now
+            consumed[0] += 1
+
+        await bus.consume("load-scheduler", [ev.ExecutionStarted, ev.ExecutionTerminated], count, batch=64,
+                          max_ack_pending=4096)
+        results: dict[str, Any] = {}
+        memory: dict[int, int] = {}
+        num_keys: dict[int, int] = {}
+        grown_per_execution: list[float] = []
+        limits = httpx.Limits(max_connections=max(levels) + 16, max_keepalive_connections=max(levels) + 16)
+        async with (
+            grpc.aio.insecure_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
+            httpx.AsyncClient(timeout=600, limits=limits) as http,
+        ):
+            stub = proxy_pb2_grpc.ProxyStub(channel)
+            await stub.UpdateRoutes(proxy_pb2.UpdateRoutesRequest(
+                engines=[common_pb2.EngineEndpoint(engine_id="cell-0", url=engine_url, cell=0)],
+                default_engine_id="cell-0"))
+            flat = args.flat_concurrency or levels[0]
+            plan = [flat] * args.steps + (levels[1:] if flat == levels[0] and args.steps > 0 else levels)
+            for step, concurrency in enumerate(plan):
+                body = {"entries": [{"text": OUTPUT}] * (concurrency * args.turns), "replace": True}
+                (await http.post(f"{engine_url}/gyre/script", json=body)).raise_for_status()
+                scrape = _overhead_buckets((await http.get(metrics_url)).text)
+                start = time.perf_counter()
+                harnesses, grown = await load.step(step, concurrency, stub, http, endpoint["base_url"], bus, redis)
+                wall_s = time.perf_counter() - start
+                after = _overhead_buckets((await http.get(metrics_url)).text)
+                memory[step + 1] = int((await redis.info("memory"))["used_memory"])
+                num_keys[step + 1] = len([k async for k in redis.scan_iter(match=load.keys.pattern(), count=1000)])
+                grown_per_execution.append(grown / concurrency)
+                entry = results.setdefault(str(concurrency), {"latencies": [], "errors": 0, "calls": 0, "wall_s": 0.0,
+                                                              "p50": [], "p99": []})
+                entry["latencies"] += [x for h in harnesses for x in h.latencies_s]
+                entry["errors"] += sum(len(h.errors) for h in harnesses)
+                samples = entry.setdefault("error_samples", [])
+                samples += [e for h in harnesses for e in h.errors if e not in samples][: max(0, 5 - len(samples))]
+                entry["calls"] += sum(h.num_answered for h in harnesses)
+                entry["wall_s"] += wall_s
+                entry["p50"].append(_histogram_quantile(scrape, after, 0.5))
+                entry["p99"].append(_histogram_quantile(scrape, after, 0.99))
+                print(json.dumps({"step": step + 1, "concurrency": concurrency, "wall_s": round(wall_s, 2),
+                                  "used_memory": memory[step + 1], "keys": num_keys[step + 1], "errors": entry["errors"], "unfinished": load.num_cut,
+                                  "overhead_ms_p50": _ms(entry["p50"][-1] or 0.0), "overhead_ms_p99": _ms(entry["p99"][-1] or 0.0),
+                                  "lost": len(load.lost)}), file=sys.stderr)
+            for _ in range(200):
+                if consumed[0] >= load.num_events:
+                    break
+                await asyncio.sleep(0.05)
+        await bus.close()
+        await redis.aclose()
+    finally:
+        for proc in processes:
+            proc.terminate()
+        for proc in processes:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        nats.stop()
+        redis_server.stop()
+
+    def level(entry: dict[str, Any]) -> dict[str, Any]:
+        p50s = [p for p in entry["p50"] if p is not None]
+        p99s = [p for p in entry["p99"] if p is not None]
+        return {
+            "proxy_overhead_ms_p50": _ms(statistics.median(p50s)) if p50s else None,
+            "proxy_overhead_ms_p99": _ms(max(p99s)) if p99s else None,
+            "client_ms_p50": _ms(statistics.median(entry["latencies"])) if entry["latencies"] else None,
+            "client_ms_p99": _ms(_percentile(entry["latencies"], 0.99)) if entry["latencies"] else None,
+            "errors": entry["errors"],
+            "error_samples": entry.get("error_samples", []),
+            "calls": entry["calls"],
+            "calls_per_s": round(entry["calls"] / entry["wall_s"], 1) if entry["wall_s"] else None,
+        }
+
+    span_s = first_last[1] - first_last[0]
+    last = max(memory)
+    return {
+        "by_concurrency": {c: level(e) for c, e in results.items()},
+        "errors": sum(e["errors"] for e in results.values()),
+        "lost": len(load.lost),
+        "unfinished_at_step_timeout": load.num_cut,
+        "lost_detail": load.lost[:10],
+        "events": load.num_events,
+        "events_consumed": consumed[0],
+        "events_per_s": round(consumed[0] / span_s, 1) if span_s > 0 else None,
+        "redis_bytes_per_execution": round(statistics.median(grown_per_execution)),
+        "redis_bytes_per_execution_by_step": [round(g) for g in grown_per_execution],
+        "redis_used_memory_after_step": memory,
+        "redis_keys_after_step": num_keys,
+        "used_memory_ratio_last_vs_4": round(memory[min(last, args.steps)] / memory[4], 3) if 4 in memory else None,
+        "turns": args.turns,
+        "initial_kb": args.initial_kb,
+        "group_size": args.group_size,
+        "flatness_steps": args.steps,
+        "flatness_concurrency": args.flat_concurrency or levels[0],
+    }
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="gyre bench load", description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="64,256,1152", help="comma-separated; the first runs --steps steps")
+    parser.add_argument("--turns", type=int, default=4, help="calls per execution")
+    parser.add_argument("--steps", type=int, default=12, help="steps at the first concurrency (flatness)")
+    parser.add_argument("--flat-concurrency", type=int, default=0,
+                        help="executions per flatness step (0 = the first --concurrency level)")
+    parser.add_argument("--group-size", type=int, default=8, help="executions per group")
+    parser.add_argument("--initial-kb", type=int, default=4, help="size of the first request's JSON")
+    parser.add_argument("--lines-per-turn", type=int, default=30, help="tool-output lines added per turn (~60 B each)")
+    parser.add_argument("--kv-cache-tokens", type=int, default=4_000_000,
+                        help="engine KV pool: every execution's context at once, so the engine never queues")
+    parser.add_argument("--step-timeout-s", type=float, default=0.0,
+                        help="cut a step's harnesses after this long (0 = never); reported as unfinished_at_step_timeout")
+    parser.add_argument("--json", action="store_true", help="accepted: the last line is always JSON")
+    args = parser.parse_args(argv)
+    for c in [*args.concurrency.split(","), str(args.flat_concurrency)]:
+        if not c.strip().isdigit() or int(c) % args.group_size:
+            parser.error(f"--concurrency: each level must be a multiple of --group-size {args.group_size}; got {c!r}")
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    with tempfile.TemporaryDirectory(prefix="gyre-bench-load-") as tmp:
+        result = asyncio.run(run(args, Path(tmp)))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
