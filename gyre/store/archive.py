@@ -133,7 +133,9 @@ class StepArchiver:
                 "format": BATCH_FORMAT, "batch_id": batch_id_, "step": step, "trained_version": policy_version,
                 "groups": groups, "step_completed": dict(completed or {}), "archived_at_s": time.time(),
             })
-        num_deleted += int(await self._redis.delete(self._outcomes.batch_key(batch_id_)))
+        # The batch's claimed groups and the packer's record of it (kept to resume an open batch; its
+        # stream closed before its step could commit).
+        num_deleted += int(await self._redis.delete(self._outcomes.batch_key(batch_id_), self._keys.batch(batch_id_)))
         if step > 0:
             num_deleted += await self._delete_step_record(batch_id(self._keys.run_id, step - 1))
         return ArchivedStep(batch_id_, len(groups), num_trees, num_deleted, written)
