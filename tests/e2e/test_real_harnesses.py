@@ -6,8 +6,8 @@ A tiny random model does not call tools, so the engine's output source is `score
 *rules*: each turn is chosen from the conversation (a regex over the decoded prompt), and its tokens
 carry the served model's log-probs. The rules play a short agent — list the files, delegate to a
 sub-agent, read its report after a compaction, fix the bug (or, for some calls, only run the tests),
-finish — so every tree holds a main root,
-a sub-agent root and a compaction summary, and the members of a group can earn different rewards.
+finish — so every tree holds a main root with the paths before and after the compaction, a
+compaction summary leaf and a sub-agent root, and the members of a group can earn different rewards.
 
 Claude Code is shrunk only with its own flags (`runner.harness_args`, `runner.harness_env`):
 `--system-prompt` replaces its ~7 KB system prompt with one line and `--tools Bash,Agent` keeps two of
@@ -146,14 +146,20 @@ def test_claude_code_executions_are_trained_on(tmp_path: Path) -> None:
     }, CLAUDE_RULES)
     events = _events(config.run.path)
     _assert_trained_one_step(config, summary, events)
-    # Every execution's tree: a main root and a sub-agent root (a sub_agent leaf exists only under one),
-    # a compaction summary leaf, and the post-compaction main path; admission took all three classes.
-    packed = [e["event"] for e in events if e["type"] == "gyre.v1.GroupPacked"]
+    # Every trained execution's tree (`gyre trace replay RUN_DIR --execution ID` shows one): two main
+    # leaves (the path up to the compaction, and the continued session after it), the compaction
+    # summary leaf and the sub-agent's root; admission took all of them.
     by_class = summary["admitted_trajectories_by_class"]
-    members = sum(int(p.get("numTrajectories", 0)) for p in packed) // 3
-    assert by_class == {"main": members, "main_summary": members, "sub_agent": members}, by_class
+    ex = summary["executions"]
+    members = ex["trained"]
+    assert by_class == {"main": 2 * members, "main_summary": members, "sub_agent": members}, by_class
     assert members >= 1
-    assert summary["recorded_calls"] >= 6 * members and summary["history_mismatch_rate"] == 0.0
+    assert summary["recorded_calls"] >= 6 * members
+    # One history mismatch per compaction, no more: the continued session repeats the newest round (the
+    # Agent call) after the summary, under the main root but on another path, so that assistant turn is
+    # rendered anew (context there, never a target). Executions cancelled before compacting have none.
+    mismatches = round(summary["history_mismatch_rate"] * summary["recorded_calls"])
+    assert members <= mismatches <= ex["dispatched"], (mismatches, ex)
 
 
 CODEX_FIX = _call("exec_command", cmd="sed -i 's/a - b/a + b/' calc.py && python3 -m unittest test_calc")
