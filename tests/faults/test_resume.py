@@ -1,0 +1,52 @@
+"""Whole-run resume: every process of an elastic run is SIGKILLed at once after its first steps (the
+supervisor, NATS, Redis, every service, the sandboxes); `DemoRun.resuming` (`gyre resume RUN`) brings the
+run back on its own config and data, and it trains to its step count. The whole run's events then account
+for every dispatched execution once and the group ledger trains no group twice, the policy version +1 per
+step across the crash.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gyre.cli.demo import demo_config
+from gyre.demo.faults import kill_whole_run
+from gyre.demo.ledger import check_events, read_event_lines
+from gyre.demo.run import DemoRun
+from gyre.stack.launcher import StackError
+from gyre.stack.state import StackState
+from tests.faults.test_faults import SHAPE
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+KILL_AT_STEP = 1
+
+
+def test_a_run_killed_whole_resumes_and_accounts_for_everything(tmp_path: Path) -> None:
+    config = demo_config(None, {"run": {"id": "resume", "dir": str(tmp_path / "runs")}, **SHAPE})
+    killed: list[int] = []
+
+    def crash(st: Any, elapsed_s: float) -> None:
+        if st.steps >= KILL_AT_STEP and not killed and st.counters.started > st.counters.finished:
+            killed.append(kill_whole_run(config.run.path))
+
+    with pytest.raises(StackError):
+        DemoRun(config, steps=STEPS).execute(progress=crash)
+    assert killed and killed[0] >= 10, killed
+    state = StackState.load(config.run.path)
+    assert state is not None and not state.live()
+
+    summary = DemoRun.resuming(config.run.path).execute()
+    check = check_events(read_event_lines(config.run.path / "events.jsonl"), STEPS)
+    print(json.dumps({"killed_processes": killed[0], **check.summary()}, indent=1))
+    assert summary["steps"] == STEPS and check.completed, check.summary()
+    assert check.lost == check.double_trained == check.double_applied == 0, check.violations
+    assert check.count("double_accounted") == check.count("version") == 0, check.violations
+    assert all(len(v) == 1 for v in check.group_ledger.values()) and len(check.group_ledger) >= STEPS * 2
+    ex = summary["executions"]
+    assert ex["dispatched"] == sum(v for k, v in ex.items() if k != "dispatched") == check.dispatched
