@@ -21,9 +21,9 @@ from gyre.demo.run import DemoRun
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
+STEPS = 6
 SHAPE: dict[str, Any] = {
-    "scheduler": {"num_cells": 3, "group_size": 2, "batch_groups": 2, "phi": 1 / 3, "mu": 2, "rho_min": 0.5,
+    "scheduler": {"num_cells": 3, "group_size": 2, "batch_groups": 2, "phi": 0.5, "mu": 2, "rho_min": 0.5,
                   "tau_s": 0.2, "cell_capacity": 6},
     "tasks": {"queries": ["add"]},
     "runner": {"harness_args": ["--tool-latency-s", "2", "--tool-latency-max-s", "8"],
@@ -31,9 +31,9 @@ SHAPE: dict[str, Any] = {
     "evaluator": {"sandbox": {"uid_base": 153000}},
 }
 FAULTS = [
-    Fault("scheduler", at_step=0), Fault("proxy", at_step=0), Fault("packer", at_step=0),
-    Fault("evaluator", at_step=1), Fault("runner", at_step=1), Fault("satellite", at_step=1, when="any"),
-    Fault("core", at_step=2, when="training"),
+    Fault("scheduler", at_step=0), Fault("proxy", at_step=0), Fault("packer", at_step=1),
+    Fault("evaluator", at_step=1), Fault("runner", at_step=2), Fault("satellite", at_step=2, when="any"),
+    Fault("core", at_step=3, when="training"),
 ]
 
 
