@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
     faults = [f for f in matrix() if not args.only or f.label() in args.only.split(",")]
     config = demo_config(None, {
         "run": {"id": time.strftime("bench-faults-%Y%m%d-%H%M%S")},
-        "scheduler": {"num_cells": 3, "group_size": 2, "batch_groups": 2, "phi": 1 / 3, "mu": 2, "rho_min": 0.5,
+        "scheduler": {"num_cells": 3, "group_size": 2, "batch_groups": 2, "phi": 0.5, "mu": 2, "rho_min": 0.5,
                       "tau_s": 0.2, "cell_capacity": 6},
         "tasks": {"queries": ["add"]},
         "runner": {"harness_args": ["--tool-latency-s", "3", "--tool-latency-max-s", "10"],
