@@ -38,7 +38,7 @@ def matrix() -> list[Any]:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench faults", description=__doc__)
-    parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--only", default="", help="comma-separated fault names (default: all)")
     args = parser.parse_args(argv)
 

@@ -33,6 +33,7 @@ import psutil
 
 from gyre.demo.ledger import Event, check_events
 from gyre.stack.health import grpc_health
+from gyre.stack.procs import ProcessId
 from gyre.stack.state import ProcessEntry, StackState
 from gyre.v1 import common_pb2, scheduler_pb2
 
@@ -241,9 +242,9 @@ def _row(completed: bool) -> dict[str, Any]:
     return {"completed": completed, "lost": 0, "double_trained": 0, "double_applied": 0, "harness_errors": 0}
 
 
-def kill_whole_run(run_dir: Path) -> int:
+def kill_whole_run(run_dir: Path) -> list[ProcessId]:
     """SIGKILL the run's supervisor and every process under it at the same moment (a crash of the whole
-    run, disks kept); the number of processes killed."""
+    run, disks kept); the processes killed."""
     state = StackState.load(run_dir.resolve())
     if state is None or not state.supervisor_alive():
         raise RuntimeError(f"no live supervisor recorded in {run_dir}/stack.json")
@@ -254,4 +255,4 @@ def kill_whole_run(run_dir: Path) -> int:
     for p in procs:
         p.kill()
     psutil.wait_procs(procs, timeout=10)
-    return len(procs)
+    return [ProcessId(p.pid, p.create_time()) for p in procs]
