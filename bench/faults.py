@@ -57,6 +57,8 @@ def main(argv: list[str]) -> None:
                    "sandbox": {"uid_base": RUNNER_UIDS}},
         # the built-in verifier times out after 30 s: the hung one is then retried or excluded
         "evaluator": {"sandbox": {"uid_base": VERIFIER_UIDS}},
+        # a checkpoint every other step: a core killed after an odd step replays it from its micro-steps
+        "cell_agent": {"trainer": {"checkpoint_every_steps": 2}},
     })
     injector = FaultInjector(config.run.path, faults, verifier_uids=range(VERIFIER_UIDS, VERIFIER_UIDS + 2000))
 
