@@ -99,7 +99,10 @@ class RunnerSection(Section):
     """At shutdown: cancel running executions (terminated, CANCELLED) or leave them running for
     the next incarnation of this runner to adopt."""
     open_attempts: AtLeastOne = 3
-    """OpenExecution attempts on the proxy before a start fails as INFRA_FAILURE."""
+    """OpenExecution attempts on the proxy before a start fails as INFRA_FAILURE (at least; see open_retry_s)."""
+    open_retry_s: NonNegativeFloat = 60.0
+    """An unreachable proxy (restarting after a crash) is asked again for this many seconds before a start
+    fails as INFRA_FAILURE, however many attempts that takes."""
 
     @model_validator(mode="before")
     @classmethod

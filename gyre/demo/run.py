@@ -8,7 +8,8 @@ a process that exits is restarted by the stack's supervisor; if the supervisor g
 SIGTERM or SIGINT stops the run within the stack's stop bound (20 s by default) whatever the demo is doing
 (gyre/stack/signals.py), then exits with 128 + signum; if this process is killed, the supervisor stops the
 run by itself. Progress comes from the scheduler's `GetState`; the report from the run's stored events
-(gyre/demo/report.py).
+(gyre/demo/report.py). `DemoRun.resuming(run_dir)` continues a run whose processes all died
+(`gyre resume RUN`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gyre.demo.events import read_events
 from gyre.demo.heldout import HeldOut
 from gyre.demo.report import RunFacts, plot_reward_staleness, summarize, timeline
 from gyre.stack.launcher import StackError, StackState, down_state, up
+from gyre.stack.resume import resume_stack
 from gyre.stack.signals import StopSignals
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
@@ -37,13 +39,21 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, gr
 
 
 class DemoRun:
-    def __init__(self, config: GyreConfig, steps: int, drain_timeout_s: float = 120.0) -> None:
+    def __init__(self, config: GyreConfig, steps: int, drain_timeout_s: float = 120.0, resume: bool = False) -> None:
         self.config = config.model_copy(deep=True)
         self.config.scheduler.max_steps = steps
         self.steps = steps
         self.drain_timeout_s = drain_timeout_s
+        self.resume = resume
         self._stop = StopSignals()
         self.held_out = HeldOut(self.config, steps, self.config.run.path)
+
+    @classmethod
+    def resuming(cls, run_dir: Path, drain_timeout_s: float = 120.0) -> DemoRun:
+        """The run under `run_dir` (its resolved config.yaml), continued after every process of it died
+        (gyre/stack/resume.py): to the step count it was started with."""
+        config = load_config(run_dir / "config.yaml")
+        return cls(config, steps=config.scheduler.max_steps or 1, drain_timeout_s=drain_timeout_s, resume=True)
 
     @property
     def run_dir(self) -> Path:
@@ -54,7 +64,10 @@ class DemoRun:
         with StopSignals() as stop:
             self._stop = stop
             try:
-                state = up(self.config, wait_s=start_timeout_s, attached=True, stop=stop.event)
+                if self.resume:
+                    state = resume_stack(self.run_dir, wait_s=start_timeout_s, attached=True, stop=stop.event)
+                else:
+                    state = up(self.config, wait_s=start_timeout_s, attached=True, stop=stop.event)
             except StackError:
                 if stop.event.is_set():
                     raise SystemExit(stop.exit_code) from None

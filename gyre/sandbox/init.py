@@ -238,7 +238,11 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
 
 
 def relay(listener: socket.socket, connect: Callable[[], socket.socket]) -> None:
-    """Accept forever; join each connection to a fresh upstream connection (two pump threads)."""
+    """Accept forever; join each connection to a fresh upstream connection (two pump threads).
+
+    A peer that goes away mid-connection (the proxy killed and restarted under a harness) is an EPIPE for
+    that connection only: SIGPIPE is ignored here (main thread), else it would kill the whole sandbox."""
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
     def serve(conn: socket.socket) -> None:
         try:

@@ -41,6 +41,7 @@ lists and heartbeats (their names follow `gyre.store.workqueue`; a unit test pin
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -265,10 +266,14 @@ class StepRecord:
         """Core: the optimizer step produced `version`."""
         await self._redis.hset(self.join_key, mapping={"state": StepState.DONE.value, "version": version})
 
-    async def wait_done(self, timeout_s: float, poll_s: float) -> StepStatus:
+    async def wait_done(self, timeout_s: float, poll_s: float, check: Callable[[], None] | None = None) -> StepStatus:
+        """The status once the core finished the step; `check()` runs at every look and may raise to give up
+        (a satellite whose world is re-formed because the core restarted: that core never finishes it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
+            if check is not None:
+                check()
             status = await self.status(-1)
             if status.state is StepState.DONE:
                 return status

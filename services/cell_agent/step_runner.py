@@ -280,7 +280,7 @@ class StepRunner:
                 await t.compute.run(t.groups.broadcast_from_core, t.trainer.flat_params, n)
                 t.trainer.version = (status.step or 0) + 1
             await record.ack_all(self.cell)
-            done = await record.wait_done(self.section.collective_timeout_s, self.section.poll_s)
+            done = await record.wait_done(self.section.collective_timeout_s, self.section.poll_s, check=self._check_world)
             return self._outcome(record, done, participated=True, microsteps=processed, loss=metrics.loss)
 
         merged = LossMetrics()

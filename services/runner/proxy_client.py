@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
@@ -18,9 +19,10 @@ class ProxyUnavailableError(RuntimeError):
 
 
 class ProxyClient:
-    def __init__(self, address: str, attempts: int = 3, timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str, attempts: int = 3, timeout_s: float = 10.0, retry_s: float = 0.0) -> None:
         self.address = address
         self.attempts = attempts
+        self.retry_s = retry_s
         self.timeout_s = timeout_s
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = proxy_pb2_grpc.ProxyStub(self._channel)
@@ -28,21 +30,25 @@ class ProxyClient:
     async def open(
         self, execution: common_pb2.ExecutionRef, profile: str, engine_id: str
     ) -> proxy_pb2.OpenExecutionResponse:
-        """Credentials for one execution; retries transient failures, then `ProxyUnavailableError`."""
+        """Credentials for one execution; retries transient failures (`attempts` times, and for `retry_s`
+        seconds: a proxy restarting after a crash), then `ProxyUnavailableError`."""
         request = proxy_pb2.OpenExecutionRequest(execution=execution, profile=profile, engine_id=engine_id)
-        for attempt in range(1, self.attempts + 1):
+        deadline = time.monotonic() + self.retry_s
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 response: proxy_pb2.OpenExecutionResponse = await self._stub.OpenExecution(
                     request, timeout=self.timeout_s
                 )
                 return response
             except grpc.aio.AioRpcError as e:
-                if attempt == self.attempts or e.code() not in (
+                spent = attempt >= self.attempts and time.monotonic() >= deadline
+                if spent or e.code() not in (
                     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED
                 ):
                     raise ProxyUnavailableError(f"OpenExecution at {self.address}: {e.code().name}: {e.details()}") from e
-                await asyncio.sleep(0.5 * attempt)
-        raise AssertionError("unreachable")
+                await asyncio.sleep(min(2.0, 0.5 * attempt))
 
     async def close_execution(self, execution_id: str) -> None:
         """Freeze the execution's tree; a failure is logged (the termination is reported anyway)."""

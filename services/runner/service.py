@@ -65,7 +65,8 @@ class RunnerService(GyreService):
             self.fork_server = ForkServer.start(harness.fork_module, paths=harness.fork_paths,
                                                 log_path=run_dir / "logs" / f"{self.instance_name}-forkserver.log")
             self.launcher.fork_server = self.fork_server
-        self.proxy = ProxyClient(f"{self.config.run.host}:{self.config.proxy.port}", attempts=section.open_attempts)
+        self.proxy = ProxyClient(f"{self.config.run.host}:{self.config.proxy.port}", attempts=section.open_attempts,
+                                 retry_s=section.open_retry_s)
         self.slots = Slots(section.max_concurrent)
         metrics = RunnerMetrics(self.metrics_registry)
         metrics.slots = lambda: (self.slots.used, self.slots.size)

@@ -70,3 +70,21 @@ def test_no_cell_joins_between_burst_end_and_publication():
     actions = sc.published(1)  # dispatches μNB = 2: w = 3 > 2, so still no join
     assert transitions(actions) == []
     assert sc.snapshot.waterlevel == 3
+
+
+def test_a_cell_whose_drain_outlasted_its_burst_returns_at_once():
+    # As above, but cell 2 is still draining when the batch of cells 0 and 1 ends the burst (its drain was
+    # slow: the cell restarted under it). The prefix cells return; cell 2 returns as soon as it arrives.
+    sc = Scenario(num_cells=3, cell_capacity=4, group_size=1, batch_groups=1, phi=0.0, mu=2, rho_min=1.0)
+    sc.start()
+    sc.finish_group("g0")
+    sc.transitioned(0, Role.TRAINING)
+    sc.transitioned(1, Role.TRAINING)
+    sc.train_batch(0, ["g0"])
+    assert transitions(sc.finish_group("g1")) == [(2, Role.TRAINING)]
+    actions = sc.train_batch(1, ["g1"], cell=1)
+    assert transitions(actions) == [(0, Role.ROLLOUT), (1, Role.ROLLOUT)]
+    assert transitions(sc.transitioned(2, Role.TRAINING)) == [(2, Role.ROLLOUT)]
+    for cell in range(3):
+        sc.transitioned(cell, Role.ROLLOUT)
+    assert sc.policy.state.roles == [Role.ROLLOUT] * 3

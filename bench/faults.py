@@ -1,0 +1,77 @@
+"""`gyre bench faults`: the full fault matrix on one elastic run, and the invariants after each fault.
+
+During one run of `--steps` steps (the demo tasks through the demo harness, K = 3 cells), one fault after
+another, each once the previous one recovered: SIGKILL of scheduler, proxy, packer, evaluator, runner, a
+satellite, the core (while it trains), nats-server and redis-server (the stack's supervisor restarts each),
+a satellite SIGSTOPped for 10 s, and a verifier process stopped for good (the evaluator's timeout must
+settle its execution). tests/faults runs a reduced matrix with the same code (gyre/demo/faults.py).
+
+Last line: {"faults": {NAME: {"completed", "lost", "double_trained", "double_applied", "harness_errors",
+"recovery_s", "injected"}}, "run": {the whole run's invariants}, "wall_s", ...}. A violation or harness error
+belongs to the fault injected last before it; `recovery_s` is injection → the process serves again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RUNNER_UIDS, VERIFIER_UIDS = 194000, 195000
+"""Sandbox uids of their own (a runner kills every process of the uids it takes)."""
+
+
+def matrix() -> list[Any]:
+    from gyre.demo.faults import Fault
+
+    return [
+        Fault("scheduler", at_step=0), Fault("proxy", at_step=0), Fault("packer", at_step=0),
+        Fault("evaluator", at_step=1), Fault("runner", at_step=1), Fault("satellite", at_step=1, when="any"),
+        Fault("core", at_step=2, when="training"), Fault("nats", at_step=3), Fault("redis", at_step=3),
+        Fault("satellite", at_step=4, when="any", action="stop", stop_s=10.0),
+        Fault("evaluator", at_step=4, when="any", action="hang_verifier", name="verifier-hang"),
+    ]
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="gyre bench faults", description=__doc__)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--only", default="", help="comma-separated fault names (default: all)")
+    args = parser.parse_args(argv)
+
+    from gyre.cli.demo import demo_config
+    from gyre.demo.faults import FaultInjector, fault_report
+    from gyre.demo.ledger import read_event_lines
+    from gyre.demo.run import DemoRun
+
+    faults = [f for f in matrix() if not args.only or f.label() in args.only.split(",")]
+    config = demo_config(None, {
+        "run": {"id": time.strftime("bench-faults-%Y%m%d-%H%M%S")},
+        "scheduler": {"num_cells": 3, "group_size": 2, "batch_groups": 2, "phi": 0.5, "mu": 2, "rho_min": 0.5,
+                      "tau_s": 0.2, "cell_capacity": 6},
+        "tasks": {"queries": ["add"]},
+        "runner": {"harness_args": ["--tool-latency-s", "3", "--tool-latency-max-s", "10"],
+                   "sandbox": {"uid_base": RUNNER_UIDS}},
+        # the built-in verifier times out after 30 s: the hung one is then retried or excluded
+        "evaluator": {"sandbox": {"uid_base": VERIFIER_UIDS}},
+        # a checkpoint every other step: a core killed after an odd step replays it from its micro-steps
+        "cell_agent": {"trainer": {"checkpoint_every_steps": 2}},
+    })
+    injector = FaultInjector(config.run.path, faults, verifier_uids=range(VERIFIER_UIDS, VERIFIER_UIDS + 2000))
+
+    def progress(state: Any, elapsed_s: float) -> None:
+        print(f"[faults {elapsed_s:5.0f}s] step {state.steps}/{args.steps} injected "
+              f"{sum(bool(i.at_s) for i in injector.done)}/{len(faults)}", file=sys.stderr)
+        injector.progress(state, elapsed_s)
+
+    t0 = time.monotonic()
+    try:
+        summary = DemoRun(config, steps=args.steps).execute(progress=progress)
+    finally:
+        injector.stop()
+    report = fault_report(read_event_lines(Path(summary["run_dir"]) / "events.jsonl"), injector.done, args.steps)
+    print(json.dumps({**report, "wall_s": round(time.monotonic() - t0, 1), "steps": args.steps,
+                      "executions": summary["executions"], "run_dir": str(Path(summary["run_dir"]).resolve())}))
