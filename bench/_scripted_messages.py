@@ -37,7 +37,12 @@ class ScriptedMessages:
         answered = isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)
         if answered:
             return [{"type": "text", "text": "Done."}], "end_turn"
-        block = {"type": "tool_use", "id": f"toolu_{self.requests}", "name": "write_file", "input": self.tool_input}
+        block = {
+            "type": "tool_use",
+            "id": f"toolu_{self.requests}",
+            "name": "write_file",
+            "input": self.tool_input,
+        }
         return [block], "tool_use"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -54,8 +59,11 @@ class ScriptedMessages:
                 body, kind = self._events(content, stop), "text/event-stream"
             else:
                 body, kind = json.dumps(self._message(content, stop)).encode(), "application/json"
-            writer.write(f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
-                         "Connection: close\r\n\r\n".encode() + body)
+            writer.write(
+                f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + body
+            )
             await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             pass
@@ -63,13 +71,22 @@ class ScriptedMessages:
             writer.close()
 
     def _message(self, content: list[dict[str, Any]], stop: str) -> dict[str, Any]:
-        return {"id": f"msg_{self.requests}", "type": "message", "role": "assistant", "model": "scripted",
-                "content": content, "stop_reason": stop, "stop_sequence": None,
-                "usage": {"input_tokens": 100, "output_tokens": 10}}
+        return {
+            "id": f"msg_{self.requests}",
+            "type": "message",
+            "role": "assistant",
+            "model": "scripted",
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 100, "output_tokens": 10},
+        }
 
     def _events(self, content: list[dict[str, Any]], stop: str) -> bytes:
         start = {**self._message([], stop), "stop_reason": None}
-        events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("message_start", {"type": "message_start", "message": start})
+        ]
         for i, block in enumerate(content):
             if block["type"] == "text":
                 opening, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
@@ -77,13 +94,22 @@ class ScriptedMessages:
                 opening = {**block, "input": {}}
                 delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
             events += [
-                ("content_block_start", {"type": "content_block_start", "index": i, "content_block": opening}),
+                (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": i, "content_block": opening},
+                ),
                 ("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}),
                 ("content_block_stop", {"type": "content_block_stop", "index": i}),
             ]
         events += [
-            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                               "usage": {"output_tokens": 10}}),
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": 10},
+                },
+            ),
             ("message_stop", {"type": "message_stop"}),
         ]
         return b"".join(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events)

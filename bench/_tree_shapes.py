@@ -224,7 +224,9 @@ def replay_execution(
         CapturedCall(e["body"], e["headers"], e["response"], e["path"], f"capture:{k}")
         for k, e in enumerate(envelopes)
     ]
-    tree = replay(calls, template_for_family("chatml"), get_profile("claude_code"), execution_id=f"replay-{seed}")
+    tree = replay(
+        calls, template_for_family("chatml"), get_profile("claude_code"), execution_id=f"replay-{seed}"
+    )
     tree.close()
     return tree
 

@@ -80,7 +80,9 @@ def measure(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tool-latency-s", type=float, default=20.0, help="median tool sleep of the harness")
     parser.add_argument("--tool-latency-max-s", type=float, default=120.0, help="cap of one tool sleep")
-    parser.add_argument("--tool-latency-alpha", type=float, default=1.5, help="Pareto shape of the tool sleeps")
+    parser.add_argument(
+        "--tool-latency-alpha", type=float, default=1.5, help="Pareto shape of the tool sleeps"
+    )
     parser.add_argument("--modes", default="elastic,async,colocate")
     parser.add_argument("--config", default=None, help="YAML overlaid on the demo settings")
     args = parser.parse_args(argv)
@@ -120,8 +122,11 @@ def measure(argv: list[str]) -> dict[str, Any]:
         load_before = os.getloadavg()[0]
         t0 = time.monotonic()
         summary = DemoRun(cfg, steps=args.steps).execute(progress=_progress(name, args.steps))
-        results[name] = {"wall_s": round(time.monotonic() - t0, 1), "summary": summary,
-                         "load": (load_before, os.getloadavg()[0])}
+        results[name] = {
+            "wall_s": round(time.monotonic() - t0, 1),
+            "summary": summary,
+            "load": (load_before, os.getloadavg()[0]),
+        }
     out: dict[str, Any] = {f"{k}_s": v["wall_s"] for k, v in results.items()}
     if "elastic" in results:
         for other in ("async", "colocate"):
@@ -133,8 +138,11 @@ def measure(argv: list[str]) -> dict[str, Any]:
         seed=args.seed,
         mean_staleness={k: v["summary"]["mean_staleness"] for k, v in results.items()},
         transitions={k: v["summary"]["transitions"]["count"] for k, v in results.items()},
-        tool_latency={"median_s": args.tool_latency_s, "max_s": args.tool_latency_max_s,
-                      "alpha": args.tool_latency_alpha},
+        tool_latency={
+            "median_s": args.tool_latency_s,
+            "max_s": args.tool_latency_max_s,
+            "alpha": args.tool_latency_alpha,
+        },
         runs={
             k: {
                 "wall_s": v["wall_s"],

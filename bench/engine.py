@@ -160,9 +160,13 @@ async def run(path: Path, threads: int, decode_tokens: int, long_prompt: int) ->
         runs_b16 = []
         for i in range(3):
             engine_b1.append((await _decode_rate(client, 1, decode_tokens, seed=10 + i))[0])
-            hf_b1s.append(await asyncio.to_thread(_transformers_rate, path, 1, decode_tokens, 10 + i, threads))
+            hf_b1s.append(
+                await asyncio.to_thread(_transformers_rate, path, 1, decode_tokens, 10 + i, threads)
+            )
             runs_b16.append(await _decode_rate(client, 16, decode_tokens, seed=100 + 16 * i))
-            hf_b16s.append(await asyncio.to_thread(_transformers_rate, path, 16, decode_tokens, 100 + 16 * i, threads))
+            hf_b16s.append(
+                await asyncio.to_thread(_transformers_rate, path, 16, decode_tokens, 100 + 16 * i, threads)
+            )
         rate_b1, rate_b16 = statistics.median(engine_b1), statistics.median(rate for rate, _ in runs_b16)
         hf_b1, hf_b16 = statistics.median(hf_b1s), statistics.median(hf_b16s)
         outputs = [pair for _, pairs in runs_b16 for pair in pairs]

@@ -28,9 +28,15 @@ def matrix() -> list[Any]:
     from gyre.demo.faults import Fault
 
     return [
-        Fault("scheduler", at_step=0), Fault("proxy", at_step=0), Fault("packer", at_step=0),
-        Fault("evaluator", at_step=1), Fault("runner", at_step=1), Fault("satellite", at_step=1, when="any"),
-        Fault("core", at_step=2, when="training"), Fault("nats", at_step=3), Fault("redis", at_step=3),
+        Fault("scheduler", at_step=0),
+        Fault("proxy", at_step=0),
+        Fault("packer", at_step=0),
+        Fault("evaluator", at_step=1),
+        Fault("runner", at_step=1),
+        Fault("satellite", at_step=1, when="any"),
+        Fault("core", at_step=2, when="training"),
+        Fault("nats", at_step=3),
+        Fault("redis", at_step=3),
         Fault("satellite", at_step=4, when="any", action="stop", stop_s=10.0),
         Fault("evaluator", at_step=4, when="any", action="hang_verifier", name="verifier-hang"),
     ]
@@ -48,23 +54,41 @@ def main(argv: list[str]) -> None:
     from gyre.demo.run import DemoRun
 
     faults = [f for f in matrix() if not args.only or f.label() in args.only.split(",")]
-    config = demo_config(None, {
-        "run": {"id": time.strftime("bench-faults-%Y%m%d-%H%M%S")},
-        "scheduler": {"num_cells": 3, "group_size": 2, "batch_groups": 2, "phi": 0.5, "mu": 2, "rho_min": 0.5,
-                      "tau_s": 0.2, "cell_capacity": 6},
-        "tasks": {"queries": ["add"]},
-        "runner": {"harness_args": ["--tool-latency-s", "3", "--tool-latency-max-s", "10"],
-                   "sandbox": {"uid_base": RUNNER_UIDS}},
-        # the built-in verifier times out after 30 s: the hung one is then retried or excluded
-        "evaluator": {"sandbox": {"uid_base": VERIFIER_UIDS}},
-        # a checkpoint every other step: a core killed after an odd step replays it from its micro-steps
-        "cell_agent": {"trainer": {"checkpoint_every_steps": 2}},
-    })
-    injector = FaultInjector(config.run.path, faults, verifier_uids=range(VERIFIER_UIDS, VERIFIER_UIDS + 2000))
+    config = demo_config(
+        None,
+        {
+            "run": {"id": time.strftime("bench-faults-%Y%m%d-%H%M%S")},
+            "scheduler": {
+                "num_cells": 3,
+                "group_size": 2,
+                "batch_groups": 2,
+                "phi": 0.5,
+                "mu": 2,
+                "rho_min": 0.5,
+                "tau_s": 0.2,
+                "cell_capacity": 6,
+            },
+            "tasks": {"queries": ["add"]},
+            "runner": {
+                "harness_args": ["--tool-latency-s", "3", "--tool-latency-max-s", "10"],
+                "sandbox": {"uid_base": RUNNER_UIDS},
+            },
+            # the built-in verifier times out after 30 s: the hung one is then retried or excluded
+            "evaluator": {"sandbox": {"uid_base": VERIFIER_UIDS}},
+            # a checkpoint every other step: a core killed after an odd step replays it from its micro-steps
+            "cell_agent": {"trainer": {"checkpoint_every_steps": 2}},
+        },
+    )
+    injector = FaultInjector(
+        config.run.path, faults, verifier_uids=range(VERIFIER_UIDS, VERIFIER_UIDS + 2000)
+    )
 
     def progress(state: Any, elapsed_s: float) -> None:
-        print(f"[faults {elapsed_s:5.0f}s] step {state.steps}/{args.steps} injected "
-              f"{sum(bool(i.at_s) for i in injector.done)}/{len(faults)}", file=sys.stderr)
+        print(
+            f"[faults {elapsed_s:5.0f}s] step {state.steps}/{args.steps} injected "
+            f"{sum(bool(i.at_s) for i in injector.done)}/{len(faults)}",
+            file=sys.stderr,
+        )
         injector.progress(state, elapsed_s)
 
     t0 = time.monotonic()
@@ -72,6 +96,17 @@ def main(argv: list[str]) -> None:
         summary = DemoRun(config, steps=args.steps).execute(progress=progress)
     finally:
         injector.stop()
-    report = fault_report(read_event_lines(Path(summary["run_dir"]) / "events.jsonl"), injector.done, args.steps)
-    print(json.dumps({**report, "wall_s": round(time.monotonic() - t0, 1), "steps": args.steps,
-                      "executions": summary["executions"], "run_dir": str(Path(summary["run_dir"]).resolve())}))
+    report = fault_report(
+        read_event_lines(Path(summary["run_dir"]) / "events.jsonl"), injector.done, args.steps
+    )
+    print(
+        json.dumps(
+            {
+                **report,
+                "wall_s": round(time.monotonic() - t0, 1),
+                "steps": args.steps,
+                "executions": summary["executions"],
+                "run_dir": str(Path(summary["run_dir"]).resolve()),
+            }
+        )
+    )

@@ -89,7 +89,10 @@ def _trainers(model: Path, target: Target) -> tuple[Any, Any]:
 
     section = {"device": target.device, "dtype": target.dtype}
     make = lambda name: create_trainer(  # noqa: E731
-        name, TrainerSpec(TrainerSection(backend=name, **section), ModelSection(path=model), ObjectiveParams(), True)
+        name,
+        TrainerSpec(
+            TrainerSection(backend=name, **section), ModelSection(path=model), ObjectiveParams(), True
+        ),
     )
     return make("megatron"), make("torch")
 
@@ -101,9 +104,15 @@ def _target_logprobs(logits_fn: Callable[..., torch.Tensor], step: Any, device: 
     pos = torch.as_tensor(step.position_ids, dtype=torch.int64, device=device)
     cu = torch.as_tensor(step.cu_seqlens, dtype=torch.int32, device=device)
     targets = torch.as_tensor(step.target_mask.nonzero()[0], dtype=torch.int64, device=device)
-    sources = targets - 1 if step.tree is None else torch.as_tensor(step.tree.predecessors(), device=device)[targets]
+    sources = (
+        targets - 1
+        if step.tree is None
+        else torch.as_tensor(step.tree.predecessors(), device=device)[targets]
+    )
     with torch.no_grad():
-        return target_logprobs(logits_fn(ids, pos, cu, step.tree).float(), ids, targets, sources).double().cpu()
+        return (
+            target_logprobs(logits_fn(ids, pos, cu, step.tree).float(), ids, targets, sources).double().cpu()
+        )
 
 
 def _backends(model: Path, steps: list[Any], state: dict[str, Any], target: Target) -> dict[str, Any]:
@@ -189,9 +198,19 @@ def _group_rank(rank: int, world: int, port: int, target: Target, results: Any) 
         device = f"cuda:{rank}" if target.cuda else "cpu"
         if target.cuda:
             torch.cuda.set_device(rank)
-        hosted = host_store(bind_host="127.0.0.1", port=port, world_size=world, timeout_s=60) if rank == 0 else None
-        store = hosted.store if hosted else connect_store(host="127.0.0.1", port=port, world_size=world, timeout_s=60)
-        groups = CellGroups.initialize(store, cell=rank, num_cells=world, backend=target.backend, timeout_s=60)
+        hosted = (
+            host_store(bind_host="127.0.0.1", port=port, world_size=world, timeout_s=60)
+            if rank == 0
+            else None
+        )
+        store = (
+            hosted.store
+            if hosted
+            else connect_store(host="127.0.0.1", port=port, world_size=world, timeout_s=60)
+        )
+        groups = CellGroups.initialize(
+            store, cell=rank, num_cells=world, backend=target.backend, timeout_s=60
+        )
         numel = NCCL_BYTES // 4
         report: dict[str, Any] = {"prefix_groups": []}
         if world == 1:
@@ -209,7 +228,9 @@ def _group_rank(rank: int, world: int, port: int, target: Target, results: Any) 
                 groups.broadcast_from_core(params, n)
             target.synchronize()
             seconds = time.perf_counter() - t0
-            ok = rank >= n or (bool(torch.all(params == 7.0)) and (rank != 0 or bool(torch.all(grads == n * (n + 1) / 2))))
+            ok = rank >= n or (
+                bool(torch.all(params == 7.0)) and (rank != 0 or bool(torch.all(grads == n * (n + 1) / 2)))
+            )
             report["prefix_groups"].append({"cells": n, "ok": ok, "reduce_and_broadcast_s": seconds})
         results.put((rank, report))
         dist.destroy_process_group()
@@ -245,12 +266,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--model", type=Path, default=None, help="HF model directory (default: a tiny Qwen3)")
     parser.add_argument("--microsteps", type=int, default=8)
     parser.add_argument("--token-budget", type=int, default=1024)
-    parser.add_argument("--rehearse-on-cpu", action="store_true", help="run every part on CPU (float32, gloo)")
+    parser.add_argument(
+        "--rehearse-on-cpu", action="store_true", help="run every part on CPU (float32, gloo)"
+    )
     args = parser.parse_args(argv)
     base: dict[str, Any] = {"torch": torch.__version__, "torch_cuda": torch.version.cuda}
     target = REHEARSAL if args.rehearse_on_cpu else CUDA
     if not torch.cuda.is_available() and not args.rehearse_on_cpu:
-        print(json.dumps({"cuda": False, **base, "reason": "torch.cuda.is_available() is false: nothing ran"}))
+        print(
+            json.dumps({"cuda": False, **base, "reason": "torch.cuda.is_available() is false: nothing ran"})
+        )
         return
     from gyre.model.init import init_model_dir
     from gyre.model.weights import load_model
@@ -258,17 +283,26 @@ def main(argv: list[str]) -> None:
 
     started = time.perf_counter()
     out: dict[str, Any] = {
-        "cuda": target.cuda, **base, "rehearsal_on_cpu": not target.cuda,
+        "cuda": target.cuda,
+        **base,
+        "rehearsal_on_cpu": not target.cuda,
         "device": torch.cuda.get_device_name(0) if target.cuda else "cpu",
         "num_gpus": torch.cuda.device_count() if target.cuda else 0,
-        "megatron_core": _version("megatron-core"), "transformer_engine": _version("transformer-engine"),
+        "megatron_core": _version("megatron-core"),
+        "transformer_engine": _version("transformer-engine"),
     }
     state: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gyre-bench-gpu-") as tmp:
         model = args.model or init_model_dir(Path(tmp) / "model", arch="qwen3", size="tiny")
         steps = synthetic_microsteps(
-            load_model(model), batch_id="b0", step=0, num_groups=8, group_size=4, token_budget=args.token_budget,
-            min_row_tokens=args.token_budget // 8, max_row_tokens=args.token_budget // 2,
+            load_model(model),
+            batch_id="b0",
+            step=0,
+            num_groups=8,
+            group_size=4,
+            token_budget=args.token_budget,
+            min_row_tokens=args.token_budget // 8,
+            max_row_tokens=args.token_budget // 2,
         )[: args.microsteps]
         out["model"] = str(args.model or "gyre model init --arch qwen3 --size tiny")
         out["backends"] = _part(lambda: _backends(model, steps, state, target))

@@ -81,9 +81,16 @@ def _runner_settings(task: str, work: Path) -> tuple[str, dict[str, Any]]:
         shutil.copytree(EXAMPLE, work / "tasks" / "fix-add", dirs_exist_ok=True)
         return "tasks/fix-add", {"harness": "command", "command": ["true"]}
     (work / "tasks" / "trivial").mkdir(parents=True, exist_ok=True)
-    (work / "tasks" / "trivial" / "task.yaml").write_text(yaml.safe_dump({
-        "prompt": "echo ok > out.txt", "verifier": [*VERIFY, "out.txt=ok"],
-        "harness_timeout_s": 60, "overall_budget_s": 300}))
+    (work / "tasks" / "trivial" / "task.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "prompt": "echo ok > out.txt",
+                "verifier": [*VERIFY, "out.txt=ok"],
+                "harness_timeout_s": 60,
+                "overall_budget_s": 300,
+            }
+        )
+    )
     return "tasks/trivial", {"harness": "command", "command": ["bash", "-c", "{prompt}"]}
 
 
@@ -94,8 +101,16 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def phase(start: str, task: str, executions: int, concurrency: int, group_size: int, work: Path,
-                urls: dict[str, str], proxy_port: int) -> dict[str, Any]:
+async def phase(
+    start: str,
+    task: str,
+    executions: int,
+    concurrency: int,
+    group_size: int,
+    work: Path,
+    urls: dict[str, str],
+    proxy_port: int,
+) -> dict[str, Any]:
     """One runner + evaluator over `executions` executions of `task` with one start mode."""
     from services.evaluator.service import EvaluatorService
     from services.runner.service import RunnerService
@@ -103,15 +118,26 @@ async def phase(start: str, task: str, executions: int, concurrency: int, group_
     run_id = f"bench{start}"
     task_id, runner = _runner_settings(task, work)
     dirs = [str(work / "tasks")] if task != "demo" else []
-    config = load_config(None, environ={}, overrides={
-        "run": {"id": run_id, "dir": str(work / "runs")}, "nats": {"url": urls["nats"]},
-        "redis": {"url": urls["redis"]}, "proxy": {"port": proxy_port}, "log": {"level": "warning"},
-        "tasks": {"dirs": dirs},
-        # uids of its own, apart from the defaults that tests and stacks on the same machine use
-        "runner": {**runner, "max_concurrent": concurrency, "fork_server": start == "fork",
-                   "sandbox": {"uid_base": 190000}},
-        "evaluator": {"max_concurrent": concurrency, "sandbox": {"uid_base": 191000}},
-    })
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            "run": {"id": run_id, "dir": str(work / "runs")},
+            "nats": {"url": urls["nats"]},
+            "redis": {"url": urls["redis"]},
+            "proxy": {"port": proxy_port},
+            "log": {"level": "warning"},
+            "tasks": {"dirs": dirs},
+            # uids of its own, apart from the defaults that tests and stacks on the same machine use
+            "runner": {
+                **runner,
+                "max_concurrent": concurrency,
+                "fork_server": start == "fork",
+                "sandbox": {"uid_base": 190000},
+            },
+            "evaluator": {"max_concurrent": concurrency, "sandbox": {"uid_base": 191000}},
+        },
+    )
     bus = await EventBus.connect(urls["nats"], run_id, "bench")
     redis = await connect_redis(urls["redis"])
     keys = Keys(run_id)
@@ -121,7 +147,9 @@ async def phase(start: str, task: str, executions: int, concurrency: int, group_
     async def on_msg(msg: Any) -> None:
         event = decode_event((msg.headers or {}).get(TYPE_HEADER, ""), msg.data)
         if isinstance(event, ev.ExecutionTerminated | ev.EvaluationDone):
-            times.setdefault(event.execution.execution_id, {})[type(event).__name__] = event.meta.emitted_at_ms
+            times.setdefault(event.execution.execution_id, {})[type(event).__name__] = (
+                event.meta.emitted_at_ms
+            )
             if sum(len(t) for t in times.values()) == 2 * executions:
                 done.set()
 
@@ -137,19 +165,28 @@ async def phase(start: str, task: str, executions: int, concurrency: int, group_
         for g in range(0, executions, group_size):
             eids = [f"e{i}" for i in range(g, min(executions, g + group_size))]
             group = GroupRecord(f"g{g}", task_id, task_id, tuple(eids), 0, 0, start_ms)
-            await Records(redis, keys).put_group(group, [
-                ExecutionRecord(e, group.group_id, i, task_id, task_id, 0, 0) for i, e in enumerate(eids)])
+            await Records(redis, keys).put_group(
+                group,
+                [ExecutionRecord(e, group.group_id, i, task_id, task_id, 0, 0) for i, e in enumerate(eids)],
+            )
             await Counters(redis, keys).add("dispatched", len(eids))
             for i, e in enumerate(eids):
-                await bus.publish(ev.ExecutionStartRequested(
-                    execution=cm.ExecutionRef(execution_id=e, group_id=group.group_id, index_in_group=i,
-                                              query_id=task_id), task_id=task_id))
+                await bus.publish(
+                    ev.ExecutionStartRequested(
+                        execution=cm.ExecutionRef(
+                            execution_id=e, group_id=group.group_id, index_in_group=i, query_id=task_id
+                        ),
+                        task_id=task_id,
+                    )
+                )
         await asyncio.wait_for(done.wait(), timeout=900)
         isolation = runner_service.launcher.name
     children_cpu_s = _children_cpu_s() - cpu_before  # the fork server included: it exited with the runner
     await bus.close()
     await redis.aclose()
-    statuses = [json.loads(p.read_text()) for p in (config.run.path / "sandboxes").glob("*/control/status.json")]
+    statuses = [
+        json.loads(p.read_text()) for p in (config.run.path / "sandboxes").glob("*/control/status.json")
+    ]
     failed = [s for s in statuses if s.get("exit_code") != 0]
     if len(statuses) != executions or failed:
         raise RuntimeError(f"{len(failed)} of {len(statuses)} executions failed, e.g. {failed[:1]}")
@@ -157,8 +194,9 @@ async def phase(start: str, task: str, executions: int, concurrency: int, group_
     latencies = sorted(t["EvaluationDone"] - t["ExecutionTerminated"] for t in times.values())
     wall_s = (last_ms - start_ms) / 1000
     return {
-        "cpu_s_per_execution": round(statistics.fmean(s["sandbox_cpu_s"] for s in statuses)
-                                     + preload_cpu_s / executions, 3),
+        "cpu_s_per_execution": round(
+            statistics.fmean(s["sandbox_cpu_s"] for s in statuses) + preload_cpu_s / executions, 3
+        ),
         "harness_cpu_s_per_execution": round(statistics.fmean(s["cpu_s"] for s in statuses), 3),
         "children_cpu_s_per_execution": round(children_cpu_s / executions, 3),
         "fork_server_preload_cpu_s": preload_cpu_s,
@@ -170,8 +208,9 @@ async def phase(start: str, task: str, executions: int, concurrency: int, group_
     }
 
 
-async def run(task: str, starts: list[str], executions: int, concurrency: int, group_size: int,
-              work: Path) -> dict[str, Any]:
+async def run(
+    task: str, starts: list[str], executions: int, concurrency: int, group_size: int, work: Path
+) -> dict[str, Any]:
     nats, redis_server = start_nats(work / "nats"), start_redis(work / "redis", appendonly=False)
     endpoint = ScriptedMessages()
     proxy = grpc.aio.server()
@@ -181,8 +220,10 @@ async def run(task: str, starts: list[str], executions: int, concurrency: int, g
         proxy_port = proxy.add_insecure_port("127.0.0.1:0")
         await proxy.start()
         urls = {"nats": nats.url, "redis": redis_server.url}
-        results = {s: await phase(s, task, executions, concurrency, group_size, work, urls, proxy_port)
-                   for s in starts}
+        results = {
+            s: await phase(s, task, executions, concurrency, group_size, work, urls, proxy_port)
+            for s in starts
+        }
     finally:
         await proxy.stop(0)
         await endpoint.stop()
@@ -191,14 +232,33 @@ async def run(task: str, starts: list[str], executions: int, concurrency: int, g
     main_start = "fork" if "fork" in results else starts[0]
     out: dict[str, Any] = {k: v for k, v in results[main_start].items() if k != "fork_server_preload_cpu_s"}
     if "plain" in results and main_start != "plain":
-        out.update({f"{k}_plain": v for k, v in results["plain"].items()
-                    if k in ("cpu_s_per_execution", "harness_cpu_s_per_execution", "children_cpu_s_per_execution",
-                             "executions_per_min", "wall_s")})
-        out["cpu_ratio_plain_vs_fork"] = round(out["cpu_s_per_execution_plain"] / out["cpu_s_per_execution"], 2)
+        out.update(
+            {
+                f"{k}_plain": v
+                for k, v in results["plain"].items()
+                if k
+                in (
+                    "cpu_s_per_execution",
+                    "harness_cpu_s_per_execution",
+                    "children_cpu_s_per_execution",
+                    "executions_per_min",
+                    "wall_s",
+                )
+            }
+        )
+        out["cpu_ratio_plain_vs_fork"] = round(
+            out["cpu_s_per_execution_plain"] / out["cpu_s_per_execution"], 2
+        )
     out.update(
-        start=main_start, starts=starts, task=task, executions=executions, max_concurrent=concurrency,
+        start=main_start,
+        starts=starts,
+        task=task,
+        executions=executions,
+        max_concurrent=concurrency,
         fork_server_preload_cpu_s=results.get("fork", {}).get("fork_server_preload_cpu_s"),
-        model_calls=endpoint.requests, cpu_count=os.cpu_count(), load_avg_1m=round(os.getloadavg()[0], 2),
+        model_calls=endpoint.requests,
+        cpu_count=os.cpu_count(),
+        load_avg_1m=round(os.getloadavg()[0], 2),
         regime="CPU stack: this machine's cores, shared by every process of the run",
     )
     return out
@@ -210,15 +270,23 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--task", choices=("demo", "trivial", "harbor"), default="demo")
-    parser.add_argument("--start", choices=("both", "fork", "plain"), default=None,
-                        help="how the harness starts (demo: both by default, plain, then fork, in one run)")
+    parser.add_argument(
+        "--start",
+        choices=("both", "fork", "plain"),
+        default=None,
+        help="how the harness starts (demo: both by default, plain, then fork, in one run)",
+    )
     args = parser.parse_args(argv)
     if args.start is None:
         args.start = "both" if args.task == "demo" else "plain"
     elif args.task != "demo" and args.start != "plain":
-        parser.error(f"--start {args.start}: the {args.task} task's harness is not a `python -m` module; use plain")
+        parser.error(
+            f"--start {args.start}: the {args.task} task's harness is not a `python -m` module; use plain"
+        )
     starts = ["plain", "fork"] if args.start == "both" else [args.start]
     configure_logging("console", "warning")
     with tempfile.TemporaryDirectory(prefix="gyre-bench-harness-") as tmp:
-        result = asyncio.run(run(args.task, starts, args.executions, args.concurrency, args.group_size, Path(tmp)))
+        result = asyncio.run(
+            run(args.task, starts, args.executions, args.concurrency, args.group_size, Path(tmp))
+        )
     print(json.dumps(result))

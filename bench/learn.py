@@ -39,27 +39,50 @@ def main(argv: list[str]) -> None:
     last: list[float | None] = []
     wall: list[float] = []
     for seed in seeds:
-        overrides: dict[str, Any] = {"run": {"id": f"bench-learn-{seed}-{stamp}"}, "scheduler": {"seed": seed},
-                                     "tasks": {"held_out_every_steps": args.steps}}
+        overrides: dict[str, Any] = {
+            "run": {"id": f"bench-learn-{seed}-{stamp}"},
+            "scheduler": {"seed": seed},
+            "tasks": {"held_out_every_steps": args.steps},
+        }
         config = demo_config(Path(args.config) if args.config else None, overrides)
         if not config.tasks.held_out:
             raise SystemExit("gyre bench learn: the config has no tasks.held_out pool to evaluate")
         t0 = time.monotonic()
         summary = DemoRun(config, steps=args.steps).execute(
-            progress=lambda st, s, seed=seed: print(f"[seed {seed} {s:5.0f}s] step {st.steps}/{args.steps}",
-                                                    file=sys.stderr))
+            progress=lambda st, s, seed=seed: print(
+                f"[seed {seed} {s:5.0f}s] step {st.steps}/{args.steps}", file=sys.stderr
+            )
+        )
         wall.append(round(time.monotonic() - t0, 1))
         by_step = summary["eval_by_step"]
         first.append(by_step[0]["mean_reward"])
         last.append(by_step[-1]["mean_reward"])
-        print(json.dumps({"seed": seed, "eval_by_step": [(e["step"], e["mean_reward"]) for e in by_step],
-                          "train_reward_by_step": summary["reward_by_step"]}), file=sys.stderr)
+        print(
+            json.dumps(
+                {
+                    "seed": seed,
+                    "eval_by_step": [(e["step"], e["mean_reward"]) for e in by_step],
+                    "train_reward_by_step": summary["reward_by_step"],
+                }
+            ),
+            file=sys.stderr,
+        )
     rises = [round(b - a, 4) for a, b in zip(first, last, strict=True) if a is not None and b is not None]
-    print(json.dumps({
-        "seeds": seeds, "steps": args.steps, "eval_first": first, "eval_last": last, "rise_per_seed": rises,
-        "rise_median": statistics.median(rises) if rises else None, "rise_min": min(rises) if rises else None,
-        "rise_std": statistics.stdev(rises) if len(rises) > 1 else None, "wall_s_per_seed": wall,
-    }))
+    print(
+        json.dumps(
+            {
+                "seeds": seeds,
+                "steps": args.steps,
+                "eval_first": first,
+                "eval_last": last,
+                "rise_per_seed": rises,
+                "rise_median": statistics.median(rises) if rises else None,
+                "rise_min": min(rises) if rises else None,
+                "rise_std": statistics.stdev(rises) if len(rises) > 1 else None,
+                "wall_s_per_seed": wall,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

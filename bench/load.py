@@ -71,7 +71,9 @@ def _tool_output(execution: int, turn: int, lines: int) -> str:
 class Harness:
     """One synthetic execution: a Claude-Code-shaped conversation that grows by one exchange per call."""
 
-    def __init__(self, execution_id: str, key: str, body: dict[str, Any], index: int, lines_per_turn: int) -> None:
+    def __init__(
+        self, execution_id: str, key: str, body: dict[str, Any], index: int, lines_per_turn: int
+    ) -> None:
         self.execution_id = execution_id
         self.key = key
         self.body = body
@@ -88,7 +90,9 @@ class Harness:
             start = time.perf_counter()
             self.in_flight = True
             try:
-                response = await http.post(f"{base_url}/v1/messages", json=self.body, headers={"x-api-key": self.key})
+                response = await http.post(
+                    f"{base_url}/v1/messages", json=self.body, headers={"x-api-key": self.key}
+                )
             except httpx.HTTPError as e:
                 self.errors.append(f"{type(e).__name__}: {e}")
                 return
@@ -100,8 +104,14 @@ class Harness:
             self.num_answered += 1
             content = response.json()["content"]
             user = f"Tool output {turn}:\n{_tool_output(self.index, turn, self.lines_per_turn)}"
-            self.body = {**self.body, "messages": [*self.body["messages"], {"role": "assistant", "content": content},
-                                                   {"role": "user", "content": user}]}
+            self.body = {
+                **self.body,
+                "messages": [
+                    *self.body["messages"],
+                    {"role": "assistant", "content": content},
+                    {"role": "user", "content": user},
+                ],
+            }
 
 
 def _overhead_buckets(text: str) -> dict[float, float]:
@@ -148,8 +158,14 @@ class Load:
         """Executions still running when their step's `--step-timeout-s` ran out."""
 
     async def step(
-        self, step: int, concurrency: int, stub: proxy_pb2_grpc.ProxyStub, http: httpx.AsyncClient, base_url: str,
-        bus: EventBus, redis: Any,
+        self,
+        step: int,
+        concurrency: int,
+        stub: proxy_pb2_grpc.ProxyStub,
+        http: httpx.AsyncClient,
+        base_url: str,
+        bus: EventBus,
+        redis: Any,
     ) -> tuple[list[Harness], int]:
         """Run one step's executions, check their trees, archive the batch; returns the harnesses and the
         Redis bytes the step added before it was archived."""
@@ -162,36 +178,62 @@ class Load:
         for g, group_id in enumerate(groups):
             eids = [f"{group_id}-e{i:02d}" for i in range(size)]
             await records.put_group(
-                GroupRecord(group_id, "load/q", "load/t", tuple(eids), policy_version=step, burst=0,
-                            dispatched_at_ms=int(time.time() * 1000)),
-                [ExecutionRecord(e, group_id, i, "load/q", "load/t", 600.0, 1200.0, "claude_code")
-                 for i, e in enumerate(eids)],
+                GroupRecord(
+                    group_id,
+                    "load/q",
+                    "load/t",
+                    tuple(eids),
+                    policy_version=step,
+                    burst=0,
+                    dispatched_at_ms=int(time.time() * 1000),
+                ),
+                [
+                    ExecutionRecord(e, group_id, i, "load/q", "load/t", 600.0, 1200.0, "claude_code")
+                    for i, e in enumerate(eids)
+                ],
             )
             for i, eid in enumerate(eids):
-                ref = common_pb2.ExecutionRef(execution_id=eid, group_id=group_id, index_in_group=i, query_id="load/q")
-                response = await stub.OpenExecution(proxy_pb2.OpenExecutionRequest(
-                    execution=ref, profile="claude_code", engine_id="cell-0", policy_version=step))
+                ref = common_pb2.ExecutionRef(
+                    execution_id=eid, group_id=group_id, index_in_group=i, query_id="load/q"
+                )
+                response = await stub.OpenExecution(
+                    proxy_pb2.OpenExecutionRequest(
+                        execution=ref, profile="claude_code", engine_id="cell-0", policy_version=step
+                    )
+                )
                 body = {**initial, "messages": [*initial["messages"]]}
                 opened.append(Harness(eid, response.api_key, body, g * size + i, self.args.lines_per_turn))
-                await bus.publish(ev.ExecutionStarted(execution=ref, runner_id="load", engine_id="cell-0"),
-                                  event_id=f"started:{eid}")
+                await bus.publish(
+                    ev.ExecutionStarted(execution=ref, runner_id="load", engine_id="cell-0"),
+                    event_id=f"started:{eid}",
+                )
         tasks = [asyncio.create_task(h.run(http, base_url, self.args.turns)) for h in opened]
         _, pending = await asyncio.wait(tasks, timeout=self.args.step_timeout_s or None)
         for task in pending:  # out of time: the step is reported as cut, its unfinished executions counted
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        self.num_cut += sum(h.in_flight or (h.num_answered < self.args.turns and not h.errors) for h in opened)
+        self.num_cut += sum(
+            h.in_flight or (h.num_answered < self.args.turns and not h.errors) for h in opened
+        )
         for h in opened:
             await stub.CloseExecution(proxy_pb2.CloseExecutionRequest(execution_id=h.execution_id))
             ref = common_pb2.ExecutionRef(execution_id=h.execution_id, group_id=h.execution_id.split("-")[0])
-            await bus.publish(ev.ExecutionTerminated(execution=ref, exit_code=0), event_id=f"terminated:{h.execution_id}")
+            await bus.publish(
+                ev.ExecutionTerminated(execution=ref, exit_code=0), event_id=f"terminated:{h.execution_id}"
+            )
             recorded = await redis.hget(self.keys.tree_meta(h.execution_id), "num_calls")
-            if int(recorded or 0) not in ((h.num_answered, h.num_answered + 1) if h.in_flight else (h.num_answered,)):
-                self.lost.append(f"{h.execution_id}: redis tree has {recorded} calls, harness got {h.num_answered}")
+            if int(recorded or 0) not in (
+                (h.num_answered, h.num_answered + 1) if h.in_flight else (h.num_answered,)
+            ):
+                self.lost.append(
+                    f"{h.execution_id}: redis tree has {recorded} calls, harness got {h.num_answered}"
+                )
         self.num_events += 2 * len(opened)
         for h in opened:
             status: OutcomeStatus = "valid" if not h.errors else "excluded"
-            await outcomes.resolve(h.execution_id.split("-")[0], size, step, MemberOutcome(h.execution_id, status, 1.0))
+            await outcomes.resolve(
+                h.execution_id.split("-")[0], size, step, MemberOutcome(h.execution_id, status, 1.0)
+            )
         grown = int((await redis.info("memory"))["used_memory"]) - before
         batch = make_batch_id(RUN_ID, step)
         claimed = await outcomes.claim_ready(len(groups), batch)
@@ -217,8 +259,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "redis": {"url": redis_server.url},
             "log": {"level": "warning", "format": "json"},
             "model": {"path": str(_bench_model(workdir / "model"))},
-            "cell_agent": {"engine": {"output_source": "scripted", "max_batch_size": 512,
-                                      "kv_cache_tokens": args.kv_cache_tokens}},
+            "cell_agent": {
+                "engine": {
+                    "output_source": "scripted",
+                    "max_batch_size": 512,
+                    "kv_cache_tokens": args.kv_cache_tokens,
+                }
+            },
         }
         config_path = workdir / "gyre.yaml"
         config_path.write_text(yaml.safe_dump(config))
@@ -249,8 +296,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             first_last[1] = now
             consumed[0] += 1
 
-        await bus.consume("load-scheduler", [ev.ExecutionStarted, ev.ExecutionTerminated], count, batch=64,
-                          max_ack_pending=4096)
+        await bus.consume(
+            "load-scheduler",
+            [ev.ExecutionStarted, ev.ExecutionTerminated],
+            count,
+            batch=64,
+            max_ack_pending=4096,
+        )
         results: dict[str, Any] = {}
         memory: dict[int, int] = {}
         num_keys: dict[int, int] = {}
@@ -261,9 +313,12 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             httpx.AsyncClient(timeout=600, limits=limits) as http,
         ):
             stub = proxy_pb2_grpc.ProxyStub(channel)
-            await stub.UpdateRoutes(proxy_pb2.UpdateRoutesRequest(
-                engines=[common_pb2.EngineEndpoint(engine_id="cell-0", url=engine_url, cell=0)],
-                default_engine_id="cell-0"))
+            await stub.UpdateRoutes(
+                proxy_pb2.UpdateRoutesRequest(
+                    engines=[common_pb2.EngineEndpoint(engine_id="cell-0", url=engine_url, cell=0)],
+                    default_engine_id="cell-0",
+                )
+            )
             flat = args.flat_concurrency or levels[0]
             plan = [flat] * args.steps + (levels[1:] if flat == levels[0] and args.steps > 0 else levels)
             for step, concurrency in enumerate(plan):
@@ -271,26 +326,47 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 (await http.post(f"{engine_url}/gyre/script", json=body)).raise_for_status()
                 scrape = _overhead_buckets((await http.get(metrics_url)).text)
                 start = time.perf_counter()
-                harnesses, grown = await load.step(step, concurrency, stub, http, endpoint["base_url"], bus, redis)
+                harnesses, grown = await load.step(
+                    step, concurrency, stub, http, endpoint["base_url"], bus, redis
+                )
                 wall_s = time.perf_counter() - start
                 after = _overhead_buckets((await http.get(metrics_url)).text)
                 memory[step + 1] = int((await redis.info("memory"))["used_memory"])
-                num_keys[step + 1] = len([k async for k in redis.scan_iter(match=load.keys.pattern(), count=1000)])
+                num_keys[step + 1] = len(
+                    [k async for k in redis.scan_iter(match=load.keys.pattern(), count=1000)]
+                )
                 grown_per_execution.append(grown / concurrency)
-                entry = results.setdefault(str(concurrency), {"latencies": [], "errors": 0, "calls": 0, "wall_s": 0.0,
-                                                              "p50": [], "p99": []})
+                entry = results.setdefault(
+                    str(concurrency),
+                    {"latencies": [], "errors": 0, "calls": 0, "wall_s": 0.0, "p50": [], "p99": []},
+                )
                 entry["latencies"] += [x for h in harnesses for x in h.latencies_s]
                 entry["errors"] += sum(len(h.errors) for h in harnesses)
                 samples = entry.setdefault("error_samples", [])
-                samples += [e for h in harnesses for e in h.errors if e not in samples][: max(0, 5 - len(samples))]
+                samples += [e for h in harnesses for e in h.errors if e not in samples][
+                    : max(0, 5 - len(samples))
+                ]
                 entry["calls"] += sum(h.num_answered for h in harnesses)
                 entry["wall_s"] += wall_s
                 entry["p50"].append(_histogram_quantile(scrape, after, 0.5))
                 entry["p99"].append(_histogram_quantile(scrape, after, 0.99))
-                print(json.dumps({"step": step + 1, "concurrency": concurrency, "wall_s": round(wall_s, 2),
-                                  "used_memory": memory[step + 1], "keys": num_keys[step + 1], "errors": entry["errors"], "unfinished": load.num_cut,
-                                  "overhead_ms_p50": _ms(entry["p50"][-1] or 0.0), "overhead_ms_p99": _ms(entry["p99"][-1] or 0.0),
-                                  "lost": len(load.lost)}), file=sys.stderr)
+                print(
+                    json.dumps(
+                        {
+                            "step": step + 1,
+                            "concurrency": concurrency,
+                            "wall_s": round(wall_s, 2),
+                            "used_memory": memory[step + 1],
+                            "keys": num_keys[step + 1],
+                            "errors": entry["errors"],
+                            "unfinished": load.num_cut,
+                            "overhead_ms_p50": _ms(entry["p50"][-1] or 0.0),
+                            "overhead_ms_p99": _ms(entry["p99"][-1] or 0.0),
+                            "lost": len(load.lost),
+                        }
+                    ),
+                    file=sys.stderr,
+                )
             for _ in range(200):
                 if consumed[0] >= load.num_events:
                     break
@@ -337,7 +413,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "redis_bytes_per_execution_by_step": [round(g) for g in grown_per_execution],
         "redis_used_memory_after_step": memory,
         "redis_keys_after_step": num_keys,
-        "used_memory_ratio_last_vs_4": round(memory[min(last, args.steps)] / memory[4], 3) if 4 in memory else None,
+        "used_memory_ratio_last_vs_4": round(memory[min(last, args.steps)] / memory[4], 3)
+        if 4 in memory
+        else None,
         "turns": args.turns,
         "initial_kb": args.initial_kb,
         "group_size": args.group_size,
@@ -348,23 +426,41 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench load", description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", default="64,256,1152", help="comma-separated; the first runs --steps steps")
+    parser.add_argument(
+        "--concurrency", default="64,256,1152", help="comma-separated; the first runs --steps steps"
+    )
     parser.add_argument("--turns", type=int, default=4, help="calls per execution")
     parser.add_argument("--steps", type=int, default=12, help="steps at the first concurrency (flatness)")
-    parser.add_argument("--flat-concurrency", type=int, default=0,
-                        help="executions per flatness step (0 = the first --concurrency level)")
+    parser.add_argument(
+        "--flat-concurrency",
+        type=int,
+        default=0,
+        help="executions per flatness step (0 = the first --concurrency level)",
+    )
     parser.add_argument("--group-size", type=int, default=8, help="executions per group")
     parser.add_argument("--initial-kb", type=int, default=4, help="size of the first request's JSON")
-    parser.add_argument("--lines-per-turn", type=int, default=30, help="tool-output lines added per turn (~60 B each)")
-    parser.add_argument("--kv-cache-tokens", type=int, default=4_000_000,
-                        help="engine KV pool: every execution's context at once, so the engine never queues")
-    parser.add_argument("--step-timeout-s", type=float, default=0.0,
-                        help="cut a step's harnesses after this long (0 = never); reported as unfinished_at_step_timeout")
+    parser.add_argument(
+        "--lines-per-turn", type=int, default=30, help="tool-output lines added per turn (~60 B each)"
+    )
+    parser.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=4_000_000,
+        help="engine KV pool: every execution's context at once, so the engine never queues",
+    )
+    parser.add_argument(
+        "--step-timeout-s",
+        type=float,
+        default=0.0,
+        help="cut a step's harnesses after this long (0 = never); reported as unfinished_at_step_timeout",
+    )
     parser.add_argument("--json", action="store_true", help="accepted: the last line is always JSON")
     args = parser.parse_args(argv)
     for c in [*args.concurrency.split(","), str(args.flat_concurrency)]:
         if not c.strip().isdigit() or int(c) % args.group_size:
-            parser.error(f"--concurrency: each level must be a multiple of --group-size {args.group_size}; got {c!r}")
+            parser.error(
+                f"--concurrency: each level must be a multiple of --group-size {args.group_size}; got {c!r}"
+            )
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     with tempfile.TemporaryDirectory(prefix="gyre-bench-load-") as tmp:
         result = asyncio.run(run(args, Path(tmp)))

@@ -269,8 +269,15 @@ async def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float
 def _bench_model(out: Path) -> Path:
     """The demo model's format (byte tokenizer, compact ChatML) with a context that holds 800 KB
     histories; the engine's outputs are scripted, so the weights never run."""
-    dims = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
-            "head_dim": 16, "intermediate_size": 64, "max_position_embeddings": 4_000_000}
+    dims = {
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 64,
+        "max_position_embeddings": 4_000_000,
+    }
     return init_model_dir(out, arch="llama", tokenizer="byte", family="chatml", overrides=dims)
 
 

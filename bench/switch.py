@@ -50,13 +50,17 @@ async def _in_flight(client: EngineClient, n: int) -> None:
 
 async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: str) -> dict[str, float]:
     run_id = f"bench{uuid.uuid4().hex[:8]}"
-    config = load_config(None, environ={}, overrides={
-        "run": {"id": run_id, "dir": str(root)},
-        "nats": {"url": nats_url},
-        "redis": {"url": redis_url},
-        "scheduler": {"num_cells": 1},
-        "cell_agent": {"release_engine_weights": args.release_weights},
-    })
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            "run": {"id": run_id, "dir": str(root)},
+            "nats": {"url": nats_url},
+            "redis": {"url": redis_url},
+            "scheduler": {"num_cells": 1},
+            "cell_agent": {"release_engine_weights": args.release_weights},
+        },
+    )
     redis = await connect_redis(redis_url)
     bus = await EventBus.connect(nats_url, run_id, "bench-switch")
 
@@ -73,7 +77,10 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
     try:
         async with EngineClient(agent.engine.url, timeout_s=120) as client:
             for cycle in range(args.cycles):
-                calls = [asyncio.create_task(client.generate([1, 2, 3, cycle, i], long)) for i in range(args.inflight)]
+                calls = [
+                    asyncio.create_task(client.generate([1, 2, 3, cycle, i], long))
+                    for i in range(args.inflight)
+                ]
                 await _in_flight(client, args.inflight)
                 result = await agent.switch_role(Role.TRAINING)
                 to_training.append(result.duration_s)
@@ -86,7 +93,12 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
                 step = trainer.version
                 steps = synthetic_microsteps(
                     trainer.model,
-                    batch_id=f"b{step}", step=step, num_groups=2, group_size=2, token_budget=512, seed=cycle,
+                    batch_id=f"b{step}",
+                    step=step,
+                    num_groups=2,
+                    group_size=2,
+                    token_budget=512,
+                    seed=cycle,
                 )
                 queue = WorkQueue(redis, Keys(run_id), f"microsteps:b{step}")
                 for s in steps:
@@ -115,7 +127,9 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench switch", description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=5)
-    parser.add_argument("--inflight", type=int, default=8, help="generations running at each switch to training")
+    parser.add_argument(
+        "--inflight", type=int, default=8, help="generations running at each switch to training"
+    )
     parser.add_argument("--release-weights", action="store_true", help="also release the engine's weights")
     args = parser.parse_args(argv)
     configure_logging("console", "warning")

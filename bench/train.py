@@ -68,14 +68,18 @@ from gyre.v1 import events_pb2 as ev
 
 
 def _config(run_dir: Path, nats_url: str, redis_url: str, run_id: str, model: Path) -> GyreConfig:
-    return load_config(None, environ={}, overrides={
-        "run": {"id": run_id, "dir": str(run_dir)},
-        "model": {"path": str(model)},
-        "nats": {"url": nats_url},
-        "redis": {"url": redis_url},
-        "log": {"format": "json", "level": "warning"},
-        "cell_agent": {"engine": {"kv_cache_tokens": 4096}, "trainer": {"poll_s": 0.005}},
-    })
+    return load_config(
+        None,
+        environ={},
+        overrides={
+            "run": {"id": run_id, "dir": str(run_dir)},
+            "model": {"path": str(model)},
+            "nats": {"url": nats_url},
+            "redis": {"url": redis_url},
+            "log": {"format": "json", "level": "warning"},
+            "cell_agent": {"engine": {"kv_cache_tokens": 4096}, "trainer": {"poll_s": 0.005}},
+        },
+    )
 
 
 def _steps(config: GyreConfig, args: argparse.Namespace, step: int) -> list[MicroStep]:
@@ -84,12 +88,22 @@ def _steps(config: GyreConfig, args: argparse.Namespace, step: int) -> list[Micr
     seed = 0
     while len(out) < args.microsteps:
         out += synthetic_microsteps(
-            model, batch_id=f"b{step}", step=step, num_groups=8, group_size=4, token_budget=args.token_budget,
-            min_row_tokens=args.token_budget // 4, max_row_tokens=args.token_budget // 2, seed=seed,
+            model,
+            batch_id=f"b{step}",
+            step=step,
+            num_groups=8,
+            group_size=4,
+            token_budget=args.token_budget,
+            min_row_tokens=args.token_budget // 4,
+            max_row_tokens=args.token_budget // 2,
+            seed=seed,
         )
         seed += 1
     full = [s for s in out if s.num_tokens >= args.token_budget // 2][: args.microsteps]
-    return [MicroStep(**{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "index": i}) for i, s in enumerate(full)]
+    return [
+        MicroStep(**{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "index": i})
+        for i, s in enumerate(full)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,15 +142,19 @@ async def _run(
             await queue.close()
             final = step == len(batches) - 1
             began = time.perf_counter()
-            results = await asyncio.gather(*(cells.join(k, f"b{step}", step, final) for k in range(num_cells)))
+            results = await asyncio.gather(
+                *(cells.join(k, f"b{step}", step, final) for k in range(num_cells))
+            )
             elapsed = time.perf_counter() - began
             assert sum(r.microsteps for r in results) == len(steps)
             if step > 0:
                 rates.append(len(steps) / elapsed)
                 while sum(e.batch_id == f"b{step}" for e in done) < len(steps):
                     await asyncio.sleep(0.01)
-                busiest = max(sum(e.duration_s for e in done if e.batch_id == f"b{step}" and e.cell == k)
-                              for k in range(num_cells))
+                busiest = max(
+                    sum(e.duration_s for e in done if e.batch_id == f"b{step}" and e.cell == k)
+                    for k in range(num_cells)
+                )
                 overheads.append(1 - busiest / elapsed)
         await cells.close_channels()
     measured = [e.duration_s for e in done if e.batch_id != "b0"]
@@ -164,11 +182,15 @@ def _backends(args: argparse.Namespace, root: Path) -> dict[str, object]:
         out[f"tokens_per_s_{name}"] = round(measured["tokens_per_s"], 1)
         out[f"optimizer_step_s_{name}"] = round(measured["optimizer_step_s"], 4)
     out["megatron_vs_torch"] = round(
-        float(out["microsteps_per_s_megatron"]) / float(out["microsteps_per_s_torch"]), 3  # type: ignore[arg-type]
+        float(out["microsteps_per_s_megatron"]) / float(out["microsteps_per_s_torch"]),
+        3,  # type: ignore[arg-type]
     )
     out["num_microsteps"] = len(steps)
     out["tokens_per_microstep"] = round(statistics.fmean(s.num_tokens for s in steps), 1)
-    out["model"] = str(args.model or f"gyre model init --arch qwen3 --size tiny ({check_model_dir(model).arch.num_parameters()} parameters)")
+    out["model"] = str(
+        args.model
+        or f"gyre model init --arch qwen3 --size tiny ({check_model_dir(model).arch.num_parameters()} parameters)"
+    )
     return out
 
 
@@ -176,12 +198,16 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench train", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="HF model directory (default: a tiny Qwen3)")
     parser.add_argument(
-        "--backend", choices=["torch", "megatron"], default="torch",
+        "--backend",
+        choices=["torch", "megatron"],
+        default="torch",
         help="torch: cell agent processes, 1 and 2 cells; megatron: the megatron and torch backends in-process",
     )
     parser.add_argument("--microsteps", type=int, default=32)
     parser.add_argument("--token-budget", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per configuration (first is warmup)")
+    parser.add_argument(
+        "--steps", type=int, default=4, help="optimizer steps per configuration (first is warmup)"
+    )
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step is a warmup)")
@@ -190,8 +216,18 @@ def main(argv: list[str]) -> None:
     if args.backend == "megatron":
         with tempfile.TemporaryDirectory(prefix="gyre-bench-train-") as tmp:
             result = _backends(args, Path(tmp))
-        print(json.dumps({"backend": "megatron", **result, "token_budget": args.token_budget,
-                          "cpu_count": os.cpu_count(), "load_avg_1m": round(load, 2), "torch_threads": 1}))
+        print(
+            json.dumps(
+                {
+                    "backend": "megatron",
+                    **result,
+                    "token_budget": args.token_budget,
+                    "cpu_count": os.cpu_count(),
+                    "load_avg_1m": round(load, 2),
+                    "torch_threads": 1,
+                }
+            )
+        )
         return
     with tempfile.TemporaryDirectory(prefix="gyre-bench-train-") as tmp:
         root = Path(tmp)
@@ -207,20 +243,27 @@ def main(argv: list[str]) -> None:
         finally:
             nats.stop()
             redis.stop()
-    print(json.dumps({
-        "microsteps_per_s_1_cell": round(one.microsteps_per_s, 3),
-        "microsteps_per_s_2_cells": round(two.microsteps_per_s, 3),
-        "scaling_2_vs_1": round(two.microsteps_per_s / one.microsteps_per_s, 3),
-        "tokens_per_s_1_cell": round(one.microsteps_per_s * tokens_per_microstep, 1),
-        "tokens_per_s_2_cells": round(two.microsteps_per_s * tokens_per_microstep, 1),
-        "model": str(args.model or f"gyre model init --arch qwen3 --size tiny ({arch.num_parameters()} parameters)"),
-        "backend": "torch",
-        "compute_s_per_microstep_1_cell": round(one.compute_s_per_microstep, 4),
-        "compute_s_per_microstep_2_cells": round(two.compute_s_per_microstep, 4),
-        "overhead_fraction_1_cell": round(one.overhead_fraction, 3),
-        "overhead_fraction_2_cells": round(two.overhead_fraction, 3),
-        "microsteps_per_step": args.microsteps,
-        "token_budget": args.token_budget,
-        "cpu_count": os.cpu_count(),
-        "load_avg_1m": round(load, 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "microsteps_per_s_1_cell": round(one.microsteps_per_s, 3),
+                "microsteps_per_s_2_cells": round(two.microsteps_per_s, 3),
+                "scaling_2_vs_1": round(two.microsteps_per_s / one.microsteps_per_s, 3),
+                "tokens_per_s_1_cell": round(one.microsteps_per_s * tokens_per_microstep, 1),
+                "tokens_per_s_2_cells": round(two.microsteps_per_s * tokens_per_microstep, 1),
+                "model": str(
+                    args.model
+                    or f"gyre model init --arch qwen3 --size tiny ({arch.num_parameters()} parameters)"
+                ),
+                "backend": "torch",
+                "compute_s_per_microstep_1_cell": round(one.compute_s_per_microstep, 4),
+                "compute_s_per_microstep_2_cells": round(two.compute_s_per_microstep, 4),
+                "overhead_fraction_1_cell": round(one.overhead_fraction, 3),
+                "overhead_fraction_2_cells": round(two.overhead_fraction, 3),
+                "microsteps_per_step": args.microsteps,
+                "token_budget": args.token_budget,
+                "cpu_count": os.cpu_count(),
+                "load_avg_1m": round(load, 2),
+            }
+        )
+    )

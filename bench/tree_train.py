@@ -139,8 +139,14 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(args.threads)
     dims = {**EMBEDDED_DEFAULT, "num_hidden_layers": 1} if args.quick else EMBEDDED_DEFAULT
     with tempfile.TemporaryDirectory(prefix="gyre-bench-tree-train-") as tmp:
-        path = init_model_dir(Path(tmp) / "model", arch="llama", tokenizer="byte", family="chatml",
-                              seed=args.seed, overrides=dims)
+        path = init_model_dir(
+            Path(tmp) / "model",
+            arch="llama",
+            tokenizer="byte",
+            family="chatml",
+            seed=args.seed,
+            overrides=dims,
+        )
         model = load_model(path).train()
     arch = model.arch
     num_params = sum(p.numel() for p in model.parameters())

@@ -30,8 +30,15 @@ from gyre.trainer.flat import weights_digest
 from gyre.weights.transports import TransportOptions, create_transport
 
 
-def _worker(rank: int, name: str, numel: int, repeats: int, to_satellite: Queue[Any], to_core: Queue[Any],
-            results: Queue[Any]) -> None:
+def _worker(
+    rank: int,
+    name: str,
+    numel: int,
+    repeats: int,
+    to_satellite: Queue[Any],
+    to_core: Queue[Any],
+    results: Queue[Any],
+) -> None:
     torch.set_num_threads(1)
     groups = None
     if name == "torch":
@@ -40,7 +47,9 @@ def _worker(rank: int, name: str, numel: int, repeats: int, to_satellite: Queue[
             store = hosted.store
             to_satellite.put(hosted.port)
         else:
-            store = connect_store(host="127.0.0.1", port=to_satellite.get(timeout=60), world_size=2, timeout_s=60)
+            store = connect_store(
+                host="127.0.0.1", port=to_satellite.get(timeout=60), world_size=2, timeout_s=60
+            )
         groups = CellGroups.initialize(store, cell=rank, num_cells=2, backend="gloo", timeout_s=600)
     transport = create_transport(name, TransportOptions(host="127.0.0.1", groups=groups))
     if rank == 0:
@@ -69,8 +78,10 @@ def _worker(rank: int, name: str, numel: int, repeats: int, to_satellite: Queue[
 def _measure(name: str, numel: int, repeats: int) -> float:
     ctx = mp.get_context("spawn")
     to_satellite, to_core, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, name, numel, repeats, to_satellite, to_core, results))
-             for r in range(2)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, name, numel, repeats, to_satellite, to_core, results))
+        for r in range(2)
+    ]
     for p in procs:
         p.start()
     times, intact = results.get(timeout=600)
@@ -83,16 +94,22 @@ def _measure(name: str, numel: int, repeats: int) -> float:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench weights", description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=256, help="buffer size in MiB (>= 256 for the issue's figure)")
+    parser.add_argument(
+        "--mib", type=int, default=256, help="buffer size in MiB (>= 256 for the issue's figure)"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     numel = args.mib * 2**20 // 4
     mooncake = _measure("mooncake", numel, args.repeats)
     broadcast = _measure("torch", numel, args.repeats)
-    print(json.dumps({
-        "mooncake_pull_gib_per_s": round(mooncake, 3),
-        "torch_broadcast_gib_per_s": round(broadcast, 3),
-        "mooncake_vs_torch": round(mooncake / broadcast, 2),
-        "buffer_mib": args.mib,
-        "repeats": args.repeats,
-    }))
+    print(
+        json.dumps(
+            {
+                "mooncake_pull_gib_per_s": round(mooncake, 3),
+                "torch_broadcast_gib_per_s": round(broadcast, 3),
+                "mooncake_vs_torch": round(mooncake / broadcast, 2),
+                "buffer_mib": args.mib,
+                "repeats": args.repeats,
+            }
+        )
+    )

@@ -51,7 +51,9 @@ def configure_logging(format: Format = "auto", level: str = "info", stream: Any 
     out = stream if stream is not None else sys.stderr
     use_json = format == "json" or (format == "auto" and not out.isatty())
     renderer: Any = (
-        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=out.isatty())
+        structlog.processors.JSONRenderer()
+        if use_json
+        else structlog.dev.ConsoleRenderer(colors=out.isatty())
     )
     numeric = logging.getLevelName(level.upper())
     formatter = structlog.stdlib.ProcessorFormatter(
@@ -70,7 +72,9 @@ def configure_logging(format: Format = "auto", level: str = "info", stream: Any 
     root.addHandler(handler)
     root.setLevel(numeric)
     for name in CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.DEBUG if numeric <= logging.DEBUG else max(numeric, logging.WARNING))
+        logging.getLogger(name).setLevel(
+            logging.DEBUG if numeric <= logging.DEBUG else max(numeric, logging.WARNING)
+        )
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # uvicorn's own handlers, if it set any
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True

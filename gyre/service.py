@@ -95,12 +95,17 @@ class GyreService:
         if not self.config.nats.url or not self.config.redis.url:
             raise ConfigError("nats.url and redis.url must be set for a service (gyre up sets them)")
         try:
-            nats_login, redis_login = self.config.nats.login_for(self.name), self.config.redis.login_for(self.name)
+            nats_login, redis_login = (
+                self.config.nats.login_for(self.name),
+                self.config.redis.login_for(self.name),
+            )
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.supervisor = Supervisor(self.instance_name)
         self.redis = await connect_redis(self.config.redis.url, redis_login)
-        self.bus = await EventBus.connect(self.config.nats.url, self.config.run.id, self.instance_name, login=nats_login)
+        self.bus = await EventBus.connect(
+            self.config.nats.url, self.config.run.id, self.instance_name, login=nats_login
+        )
         self.server = grpc.aio.server()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -111,13 +116,18 @@ class GyreService:
         if self.config.metrics.serve:
             self.metrics_listener = MetricsListener(
                 CombinedRegistry([self.metrics_registry, *self.metrics_registries()]),
-                host=self.config.run.host, port=self.config.metrics.port,
+                host=self.config.run.host,
+                port=self.config.metrics.port,
             )
             await self.metrics_listener.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._write_endpoint()
-        self.log.info("service_serving", grpc_port=self.grpc_port, metrics_port=self.metrics_port,
-                      **self.endpoint_info())
+        self.log.info(
+            "service_serving",
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+            **self.endpoint_info(),
+        )
 
     @property
     def metrics_port(self) -> int:
@@ -162,8 +172,13 @@ class GyreService:
     def _write_endpoint(self) -> None:
         path = self._endpoint_file()
         path.parent.mkdir(parents=True, exist_ok=True)
-        info = {"name": self.instance_name, "pid": os.getpid(), "grpc_port": self.grpc_port,
-                "metrics_port": self.metrics_port, **self.endpoint_info()}
+        info = {
+            "name": self.instance_name,
+            "pid": os.getpid(),
+            "grpc_port": self.grpc_port,
+            "metrics_port": self.metrics_port,
+            **self.endpoint_info(),
+        }
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(info))
         tmp.replace(path)

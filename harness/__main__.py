@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             backoff_s=args.backoff_s,
             seed=args.seed,
         )
-        latency = ToolLatency(args.tool_latency_s, args.tool_latency_alpha, args.tool_latency_max_s, args.seed)
+        latency = ToolLatency(
+            args.tool_latency_s, args.tool_latency_alpha, args.tool_latency_max_s, args.seed
+        )
         agent = Agent(
             client,
             args.workspace,
@@ -82,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if "ANTHROPIC_BASE_URL" not in os.environ:
-        print("warning: ANTHROPIC_BASE_URL is not set; the SDK will call its default endpoint", file=sys.stderr)
+        print(
+            "warning: ANTHROPIC_BASE_URL is not set; the SDK will call its default endpoint", file=sys.stderr
+        )
     try:
         report = agent.run(prompt)
         status = 0

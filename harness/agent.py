@@ -114,8 +114,13 @@ class Agent:
         assert last["role"] == "user", "compaction happens before a call, after a user turn"
         content = last["content"]
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-        request = [*messages[:-1], {"role": "user", "content": [*blocks, {"type": "text", "text": prompts.SUMMARY_INSTRUCTION}]}]
-        response = self.client.create(self.system, self.tools, request, sub_agent=self.sub_agent, summary=True)
+        request = [
+            *messages[:-1],
+            {"role": "user", "content": [*blocks, {"type": "text", "text": prompts.SUMMARY_INSTRUCTION}]},
+        ]
+        response = self.client.create(
+            self.system, self.tools, request, sub_agent=self.sub_agent, summary=True
+        )
         self.report.compactions += 1
         self._last_usage_tokens = 0
         print(f"harness: compacted context ({'sub' if self.sub_agent else 'main'})", file=sys.stderr)

@@ -109,7 +109,10 @@ class ModelClient:
                 if not retryable(e) or attempt == self.max_retries:
                     raise ModelCallError(f"model call failed after {attempt + 1} attempt(s): {e}") from e
                 delay = min(self.backoff_s * 2**attempt, 8.0) * (0.5 + self._rng.random())
-                print(f"harness: model call failed ({type(e).__name__}); retry in {delay:.2f} s", file=sys.stderr)
+                print(
+                    f"harness: model call failed ({type(e).__name__}); retry in {delay:.2f} s",
+                    file=sys.stderr,
+                )
                 self._sleep(delay)
                 continue
             if summary:

@@ -32,11 +32,26 @@ def main(argv: list[str] | None = None) -> None:
     if args.samples < 1:
         p.error("--samples must be at least 1")
     t0 = time.monotonic()
-    report = asyncio.run(measure_reward(args.model, list(args.tasks), args.samples, seed=args.seed,
-                                        concurrency=8, temperature=args.temperature))
+    report = asyncio.run(
+        measure_reward(
+            args.model,
+            list(args.tasks),
+            args.samples,
+            seed=args.seed,
+            concurrency=8,
+            temperature=args.temperature,
+        )
+    )
     rewards = {t: report.rewards[t] for t in args.tasks}
-    print(json.dumps({"mean_reward": report.mean_reward, "rewards": rewards,
-                      "seconds": round(time.monotonic() - t0, 3)}))
+    print(
+        json.dumps(
+            {
+                "mean_reward": report.mean_reward,
+                "rewards": rewards,
+                "seconds": round(time.monotonic() - t0, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -47,15 +47,22 @@ class RewardReport:
         return sum(1 for g in self.rewards.values() if len(set(g)) > 1) / max(1, len(self.rewards))
 
     def summary(self) -> dict[str, Any]:
-        return {"mean_reward": round(self.mean_reward, 4), "groups_with_variance": round(self.groups_with_variance, 4),
-                "num_groups": len(self.rewards), "samples": sum(len(g) for g in self.rewards.values())}
+        return {
+            "mean_reward": round(self.mean_reward, 4),
+            "groups_with_variance": round(self.groups_with_variance, 4),
+            "num_groups": len(self.rewards),
+            "samples": sum(len(g) for g in self.rewards.values()),
+        }
 
 
 def prompt_ids(task: Task, template: ChatTemplate) -> list[int]:
     from gyre.trajectory.anthropic import from_anthropic
 
-    body = {"system": prompts.MAIN_SYSTEM, "tools": tool_specs(task.tools or DEFAULT_TOOLS), "messages": [
-        {"role": "user", "content": task.prompt}]}
+    body = {
+        "system": prompts.MAIN_SYSTEM,
+        "tools": tool_specs(task.tools or DEFAULT_TOOLS),
+        "messages": [{"role": "user", "content": task.prompt}],
+    }
     request = from_anthropic(body, {})
     system = PROFILES["generic"].classify(request).system
     ids = template.render_system(system, request.tools)
@@ -75,8 +82,15 @@ class Rollout:
     """Per id: the engine's log-prob of a sampled id, 0.0 elsewhere."""
 
 
-async def rollout(client: EngineClient, task: Task, template: ChatTemplate, rid: str, max_turns: int = 4,
-                  max_new_tokens: int = 160, temperature: float = 1.0) -> Rollout:
+async def rollout(
+    client: EngineClient,
+    task: Task,
+    template: ChatTemplate,
+    rid: str,
+    max_turns: int = 4,
+    max_new_tokens: int = 160,
+    temperature: float = 1.0,
+) -> Rollout:
     """One execution: the harness protocol against the engine, scored by the verifier's rule."""
     ids = prompt_ids(task, template)
     targets, behaviour = [False] * len(ids), [0.0] * len(ids)
@@ -88,8 +102,9 @@ async def rollout(client: EngineClient, task: Task, template: ChatTemplate, rid:
         behaviour.extend(logprobs if logprobs is not None else [0.0] * len(new))
 
     for turn in range(max_turns):
-        result = await client.generate(ids, {"max_new_tokens": max_new_tokens, "temperature": temperature},
-                                       rid=f"{rid}-{turn}")
+        result = await client.generate(
+            ids, {"max_new_tokens": max_new_tokens, "temperature": temperature}, rid=f"{rid}-{turn}"
+        )
         output = result.output_ids
         extend(output, sampled=True, logprobs=result.output_logprobs)
         extend(template.close_output(output))
@@ -113,8 +128,15 @@ async def rollout(client: EngineClient, task: Task, template: ChatTemplate, rid:
     return Rollout(reward, ids, targets, behaviour)
 
 
-async def measure_reward(model_dir: Path, task_ids: list[str], samples_per_task: int = 8, seed: int = 0,
-                         concurrency: int = 32, model: Any = None, temperature: float = 1.0) -> RewardReport:
+async def measure_reward(
+    model_dir: Path,
+    task_ids: list[str],
+    samples_per_task: int = 8,
+    seed: int = 0,
+    concurrency: int = 32,
+    model: Any = None,
+    temperature: float = 1.0,
+) -> RewardReport:
     """Sample the model of `model_dir` (or `model`, a CausalLM of it, served as is) on every task,
     `samples_per_task` times each, at `temperature` (0 = greedy)."""
     from services.cell_agent.engine import EngineServer
@@ -123,13 +145,16 @@ async def measure_reward(model_dir: Path, task_ids: list[str], samples_per_task:
     report = RewardReport()
     section = EngineSection(max_batch_size=concurrency, seed=seed, num_threads=2)
     limit = asyncio.Semaphore(concurrency)
-    async with EngineServer(section, model_dir=model_dir, model=model) as engine, \
-            EngineClient(engine.url, timeout_s=600) as client:
+    async with (
+        EngineServer(section, model_dir=model_dir, model=model) as engine,
+        EngineClient(engine.url, timeout_s=600) as client,
+    ):
 
         async def one(task_id: str, k: int) -> None:
             async with limit:
-                done = await rollout(client, registry.get(task_id), template, rid=f"{task_id}#{k}",
-                                       temperature=temperature)
+                done = await rollout(
+                    client, registry.get(task_id), template, rid=f"{task_id}#{k}", temperature=temperature
+                )
             report.rewards.setdefault(task_id, []).append(done.reward)
 
         await asyncio.gather(*(one(t, k) for t in task_ids for k in range(samples_per_task)))

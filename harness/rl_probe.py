@@ -44,23 +44,31 @@ MICRO_BATCH = 16
 """Executions per forward/backward (gradients accumulate; the coefficients make the sum exact)."""
 
 
-async def sample_groups(client: EngineClient, task_ids: list[str], samples: int, tag: str) -> dict[str, list[Rollout]]:
+async def sample_groups(
+    client: EngineClient, task_ids: list[str], samples: int, tag: str
+) -> dict[str, list[Rollout]]:
     registry, template = TaskRegistry(), template_for_family("chatml")
     groups: dict[str, list[Rollout]] = {t: [] for t in task_ids}
 
     async def one(task_id: str, k: int) -> None:
-        groups[task_id].append(await rollout(client, registry.get(task_id), template, rid=f"{tag}/{task_id}#{k}"))
+        groups[task_id].append(
+            await rollout(client, registry.get(task_id), template, rid=f"{tag}/{task_id}#{k}")
+        )
 
     await asyncio.gather(*(one(t, k) for t in task_ids for k in range(samples)))
     return groups
 
 
-def policy_step(model: CausalLM, optimizer: torch.optim.Optimizer, groups: dict[str, list[Rollout]]) -> dict[str, Any]:
+def policy_step(
+    model: CausalLM, optimizer: torch.optim.Optimizer, groups: dict[str, list[Rollout]]
+) -> dict[str, Any]:
     """One optimizer step of the GSPO-variant objective over the sampled groups."""
     num_executions = sum(len(g) for g in groups.values())
     executions: list[tuple[Rollout, float]] = []
     for task_id, members in groups.items():
-        outcomes = [MemberOutcome(f"{task_id}#{k}", MemberStatus.VALID, r.reward) for k, r in enumerate(members)]
+        outcomes = [
+            MemberOutcome(f"{task_id}#{k}", MemberStatus.VALID, r.reward) for k, r in enumerate(members)
+        ]
         advantages = group_advantages(outcomes).advantages
         executions += [(r, advantages[o.execution_id]) for r, o in zip(members, outcomes, strict=True)]
     trained = [(r, a) for r, a in executions if a != 0.0 and any(r.targets)]
@@ -91,17 +99,26 @@ def policy_step(model: CausalLM, optimizer: torch.optim.Optimizer, groups: dict[
             bounds.append(len(ids))
         logits = model(torch.tensor(ids), torch.tensor(positions), bounds)
         logprobs = token_logprobs(logits[torch.tensor(predict_at)], torch.tensor(labels))
-        loss, _ = gspo_loss(logprobs, torch.tensor(behaviour), torch.tensor([a for _, a in chunk]),
-                            torch.tensor(index), torch.tensor(coefficients, dtype=torch.float64).float())
+        loss, _ = gspo_loss(
+            logprobs,
+            torch.tensor(behaviour),
+            torch.tensor([a for _, a in chunk]),
+            torch.tensor(index),
+            torch.tensor(coefficients, dtype=torch.float64).float(),
+        )
         loss.backward()  # type: ignore[no-untyped-call]
         loss_total += float(loss.detach())
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) if trained else 0.0
     if trained:
         optimizer.step()
     rewards = [r.reward for r, _ in executions]
-    return {"batch_reward": statistics.fmean(rewards), "trained_executions": len(trained), "loss": loss_total,
-            "grad_norm": grad_norm,
-            "groups_with_variance": sum(len({r.reward for r in g}) > 1 for g in groups.values()) / len(groups)}
+    return {
+        "batch_reward": statistics.fmean(rewards),
+        "trained_executions": len(trained),
+        "loss": loss_total,
+        "grad_norm": grad_norm,
+        "groups_with_variance": sum(len({r.reward for r in g}) > 1 for g in groups.values()) / len(groups),
+    }
 
 
 async def evaluate(client: EngineClient, pool: list[str], samples: int, tag: str) -> RewardReport:
@@ -109,8 +126,16 @@ async def evaluate(client: EngineClient, pool: list[str], samples: int, tag: str
     return RewardReport({t: [r.reward for r in g] for t, g in groups.items()})
 
 
-async def probe(checkpoint: Path, steps: int, tasks: int, samples: int, lr: float, eval_samples: int,
-                seed: int, pool: list[str] | None = None) -> dict[str, Any]:
+async def probe(
+    checkpoint: Path,
+    steps: int,
+    tasks: int,
+    samples: int,
+    lr: float,
+    eval_samples: int,
+    seed: int,
+    pool: list[str] | None = None,
+) -> dict[str, Any]:
     pool = pool or demo_task_ids()
     torch.manual_seed(seed)
     model = load_model(checkpoint).train()
@@ -120,8 +145,10 @@ async def probe(checkpoint: Path, steps: int, tasks: int, samples: int, lr: floa
     started = time.monotonic()
     from services.cell_agent.engine import EngineServer
 
-    async with EngineServer(section, model_dir=checkpoint, model=copy.deepcopy(model).eval()) as engine, \
-            EngineClient(engine.url, timeout_s=600) as client:
+    async with (
+        EngineServer(section, model_dir=checkpoint, model=copy.deepcopy(model).eval()) as engine,
+        EngineClient(engine.url, timeout_s=600) as client,
+    ):
         before = await evaluate(client, pool, eval_samples, "eval0")
         history = []
         for step in range(steps):
@@ -133,12 +160,21 @@ async def probe(checkpoint: Path, steps: int, tasks: int, samples: int, lr: floa
             print(f"rl_probe: step {step + 1} {json.dumps(history[-1])}", flush=True)
         after = await evaluate(client, pool, eval_samples, "eval1")
     return {
-        "checkpoint": str(checkpoint), "steps": steps, "tasks_per_step": tasks, "samples_per_task": samples, "lr": lr,
-        "eval_reward_start": round(before.mean_reward, 4), "eval_reward_end": round(after.mean_reward, 4),
+        "checkpoint": str(checkpoint),
+        "steps": steps,
+        "tasks_per_step": tasks,
+        "samples_per_task": samples,
+        "lr": lr,
+        "eval_reward_start": round(before.mean_reward, 4),
+        "eval_reward_end": round(after.mean_reward, 4),
         "groups_with_variance_step0": history[0]["groups_with_variance"] if history else None,
         "eval_groups_with_variance_start": round(before.groups_with_variance, 4),
-        "batch_reward_first5": round(statistics.fmean(h["batch_reward"] for h in history[:5]), 4) if history else None,
-        "batch_reward_last5": round(statistics.fmean(h["batch_reward"] for h in history[-5:]), 4) if history else None,
+        "batch_reward_first5": round(statistics.fmean(h["batch_reward"] for h in history[:5]), 4)
+        if history
+        else None,
+        "batch_reward_last5": round(statistics.fmean(h["batch_reward"] for h in history[-5:]), 4)
+        if history
+        else None,
         "seconds": round(time.monotonic() - started, 1),
     }
 
@@ -150,13 +186,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=16, help="groups per step (B)")
     parser.add_argument("--samples", type=int, default=8, help="executions per group (N)")
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--eval-samples", type=int, default=4, help="samples per demo task in the fixed evaluation")
+    parser.add_argument(
+        "--eval-samples", type=int, default=4, help="samples per demo task in the fixed evaluation"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pool", default="", help="task ids separated by ;  to draw from (default: the demo suite)")
+    parser.add_argument(
+        "--pool", default="", help="task ids separated by ;  to draw from (default: the demo suite)"
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(asyncio.run(probe(args.checkpoint, args.steps, args.tasks, args.samples, args.lr,
-                                       args.eval_samples, args.seed,
-                                       [t for t in args.pool.split(";") if t]))))
+    print(
+        json.dumps(
+            asyncio.run(
+                probe(
+                    args.checkpoint,
+                    args.steps,
+                    args.tasks,
+                    args.samples,
+                    args.lr,
+                    args.eval_samples,
+                    args.seed,
+                    [t for t in args.pool.split(";") if t],
+                )
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

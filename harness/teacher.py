@@ -64,19 +64,32 @@ def teacher_body(task: Task, rng: random.Random) -> Transcript:
             broken = '{"name":"write_file","arguments":' + f'{{"path":"{path}","content":"{content}"}}'
             return Transcript(_body(messages, tools), malformed_output=broken)  # no closing brace
         call_id = f"toolu_{i:02d}"
-        messages.append({"role": "assistant", "content": [
-            {"type": "tool_use", "id": call_id, "name": "write_file", "input": arguments}]})
-        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "ok"}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": call_id, "name": "write_file", "input": arguments}],
+            }
+        )
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "ok"}]}
+        )
     messages.append({"role": "assistant", "content": [{"type": "text", "text": DONE}]})
     return Transcript(_body(messages, tools))
 
 
 def _body(messages: list[dict[str, Any]], tools: Sequence[str]) -> dict[str, Any]:
-    return {"model": "gyre-embedded", "max_tokens": 512, "system": prompts.MAIN_SYSTEM,
-            "tools": tool_specs(tools), "messages": messages}
+    return {
+        "model": "gyre-embedded",
+        "max_tokens": 512,
+        "system": prompts.MAIN_SYSTEM,
+        "tools": tool_specs(tools),
+        "messages": messages,
+    }
 
 
-def render_transcript(transcript: Transcript, template: ChatTemplate | None = None) -> tuple[list[int], list[bool]]:
+def render_transcript(
+    transcript: Transcript, template: ChatTemplate | None = None
+) -> tuple[list[int], list[bool]]:
     """Token ids and target mask (True on engine-sampled output tokens) along the proxy's path."""
     template = template or template_for_family("chatml")
     request = from_anthropic(transcript.body, {})

@@ -33,12 +33,20 @@ class ToolResult:
 
 
 def _schema(**props: str) -> dict[str, Any]:
-    return {"type": "object", "properties": {k: {"type": v} for k, v in props.items()}, "required": list(props)}
+    return {
+        "type": "object",
+        "properties": {k: {"type": v} for k, v in props.items()},
+        "required": list(props),
+    }
 
 
 #: Tool definitions as sent to the model (Anthropic `tools` format), in request order.
 TOOL_SPECS: dict[str, dict[str, Any]] = {
-    "bash": {"name": "bash", "description": "Run a shell command.", "input_schema": _schema(command="string")},
+    "bash": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "input_schema": _schema(command="string"),
+    },
     "write_file": {
         "name": "write_file",
         "description": "Write a file.",

@@ -58,7 +58,9 @@ def transcripts(seed: int) -> Iterator[tuple[list[int], list[bool]]]:
         yield render_transcript(teacher_body(registry.get(rng.choice(pool)), rng), template)
 
 
-def packed_batch(stream: Iterator[tuple[list[int], list[bool]]], tokens_per_step: int) -> dict[str, torch.Tensor]:
+def packed_batch(
+    stream: Iterator[tuple[list[int], list[bool]]], tokens_per_step: int
+) -> dict[str, torch.Tensor]:
     """Whole transcripts packed up to `tokens_per_step`: inputs, positions, boundaries, targets."""
     ids: list[int] = []
     positions: list[int] = []
@@ -91,8 +93,15 @@ def lr_at(step: int, progress: float, peak: float, warmup_steps: int = 20) -> fl
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train(seconds: float, seed: int = 0, lr: float = 3e-3, tokens_per_step: int = 4096, threads: int = 1,
-          base: Path | None = None, log_every: int = 25) -> tuple[CausalLM, dict[str, Any]]:
+def train(
+    seconds: float,
+    seed: int = 0,
+    lr: float = 3e-3,
+    tokens_per_step: int = 4096,
+    threads: int = 1,
+    base: Path | None = None,
+    log_every: int = 25,
+) -> tuple[CausalLM, dict[str, Any]]:
     """Train for `seconds` of wall clock; returns the model and training stats.
 
     One torch thread by default: on a machine whose cores are shared (CI, the demo's own services),
@@ -108,12 +117,27 @@ def train(seconds: float, seed: int = 0, lr: float = 3e-3, tokens_per_step: int 
 
 def init_demo_model(out: Path, seed: int = 0) -> Path:
     """A random-init demo model directory (fp16 weights, byte tokenizer, compact ChatML)."""
-    return init_model_dir(out, arch="llama", size="tiny", seed=seed, tokenizer="byte", family="chatml",
-                          dtype="float16", overrides=DEMO_MODEL)
+    return init_model_dir(
+        out,
+        arch="llama",
+        size="tiny",
+        seed=seed,
+        tokenizer="byte",
+        family="chatml",
+        dtype="float16",
+        overrides=DEMO_MODEL,
+    )
 
 
-def _train(seconds: float, seed: int, lr: float, tokens_per_step: int, threads: int, base: Path | None,
-           log_every: int) -> tuple[CausalLM, dict[str, Any]]:
+def _train(
+    seconds: float,
+    seed: int,
+    lr: float,
+    tokens_per_step: int,
+    threads: int,
+    base: Path | None,
+    log_every: int,
+) -> tuple[CausalLM, dict[str, Any]]:
     torch.manual_seed(seed)
     if base is None:
         with tempfile.TemporaryDirectory(prefix="gyre-warmstart-") as scratch:
@@ -140,8 +164,15 @@ def _train(seconds: float, seed: int, lr: float, tokens_per_step: int, threads: 
         loss_ema = value if math.isnan(loss_ema) else 0.9 * loss_ema + 0.1 * value
         if log_every and step % log_every == 0:
             print(f"warmstart: step {step} {elapsed:.0f}s loss {loss_ema:.4f} tokens {tokens}", flush=True)
-    stats = {"steps": step, "tokens": tokens, "seconds": round(time.monotonic() - start, 1), "loss": round(loss_ema, 4),
-             "seed": seed, "lr": lr, "threads": threads}
+    stats = {
+        "steps": step,
+        "tokens": tokens,
+        "seconds": round(time.monotonic() - start, 1),
+        "loss": round(loss_ema, 4),
+        "seed": seed,
+        "lr": lr,
+        "threads": threads,
+    }
     return model.eval(), stats
 
 
@@ -151,8 +182,14 @@ def save_fp16(model: CausalLM, out: Path, stats: dict[str, Any]) -> Path:
     metadata = {f"gyre_warmstart_{k}": str(v) for k, v in {"source": "harness.warmstart", **stats}.items()}
     with tempfile.TemporaryDirectory(prefix="gyre-warmstart-") as scratch:
         files = init_demo_model(Path(scratch) / "files")  # the tokenizer and template files to ship with it
-        return write_model_dir(out, arch=model.arch, tensors=dict(model.named_parameters()), source=files,
-                               metadata=metadata, dtype="float16")
+        return write_model_dir(
+            out,
+            arch=model.arch,
+            tensors=dict(model.named_parameters()),
+            source=files,
+            metadata=metadata,
+            dtype="float16",
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -163,15 +200,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is robust on shared cores)")
     parser.add_argument("--tokens-per-step", type=int, default=4096)
-    parser.add_argument("--eval-samples", type=int, default=8, help="samples per demo task (0 = no measurement)")
-    parser.add_argument("--eval-only", type=Path, default=None, help="measure this model directory, train nothing")
+    parser.add_argument(
+        "--eval-samples", type=int, default=8, help="samples per demo task (0 = no measurement)"
+    )
+    parser.add_argument(
+        "--eval-only", type=Path, default=None, help="measure this model directory, train nothing"
+    )
     args = parser.parse_args(argv)
     if args.eval_only is not None:
         path = args.eval_only
         report: dict[str, Any] = {"checkpoint": str(path), **check_model_dir(path).metadata}
     else:
-        model, stats = train(args.seconds, seed=args.seed, lr=args.lr, tokens_per_step=args.tokens_per_step,
-                             threads=args.threads)
+        model, stats = train(
+            args.seconds,
+            seed=args.seed,
+            lr=args.lr,
+            tokens_per_step=args.tokens_per_step,
+            threads=args.threads,
+        )
         path = save_fp16(model, args.out, stats)
         size = sum(f.stat().st_size for f in path.iterdir())
         report = {"checkpoint": str(path), "bytes": size, **stats}

@@ -121,8 +121,12 @@ class CellCalibration:
         all_busy = [b for v in self.busy.values() for b, _ in v]
         return {
             "source_runs": list(self.source_runs),
-            "tool_sleep": {"median_s": self.tool_sleep.median_s, "alpha": self.tool_sleep.alpha,
-                           "max_s": self.tool_sleep.max_s, "source": "the harness's arguments in the run"},
+            "tool_sleep": {
+                "median_s": self.tool_sleep.median_s,
+                "alpha": self.tool_sleep.alpha,
+                "max_s": self.tool_sleep.max_s,
+                "source": "the harness's arguments in the run",
+            },
             "executions_measured": len(all_busy),
             "busy_s_mean": {s: round(statistics.fmean(b for b, _ in v), 2) for s, v in self.busy.items()},
             "tool_calls_mean": {s: round(statistics.fmean(t for _, t in v), 2) for s, v in self.busy.items()},
@@ -159,7 +163,9 @@ class MeasuredWorkload:
     ) -> GroupBlock:
         cal = self.calibration
         if first_group + num_groups > len(self._suites):
-            raise ValueError(f"the query order covers {len(self._suites)} groups; {first_group + num_groups} needed")
+            raise ValueError(
+                f"the query order covers {len(self._suites)} groups; {first_group + num_groups} needed"
+            )
         run_s = np.zeros((num_groups, group_size))
         for i in range(num_groups):
             table = self._busy.get(self._suites[first_group + i], self._pooled)
@@ -194,7 +200,7 @@ def local_preset(
     return Preset(
         name="cpu-stack",
         description=f"this machine's CPU stack: K={num_cells} cells, C_e={cell_capacity}, N={group_size}, "
-                    f"B={batch_groups}; cell model measured in {len(cal.source_runs)} run(s)",
+        f"B={batch_groups}; cell model measured in {len(cal.source_runs)} run(s)",
         num_nodes=num_cells,
         cell_nodes=1,
         executions_per_node=cell_capacity,

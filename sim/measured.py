@@ -106,7 +106,11 @@ def read_run(run_dir: Path) -> MeasuredRun:
     if not events_path.exists():
         raise ValueError(f"{run_dir}: no events.jsonl (not a finished gyre demo / bench e2e run)")
     events = [json.loads(line) for line in events_path.read_text().splitlines()]
-    mode = json.loads((run_dir / "summary.json").read_text())["mode"] if (run_dir / "summary.json").exists() else ""
+    mode = (
+        json.loads((run_dir / "summary.json").read_text())["mode"]
+        if (run_dir / "summary.json").exists()
+        else ""
+    )
     dispatched = [e for e in events if e["type"] == "gyre.v1.GroupDispatched"]
     if not dispatched:
         raise ValueError(f"{run_dir}: the run dispatched nothing")
@@ -156,30 +160,57 @@ def read_run(run_dir: Path) -> MeasuredRun:
         if body.get("reason") == "TERMINATION_REASON_CANCELLED" or report is None or eid not in evaluated:
             continue
         group = group_of.get(eid, "")
-        records.append(ExecutionRecord(
-            execution_id=eid, group_id=group, suite=query_of.get(group, "").split("/")[0],
-            duration_s=float(body.get("durationS", 0.0)), tool_sleep_s=float(report.get("tool_sleep_s", 0.0)),
-            model_calls=int(report.get("calls", 0)), tool_calls=int(report.get("tool_calls", 0)),
-            evaluation_s=max(0.0, evaluated[eid] - body["time_s"]),
-        ))
+        records.append(
+            ExecutionRecord(
+                execution_id=eid,
+                group_id=group,
+                suite=query_of.get(group, "").split("/")[0],
+                duration_s=float(body.get("durationS", 0.0)),
+                tool_sleep_s=float(report.get("tool_sleep_s", 0.0)),
+                model_calls=int(report.get("calls", 0)),
+                tool_calls=int(report.get("tool_calls", 0)),
+                evaluation_s=max(0.0, evaluated[eid] - body["time_s"]),
+            )
+        )
     if not records:
         raise ValueError(f"{run_dir}: no execution with a harness report (the demo harness writes one)")
     return MeasuredRun(
-        run_dir=str(run_dir), mode=mode, executions=tuple(records),
+        run_dir=str(run_dir),
+        mode=mode,
+        executions=tuple(records),
         query_order=tuple(query_of[e["event"]["groupId"]] for e in dispatched),
-        microstep_tokens=tuple(micro_tokens), microstep_s=tuple(micro_s),
+        microstep_tokens=tuple(micro_tokens),
+        microstep_s=tuple(micro_s),
         tokens_per_execution=tokens / executions_packed if executions_packed else 0.0,
-        step_overhead_s=tuple(overhead), to_training_s=tuple(to_training), to_rollout_s=tuple(to_rollout),
-        publish_s=tuple(publish), step_end_s=tuple(sorted(steps)),
-        claim_s=tuple(sorted(b["time_s"] - t0 - float(b.get("durationS", 0.0)) for b in terminated.values()
-                             if b.get("reason") != "TERMINATION_REASON_CANCELLED")),
-        failed=sum(b.get("reason") in ("TERMINATION_REASON_FAILED", "TERMINATION_REASON_INFRA_FAILURE")
-                   for b in terminated.values()),
+        step_overhead_s=tuple(overhead),
+        to_training_s=tuple(to_training),
+        to_rollout_s=tuple(to_rollout),
+        publish_s=tuple(publish),
+        step_end_s=tuple(sorted(steps)),
+        claim_s=tuple(
+            sorted(
+                b["time_s"] - t0 - float(b.get("durationS", 0.0))
+                for b in terminated.values()
+                if b.get("reason") != "TERMINATION_REASON_CANCELLED"
+            )
+        ),
+        failed=sum(
+            b.get("reason") in ("TERMINATION_REASON_FAILED", "TERMINATION_REASON_INFRA_FAILURE")
+            for b in terminated.values()
+        ),
     )
 
 
-_READ_EVENTS = {"GroupDispatched", "ExecutionTerminated", "EvaluationDone", "MicroStepEnqueued", "MicroStepDone",
-                "StepCompleted", "RoleTransitionCompleted", "WeightsPublished"}
+_READ_EVENTS = {
+    "GroupDispatched",
+    "ExecutionTerminated",
+    "EvaluationDone",
+    "MicroStepEnqueued",
+    "MicroStepDone",
+    "StepCompleted",
+    "RoleTransitionCompleted",
+    "WeightsPublished",
+}
 
 
 def trim_run(run_dir: Path, out_dir: Path) -> None:
@@ -193,7 +224,9 @@ def trim_run(run_dir: Path, out_dir: Path) -> None:
             kept.append(json.dumps({k: event[k] for k in ("type", "time_s", "event")}))
     (out_dir / "events.jsonl").write_text("\n".join(kept) + "\n")
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    (out_dir / "config.yaml").write_text(yaml.safe_dump({k: config[k] for k in ("scheduler", "packer", "tasks")}))
+    (out_dir / "config.yaml").write_text(
+        yaml.safe_dump({k: config[k] for k in ("scheduler", "packer", "tasks")})
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     (out_dir / "summary.json").write_text(json.dumps({"mode": summary["mode"]}) + "\n")
     for control in sorted((run_dir / "sandboxes").glob("*/control")):

@@ -84,8 +84,16 @@ class Preset:
 
 
 _TOKENS = {"train_tokens_per_hour": 250_000.0, "max_train_tokens": 1_000_000.0}
-_CLUSTER_REPORTED = ("num_nodes", "cell_nodes", "executions_per_node", "group_size", "batch_groups", "steps",
-                     "training.join_s", "training.leave_s")
+_CLUSTER_REPORTED = (
+    "num_nodes",
+    "cell_nodes",
+    "executions_per_node",
+    "group_size",
+    "batch_groups",
+    "steps",
+    "training.join_s",
+    "training.leave_s",
+)
 
 _NL2REPO_122B_WORKLOAD = WorkloadModel(
     median_execution_h=1.6944,
@@ -137,7 +145,7 @@ NL2REPO_122B = Preset(
     reported_fields=(*_CLUSTER_REPORTED, "workload.overall_timeout_share"),
     figure_notes={
         "training.node_tokens_per_s": "the least certain number; a first-principles estimate, revised once after "
-                                      "the paper's Table 2 had been seen (the sweep in sim/README.md shows its effect)",
+        "the paper's Table 2 had been seen (the sweep in sim/README.md shows its effect)",
         "workload.overall_timeout_share": "derived from the reported harness- and overall-timeout rates",
     },
 )
@@ -203,14 +211,24 @@ NL2REPO_2_4T = Preset(
     reported_fields=(*_CLUSTER_REPORTED, "workload.overall_timeout_share"),
 )
 
+
 def figure_sources(preset: Preset) -> dict[str, dict[str, Any]]:
     """Every number the preset feeds the simulator, with where it comes from: `paper` (reported and used
     as given), `fitted` (to the paper's reported workload statistics, sim/calibrate.py; never to speedups)
     or `assumed` (this module's docstring says why each value)."""
     figures: dict[str, Any] = {
         name: getattr(preset, name)
-        for name in ("num_nodes", "cell_nodes", "executions_per_node", "group_size", "batch_groups", "steps",
-                     "rho_min", "tau_s", "runner_start_s")
+        for name in (
+            "num_nodes",
+            "cell_nodes",
+            "executions_per_node",
+            "group_size",
+            "batch_groups",
+            "steps",
+            "rho_min",
+            "tau_s",
+            "runner_start_s",
+        )
     }
     figures |= {f"training.{f.name}": getattr(preset.training, f.name) for f in fields(preset.training)}
     if is_dataclass(preset.workload):

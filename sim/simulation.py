@@ -64,7 +64,9 @@ from sim.packer import SimPacker
 from sim.presets import Preset
 from sim.workload import OUTCOME_NAMES, WorkloadStream
 
-EXEC_END, GROUP_READY, TRANSITION_DONE, MICRO_DONE, STEP_DONE, PUBLISH_DONE, TICK, CELL_READY, EXEC_START = range(9)
+EXEC_END, GROUP_READY, TRANSITION_DONE, MICRO_DONE, STEP_DONE, PUBLISH_DONE, TICK, CELL_READY, EXEC_START = (
+    range(9)
+)
 
 
 class SimulationStalled(RuntimeError):

@@ -76,11 +76,19 @@ class RunSettings:
             config = yaml.safe_load((run_dir / "config.yaml").read_text())
             s, p = config["scheduler"], config["packer"]
             return cls(
-                mode=Mode(s["mode"]), num_cells=int(s["num_cells"]), cell_capacity=int(s["cell_capacity"]),
-                group_size=int(s["group_size"]), batch_groups=int(s["batch_groups"]), phi=float(s["phi"]),
-                mu=int(s["mu"]), rho_min=float(s["rho_min"]), tau_s=float(s["tau_s"]),
-                async_training_cells=int(s["async_training_cells"]), microstep_tokens=int(p["microstep_tokens"]),
-                tasks=dict(config.get("tasks") or {}), seed=int(s.get("seed", 0)),
+                mode=Mode(s["mode"]),
+                num_cells=int(s["num_cells"]),
+                cell_capacity=int(s["cell_capacity"]),
+                group_size=int(s["group_size"]),
+                batch_groups=int(s["batch_groups"]),
+                phi=float(s["phi"]),
+                mu=int(s["mu"]),
+                rho_min=float(s["rho_min"]),
+                tau_s=float(s["tau_s"]),
+                async_training_cells=int(s["async_training_cells"]),
+                microstep_tokens=int(p["microstep_tokens"]),
+                tasks=dict(config.get("tasks") or {}),
+                seed=int(s.get("seed", 0)),
             )
         except (OSError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{run_dir}/config.yaml: cannot read the run's settings ({e})") from None
@@ -89,13 +97,23 @@ class RunSettings:
 def predict(calibration: CellCalibration, settings: RunSettings, *, steps: int, seeds: int) -> list[float]:
     """Simulated seconds to `steps` steps for each workload seed."""
     preset = local_preset(
-        calibration, num_cells=settings.num_cells, cell_capacity=settings.cell_capacity,
-        group_size=settings.group_size, batch_groups=settings.batch_groups, rho_min=settings.rho_min,
-        tau_s=settings.tau_s, microstep_tokens=settings.microstep_tokens, steps=steps,
+        calibration,
+        num_cells=settings.num_cells,
+        cell_capacity=settings.cell_capacity,
+        group_size=settings.group_size,
+        batch_groups=settings.batch_groups,
+        rho_min=settings.rho_min,
+        tau_s=settings.tau_s,
+        microstep_tokens=settings.microstep_tokens,
+        steps=steps,
         query_order=settings.query_order(_ORDER_GROUPS),
     )
     layout = Layout(
-        settings.mode, num_cells=settings.num_cells, cell_nodes=1, phi=settings.phi, mu=settings.mu,
+        settings.mode,
+        num_cells=settings.num_cells,
+        cell_nodes=1,
+        phi=settings.phi,
+        mu=settings.mu,
         streaming=True,
         async_training_cells=settings.async_training_cells if settings.mode is Mode.ASYNC else 0,
     )
@@ -105,10 +123,14 @@ def predict(calibration: CellCalibration, settings: RunSettings, *, steps: int, 
 def validate(measured: dict[str, Any], *, seeds: int = 32) -> dict[str, Any]:
     """Predicted vs measured per mode of a `gyre bench e2e --json` result (its `runs` and `tool_latency`)."""
     if "runs" not in measured or "tool_latency" not in measured:
-        raise ValueError("not a gyre bench e2e result with run directories (it needs `runs` and `tool_latency`)")
+        raise ValueError(
+            "not a gyre bench e2e result with run directories (it needs `runs` and `tool_latency`)"
+        )
     steps = int(measured["steps"])
     latency = measured["tool_latency"]
-    tool_sleep = ToolSleep(float(latency["median_s"]), float(latency.get("alpha", 1.5)), float(latency["max_s"]))
+    tool_sleep = ToolSleep(
+        float(latency["median_s"]), float(latency.get("alpha", 1.5)), float(latency["max_s"])
+    )
     runs: dict[str, MeasuredRun] = {}
     settings: dict[str, RunSettings] = {}
     for mode, entry in measured["runs"].items():
@@ -134,7 +156,8 @@ def validate(measured: dict[str, Any], *, seeds: int = 32) -> dict[str, Any]:
             "predicted_p10_s": round(percentile(totals, 0.1), 1),
             "predicted_p90_s": round(percentile(totals, 0.9), 1),
             "measured_wall_s": measured["runs"][mode].get("wall_s"),
-            "phi": s.phi, "mu": s.mu,
+            "phi": s.phi,
+            "mu": s.mu,
             "measured_failed_executions": run.failed,
             "in_sample": sources == [mode],
             "calibration": calibration.figures(),
@@ -142,8 +165,11 @@ def validate(measured: dict[str, Any], *, seeds: int = 32) -> dict[str, Any]:
     failed = {m: v["measured_failed_executions"] for m, v in modes.items() if v["measured_failed_executions"]}
     out: dict[str, Any] = {
         "modes": modes,
-        "warnings": [f"{m}: {n} executions failed (killed from outside? a run whose executions end early is "
-                     "faster than its workload)" for m, n in failed.items()],
+        "warnings": [
+            f"{m}: {n} executions failed (killed from outside? a run whose executions end early is "
+            "faster than its workload)"
+            for m, n in failed.items()
+        ],
         "max_abs_error": max(abs(m["error"]) for m in modes.values()),
         "goal_abs_error": GOAL,
         "steps": steps,

@@ -97,7 +97,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     others = [c for c in psutil.Process().children(recursive=True) if c.pid not in leftover_pids]
     for child in others:
         try:
-            sys.stderr.write(f"\nconftest: killing leftover process {child.pid} {' '.join(child.cmdline())[:120]}\n")
+            sys.stderr.write(
+                f"\nconftest: killing leftover process {child.pid} {' '.join(child.cmdline())[:120]}\n"
+            )
             child.kill()
         except psutil.Error:
             pass

@@ -47,9 +47,14 @@ log = get_logger("gyre.bus")
 PUBLISH_RETRY_S = 90.0
 """How long `publish` repeats a message while the server is unreachable or JetStream is not answering."""
 _TRANSIENT: tuple[type[BaseException], ...] = (
-    nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionReconnectingError,
-    nats.errors.StaleConnectionError, nats.errors.FlushTimeoutError, nats.errors.OutboundBufferLimitError,
-    nats.js.errors.ServiceUnavailableError, TimeoutError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.FlushTimeoutError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError,
+    TimeoutError,
 )
 """Errors of a server that is restarting or recovering its streams: the operation is repeated."""
 
@@ -69,7 +74,9 @@ Handler = Callable[[Message, Delivery], Awaitable[None]]
 class EventConsumer:
     """A running durable pull consumer; `stop()` ends its loop, unacked messages are redelivered."""
 
-    def __init__(self, task: asyncio.Task[None], name: str, psub: JetStreamContext.PullSubscription | None = None) -> None:
+    def __init__(
+        self, task: asyncio.Task[None], name: str, psub: JetStreamContext.PullSubscription | None = None
+    ) -> None:
         self.task = task
         self.name = name
         self._psub = psub
@@ -100,7 +107,9 @@ def login_url(url: str, login: ClientLogin | None) -> str:
     if login is None:
         return url
     scheme, _, rest = url.partition("://")
-    return f"{scheme}://{quote(login.user, safe='')}:{quote(login.password, safe='')}@{rest.rpartition('@')[2]}"
+    return (
+        f"{scheme}://{quote(login.user, safe='')}:{quote(login.password, safe='')}@{rest.rpartition('@')[2]}"
+    )
 
 
 class EventBus:
@@ -119,7 +128,11 @@ class EventBus:
     ) -> EventBus:
         """Connect (as `login`'s user, replies on its own inbox prefix) and declare the streams."""
         nc = await nats.connect(
-            url, name=f"gyre-{source}", max_reconnect_attempts=-1, reconnect_time_wait=0.5, **nats_auth(login)  # type: ignore[arg-type]
+            url,
+            name=f"gyre-{source}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            **nats_auth(login),  # type: ignore[arg-type]
         )
         bus = cls(nc, run_id, source)
         if ensure_streams:
@@ -232,7 +245,8 @@ class EventBus:
         )
         psub = await self.js.pull_subscribe(subjects[0], durable=durable, stream=stream, config=config)
         task = asyncio.create_task(
-            self._consume_loop(psub, handler, durable, batch, confirm_ack, max_deliver), name=f"consumer/{durable}"
+            self._consume_loop(psub, handler, durable, batch, confirm_ack, max_deliver),
+            name=f"consumer/{durable}",
         )
         consumer = EventConsumer(task, durable, psub)
         self._consumers.append(consumer)
@@ -259,7 +273,9 @@ class EventBus:
             for msg in msgs:
                 await self._handle(msg, handler, durable, confirm_ack, max_deliver)
 
-    async def _handle(self, msg: Msg, handler: Handler, durable: str, confirm_ack: bool, max_deliver: int) -> None:
+    async def _handle(
+        self, msg: Msg, handler: Handler, durable: str, confirm_ack: bool, max_deliver: int
+    ) -> None:
         md = msg.metadata
         type_name = (msg.headers or {}).get(TYPE_HEADER, "")
         try:
@@ -268,21 +284,33 @@ class EventBus:
             log.error("event_undecodable", consumer=durable, subject=msg.subject, error=str(e))
             await msg.term()
             return
-        delivery = Delivery(subject=msg.subject, num_delivered=md.num_delivered, stream_seq=md.sequence.stream)
+        delivery = Delivery(
+            subject=msg.subject, num_delivered=md.num_delivered, stream_seq=md.sequence.stream
+        )
         try:
             await handler(event, delivery)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             if md.num_delivered >= max_deliver:
-                log.error("event_dead_lettered", consumer=durable, subject=msg.subject, attempts=md.num_delivered,
-                          error=repr(e))
+                log.error(
+                    "event_dead_lettered",
+                    consumer=durable,
+                    subject=msg.subject,
+                    attempts=md.num_delivered,
+                    error=repr(e),
+                )
                 await msg.term()
             else:
-                log.warning("event_handler_failed", consumer=durable, subject=msg.subject,
-                            attempt=md.num_delivered, error=repr(e))
+                log.warning(
+                    "event_handler_failed",
+                    consumer=durable,
+                    subject=msg.subject,
+                    attempt=md.num_delivered,
+                    error=repr(e),
+                )
                 with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
-                    await msg.nak(delay=min(0.2 * 2 ** md.num_delivered, 10.0))
+                    await msg.nak(delay=min(0.2 * 2**md.num_delivered, 10.0))
             return
         try:
             if confirm_ack:

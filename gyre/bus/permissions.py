@@ -55,8 +55,14 @@ BUS_USERS: dict[str, BusUse] = {
         consumes=(("packer-archive", ev.StepCompleted),),  # a committed step's groups leave Redis
     ),
     "cell_agent": BusUse(
-        publishes=(ev.RoleTransitionBegun, ev.RoleTransitionCompleted, ev.WeightsPublished, ev.StepCompleted,
-                   ev.MicroStepClaimed, ev.MicroStepDone),
+        publishes=(
+            ev.RoleTransitionBegun,
+            ev.RoleTransitionCompleted,
+            ev.WeightsPublished,
+            ev.StepCompleted,
+            ev.MicroStepClaimed,
+            ev.MicroStepDone,
+        ),
     ),
     "supervisor": BusUse(publishes=(ev.ProcessExited,), declares_streams=False),
     "cli": BusUse(declares_streams=False, reads_history=True, subscribes_live=True),
@@ -75,7 +81,9 @@ def permissions(run_id: str, user: str) -> dict[str, dict[str, list[str]]]:
     try:
         use = BUS_USERS[user]
     except KeyError:
-        raise ValueError(f"unknown NATS user {user!r}; add it to BUS_USERS in gyre/bus/permissions.py") from None
+        raise ValueError(
+            f"unknown NATS user {user!r}; add it to BUS_USERS in gyre/bus/permissions.py"
+        ) from None
     api = "$JS.API"
     streams = (event_stream(run_id).name, command_stream(run_id).name)
     publish = [subject_for(run_id, t) for t in use.publishes]

@@ -42,8 +42,10 @@ def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
     base["model"]["path"] = str(root / base["model"]["path"])
     # The packaged held-out pool belongs to the packaged tasks: a run that names tasks of its own
     # evaluates the pool it names (none unless it sets `tasks.held_out`).
-    user_tasks = [(yaml.safe_load(file.read_text()) or {}).get("tasks") if file is not None else None,
-                  overrides.get("tasks")]
+    user_tasks = [
+        (yaml.safe_load(file.read_text()) or {}).get("tasks") if file is not None else None,
+        overrides.get("tasks"),
+    ]
     if any(isinstance(t, dict) and t for t in user_tasks):
         base["tasks"].pop("held_out", None)
     return load_config(file, overrides=overrides, base=base)
@@ -76,15 +78,21 @@ def mode_config(file: Path | None, overrides: dict[str, Any], mode: str | None) 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
     return out
 
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        config: Path | None = typer.Option(None, "--config", "-c", help="YAML overlaid on the demo settings."),
-        steps: int | None = typer.Option(None, "--steps", help="Optimizer steps (default: scheduler.max_steps)."),
+        config: Path | None = typer.Option(
+            None, "--config", "-c", help="YAML overlaid on the demo settings."
+        ),
+        steps: int | None = typer.Option(
+            None, "--steps", help="Optimizer steps (default: scheduler.max_steps)."
+        ),
         mode: str | None = typer.Option(None, "--mode", help="elastic, async or colocate."),
         run_id: str | None = typer.Option(None, "--run-id", help="Run id (default demo-<time>)."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as the last line."),
@@ -111,8 +119,11 @@ def register(app: typer.Typer) -> None:
             )
 
         sched = cfg.scheduler
-        typer.echo(f"gyre demo: run {cfg.run.id}, {sched.mode} (φ={sched.phi:g}, μ={sched.mu}), {total} steps;"
-                   f" report in {cfg.run.path}", err=as_json)
+        typer.echo(
+            f"gyre demo: run {cfg.run.id}, {sched.mode} (φ={sched.phi:g}, μ={sched.mu}), {total} steps;"
+            f" report in {cfg.run.path}",
+            err=as_json,
+        )
         try:
             summary = DemoRun(cfg, steps=total).execute(progress=progress)
         except ModelError as e:
@@ -123,7 +134,9 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1) from None
         except SystemExit as e:
             if isinstance(e.code, int) and e.code > 128:
-                typer.echo(f"gyre demo: stopped by signal {e.code - 128}; every process of the run is down", err=True)
+                typer.echo(
+                    f"gyre demo: stopped by signal {e.code - 128}; every process of the run is down", err=True
+                )
             raise
         if as_json:
             typer.echo(json.dumps(summary))
@@ -132,7 +145,17 @@ def register(app: typer.Typer) -> None:
         warnings = run_warnings(summary)
         if warnings:
             rule = "!" * 78
-            typer.echo("\n".join([rule, f"gyre demo: WARNING: run {cfg.run.id} trained little or nothing", *warnings,
-                                  f"(summary: {cfg.run.path / 'summary.json'})", rule]), err=True)
+            typer.echo(
+                "\n".join(
+                    [
+                        rule,
+                        f"gyre demo: WARNING: run {cfg.run.id} trained little or nothing",
+                        *warnings,
+                        f"(summary: {cfg.run.path / 'summary.json'})",
+                        rule,
+                    ]
+                ),
+                err=True,
+            )
         if trained_nothing(summary):
             raise typer.Exit(TRAINED_NOTHING_EXIT)

@@ -45,7 +45,9 @@ async def _tail(url: str, run_id: str, subject: str, history: bool, count: int, 
         if history:
             js = nc.jetstream()
             sub = await js.subscribe(
-                subject, stream=event_stream(run_id).name, ordered_consumer=True,
+                subject,
+                stream=event_stream(run_id).name,
+                ordered_consumer=True,
                 config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
             )
             while True:
@@ -74,7 +76,9 @@ async def _tail(url: str, run_id: str, subject: str, history: bool, count: int, 
 
 @events_app.command("tail")
 def tail(
-    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (the run's resolved config)."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="YAML config (the run's resolved config)."
+    ),
     run: str | None = typer.Option(None, "--run", help="Run id (default: the config's)."),
     subject: str | None = typer.Option(None, "--subject", help="Subject filter (default gyre.<run>.>)."),
     history: bool = typer.Option(False, "--history", help="Replay the stored events first."),
@@ -90,7 +94,9 @@ def tail(
             nats_section = load_config(resolved).nats
     url = nats_section.url
     if url is None:
-        typer.echo(f"error: no NATS url: run `gyre up` first or pass --config runs/{run_id}/config.yaml", err=True)
+        typer.echo(
+            f"error: no NATS url: run `gyre up` first or pass --config runs/{run_id}/config.yaml", err=True
+        )
         raise typer.Exit(2)
     from gyre.bus import nats_auth
 

@@ -30,7 +30,9 @@ def register(app: typer.Typer) -> None:
         from gyre.demo.run import DemoRun, role_names
         from gyre.stack.launcher import StackError
 
-        run_dir = Path(run) if Path(run).is_dir() and (Path(run) / "config.yaml").is_file() else runs_dir / run
+        run_dir = (
+            Path(run) if Path(run).is_dir() and (Path(run) / "config.yaml").is_file() else runs_dir / run
+        )
         try:
             demo = DemoRun.resuming(run_dir)
         except (OSError, ConfigError) as e:
@@ -39,10 +41,15 @@ def register(app: typer.Typer) -> None:
 
         def progress(st: Any, elapsed_s: float) -> None:
             reward = "  -  " if math.isnan(st.last_step_reward) else f"{st.last_step_reward:.3f}"
-            typer.echo(f"[{elapsed_s:6.0f}s] step {st.steps}/{demo.steps}  roles {role_names(st)}  "
-                       f"running {st.counters.started - st.counters.finished:3d}  reward {reward}", err=as_json)
+            typer.echo(
+                f"[{elapsed_s:6.0f}s] step {st.steps}/{demo.steps}  roles {role_names(st)}  "
+                f"running {st.counters.started - st.counters.finished:3d}  reward {reward}",
+                err=as_json,
+            )
 
-        typer.echo(f"gyre resume: run {demo.config.run.id} to {demo.steps} steps; report in {run_dir}", err=as_json)
+        typer.echo(
+            f"gyre resume: run {demo.config.run.id} to {demo.steps} steps; report in {run_dir}", err=as_json
+        )
         try:
             summary = demo.execute(progress=progress)
         except StackError as e:

@@ -150,7 +150,9 @@ def ablation(
     ] = None,
     validation: Annotated[
         Path | None,
-        typer.Option("--validation", help="A saved `gyre sim validate --json` output to disclose beside the table."),
+        typer.Option(
+            "--validation", help="A saved `gyre sim validate --json` output to disclose beside the table."
+        ),
     ] = None,
 ) -> None:
     """Run the paper's Table 2 configurations; print each total, its ratio to E0 and the paper's.
@@ -221,8 +223,10 @@ def ablation(
         )
     typer.echo(f"fastest: {fastest}   ({steps} steps, seed {seed}, {wall_s:.1f} s)")
     typer.echo("regime: cluster scale, the paper's preset in the simulator (not a measurement)")
-    typer.echo(f"calibration of {p.name} (paper = reported by the paper; fitted = to its reported workload "
-               "statistics, never to speedups; assumed = not reported):")
+    typer.echo(
+        f"calibration of {p.name} (paper = reported by the paper; fitted = to its reported workload "
+        "statistics, never to speedups; assumed = not reported):"
+    )
     for name, f in sources.items():
         note = f"  ({f['note']})" if "note" in f else ""
         typer.echo(f"  {name:<36}{f['value']!s:>12}  {f['source']}{note}")
@@ -230,8 +234,10 @@ def ablation(
         errors = ", ".join(f"{m} {e:+.1%}" for m, e in validated["errors"].items())
         typer.echo(f"validation: {validated['summary']}: {errors}")
     else:
-        typer.echo("validation: the simulator's mechanics are checked against the real stack by `gyre sim validate` "
-                   "(--validation FILE shows its result here)")
+        typer.echo(
+            "validation: the simulator's mechanics are checked against the real stack by `gyre sim validate` "
+            "(--validation FILE shows its result here)"
+        )
 
 
 def _validation_summary(path: Path) -> dict[str, Any]:
@@ -248,10 +254,12 @@ def _validation_summary(path: Path) -> dict[str, Any]:
         "errors": errors,
         "max_abs_error": report.get("max_abs_error"),
         "goal_abs_error": goal,
-        "summary": (f"the simulator, calibrated on this machine's CPU stack, predicted its {len(errors)} modes "
-                    f"{'within' if met else 'NOT all within'} ±{goal:.0%} (first dispatch → last step)"),
+        "summary": (
+            f"the simulator, calibrated on this machine's CPU stack, predicted its {len(errors)} modes "
+            f"{'within' if met else 'NOT all within'} ±{goal:.0%} (first dispatch → last step)"
+        ),
         "note": "that validates the simulator's mechanics (policy, workload, packing, training, transitions); "
-                "the cluster figures above are the preset's, not this machine's",
+        "the cluster figures above are the preset's, not this machine's",
     }
 
 
@@ -295,14 +303,14 @@ def _last_json(path: Path) -> dict[str, Any]:
         typer.echo(f"error: --measured {path}: {e}", err=True)
         raise typer.Exit(2) from None
     if not isinstance(value, dict):
-        typer.echo(f"error: --measured {path}: no JSON object line (save `gyre bench e2e --json` there)", err=True)
+        typer.echo(
+            f"error: --measured {path}: no JSON object line (save `gyre bench e2e --json` there)", err=True
+        )
         raise typer.Exit(2)
     return value
 
 
-@sim_app.command(
-    "validate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
-)
+@sim_app.command("validate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def validate(
     ctx: typer.Context,
     measured: Annotated[
@@ -344,7 +352,9 @@ def validate(
     if as_json:
         typer.echo(json.dumps(report))
         return
-    typer.echo(f"{'mode':<10}{'(φ,μ)':<10}{'measured s':>11}{'predicted s':>12}{'p10-p90 s':>15}{'error':>8}  goal")
+    typer.echo(
+        f"{'mode':<10}{'(φ,μ)':<10}{'measured s':>11}{'predicted s':>12}{'p10-p90 s':>15}{'error':>8}  goal"
+    )
     for mode, m in report["modes"].items():
         band = f"{m['predicted_p10_s']:.0f}-{m['predicted_p90_s']:.0f}"
         typer.echo(
@@ -356,7 +366,9 @@ def validate(
         typer.echo(f"warning: {warning}")
     for mode, m in report["modes"].items():
         cal = {k: v for k, v in m["calibration"].items() if k != "source_runs"}
-        typer.echo(f"calibration for {mode} (from {', '.join(Path(r).name for r in m['calibration']['source_runs'])}):")
+        typer.echo(
+            f"calibration for {mode} (from {', '.join(Path(r).name for r in m['calibration']['source_runs'])}):"
+        )
         typer.echo("  " + json.dumps(cal))
     typer.echo(report["regime"])
 

@@ -11,7 +11,9 @@ from gyre.cli._config import config_or_exit
 from gyre.config import GyreConfig
 
 _RUN_OPTION = typer.Option(
-    None, "--run", help="Run id under run.dir; default: the configured run, else the only live one (e.g. a demo)."
+    None,
+    "--run",
+    help="Run id under run.dir; default: the configured run, else the only live one (e.g. a demo).",
 )
 
 
@@ -64,7 +66,9 @@ def register(app: typer.Typer) -> None:
                     if stop.event.is_set():  # a signal's teardown stopped it between two waits
                         break
                     final = StackState.load(Path(state.run_dir))
-                    typer.echo(f"error: {final.error if final and final.error else 'the stack stopped'}", err=True)
+                    typer.echo(
+                        f"error: {final.error if final and final.error else 'the stack stopped'}", err=True
+                    )
                     down_state(state)
                     raise typer.Exit(1)
         typer.echo("stack stopped")
@@ -79,7 +83,9 @@ def register(app: typer.Typer) -> None:
         from gyre.stack.launcher import down
 
         run_dir = _run_dir(config_or_exit(config), run)
-        typer.echo(f"stopped run {run_dir.name!r}" if down(run_dir) else f"nothing running for run {run_dir.name!r}")
+        typer.echo(
+            f"stopped run {run_dir.name!r}" if down(run_dir) else f"nothing running for run {run_dir.name!r}"
+        )
 
     @app.command("status")
     def status_cmd(
@@ -100,7 +106,11 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         typer.echo(f"run {run_dir.name}")
         for r in rows:
-            ports = f"grpc {r['grpc_port']}" if r["grpc_port"] else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())  # type: ignore[union-attr]
+            ports = (
+                f"grpc {r['grpc_port']}"
+                if r["grpc_port"]
+                else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())
+            )  # type: ignore[union-attr]
             if r.get("metrics_port"):
                 ports += f"  metrics {r['metrics_port']}"
             restarts = f"  restarts {r['restarts']} (last: {r['last_exit']})" if r.get("restarts") else ""
@@ -150,7 +160,9 @@ def _run_state(port: int) -> str:
 
     with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
         try:
-            st = scheduler_pb2_grpc.SchedulerStub(channel).GetState(scheduler_pb2.GetStateRequest(), timeout=5)
+            st = scheduler_pb2_grpc.SchedulerStub(channel).GetState(
+                scheduler_pb2.GetStateRequest(), timeout=5
+            )
         except grpc.RpcError as e:
             return f"scheduler state unavailable: {e.code().name}"
     roles = " ".join(

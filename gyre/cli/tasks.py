@@ -28,7 +28,9 @@ def _check(path: Path) -> tuple[int, list[str], int]:
     problems = Problems()
     suites: list[DirectorySuite] = []
     if path.is_file() and path.suffix == ".jsonl":
-        suites += [DirectorySuite(e.directory) for e in read_dataset(path, problems) if e.directory is not None]
+        suites += [
+            DirectorySuite(e.directory) for e in read_dataset(path, problems) if e.directory is not None
+        ]
     elif path.is_dir():
         try:
             suites.append(DirectorySuite(path))
@@ -44,8 +46,9 @@ def _check(path: Path) -> tuple[int, list[str], int]:
 
 
 def register(app: typer.Typer) -> None:
-    tasks_app = typer.Typer(help="Task directories (Harbor, task.yaml), datasets and what a run dispatches.",
-                            no_args_is_help=True)
+    tasks_app = typer.Typer(
+        help="Task directories (Harbor, task.yaml), datasets and what a run dispatches.", no_args_is_help=True
+    )
     app.add_typer(tasks_app, name="tasks")
 
     @tasks_app.command("check")
@@ -67,7 +70,9 @@ def register(app: typer.Typer) -> None:
 
     @tasks_app.command("list")
     def list_cmd(
-        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file (its `tasks:` section)."),
+        config: Path | None = typer.Option(
+            None, "--config", "-c", help="YAML config file (its `tasks:` section)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="One JSON object: the queries."),
     ) -> None:
         """What the config would dispatch: suite, id, weight, share of draws, format, source."""
@@ -83,17 +88,29 @@ def register(app: typer.Typer) -> None:
         rows: list[dict[str, Any]] = []
         for q in task_set.queries:
             task = task_set.registry.get(q.task_id)
-            rows.append({"suite": q.task_id.partition("/")[0], "task": q.task_id, "weight": q.weight,
-                         "share": q.weight / total if total else 0.0, "format": task.source, "source": q.source})
+            rows.append(
+                {
+                    "suite": q.task_id.partition("/")[0],
+                    "task": q.task_id,
+                    "weight": q.weight,
+                    "share": q.weight / total if total else 0.0,
+                    "format": task.source,
+                    "source": q.source,
+                }
+            )
         if as_json:
             typer.echo(json.dumps({"queries": rows, "warnings": task_set.warnings}))
             return
         width = max([len(r["task"]) for r in rows] + [2])
         suite_w = max([len(r["suite"]) for r in rows] + [5])
-        typer.echo(f"{'suite':<{suite_w}}  {'id':<{width}}  {'weight':>6}  {'share':>6}  {'format':<9}  source")
+        typer.echo(
+            f"{'suite':<{suite_w}}  {'id':<{width}}  {'weight':>6}  {'share':>6}  {'format':<9}  source"
+        )
         for r in rows:
-            typer.echo(f"{r['suite']:<{suite_w}}  {r['task']:<{width}}  {r['weight']:>6g}  {r['share']:>6.1%}  "
-                       f"{r['format']:<9}  {r['source']}")
+            typer.echo(
+                f"{r['suite']:<{suite_w}}  {r['task']:<{width}}  {r['weight']:>6g}  {r['share']:>6.1%}  "
+                f"{r['format']:<9}  {r['source']}"
+            )
         typer.echo(f"{len(rows)} task(s) in {len({r['suite'] for r in rows})} suite(s)")
         for w in task_set.warnings:
             typer.echo(f"warning: {w}", err=True)

@@ -49,7 +49,9 @@ def replay_cmd(
     ],
     profile: Annotated[
         str | None,
-        typer.Option(help=f"Harness profile: {', '.join(sorted(PROFILES))} (captures: generic; archives: stored)."),
+        typer.Option(
+            help=f"Harness profile: {', '.join(sorted(PROFILES))} (captures: generic; archives: stored)."
+        ),
     ] = None,
     execution: Annotated[
         str | None, typer.Option(help="Archives only: summarize this execution's tree.")

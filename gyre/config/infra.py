@@ -46,7 +46,9 @@ class RunSection(Section):
     def _known_services(cls, v: dict[str, str]) -> dict[str, str]:
         for service, host in v.items():
             if service not in PEER_SERVICES:
-                raise ValueError(f"peer_hosts: unknown service {service!r}; use one of {', '.join(PEER_SERVICES)}")
+                raise ValueError(
+                    f"peer_hosts: unknown service {service!r}; use one of {', '.join(PEER_SERVICES)}"
+                )
             if "{cell}" in host and service != "cell_agent":
                 raise ValueError(f"peer_hosts: only cell_agent may use {{cell}}; got {service}: {host!r}")
         return v
@@ -66,7 +68,9 @@ class RunSection(Section):
     @classmethod
     def _id_is_token(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", v):
-            raise ValueError(f"run id must be 1-64 letters, digits, '_' or '-' (it is a NATS subject token); got {v!r}")
+            raise ValueError(
+                f"run id must be 1-64 letters, digits, '_' or '-' (it is a NATS subject token); got {v!r}"
+            )
         return v
 
     @property
@@ -93,13 +97,21 @@ def read_login(template: str | None, service: str) -> ClientLogin | None:
         mode = path.stat().st_mode
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(f"credentials file {path} not found (`gyre up` writes it; or fix credentials_file)") from None
+        raise ValueError(
+            f"credentials file {path} not found (`gyre up` writes it; or fix credentials_file)"
+        ) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"credentials file {path} is not JSON: {e}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(f"credentials file {path} is readable by others (mode {stat.S_IMODE(mode):o}): chmod 600 it")
-    if not isinstance(raw, dict) or not isinstance(raw.get("user"), str) or not isinstance(raw.get("password"), str):
-        raise ValueError(f"credentials file {path} must hold {{\"user\": …, \"password\": …}}")
+        raise ValueError(
+            f"credentials file {path} is readable by others (mode {stat.S_IMODE(mode):o}): chmod 600 it"
+        )
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("user"), str)
+        or not isinstance(raw.get("password"), str)
+    ):
+        raise ValueError(f'credentials file {path} must hold {{"user": …, "password": …}}')
     return ClientLogin(raw["user"], raw["password"])
 
 

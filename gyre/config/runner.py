@@ -63,8 +63,10 @@ class VerifierSandboxSection(SandboxSection):
 
 def _task_dirs_moved(data: Any, section: str) -> Any:
     if isinstance(data, dict) and "task_dirs" in data:
-        raise ValueError(f"{section}.task_dirs moved to tasks.dirs (one `tasks:` section for every service); "
-                         "move the list there")
+        raise ValueError(
+            f"{section}.task_dirs moved to tasks.dirs (one `tasks:` section for every service); "
+            "move the list there"
+        )
     return data
 
 
@@ -115,7 +117,9 @@ class RunnerSection(Section):
             raise ValueError("harness `command` needs runner.command (an argv, e.g. [bash, -c, '{prompt}'])")
         routed = sorted(HARNESS_ROUTING_ENV & set(self.harness_env))
         if routed:
-            raise ValueError(f"runner.harness_env cannot set {', '.join(routed)}: the runner routes the harness to the proxy")
+            raise ValueError(
+                f"runner.harness_env cannot set {', '.join(routed)}: the runner routes the harness to the proxy"
+            )
         return self
 
 

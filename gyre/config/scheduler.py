@@ -58,7 +58,9 @@ class SchedulerSection(Section):
     @classmethod
     def _moved(cls, data: Any) -> Any:
         if isinstance(data, dict) and "tasks" in data:
-            raise ValueError("scheduler.tasks moved to tasks.queries (the `tasks:` section); move the list there")
+            raise ValueError(
+                "scheduler.tasks moved to tasks.queries (the `tasks:` section); move the list there"
+            )
         return data
 
     @field_validator("rho_min")

@@ -143,6 +143,7 @@ class TrainerSection(Section):
     """Abort the requests an engine is running when new weights arrive (SGLang's `abort_all_requests`).
     False keeps them: they continue under the new weights with their prefix cache flushed (no prefix
     computed under old weights is served again)."""
+
     @field_validator("adam_beta1", "adam_beta2")
     @classmethod
     def _beta(cls, v: float) -> float:

@@ -33,7 +33,9 @@ async def read_events(url: str, run_id: str, idle_timeout_s: float = 1.0) -> lis
         if last == 0:
             return out
         sub = await js.subscribe(
-            f"gyre.{run_id}.>", stream=stream, ordered_consumer=True,
+            f"gyre.{run_id}.>",
+            stream=stream,
+            ordered_consumer=True,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
         )
         while True:

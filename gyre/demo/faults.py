@@ -72,8 +72,9 @@ class Injection:
 class FaultInjector:
     """Injects `faults` into the run under `run_dir` from its own thread; `progress` is DemoRun's callback."""
 
-    def __init__(self, run_dir: Path, faults: list[Fault], verifier_uids: range = range(0),
-                 wait_s: float = 180.0) -> None:
+    def __init__(
+        self, run_dir: Path, faults: list[Fault], verifier_uids: range = range(0), wait_s: float = 180.0
+    ) -> None:
         self.run_dir = run_dir.resolve()
         self.faults = faults
         self.verifier_uids = verifier_uids
@@ -163,7 +164,12 @@ class FaultInjector:
         deadline = t0 + self.wait_s
         while time.monotonic() < deadline and not self._over.is_set():
             entry = self._entry(old.name)
-            if entry.state == "running" and entry.alive() and (entry.pid != old.pid or not new_pid) and _serving(entry):
+            if (
+                entry.state == "running"
+                and entry.alive()
+                and (entry.pid != old.pid or not new_pid)
+                and _serving(entry)
+            ):
                 return round(time.monotonic() - t0, 2)
             time.sleep(0.2)
         return None
@@ -218,8 +224,12 @@ def fault_report(events: list[Event], injections: list[Injection], steps: int) -
     windows = sorted((i.at_s, i.fault.label()) for i in injections if i.at_s)
     rows: dict[str, dict[str, Any]] = {"before_faults": _row(check.completed)}
     for i in injections:
-        rows[i.fault.label()] = {**_row(check.completed), "injected": bool(i.at_s), "recovery_s": i.recovery_s,
-                                 **({"detail": i.detail} if i.detail else {})}
+        rows[i.fault.label()] = {
+            **_row(check.completed),
+            "injected": bool(i.at_s),
+            "recovery_s": i.recovery_s,
+            **({"detail": i.detail} if i.detail else {}),
+        }
 
     def window(t: float) -> str:
         label = "before_faults"

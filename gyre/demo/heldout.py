@@ -59,32 +59,62 @@ class HeldOut:
             source = next((s for s in sources if (s / "model.safetensors").is_file()), None)
             if source is not None:
                 target = self.root / f"v{step:08d}"
-                shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*TRAINER_ONLY))
+                shutil.copytree(
+                    source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*TRAINER_ONLY)
+                )
                 self.kept[step] = target
 
     def evaluate(self) -> list[dict[str, Any]]:
         """Score every eval step's weights; one entry per eval step, in order."""
         if self.steps:
-            self.keep(self.steps[-1])  # the last step's weights: published late, or only the trainer's checkpoint
+            self.keep(
+                self.steps[-1]
+            )  # the last step's weights: published late, or only the trainer's checkpoint
         out: list[dict[str, Any]] = []
         for step in self.steps:
             model = self.kept.get(step)
             if model is None:
-                out.append({"step": step, "mean_reward": None, "error": "weights of this step never seen published"})
+                out.append(
+                    {"step": step, "mean_reward": None, "error": "weights of this step never seen published"}
+                )
                 continue
             out.append({"step": step, **self._score(model)})
         return out
 
     def _score(self, model: Path) -> dict[str, Any]:
-        cmd = [sys.executable, "-m", "harness.heldout", "--model", str(model), "--tasks", *self.tasks,
-               "--samples", str(self.samples), "--seed", str(self.seed)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness.heldout",
+            "--model",
+            str(model),
+            "--tasks",
+            *self.tasks,
+            "--samples",
+            str(self.samples),
+            "--seed",
+            str(self.seed),
+        ]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=EVAL_TIMEOUT_S,
-                                  env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=EVAL_TIMEOUT_S,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            )
         except subprocess.TimeoutExpired:
             return {"mean_reward": None, "error": f"held-out evaluation ran past {EVAL_TIMEOUT_S:.0f} s"}
         if done.returncode != 0:
-            return {"mean_reward": None, "error": f"harness.heldout exited {done.returncode}: {done.stderr[-500:]}"}
+            return {
+                "mean_reward": None,
+                "error": f"harness.heldout exited {done.returncode}: {done.stderr[-500:]}",
+            }
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        return {"mean_reward": result["mean_reward"], "rewards": result["rewards"], "seconds": result["seconds"],
-                "samples_per_task": self.samples, "seed": self.seed}
+        return {
+            "mean_reward": result["mean_reward"],
+            "rewards": result["rewards"],
+            "seconds": result["seconds"],
+            "samples_per_task": self.samples,
+            "seed": self.seed,
+        }

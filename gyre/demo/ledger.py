@@ -81,10 +81,17 @@ class RunCheck:
         return self.count("double_applied")
 
     def summary(self) -> dict[str, Any]:
-        return {"completed": self.completed, "steps": self.steps, "dispatched": self.dispatched, "lost": self.lost,
-                "double_accounted": self.count("double_accounted"), "double_trained": self.double_trained,
-                "double_applied": self.double_applied, "version_errors": self.count("version"),
-                "replayed_steps": self.replayed_steps}
+        return {
+            "completed": self.completed,
+            "steps": self.steps,
+            "dispatched": self.dispatched,
+            "lost": self.lost,
+            "double_accounted": self.count("double_accounted"),
+            "double_trained": self.double_trained,
+            "double_applied": self.double_applied,
+            "version_errors": self.count("version"),
+            "replayed_steps": self.replayed_steps,
+        }
 
 
 def check_events(events: Iterable[Event], steps: int) -> RunCheck:
@@ -125,8 +132,13 @@ def check_events(events: Iterable[Event], steps: int) -> RunCheck:
         if len(batches) != 1 or step_of_batch(next(iter(batches))) + 1 != version:
             bad.append(Violation("version", f"v{version}: batches {sorted(batches)}", evs[-1]["time_s"]))
     if sorted(final) != list(range(1, len(final) + 1)):
-        bad.append(Violation("version", f"versions {sorted(final)} are not 1..{len(final)}",
-                             max((e["time_s"] for e in final.values()), default=0.0)))
+        bad.append(
+            Violation(
+                "version",
+                f"versions {sorted(final)} are not 1..{len(final)}",
+                max((e["time_s"] for e in final.values()), default=0.0),
+            )
+        )
     trained_batches = {e["event"]["batchId"]: v for v, e in final.items()}
     # The group ledger.
     for group, batches in packed.items():
@@ -134,8 +146,9 @@ def check_events(events: Iterable[Event], steps: int) -> RunCheck:
         if versions:
             check.group_ledger[group] = versions
         if len(versions) > 1:
-            bad.append(Violation("double_trained", f"{group} in versions {versions}",
-                                 final[versions[1]]["time_s"]))
+            bad.append(
+                Violation("double_trained", f"{group} in versions {versions}", final[versions[1]]["time_s"])
+            )
     # Micro-steps: each applied by one step.
     seen: dict[str, int] = {}
     for version, e in sorted(final.items()):

@@ -126,7 +126,8 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
                 counts["unconsumed"] += 1
     consumed_groups = [g for g in group_members if group_step.get(g) in completed_steps]
     reward_by_step = [
-        _mean([group_reward[g] for g, s in group_step.items() if s == step and g in group_reward]) for step in steps
+        _mean([group_reward[g] for g, s in group_step.items() if s == step and g in group_reward])
+        for step in steps
     ]
     after_first_burst = [x for s in steps if s >= facts.mu for x in staleness_by_step[s]]
     every = [x for s in steps for x in staleness_by_step[s]]
@@ -162,7 +163,9 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
         "admitted_trajectories_by_class": dict(sorted(admitted_by_class.items())),
         "recorded_calls": facts.recorded_calls,
         "side_calls": facts.side_calls,
-        "history_mismatch_rate": round(facts.history_mismatches / facts.recorded_calls, 4) if facts.recorded_calls else 0.0,
+        "history_mismatch_rate": round(facts.history_mismatches / facts.recorded_calls, 4)
+        if facts.recorded_calls
+        else 0.0,
         "wall_s": round(facts.wall_s, 1),
         "loss_by_step": [round(completed_steps[s].loss, 5) for s in steps],
         "clip_fraction_by_step": [round(completed_steps[s].clip_fraction, 4) for s in steps],
@@ -187,7 +190,9 @@ def run_warnings(summary: dict[str, Any]) -> list[str]:
     if trained_nothing(summary):
         lines.append(f"no optimizer step trained a token: {summary['steps']} step(s), 0 target tokens")
     if consumed and empty * 2 > consumed:
-        lines.append(f"{empty} of {consumed} consumed executions ({empty / consumed:.0%}) contributed no trainable token")
+        lines.append(
+            f"{empty} of {consumed} consumed executions ({empty / consumed:.0%}) contributed no trainable token"
+        )
     if num_refused:
         lines.append(f"{num_refused} model calls were refused by the proxy:")
         for reason, n in sorted(refused.items(), key=lambda kv: -kv[1]):
@@ -244,8 +249,13 @@ def timeline(events: Sequence[RecordedEvent], facts: RunFacts, title: str) -> An
     end = (events[-1].time_s - t0) if events else 0.0
     usage.close(end)
     return Timeline(
-        num_cells=facts.num_cells, segments=usage.segments or [], series=series, step_end_s=step_end,
-        publish_s=publish, title=title, time_unit=("seconds", 1.0),
+        num_cells=facts.num_cells,
+        segments=usage.segments or [],
+        series=series,
+        step_end_s=step_end,
+        publish_s=publish,
+        title=title,
+        time_unit=("seconds", 1.0),
     )
 
 

@@ -39,7 +39,9 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, gr
 
 
 class DemoRun:
-    def __init__(self, config: GyreConfig, steps: int, drain_timeout_s: float = 120.0, resume: bool = False) -> None:
+    def __init__(
+        self, config: GyreConfig, steps: int, drain_timeout_s: float = 120.0, resume: bool = False
+    ) -> None:
         self.config = config.model_copy(deep=True)
         self.config.scheduler.max_steps = steps
         self.steps = steps
@@ -53,7 +55,9 @@ class DemoRun:
         """The run under `run_dir` (its resolved config.yaml), continued after every process of it died
         (gyre/stack/resume.py): to the step count it was started with."""
         config = load_config(run_dir / "config.yaml")
-        return cls(config, steps=config.scheduler.max_steps or 1, drain_timeout_s=drain_timeout_s, resume=True)
+        return cls(
+            config, steps=config.scheduler.max_steps or 1, drain_timeout_s=drain_timeout_s, resume=True
+        )
 
     @property
     def run_dir(self) -> Path:
@@ -91,22 +95,30 @@ class DemoRun:
     def _run(self, state: StackState, progress: Progress | None, t0: float) -> dict[str, Any]:
         resolved = load_config(Path(state.config_path))
         host = resolved.run.peer_host("scheduler")
-        with grpc.insecure_channel(f"{host}:{resolved.scheduler.port}") as sch_ch, grpc.insecure_channel(
-            f"{resolved.run.peer_host('proxy')}:{resolved.proxy.port}"
-        ) as proxy_ch:
+        with (
+            grpc.insecure_channel(f"{host}:{resolved.scheduler.port}") as sch_ch,
+            grpc.insecure_channel(f"{resolved.run.peer_host('proxy')}:{resolved.proxy.port}") as proxy_ch,
+        ):
             scheduler = scheduler_pb2_grpc.SchedulerStub(sch_ch)
             proxy = proxy_pb2_grpc.ProxyStub(proxy_ch)
             self._train(scheduler, state, progress, t0)
-            self._retrying(lambda: scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120),
-                           state)
+            self._retrying(
+                lambda: scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120),
+                state,
+            )
             self._settle(scheduler, state)
             stats = self._retrying(lambda: proxy.GetStats(proxy_pb2.GetStatsRequest(), timeout=30), state)
-        events = asyncio.run(read_events(login_url(resolved.nats.url or "", resolved.nats.login_for("cli")),
-                                         resolved.run.id))
+        events = asyncio.run(
+            read_events(login_url(resolved.nats.url or "", resolved.nats.login_for("cli")), resolved.run.id)
+        )
         return self._report(events, stats, time.monotonic() - t0)
 
     def _train(
-        self, scheduler: scheduler_pb2_grpc.SchedulerStub, stack: StackState, progress: Progress | None, t0: float
+        self,
+        scheduler: scheduler_pb2_grpc.SchedulerStub,
+        stack: StackState,
+        progress: Progress | None,
+        t0: float,
     ) -> None:
         while True:
             self._check_alive(stack)
@@ -118,7 +130,9 @@ class DemoRun:
                 return
             self._pause(1.0)
 
-    def _state(self, scheduler: scheduler_pb2_grpc.SchedulerStub, stack: StackState) -> scheduler_pb2.SchedulerState:
+    def _state(
+        self, scheduler: scheduler_pb2_grpc.SchedulerStub, stack: StackState
+    ) -> scheduler_pb2.SchedulerState:
         return self._retrying(lambda: scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30), stack)
 
     def _retrying(self, call: Callable[[], T], stack: StackState) -> T:
@@ -172,12 +186,21 @@ class DemoRun:
     def _report(self, events: list[Any], stats: proxy_pb2.ProxyStats, wall_s: float) -> dict[str, Any]:
         c = self.config.scheduler
         facts = RunFacts(
-            mode=c.mode, phi=c.phi, mu=c.mu, num_cells=c.num_cells, group_size=c.group_size,
-            cell_capacity=c.cell_capacity, separate_pool_capacity=c.separate_pool_capacity,
-            reroutes=stats.reroutes, kv_migrated_tokens=stats.kv_migrated_tokens,
-            harness_errors_during_transitions=stats.errors_during_transitions, wall_s=wall_s,
-            recorded_calls=stats.recorded_calls, history_mismatches=stats.history_mismatches,
-            side_calls=stats.side_calls, refused_calls=dict(stats.refused_calls),
+            mode=c.mode,
+            phi=c.phi,
+            mu=c.mu,
+            num_cells=c.num_cells,
+            group_size=c.group_size,
+            cell_capacity=c.cell_capacity,
+            separate_pool_capacity=c.separate_pool_capacity,
+            reroutes=stats.reroutes,
+            kv_migrated_tokens=stats.kv_migrated_tokens,
+            harness_errors_during_transitions=stats.errors_during_transitions,
+            wall_s=wall_s,
+            recorded_calls=stats.recorded_calls,
+            history_mismatches=stats.history_mismatches,
+            side_calls=stats.side_calls,
+            refused_calls=dict(stats.refused_calls),
             refusal_messages=dict(stats.refusal_messages),
             extra={"run_id": self.config.run.id, "run_dir": str(self.run_dir)},
         )
@@ -186,8 +209,12 @@ class DemoRun:
         from sim.timeline import plot_timeline
 
         title = f"Gyre demo, {c.mode} (K={c.num_cells}, φ={c.phi}, μ={c.mu}): {summary['steps']} steps"
-        summary["role_timeline_png"] = str(plot_timeline(timeline(events, facts, title), self.run_dir / "role_timeline.png"))
-        summary["reward_staleness_png"] = str(plot_reward_staleness(summary, self.run_dir / "reward_staleness.png"))
+        summary["role_timeline_png"] = str(
+            plot_timeline(timeline(events, facts, title), self.run_dir / "role_timeline.png")
+        )
+        summary["reward_staleness_png"] = str(
+            plot_reward_staleness(summary, self.run_dir / "reward_staleness.png")
+        )
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
@@ -195,11 +222,20 @@ class DemoRun:
 def _event_line(r: Any) -> str:
     from google.protobuf import json_format
 
-    return json.dumps({"subject": r.subject, "time_s": r.time_s, "type": r.event.DESCRIPTOR.full_name,
-                       "event": json_format.MessageToDict(r.event)})
+    return json.dumps(
+        {
+            "subject": r.subject,
+            "time_s": r.time_s,
+            "type": r.event.DESCRIPTOR.full_name,
+            "event": json_format.MessageToDict(r.event),
+        }
+    )
 
 
 def role_names(st: scheduler_pb2.SchedulerState) -> str:
-    short = {common_pb2.CELL_ROLE_ROLLOUT: "R", common_pb2.CELL_ROLE_TRAINING: "T",
-             common_pb2.CELL_ROLE_DRAINING: "D"}
+    short = {
+        common_pb2.CELL_ROLE_ROLLOUT: "R",
+        common_pb2.CELL_ROLE_TRAINING: "T",
+        common_pb2.CELL_ROLE_DRAINING: "D",
+    }
     return "".join(short.get(c.role, "?") for c in st.cells)

@@ -358,7 +358,9 @@ class EngineClient:
             "abort_all_requests": abort_all_requests,
             "weight_version": weight_version,
         }
-        response = await self._call("POST", "/update_weights_from_distributed", json=body, timeout_s=timeout_s)
+        response = await self._call(
+            "POST", "/update_weights_from_distributed", json=body, timeout_s=timeout_s
+        )
         return str(orjson.loads(response.content).get("message", ""))
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> str:

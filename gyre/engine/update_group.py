@@ -60,7 +60,9 @@ def parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _group(store: TCPStore, *, rank: int, world_size: int, backend: str, timeout_s: float, host: str) -> dist.ProcessGroup:
+def _group(
+    store: TCPStore, *, rank: int, world_size: int, backend: str, timeout_s: float, host: str
+) -> dist.ProcessGroup:
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
@@ -75,13 +77,26 @@ def _group(store: TCPStore, *, rank: int, world_size: int, backend: str, timeout
 
 
 def join_group(
-    *, master_address: str, master_port: int, rank: int, world_size: int, backend: str, timeout_s: float, host: str
+    *,
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout_s: float,
+    host: str,
 ) -> dist.ProcessGroup:
     """An engine rank's side: connect to the trainer's store and form the group (blocks until all joined).
     `host` is the address this process's gloo device binds (the interface facing the trainer)."""
     if not 0 < rank < world_size:
         raise ValueError(f"an engine rank must be in 1..{world_size - 1} (rank 0 is the trainer); got {rank}")
-    store = TCPStore(master_address, master_port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    store = TCPStore(
+        master_address,
+        master_port,
+        world_size,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     return _group(store, rank=rank, world_size=world_size, backend=backend, timeout_s=timeout_s, host=host)
 
 
@@ -117,7 +132,9 @@ class UpdateGroupSender:
     def host(cls, *, bind_host: str, world_size: int, backend: str, timeout_s: float) -> UpdateGroupSender:
         """Host the group's rendezvous store on `bind_host`, on a free port (`port`)."""
         if world_size < 2:
-            raise ValueError(f"a weight-update group needs the trainer and at least one engine rank; got {world_size}")
+            raise ValueError(
+                f"a weight-update group needs the trainer and at least one engine rank; got {world_size}"
+            )
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
@@ -143,7 +160,11 @@ class UpdateGroupSender:
     def connect(self) -> None:
         """Form the group as rank 0 (blocks until every engine rank has joined, or the timeout)."""
         self.group = _group(
-            self.store, rank=0, world_size=self.world_size, backend=self.backend, timeout_s=self.timeout_s,
+            self.store,
+            rank=0,
+            world_size=self.world_size,
+            backend=self.backend,
+            timeout_s=self.timeout_s,
             host=self.bind_host,
         )
 

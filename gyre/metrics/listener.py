@@ -52,8 +52,12 @@ class MetricsListener:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             status, headers, body, send_body = await self._answer(reader)
-            head = [f"HTTP/1.1 {status.value} {status.phrase}", f"Content-Length: {len(body)}",
-                    "Connection: close", *headers]
+            head = [
+                f"HTTP/1.1 {status.value} {status.phrase}",
+                f"Content-Length: {len(body)}",
+                "Connection: close",
+                *headers,
+            ]
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
             if send_body:
                 writer.write(body)
@@ -70,7 +74,9 @@ class MetricsListener:
         try:
             raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=READ_TIMEOUT_S)
         except asyncio.LimitOverrunError:
-            return _text(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request head over {MAX_HEAD_BYTES} bytes")
+            return _text(
+                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request head over {MAX_HEAD_BYTES} bytes"
+            )
         lines = raw.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -84,9 +90,13 @@ class MetricsListener:
                     return _text(HTTPStatus.BAD_REQUEST, f"malformed header line {line[:80]!r}")
                 headers[name.strip().lower()] = value.strip()
         if target.split("?", 1)[0] != "/metrics":
-            return _text(HTTPStatus.NOT_FOUND, f"no such endpoint: {target[:200]} (this listener serves /metrics)")
+            return _text(
+                HTTPStatus.NOT_FOUND, f"no such endpoint: {target[:200]} (this listener serves /metrics)"
+            )
         if method not in ("GET", "HEAD"):
-            status, extra, body, _ = _text(HTTPStatus.METHOD_NOT_ALLOWED, f"method {method[:20]} is not allowed on /metrics")
+            status, extra, body, _ = _text(
+                HTTPStatus.METHOD_NOT_ALLOWED, f"method {method[:20]} is not allowed on /metrics"
+            )
             return status, [*extra, "Allow: GET, HEAD"], body, True
         encoder, content_type = choose_encoder(headers.get("accept", ""))
         body = encoder(self.registry)  # type: ignore[arg-type]

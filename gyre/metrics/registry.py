@@ -28,8 +28,25 @@ SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packe
 
 _WHAT = re.compile(r"[a-z][a-z0-9_]*[a-z0-9]")
 
-SECONDS_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                                      120.0, 300.0, 900.0, 3600.0)
+SECONDS_BUCKETS: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    900.0,
+    3600.0,
+)
 """Histogram buckets for durations from milliseconds (a role switch) to an hour (a long execution)."""
 
 
@@ -47,7 +64,9 @@ def process_registry(service: str, instance: str, run_id: str) -> CollectorRegis
     `gyre_<service>_info{instance, run}` = 1, to which the service adds its own series."""
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
-    info = Gauge(series(service, "info"), "Always 1; labels name the process.", ["instance", "run"], registry=registry)
+    info = Gauge(
+        series(service, "info"), "Always 1; labels name the process.", ["instance", "run"], registry=registry
+    )
     info.labels(instance, run_id).set(1)
     return registry
 

@@ -47,7 +47,11 @@ class MetricsSink(ABC):
         """Flush and release (idempotent)."""
 
     def _missing(self, error: ImportError) -> ConfigError:
-        install = f"pip install 'gyre[{self.extra}]'" if self.extra else "pip install -e . (it is a dependency of gyre)"
+        install = (
+            f"pip install 'gyre[{self.extra}]'"
+            if self.extra
+            else "pip install -e . (it is a dependency of gyre)"
+        )
         package = (error.name or self.extra or self.name).split(".")[0]
         return ConfigError(
             f"metrics.sinks: {self.name!r} needs the {package} package, which is not installed; "
@@ -108,8 +112,11 @@ class TensorBoardSink(MetricsSink):
 
     def write(self, row: dict[str, Any], scalars: dict[str, float]) -> None:
         values = [self._summary.Value(tag=tag, simple_value=v) for tag, v in scalars.items()]
-        event = self._event(wall_time=float(row.get("time_s") or time.time()), step=int(row["step"]),
-                            summary=self._summary(value=values))
+        event = self._event(
+            wall_time=float(row.get("time_s") or time.time()),
+            step=int(row["step"]),
+            summary=self._summary(value=values),
+        )
         self._writer.add_event(event)
         self._writer.flush()
 
@@ -131,8 +138,14 @@ class WandbSink(MetricsSink):
         except ImportError as e:
             raise self._missing(e) from None
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(project=section.wandb_project, name=run_id, id=run_id, dir=str(run_dir),
-                               mode="offline", resume="allow")
+        self._run = wandb.init(
+            project=section.wandb_project,
+            name=run_id,
+            id=run_id,
+            dir=str(run_dir),
+            mode="offline",
+            resume="allow",
+        )
 
     def write(self, row: dict[str, Any], scalars: dict[str, float]) -> None:
         self._run.log(scalars, step=int(row["step"]))
@@ -160,16 +173,26 @@ class MlflowSink(MetricsSink):
         self.store = (run_dir / "mlflow.db").resolve()
         self._client = MlflowClient(tracking_uri=f"sqlite:///{self.store}")
         experiment = self._client.get_experiment_by_name(section.mlflow_experiment)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self._client.create_experiment(section.mlflow_experiment))
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else self._client.create_experiment(section.mlflow_experiment)
+        )
         found = self._client.search_runs([experiment_id], filter_string=f"tags.`gyre.run` = '{run_id}'")
-        self.mlflow_run_id = (found[0].info.run_id if found else
-                              self._client.create_run(experiment_id, run_name=run_id, tags={"gyre.run": run_id}).info.run_id)
+        self.mlflow_run_id = (
+            found[0].info.run_id
+            if found
+            else self._client.create_run(
+                experiment_id, run_name=run_id, tags={"gyre.run": run_id}
+            ).info.run_id
+        )
         self._closed = False
 
     def write(self, row: dict[str, Any], scalars: dict[str, float]) -> None:
         ms, step = int(1000 * float(row.get("time_s") or time.time())), int(row["step"])
-        self._client.log_batch(self.mlflow_run_id, metrics=[self._metric(k, v, ms, step) for k, v in scalars.items()])
+        self._client.log_batch(
+            self.mlflow_run_id, metrics=[self._metric(k, v, ms, step) for k, v in scalars.items()]
+        )
 
     def close(self) -> None:
         if not self._closed:

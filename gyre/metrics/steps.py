@@ -28,7 +28,12 @@ from google.protobuf.message import Message
 from gyre.ids import step_of_batch
 from gyre.v1 import events_pb2 as ev
 
-CONSUMED: tuple[type[Message], ...] = (ev.GroupPacked, ev.MicroStepEnqueued, ev.StreamClosed, ev.StepCompleted)
+CONSUMED: tuple[type[Message], ...] = (
+    ev.GroupPacked,
+    ev.MicroStepEnqueued,
+    ev.StreamClosed,
+    ev.StepCompleted,
+)
 """Event types a `StepRows` reads (others are ignored)."""
 
 

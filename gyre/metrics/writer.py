@@ -49,15 +49,21 @@ class StepMetricsWriter:
         jsonl = self.sinks[0]
         assert isinstance(jsonl, JsonlSink)
         self.rows = StepRows(done=jsonl.written)
-        log.info("step_metrics_opened", path=str(jsonl.path), sinks=[s.name for s in self.sinks],
-                 steps_already_written=len(jsonl.written))
+        log.info(
+            "step_metrics_opened",
+            path=str(jsonl.path),
+            sinks=[s.name for s in self.sinks],
+            steps_already_written=len(jsonl.written),
+        )
 
     async def run(self) -> None:
         """Replay and follow the run's batch and training events; never returns (cancel it to stop)."""
         stream = event_stream(self.run_id).name
         subs = [
             await self.bus.js.subscribe(
-                f"gyre.{self.run_id}.{area}.>", stream=stream, ordered_consumer=True,
+                f"gyre.{self.run_id}.{area}.>",
+                stream=stream,
+                ordered_consumer=True,
                 config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
             )
             for area in AREAS

@@ -141,7 +141,9 @@ def _chain_attention(
         rows = torch.arange(i0, i1, device=q.device) + num_context
         mask = columns[None, :] <= rows[:, None]
         out.append(
-            _sdpa(q[:, a + i0 : a + i1], keys[:, :num_keys], values[:, :num_keys], attn_mask=mask, scale=scale)
+            _sdpa(
+                q[:, a + i0 : a + i1], keys[:, :num_keys], values[:, :num_keys], attn_mask=mask, scale=scale
+            )
         )
     return out
 

@@ -165,7 +165,9 @@ def _fuse(layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | N
     parameter keeps its name and values and becomes a view, so in-place weight updates reach both."""
     weight = torch.cat([layer.weight.detach() for layer in layers])
     has_bias = layers[0].bias is not None
-    bias = torch.cat([layer.bias.detach() for layer in layers if layer.bias is not None]) if has_bias else None
+    bias = (
+        torch.cat([layer.bias.detach() for layer in layers if layer.bias is not None]) if has_bias else None
+    )
     row = 0
     for layer in layers:
         rows = layer.weight.shape[0]
@@ -258,9 +260,13 @@ class CausalLM(nn.Module):
                 f"input_ids and position_ids must both be 1-D [T]; got {tuple(input_ids.shape)} and "
                 f"{tuple(position_ids.shape)}"
             )
-        bounds = [int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+        bounds = [
+            int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
+        ]
         if not bounds or bounds[0] != 0 or bounds[-1] != input_ids.shape[0] or bounds != sorted(bounds):
-            raise ValueError(f"cu_seqlens must be non-decreasing from 0 to T={input_ids.shape[0]}; got {bounds[:4]}...")
+            raise ValueError(
+                f"cu_seqlens must be non-decreasing from 0 to T={input_ids.shape[0]}; got {bounds[:4]}..."
+            )
         self._check_positions(position_ids)
         cos, sin = self.rotary.cos_sin(position_ids, self.lm_head.weight.dtype)
         h = self.model.embed_tokens(input_ids)

@@ -139,7 +139,9 @@ class Tokenizer:
         which the Rust decoder would drop silently)."""
         ids = list(ids)
         if ids and not 0 <= min(ids) <= max(ids) < self.vocab_size:
-            raise ValueError(f"token ids outside the vocabulary (size {self.vocab_size}): {min(ids)}..{max(ids)}")
+            raise ValueError(
+                f"token ids outside the vocabulary (size {self.vocab_size}): {min(ids)}..{max(ids)}"
+            )
         return str(self._backend.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_text(self, token_id: int) -> str:

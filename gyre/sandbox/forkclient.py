@@ -86,15 +86,19 @@ class ForkServer:
         self._task = asyncio.ensure_future(self._run())
 
     @classmethod
-    def start(cls, module: str, *, paths: tuple[str, ...], log_path: Path,
-              start_timeout_s: float = 300.0) -> ForkServer:
+    def start(
+        cls, module: str, *, paths: tuple[str, ...], log_path: Path, start_timeout_s: float = 300.0
+    ) -> ForkServer:
         """Start the server in the background (call from a running event loop)."""
         return cls(module, paths, log_path, start_timeout_s)
 
     def accepts(self, argv: list[str], env: dict[str, str]) -> bool:
         """`argv` is `python -m MODULE …` with the PYTHONPATH the server was started with."""
-        return (argv[:3] == [sys.executable, "-m", self.module]
-                and env.get("PYTHONPATH", "") == os.pathsep.join(self.paths) and not self.error)
+        return (
+            argv[:3] == [sys.executable, "-m", self.module]
+            and env.get("PYTHONPATH", "") == os.pathsep.join(self.paths)
+            and not self.error
+        )
 
     async def ready(self) -> bool:
         """Wait (bounded by the start timeout) until the server has preloaded; False if it failed."""
@@ -149,10 +153,19 @@ class ForkServer:
         try:
             with theirs, self.log_path.open("ab") as err:
                 self._process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-I", str(SERVER_SCRIPT), "--fd", str(theirs.fileno()), "--module", self.module,
+                    sys.executable,
+                    "-I",
+                    str(SERVER_SCRIPT),
+                    "--fd",
+                    str(theirs.fileno()),
+                    "--module",
+                    self.module,
                     *(a for p in self.paths for a in ("--path", p)),
-                    pass_fds=(theirs.fileno(),), env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
-                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=err,
+                    pass_fds=(theirs.fileno(),),
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=err,
                 )
             reader, self._writer = await asyncio.open_unix_connection(sock=ours)
             while line := await reader.readline():
@@ -173,7 +186,9 @@ class ForkServer:
                 forked.done.set()
         elif "ready" in message:
             self.info, self.alive = message, True
-            log.info("fork_server_ready", module=self.module, **{k: v for k, v in message.items() if k != "ready"})
+            log.info(
+                "fork_server_ready", module=self.module, **{k: v for k, v in message.items() if k != "ready"}
+            )
             if not self._ready.done():
                 self._ready.set_result(True)
         elif "id" in message:

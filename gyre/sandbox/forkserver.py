@@ -87,9 +87,17 @@ def run_module(module: str, spec: dict[str, Any], report_fd: int) -> NoReturn:
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
     for name, fd, errors in (("stdout", 1, "strict"), ("stderr", 2, "backslashreplace")):
         raw = io.FileIO(fd, "w", closefd=False)
-        setattr(sys, name, io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8",
-                                            errors=errors, write_through=unbuffered or fd == 2,
-                                            line_buffering=fd == 2))
+        setattr(
+            sys,
+            name,
+            io.TextIOWrapper(
+                raw if unbuffered else io.BufferedWriter(raw),
+                encoding="utf-8",
+                errors=errors,
+                write_through=unbuffered or fd == 2,
+                line_buffering=fd == 2,
+            ),
+        )
     if "tempfile" in sys.modules:
         sys.modules["tempfile"].tempdir = None  # TMPDIR is the sandbox's, not the server's
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -211,7 +219,9 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="forkserver.py")
     p.add_argument("--fd", type=int, required=True, help="this end of the runner's socketpair")
     p.add_argument("--module", required=True, help="the `python -m` module to serve pre-imported")
-    p.add_argument("--path", action="append", default=[], help="put first on sys.path (the harness's PYTHONPATH)")
+    p.add_argument(
+        "--path", action="append", default=[], help="put first on sys.path (the harness's PYTHONPATH)"
+    )
     args = p.parse_args(argv)
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the runner
     sock = socket.socket(fileno=args.fd)
@@ -224,12 +234,25 @@ def main(argv: list[str]) -> int:
         if threading.active_count() != 1:
             raise RuntimeError(f"importing {args.module} started threads; a fork server cannot fork safely")
     except BaseException as e:
-        sock.sendall((json.dumps({"error": f"preload {args.module}: {type(e).__name__}: {e}"}) + "\n").encode())
+        sock.sendall(
+            (json.dumps({"error": f"preload {args.module}: {type(e).__name__}: {e}"}) + "\n").encode()
+        )
         return 1
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    sock.sendall((json.dumps({"ready": True, "pid": os.getpid(), "modules": len(sys.modules),
-                              "preload_cpu_s": round(time.process_time() - started, 3),
-                              "maxrss_kb": usage.ru_maxrss}) + "\n").encode())
+    sock.sendall(
+        (
+            json.dumps(
+                {
+                    "ready": True,
+                    "pid": os.getpid(),
+                    "modules": len(sys.modules),
+                    "preload_cpu_s": round(time.process_time() - started, 3),
+                    "maxrss_kb": usage.ru_maxrss,
+                }
+            )
+            + "\n"
+        ).encode()
+    )
     return Server(sock, args.module, init).serve()
 
 

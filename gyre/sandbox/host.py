@@ -25,14 +25,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def open_sandbox(service: GyreService, section: RunnerSection | EvaluatorSection) -> tuple[SandboxLauncher, SandboxLimits]:
+def open_sandbox(
+    service: GyreService, section: RunnerSection | EvaluatorSection
+) -> tuple[SandboxLauncher, SandboxLimits]:
     """The service instance's launcher over its own sandbox uids, and the configured limits."""
     box = section.sandbox
     uids = uid_range(box.uid_base, service.instance, section.max_concurrent)
     check_sandbox_uids(service.config, **{service.name: uids})
     launcher = make_launcher(box.isolation, uids.start, len(uids))
     service.log.info("sandbox_enforced", **launcher.enforced())
-    return launcher, SandboxLimits(box.cpu_s, box.memory_mb, box.max_processes, box.file_size_mb, box.open_files)
+    return launcher, SandboxLimits(
+        box.cpu_s, box.memory_mb, box.max_processes, box.file_size_mb, box.open_files
+    )
 
 
 def check_sandbox_uids(config: GyreConfig, **mine: range) -> None:

@@ -124,9 +124,16 @@ def private_mounts() -> None:
 def _cover(directory: str) -> None:
     """Replace `directory` by a tmpfs holding bind mounts of its entries, so entries can be added to it
     without touching the host (entries are held by O_PATH fds and bound back through /proc/self/fd)."""
-    held = [(name, os.path.isdir(os.path.join(directory, name)) and not os.path.islink(os.path.join(directory, name)),
-             os.path.islink(os.path.join(directory, name)), os.open(os.path.join(directory, name), os.O_PATH | os.O_NOFOLLOW))
-            for name in os.listdir(directory)]
+    held = [
+        (
+            name,
+            os.path.isdir(os.path.join(directory, name))
+            and not os.path.islink(os.path.join(directory, name)),
+            os.path.islink(os.path.join(directory, name)),
+            os.open(os.path.join(directory, name), os.O_PATH | os.O_NOFOLLOW),
+        )
+        for name in os.listdir(directory)
+    ]
     links = {name: os.readlink(os.path.join(directory, name)) for name, _, is_link, _ in held if is_link}
     _mount("tmpfs", directory, "tmpfs", 0, "mode=0755")
     for name, is_dir, is_link, fd in held:
@@ -151,7 +158,7 @@ def _mountpoint(new_root: str, target: str, is_dir: bool, owned: set[str]) -> st
         nxt = os.path.join(current, part)
         last = i == len(parts) - 1
         if os.path.islink(nxt):
-            raise OSError(f"bind target {target} passes through the symlink /{'/'.join(parts[:i + 1])}")
+            raise OSError(f"bind target {target} passes through the symlink /{'/'.join(parts[: i + 1])}")
         if not os.path.lexists(nxt):
             if current not in owned:
                 _cover(current)
@@ -250,7 +257,9 @@ def relay(listener: socket.socket, connect: Callable[[], socket.socket]) -> None
         except OSError:
             conn.close()
             return
-        threads = [threading.Thread(target=pump, args=p, daemon=True) for p in ((conn, upstream), (upstream, conn))]
+        threads = [
+            threading.Thread(target=pump, args=p, daemon=True) for p in ((conn, upstream), (upstream, conn))
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -278,8 +287,9 @@ Execute = Callable[[dict[str, Any], int], NoReturn]
 """The command's last step (`exec_argv`; the fork server runs a pre-imported module in place)."""
 
 
-def exec_command(spec: dict[str, Any], report_fd: int, listener: socket.socket | None,
-                 execute: Execute = exec_argv) -> NoReturn:
+def exec_command(
+    spec: dict[str, Any], report_fd: int, listener: socket.socket | None, execute: Execute = exec_argv
+) -> NoReturn:
     """In the command's process: drop privileges, apply limits, then `execute`. Never returns."""
     try:
         if listener is not None:
@@ -371,7 +381,9 @@ def netns_child(spec: dict[str, Any], execute: Execute = exec_argv) -> NoReturn:
         status = run_command(spec, listener, execute)
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     except BaseException as e:  # recorded for the runner, which reports INFRA_FAILURE
-        write_json(os.path.join(spec["control_dir"], "status.json"), {"setup_error": f"{type(e).__name__}: {e}"})
+        write_json(
+            os.path.join(spec["control_dir"], "status.json"), {"setup_error": f"{type(e).__name__}: {e}"}
+        )
     os._exit(code)
 
 
@@ -383,8 +395,10 @@ def record_sandbox_cpu(status_path: str) -> None:
             status = json.load(f)
     except (OSError, ValueError):
         return
-    cpu = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
-                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
+    cpu = sum(
+        u.ru_utime + u.ru_stime
+        for u in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
     write_json(status_path, {**status, "sandbox_cpu_s": round(cpu, 3)})
 
 
@@ -417,8 +431,13 @@ def main(spec_path: str, execute: Execute = exec_argv) -> int:
     status_path = os.path.join(spec["control_dir"], "status.json")
     if not os.path.exists(status_path):
         killed_by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        write_json(status_path, {"setup_error": f"sandbox child ended without a status (signal {killed_by})",
-                                 "signal": killed_by})
+        write_json(
+            status_path,
+            {
+                "setup_error": f"sandbox child ended without a status (signal {killed_by})",
+                "signal": killed_by,
+            },
+        )
     record_sandbox_cpu(status_path)
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 

@@ -172,7 +172,9 @@ class SandboxHandle:
                 await asyncio.sleep(poll_s)
         outcome = read_outcome(self.control_dir)
         if outcome is None:
-            return SandboxOutcome(None, None, started=True, error="sandbox supervisor vanished without a status")
+            return SandboxOutcome(
+                None, None, started=True, error="sandbox supervisor vanished without a status"
+            )
         return outcome
 
     def command_group(self) -> int | None:
@@ -261,7 +263,9 @@ class SandboxLauncher(ABC):
             raise SandboxError(f"the {self.name} launcher cannot bind-mount paths; rewrite them instead")
         for source, inside in spec.binds:
             if not Path(inside).is_absolute() or Path(inside) == Path("/") or not source.exists():
-                raise SandboxError(f"bind {source} → {inside}: needs an existing source and an absolute target below /")
+                raise SandboxError(
+                    f"bind {source} → {inside}: needs an existing source and an absolute target below /"
+                )
         control, home = spec.control_dir, spec.home
         if spec.root.exists():
             await asyncio.to_thread(shutil.rmtree, spec.root)
@@ -281,13 +285,32 @@ class SandboxLauncher(ABC):
         env = {"HOME": str(home), "TMPDIR": str(home / "tmp"), **spec.env}
         net: dict[str, Any] = {"mode": network.mode}
         if network.mode == "proxy":
-            net |= {"target_host": network.target_host, "target_port": network.target_port,
-                    "listen_port": network.target_port, "socket": "proxy.sock"}
+            net |= {
+                "target_host": network.target_host,
+                "target_port": network.target_port,
+                "listen_port": network.target_port,
+                "socket": "proxy.sock",
+            }
         init_spec = {
-            "argv": spec.argv, "cwd": str(spec.cwd), "env": env, "control_dir": str(control),
-            "limits": spec.limits.rlimits(), "uid": uid, "gid": uid, "network": net,
-            "reveal": [str(p) for p in (spec.host_path(spec.cwd), home, Path(sys.prefix), Path(sys.base_prefix),
-                                        *spec.reveal, *(source for source, _ in spec.binds))],
+            "argv": spec.argv,
+            "cwd": str(spec.cwd),
+            "env": env,
+            "control_dir": str(control),
+            "limits": spec.limits.rlimits(),
+            "uid": uid,
+            "gid": uid,
+            "network": net,
+            "reveal": [
+                str(p)
+                for p in (
+                    spec.host_path(spec.cwd),
+                    home,
+                    Path(sys.prefix),
+                    Path(sys.base_prefix),
+                    *spec.reveal,
+                    *(source for source, _ in spec.binds),
+                )
+            ],
             "binds": [[str(source), target] for source, target in spec.binds],
             "root_dir": str(control / "root"),
         }
@@ -306,9 +329,15 @@ class SandboxLauncher(ABC):
                 return SandboxHandle(self, state, forked)
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", str(INIT_SCRIPT), str(spec_path),
-                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                sys.executable,
+                "-I",
+                "-S",
+                str(INIT_SCRIPT),
+                str(spec_path),
+                start_new_session=True,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
                 stderr=(control / "supervisor.log").open("ab"),
             )
         except OSError as e:
@@ -332,7 +361,7 @@ class ProcessLauncher(SandboxLauncher):
             "processes": "RLIMIT_NPROC set but not enforced for root; processes that leave the group survive a stop",
             "network": "not isolated (the harness can reach any address)",
             "paths": "a task's absolute environment paths (/app, /tests, /logs/...) are rewritten to host "
-                     "directories in prompts and verifier scripts (no mount namespace)",
+            "directories in prompts and verifier scripts (no mount namespace)",
         }
 
     async def launch(self, spec: SandboxSpec) -> SandboxHandle:
@@ -357,7 +386,9 @@ class IsolatedLauncher(SandboxLauncher):
         if os.geteuid() != 0:
             raise SandboxError("the isolated launcher needs root (setuid, network namespaces); use `process`")
         if uid_base < 1000 or num_slots < 1:
-            raise ValueError(f"uid_base must be at least 1000 and num_slots positive; got {uid_base}, {num_slots}")
+            raise ValueError(
+                f"uid_base must be at least 1000 and num_slots positive; got {uid_base}, {num_slots}"
+            )
         self.uid_base = uid_base
         self.num_slots = num_slots
         self._free = list(range(uid_base, uid_base + num_slots))
@@ -367,14 +398,14 @@ class IsolatedLauncher(SandboxLauncher):
         return {
             "launcher": self.name,
             "uid": f"one uid per slot ({self.uid_base}..{self.uid_base + self.num_slots - 1}), no supplementary "
-                   "groups; the workspace is owned by it while the harness runs, by root afterwards",
+            "groups; the workspace is owned by it while the harness runs, by root afterwards",
             "process_group": "own session and process group; stop = SIGTERM, grace, SIGKILL to the group and "
-                             "to every process of the slot uid (also ones that left the group)",
+            "to every process of the slot uid (also ones that left the group)",
             "environment": "scrubbed: only the variables the runner passes; HOME and TMPDIR private",
             "rlimits": "CPU, address space, processes (per uid), file size, open files, no core dumps",
             "network": "own network namespace with only loopback; the proxy is relayed to 127.0.0.1:<port>",
             "paths": "a task's absolute environment paths (/app, /tests, /logs/...) are bind mounts in the "
-                     "command's own mount namespace",
+            "command's own mount namespace",
         }
 
     async def launch(self, spec: SandboxSpec, wait_s: float = 60.0) -> SandboxHandle:

@@ -55,9 +55,16 @@ async def signal_uid(uid: int, sig: int) -> None:
     The sender is /bin/kill (world-executable, unlike a Python that may live under a closed /root).
     """
     proc = await asyncio.create_subprocess_exec(
-        _kill_binary(), f"-{int(sig)}", "--", "-1",
-        user=uid, group=uid, extra_groups=[], stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        _kill_binary(),
+        f"-{int(sig)}",
+        "--",
+        "-1",
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     await proc.wait()
 

@@ -51,8 +51,10 @@ class PathMap:
         # Longest inside path first, so /logs/verifier is replaced before a shorter prefix could be. A
         # whole path only: not /usr/app, /application or /app.d; a sentence's full stop may follow it.
         ordered = sorted(self.mounts, key=lambda m: len(m[1]), reverse=True)
-        self._patterns = [(re.compile(rf"(?<![\w./-]){re.escape(inside)}(?![\w-])(?!\.\w)"), str(host))
-                          for host, inside in ordered]
+        self._patterns = [
+            (re.compile(rf"(?<![\w./-]){re.escape(inside)}(?![\w-])(?!\.\w)"), str(host))
+            for host, inside in ordered
+        ]
 
     def binds(self) -> tuple[tuple[Path, str], ...]:
         """The bind mounts for the sandbox (none when the paths are rewritten)."""
@@ -123,9 +125,12 @@ def verifier_view(task: Task, attempt_root: Path, workspace_copy: Path, bind: bo
     """A Harbor verifier attempt's paths: the workspace copy at the working directory, a fresh copy of
     `tests/` at /tests, empty /logs/verifier, the agent's logs at /logs/agent (all under `attempt_root`)."""
     workdir = task.environment.workdir or DEFAULT_WORKDIR
-    return PathMap([
-        (workspace_copy, workdir),
-        (attempt_root / "tests", TESTS_DIR),
-        (attempt_root / "logs" / "verifier", VERIFIER_LOGS_DIR),
-        (attempt_root / "logs" / "agent", AGENT_LOGS_DIR),
-    ], bind)
+    return PathMap(
+        [
+            (workspace_copy, workdir),
+            (attempt_root / "tests", TESTS_DIR),
+            (attempt_root / "logs" / "verifier", VERIFIER_LOGS_DIR),
+            (attempt_root / "logs" / "agent", AGENT_LOGS_DIR),
+        ],
+        bind,
+    )

@@ -18,5 +18,7 @@ def check_disjoint(**ranges: range) -> None:
     items = sorted(ranges.items(), key=lambda kv: kv[1].start)
     for (name_a, a), (name_b, b) in itertools.pairwise(items):
         if a.stop > b.start:
-            raise ValueError(f"sandbox uids of {name_a} ({a.start}..{a.stop - 1}) and {name_b} ({b.start}..{b.stop - 1}) "
-                             "overlap; move one of the sandbox.uid_base values")
+            raise ValueError(
+                f"sandbox uids of {name_a} ({a.start}..{a.stop - 1}) and {name_b} ({b.start}..{b.stop - 1}) "
+                "overlap; move one of the sandbox.uid_base values"
+            )

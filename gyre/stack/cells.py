@@ -60,9 +60,20 @@ class LocalCells:
             for k in range(self.num_cells):
                 with open(self.log_dir / f"cell-{k}.log", "wb") as log:
                     self.processes[k] = subprocess.Popen(
-                        [sys.executable, "-m", "services.cell_agent", "--config", str(self.config_path),
-                         "--instance", str(k)],
-                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=repo,
+                        [
+                            sys.executable,
+                            "-m",
+                            "services.cell_agent",
+                            "--config",
+                            str(self.config_path),
+                            "--instance",
+                            str(k),
+                        ],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        env=env,
+                        cwd=repo,
                     )
             self._wait_serving()
         except BaseException:
@@ -83,7 +94,9 @@ class LocalCells:
                 raise RuntimeError(f"cells {sorted(waiting)} not serving:\n{self.log_tail(min(waiting))}")
             time.sleep(0.1)
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop(raise_on_hang=exc is None)
 
     def stop(self, grace_s: float = 20.0, *, raise_on_hang: bool = False) -> None:
@@ -104,11 +117,15 @@ class LocalCells:
 
     def log_tail(self, cell: int, lines: int = 40) -> str:
         path = self.log_dir / f"cell-{cell}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
+        )
 
     def stub(self, cell: int) -> pb_grpc.CellAgentStub:
         if cell not in self._channels:
-            self._channels[cell] = grpc.aio.insecure_channel(f"127.0.0.1:{self.config.cell_agent.ports[cell]}")
+            self._channels[cell] = grpc.aio.insecure_channel(
+                f"127.0.0.1:{self.config.cell_agent.ports[cell]}"
+            )
         return pb_grpc.CellAgentStub(self._channels[cell])
 
     async def close_channels(self) -> None:
@@ -127,7 +144,9 @@ class LocalCells:
         status: pb.CellStatus = await self.stub(cell).GetStatus(pb.GetCellStatusRequest())
         return status
 
-    async def join(self, cell: int, batch_id: str, step: int, final: bool, timeout_s: float = 300) -> pb.JoinBatchResponse:
+    async def join(
+        self, cell: int, batch_id: str, step: int, final: bool, timeout_s: float = 300
+    ) -> pb.JoinBatchResponse:
         response: pb.JoinBatchResponse = await self.stub(cell).JoinBatch(
             pb.JoinBatchRequest(batch_id=batch_id, step=step, final_in_burst=final), timeout=timeout_s
         )

@@ -79,10 +79,14 @@ def generate(run_dir: Path, run_id: str) -> RunCredentials:
     acl = ["user default off"]
     for user in BUS_USERS:
         nats_password, redis_password = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-        _write_private(Path(creds.nats_template.replace("{service}", user)),
-                       json.dumps({"user": user, "password": nats_password}))
-        _write_private(Path(creds.redis_template.replace("{service}", user)),
-                       json.dumps({"user": user, "password": redis_password}))
+        _write_private(
+            Path(creds.nats_template.replace("{service}", user)),
+            json.dumps({"user": user, "password": nats_password}),
+        )
+        _write_private(
+            Path(creds.redis_template.replace("{service}", user)),
+            json.dumps({"user": user, "password": redis_password}),
+        )
         nats_users.append({"user": user, "password": nats_password, "permissions": permissions(run_id, user)})
         digest = hashlib.sha256(redis_password.encode()).hexdigest()
         acl.append(f"user {user} on #{digest} resetkeys ~gyre:{run_id}:* resetchannels {REDIS_RULES[user]}")

@@ -29,10 +29,18 @@ class ExitPublisher:
         self.queue: asyncio.Queue[ev.ProcessExited] = asyncio.Queue()
         self.bus: EventBus | None = None
 
-    def add(self, process: str, pid: int, exit_code: int, sig: str, reason: str, decision: RestartDecision) -> None:
+    def add(
+        self, process: str, pid: int, exit_code: int, sig: str, reason: str, decision: RestartDecision
+    ) -> None:
         event = ev.ProcessExited(
-            process=process, pid=pid, exit_code=exit_code, signal=sig, reason=reason,
-            num_restarts=decision.num_restarts, restart_in_s=decision.delay_s, gave_up=not decision.restart,
+            process=process,
+            pid=pid,
+            exit_code=exit_code,
+            signal=sig,
+            reason=reason,
+            num_restarts=decision.num_restarts,
+            restart_in_s=decision.delay_s,
+            gave_up=not decision.restart,
         )
         self.queue.put_nowait(event)
 
@@ -52,8 +60,15 @@ class ExitPublisher:
         if self.bus is None:
             nats = self.config.nats
             self.bus = await asyncio.wait_for(
-                EventBus.connect(nats.url or "", self.config.run.id, "supervisor", ensure_streams=False,
-                                 login=nats.login_for("supervisor")), timeout=5.0)
+                EventBus.connect(
+                    nats.url or "",
+                    self.config.run.id,
+                    "supervisor",
+                    ensure_streams=False,
+                    login=nats.login_for("supervisor"),
+                ),
+                timeout=5.0,
+            )
         await self.bus.publish(event, event_id=f"stack.exited:{event.process}:{event.pid}")
 
     async def close(self, task: asyncio.Task[None], flush_s: float = 1.0) -> None:

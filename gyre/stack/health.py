@@ -14,7 +14,9 @@ def grpc_health(port: int, timeout_s: float = 1.0) -> str:
     """SERVING / NOT_SERVING / UNKNOWN / UNREACHABLE for a gRPC server on loopback."""
     with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
         try:
-            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout_s
+            )
         except grpc.RpcError:
             return "UNREACHABLE"
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
@@ -25,7 +27,9 @@ async def grpc_health_async(port: int, timeout_s: float = 1.0) -> int:
     it does not answer."""
     async with grpc.aio.insecure_channel(f"{LOOPBACK}:{port}") as channel:
         try:
-            resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            resp = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout_s
+            )
         except grpc.RpcError:
             return int(health_pb2.HealthCheckResponse.UNKNOWN)
     return int(resp.status)

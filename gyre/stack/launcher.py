@@ -37,8 +37,20 @@ from gyre.stack.supervisor import SERVICES
 from gyre.tasks import TaskError, TaskSet
 from gyre.trainer.layout import check_trainer
 
-__all__ = ["SERVICES", "ProcessEntry", "StackError", "StackState", "down", "down_state", "grpc_health",
-           "live_runs", "pid_alive", "resolve_run", "status", "up"]
+__all__ = [
+    "SERVICES",
+    "ProcessEntry",
+    "StackError",
+    "StackState",
+    "down",
+    "down_state",
+    "grpc_health",
+    "live_runs",
+    "pid_alive",
+    "resolve_run",
+    "status",
+    "up",
+]
 
 
 class StackError(RuntimeError):
@@ -113,12 +125,26 @@ def up(
     config = resolve_ports(config)
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    argv = [sys.executable, "-m", "gyre.stack.supervisor", "--config", str(config_path),
-            "--servers", ",".join(servers), "--wait-s", str(wait_s)]
+    argv = [
+        sys.executable,
+        "-m",
+        "gyre.stack.supervisor",
+        "--config",
+        str(config_path),
+        "--servers",
+        ",".join(servers),
+        "--wait-s",
+        str(wait_s),
+    ]
     with open(run_dir / "logs" / "supervisor.log", "ab") as out:
         proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent() if attached else None,
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=die_with_parent() if attached else None,
         )
     try:
         return _wait_serving(proc, run_dir, wait_s + 30.0, stop or threading.Event())
@@ -127,14 +153,20 @@ def up(
         raise
 
 
-def _wait_serving(proc: subprocess.Popen[bytes], run_dir: Path, timeout_s: float, stop: threading.Event) -> StackState:
+def _wait_serving(
+    proc: subprocess.Popen[bytes], run_dir: Path, timeout_s: float, stop: threading.Event
+) -> StackState:
     deadline = time.monotonic() + timeout_s
     while not stop.is_set():
         state = StackState.load(run_dir)
         if state is not None and state.phase == "serving":
             return state
         if proc.poll() is not None:
-            error = state.error if state is not None and state.error else tail(str(run_dir / "logs" / "supervisor.log"))
+            error = (
+                state.error
+                if state is not None and state.error
+                else tail(str(run_dir / "logs" / "supervisor.log"))
+            )
             StackState.path(run_dir).unlink(missing_ok=True)
             raise StackError(error)
         if time.monotonic() > deadline:
@@ -219,9 +251,18 @@ def status(run_dir: Path) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     if state.supervisor_pid:
         up_ = state.supervisor_alive()
-        rows.append({"name": "supervisor", "pid": state.supervisor_pid, "alive": up_,
-                     "health": state.phase.upper() if up_ else "DEAD", "grpc_port": 0, "restarts": 0, "last_exit": "",
-                     **({"error": state.error} if state.error else {})})
+        rows.append(
+            {
+                "name": "supervisor",
+                "pid": state.supervisor_pid,
+                "alive": up_,
+                "health": state.phase.upper() if up_ else "DEAD",
+                "grpc_port": 0,
+                "restarts": 0,
+                "last_exit": "",
+                **({"error": state.error} if state.error else {}),
+            }
+        )
     for p in state.processes:
         alive = p.alive()
         if p.state == "restarting":
@@ -231,8 +272,17 @@ def status(run_dir: Path) -> list[dict[str, object]]:
         else:
             health = grpc_health(p.grpc_port) if (alive and p.grpc_port) else ("RUNNING" if alive else "DEAD")
         metrics = metrics_port(Path(state.run_dir), p.name, p.pid) if alive and p.grpc_port else 0
-        rows.append({"name": p.name, "pid": p.pid, "alive": alive, "health": health, "grpc_port": p.grpc_port,
-                     "restarts": p.num_restarts, "last_exit": p.last_exit, **({"ports": p.ports} if p.ports else {}),
-                     **({"metrics_port": metrics} if metrics else {})})
+        rows.append(
+            {
+                "name": p.name,
+                "pid": p.pid,
+                "alive": alive,
+                "health": health,
+                "grpc_port": p.grpc_port,
+                "restarts": p.num_restarts,
+                "last_exit": p.last_exit,
+                **({"ports": p.ports} if p.ports else {}),
+                **({"metrics_port": metrics} if metrics else {}),
+            }
+        )
     return rows
-

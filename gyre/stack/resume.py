@@ -36,8 +36,9 @@ def _servers(run_dir: Path, previous: StackState | None) -> list[str]:
     return [name for name in _SERVERS if (run_dir / name).is_dir()]
 
 
-def resume_stack(run_dir: Path, wait_s: float = 120.0, attached: bool = True,
-                 stop: threading.Event | None = None) -> StackState:
+def resume_stack(
+    run_dir: Path, wait_s: float = 120.0, attached: bool = True, stop: threading.Event | None = None
+) -> StackState:
     """Start the supervisor of the run under `run_dir` again on its resolved config; wait until SERVING."""
     run_dir = run_dir.resolve()
     config_path = run_dir / "config.yaml"
@@ -53,12 +54,26 @@ def resume_stack(run_dir: Path, wait_s: float = 120.0, attached: bool = True,
         stop_processes([p.process_id for p in left if p.name in _SERVERS], grace_s=3.0)
     servers = _servers(run_dir, previous)
     StackState.path(run_dir).unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "gyre.stack.supervisor", "--config", str(config_path),
-            "--servers", ",".join(servers), "--wait-s", str(wait_s)]
+    argv = [
+        sys.executable,
+        "-m",
+        "gyre.stack.supervisor",
+        "--config",
+        str(config_path),
+        "--servers",
+        ",".join(servers),
+        "--wait-s",
+        str(wait_s),
+    ]
     with open(run_dir / "logs" / "supervisor.log", "ab") as out:
         proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent() if attached else None,
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=die_with_parent() if attached else None,
         )
     try:
         return _wait_serving(proc, run_dir, wait_s + 30.0, stop or threading.Event())

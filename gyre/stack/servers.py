@@ -120,8 +120,12 @@ def _write_conf(path: Path, text: str) -> None:
 
 
 def nats_spec(
-    data_dir: Path, port: int = 0, monitor_port: int = 0, log_file: Path | None = None,
-    users_file: Path | None = None, sync_interval_s: float = 1.0,
+    data_dir: Path,
+    port: int = 0,
+    monitor_port: int = 0,
+    log_file: Path | None = None,
+    users_file: Path | None = None,
+    sync_interval_s: float = 1.0,
 ) -> ServerSpec:
     """nats-server with JetStream file storage under `data_dir`; writes its config file `data_dir/nats.conf`.
 
@@ -141,20 +145,42 @@ def nats_spec(
     conf = data_dir / "nats.conf"
     _write_conf(conf, "\n".join(lines) + "\n")
     argv = [nats_server_binary(), "-c", str(conf)]
-    return ServerSpec("nats", argv, port, f"nats://{LOOPBACK}:{port}", data_dir, log_file, {"monitor": monitor_port})
+    return ServerSpec(
+        "nats", argv, port, f"nats://{LOOPBACK}:{port}", data_dir, log_file, {"monitor": monitor_port}
+    )
 
 
 def redis_spec(
-    data_dir: Path, port: int = 0, appendonly: bool = True, log_file: Path | None = None,
-    acl_file: Path | None = None, appendfsync: str = "everysec",
+    data_dir: Path,
+    port: int = 0,
+    appendonly: bool = True,
+    log_file: Path | None = None,
+    acl_file: Path | None = None,
+    appendfsync: str = "everysec",
 ) -> ServerSpec:
     """redis-server on loopback with its data (the AOF) under `data_dir`; `acl_file` turns ACL users on."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     argv = [
-        redis_server_binary(), "--bind", LOOPBACK, "--port", str(port), "--dir", str(data_dir),
-        "--appendonly", "yes" if appendonly else "no", "--appendfsync", appendfsync, "--save", "",
-        "--protected-mode", "yes", "--daemonize", "no", "--logfile", str(log_file) if log_file else "",
+        redis_server_binary(),
+        "--bind",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--dir",
+        str(data_dir),
+        "--appendonly",
+        "yes" if appendonly else "no",
+        "--appendfsync",
+        appendfsync,
+        "--save",
+        "",
+        "--protected-mode",
+        "yes",
+        "--daemonize",
+        "no",
+        "--logfile",
+        str(log_file) if log_file else "",
     ]
     if acl_file is not None:
         argv += ["--aclfile", str(acl_file)]
@@ -165,8 +191,14 @@ def launch(spec: ServerSpec, preexec_fn: Callable[[], None] | None = None) -> su
     """Start the server process of `spec` in its own session (nats logs to `log_file`, redis itself)."""
     out = open(spec.log_file, "ab") if spec.log_file and spec.name == "nats" else subprocess.DEVNULL  # noqa: SIM115
     try:
-        return subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=preexec_fn)
+        return subprocess.Popen(
+            spec.argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+        )
     finally:
         if out is not subprocess.DEVNULL:
             out.close()
@@ -182,7 +214,10 @@ def wait_ready(spec: ServerSpec, timeout_s: float = 15.0, login: ClientLogin | N
 
 
 def start_nats(
-    data_dir: Path, port: int = 0, monitor_port: int = 0, log_file: Path | None = None,
+    data_dir: Path,
+    port: int = 0,
+    monitor_port: int = 0,
+    log_file: Path | None = None,
     users_file: Path | None = None,
 ) -> ServerProcess:
     """nats-server with JetStream, store dir under `data_dir`, client and monitoring ports on loopback."""
@@ -191,8 +226,12 @@ def start_nats(
 
 
 def start_redis(
-    data_dir: Path, port: int = 0, appendonly: bool = True, log_file: Path | None = None,
-    acl_file: Path | None = None, login: ClientLogin | None = None,
+    data_dir: Path,
+    port: int = 0,
+    appendonly: bool = True,
+    log_file: Path | None = None,
+    acl_file: Path | None = None,
+    login: ClientLogin | None = None,
 ) -> ServerProcess:
     """redis-server on loopback, data (AOF) under `data_dir`; `login` is the user readiness pings use."""
     return _start(redis_spec(data_dir, port, appendonly, log_file, acl_file), login)
@@ -235,7 +274,9 @@ def _wait_redis_loaded(port: int, timeout_s: float, login: ClientLogin | None) -
                 return
             except (redis.BusyLoadingError, redis.ConnectionError, redis.TimeoutError):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"redis-server on port {port} not ready after {timeout_s:.0f} s") from None
+                    raise TimeoutError(
+                        f"redis-server on port {port} not ready after {timeout_s:.0f} s"
+                    ) from None
                 time.sleep(0.1)
             except redis.AuthenticationError:
                 return  # it answers; without the run's login a ping is refused, which is all we can check

@@ -79,7 +79,9 @@ class StackState:
         except FileNotFoundError:
             return None
         known = {f.name for f in fields(ProcessEntry)}
-        raw["processes"] = [ProcessEntry(**{k: v for k, v in e.items() if k in known}) for e in raw["processes"]]
+        raw["processes"] = [
+            ProcessEntry(**{k: v for k, v in e.items() if k in known}) for e in raw["processes"]
+        ]
         return cls(**{k: v for k, v in raw.items() if k in {f.name for f in fields(cls)}})
 
     def supervisor_alive(self) -> bool:

@@ -74,8 +74,14 @@ class StackSupervisor:
         self.wait_s = wait_s
         me = ProcessId.of(os.getpid())
         assert me is not None
-        self.state = StackState(config.run.id, str(self.run_dir), str(config_path), supervisor_pid=me.pid,
-                                supervisor_started=me.started, stop_bound_s=self.policy.stop_bound_s)
+        self.state = StackState(
+            config.run.id,
+            str(self.run_dir),
+            str(config_path),
+            supervisor_pid=me.pid,
+            supervisor_started=me.started,
+            stop_bound_s=self.policy.stop_bound_s,
+        )
         self.members = [*self._server_members(servers), *self._service_members()]
         self.state.processes = [m.entry for m in self.members]
         self.stop_requested = asyncio.Event()
@@ -88,14 +94,34 @@ class StackSupervisor:
         specs: list[ServerSpec] = []
         if "nats" in servers:
             users = creds / "nats-users.json" if c.nats.credentials_file else None
-            specs.append(nats_spec(self.run_dir / "nats", c.nats.port, c.nats.monitor_port, logs / "nats.log",
-                                   users, c.nats.sync_interval_s))
+            specs.append(
+                nats_spec(
+                    self.run_dir / "nats",
+                    c.nats.port,
+                    c.nats.monitor_port,
+                    logs / "nats.log",
+                    users,
+                    c.nats.sync_interval_s,
+                )
+            )
         if "redis" in servers:
             acl = creds / "redis.acl" if c.redis.credentials_file else None
-            specs.append(redis_spec(self.run_dir / "redis", c.redis.port, c.redis.appendonly, logs / "redis.log",
-                                    acl, c.redis.appendfsync))
-        return [Member(ProcessEntry(s.name, 0, 0, {"client": s.port, **s.extra_ports}, str(s.log_file)), s.argv, s)
-                for s in specs]
+            specs.append(
+                redis_spec(
+                    self.run_dir / "redis",
+                    c.redis.port,
+                    c.redis.appendonly,
+                    logs / "redis.log",
+                    acl,
+                    c.redis.appendfsync,
+                )
+            )
+        return [
+            Member(
+                ProcessEntry(s.name, 0, 0, {"client": s.port, **s.extra_ports}, str(s.log_file)), s.argv, s
+            )
+            for s in specs
+        ]
 
     def _service_members(self) -> list[Member]:
         members = []
@@ -119,11 +145,20 @@ class StackSupervisor:
         else:
             with open(m.entry.log, "ab") as out:
                 m.proc = subprocess.Popen(
-                    m.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent(),
+                    m.argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    preexec_fn=die_with_parent(),
                 )
         started = ProcessId.of(m.proc.pid)
-        m.entry.pid, m.entry.started, m.entry.state = m.proc.pid, started.started if started else 0.0, "running"
+        m.entry.pid, m.entry.started, m.entry.state = (
+            m.proc.pid,
+            started.started if started else 0.0,
+            "running",
+        )
 
     def _save(self) -> None:
         self.state.save()
@@ -167,7 +202,9 @@ class StackSupervisor:
             self._spawn(m)
             self._save()
             try:
-                await asyncio.to_thread(wait_ready, m.server, 15.0, supervisor_login if m.server.name == "redis" else None)
+                await asyncio.to_thread(
+                    wait_ready, m.server, 15.0, supervisor_login if m.server.name == "redis" else None
+                )
             except TimeoutError as e:
                 raise StartFailed(f"{m.entry.name}: {e}; last log lines:\n{tail(m.entry.log)}") from None
         if self.stop_requested.is_set():
@@ -185,13 +222,17 @@ class StackSupervisor:
             for m in list(waiting):
                 assert m.proc is not None
                 if m.proc.poll() is not None:
-                    raise StartFailed(f"{m.entry.name} exited during start-up; last log lines:\n{tail(m.entry.log)}")
+                    raise StartFailed(
+                        f"{m.entry.name} exited during start-up; last log lines:\n{tail(m.entry.log)}"
+                    )
                 if await grpc_health_async(m.entry.grpc_port, 0.5) == health_pb2.HealthCheckResponse.SERVING:
                     waiting.remove(m)
             if waiting and time.monotonic() > deadline:
                 names = ", ".join(m.entry.name for m in waiting)
-                raise StartFailed(f"not SERVING after {self.wait_s:.0f} s: {names}; last log lines of "
-                                  f"{waiting[0].entry.name}:\n{tail(waiting[0].entry.log)}")
+                raise StartFailed(
+                    f"not SERVING after {self.wait_s:.0f} s: {names}; last log lines of "
+                    f"{waiting[0].entry.name}:\n{tail(waiting[0].entry.log)}"
+                )
             if waiting:
                 await asyncio.sleep(0.1)
 
@@ -203,7 +244,12 @@ class StackSupervisor:
                     self._on_exit(m, now)
                 elif m.entry.state == "restarting" and now >= m.restart_at_s:
                     self._spawn(m)
-                    log.info("process_restarted", process=m.entry.name, pid=m.entry.pid, restarts=m.entry.num_restarts)
+                    log.info(
+                        "process_restarted",
+                        process=m.entry.name,
+                        pid=m.entry.pid,
+                        restarts=m.entry.num_restarts,
+                    )
                     self._save()
             self._reap_orphans()
             with contextlib.suppress(TimeoutError):
@@ -217,12 +263,20 @@ class StackSupervisor:
         if decision.restart:
             m.entry.state, m.restart_at_s = "restarting", now_s + decision.delay_s
             m.entry.num_restarts += 1
-            log.warning("process_exited", process=m.entry.name, pid=m.entry.pid, reason=reason,
-                        restart_in_s=decision.delay_s, restarts_in_window=decision.num_restarts)
+            log.warning(
+                "process_exited",
+                process=m.entry.name,
+                pid=m.entry.pid,
+                reason=reason,
+                restart_in_s=decision.delay_s,
+                restarts_in_window=decision.num_restarts,
+            )
         else:
             m.entry.state = "gave_up"
-            self.gave_up = (f"{m.entry.name} {reason}; restart budget spent ({self.policy.max_restarts} restarts "
-                            f"within {self.policy.restart_window_s:g} s): the run was stopped")
+            self.gave_up = (
+                f"{m.entry.name} {reason}; restart budget spent ({self.policy.max_restarts} restarts "
+                f"within {self.policy.restart_window_s:g} s): the run was stopped"
+            )
             log.error("process_gave_up", process=m.entry.name, pid=m.entry.pid, reason=reason)
         self.publisher.add(m.entry.name, m.entry.pid, exit_code, sig, reason, decision)
         self._save()
@@ -245,18 +299,29 @@ class StackSupervisor:
         log.info("stack_stopping")
         names = {m.entry.pid: m.entry.name for m in self.members}
         services = [m.entry.process_id for m in self.members if m.server is None and m.proc is not None]
-        servers = [m.entry.process_id for m in reversed(self.members) if m.server is not None and m.proc is not None]
-        for what, ids, grace_s in (("services", services, self.policy.stop_grace_s),
-                                   ("servers", servers, self.policy.server_stop_grace_s)):
+        servers = [
+            m.entry.process_id for m in reversed(self.members) if m.server is not None and m.proc is not None
+        ]
+        for what, ids, grace_s in (
+            ("services", services, self.policy.stop_grace_s),
+            ("servers", servers, self.policy.server_stop_grace_s),
+        ):
             if what == "servers" and before_servers is not None:
                 await before_servers()
             report = await asyncio.to_thread(stop_processes, ids, grace_s)
-            log.info("stack_stopped_" + what, after_s=round(time.monotonic() - t0, 2), stopped=report.num_stopped,
-                     killed=[names.get(pid, pid) for pid in report.killed], left=report.left)
+            log.info(
+                "stack_stopped_" + what,
+                after_s=round(time.monotonic() - t0, 2),
+                stopped=report.num_stopped,
+                killed=[names.get(pid, pid) for pid in report.killed],
+                left=report.left,
+            )
         rest = [ProcessId(p.pid, 0.0) for p in psutil.Process().children(recursive=True)]
         if rest:
             report = await asyncio.to_thread(stop_processes, rest, 0.5)
-            log.info("stack_stopped_orphans", stopped=report.num_stopped, killed=report.killed, left=report.left)
+            log.info(
+                "stack_stopped_orphans", stopped=report.num_stopped, killed=report.killed, left=report.left
+            )
         for m in self.members:
             if m.proc is not None:
                 m.proc.poll()
@@ -266,10 +331,16 @@ class StackSupervisor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gyre.stack.supervisor", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", type=Path, required=True, help="the run's resolved config (gyre up writes it)")
+    parser = argparse.ArgumentParser(
+        prog="python -m gyre.stack.supervisor", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--config", type=Path, required=True, help="the run's resolved config (gyre up writes it)"
+    )
     parser.add_argument("--servers", default="", help="servers to start: nats,redis (none when given URLs)")
-    parser.add_argument("--wait-s", type=float, default=30.0, help="seconds for every service to answer SERVING")
+    parser.add_argument(
+        "--wait-s", type=float, default=30.0, help="seconds for every service to answer SERVING"
+    )
     args = parser.parse_args(argv)
     config = load_config(args.config)
     configure_logging(config.log.format, config.log.level)

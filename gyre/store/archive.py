@@ -105,7 +105,9 @@ def _glob_escape(text: str) -> str:
 
 
 class StepArchiver:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, archive_dir: Path, *, compress_level: int = 6) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, archive_dir: Path, *, compress_level: int = 6
+    ) -> None:
         self._redis = redis
         self._keys = keys
         self.archive_dir = Path(archive_dir)
@@ -129,13 +131,23 @@ class StepArchiver:
             num_trees, written = num_trees + trees, written + size
             num_deleted += await self._delete_group(group_id, execution_ids)
         if not marker.exists():
-            written += await self._write(marker, {
-                "format": BATCH_FORMAT, "batch_id": batch_id_, "step": step, "trained_version": policy_version,
-                "groups": groups, "step_completed": dict(completed or {}), "archived_at_s": time.time(),
-            })
+            written += await self._write(
+                marker,
+                {
+                    "format": BATCH_FORMAT,
+                    "batch_id": batch_id_,
+                    "step": step,
+                    "trained_version": policy_version,
+                    "groups": groups,
+                    "step_completed": dict(completed or {}),
+                    "archived_at_s": time.time(),
+                },
+            )
         # The batch's claimed groups and the packer's record of it (kept to resume an open batch; its
         # stream closed before its step could commit).
-        num_deleted += int(await self._redis.delete(self._outcomes.batch_key(batch_id_), self._keys.batch(batch_id_)))
+        num_deleted += int(
+            await self._redis.delete(self._outcomes.batch_key(batch_id_), self._keys.batch(batch_id_))
+        )
         if step > 0:
             num_deleted += await self._delete_step_record(batch_id(self._keys.run_id, step - 1))
         return ArchivedStep(batch_id_, len(groups), num_trees, num_deleted, written)
@@ -167,7 +179,10 @@ class StepArchiver:
             if not meta:
                 trees[eid] = None  # the harness never opened a tree (never started, or never called)
                 continue
-            blobs = {int(_text(a)): b if isinstance(b, bytes) else b.encode() for a, b in (await r.hgetall(k.tree_nodes(eid))).items()}
+            blobs = {
+                int(_text(a)): b if isinstance(b, bytes) else b.encode()
+                for a, b in (await r.hgetall(k.tree_nodes(eid))).items()
+            }
             target = tree_path(self.archive_dir, eid)
             trees[eid] = str(target.relative_to(self.archive_dir))
             if not target.exists():
@@ -182,11 +197,17 @@ class StepArchiver:
             "trained_version": version,
             "record": record,
             "executions": executions,
-            "outcome": None if outcome is None else {
-                "policy_version": outcome.policy_version, "ready_time_s": outcome.ready_time_s,
-                "state": outcome.state, "batch_id": outcome.batch_id,
-                "members": {eid: {"status": m.status, "reward": m.reward, "workspace_hash": m.workspace_hash}
-                            for eid, m in members.items()},
+            "outcome": None
+            if outcome is None
+            else {
+                "policy_version": outcome.policy_version,
+                "ready_time_s": outcome.ready_time_s,
+                "state": outcome.state,
+                "batch_id": outcome.batch_id,
+                "members": {
+                    eid: {"status": m.status, "reward": m.reward, "workspace_hash": m.workspace_hash}
+                    for eid, m in members.items()
+                },
             },
             "evaluations": evaluations,
             "trees": trees,

@@ -34,9 +34,14 @@ async def connect_redis(url: str, login: ClientLogin | None = None) -> aioredis.
     """Connect as `login`'s ACL user (None: the URL's, or none) and verify with PING; bytes in, bytes out."""
     auth = {"username": login.user, "password": login.password} if login is not None else {}
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, decode_responses=False, health_check_interval=30, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT_S,
+        url,
+        decode_responses=False,
+        health_check_interval=30,
+        max_connections=MAX_CONNECTIONS,
+        timeout=POOL_WAIT_S,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), RETRIES),
-        retry_on_error=[ConnectionError, TimeoutError, BusyLoadingError], **auth,
+        retry_on_error=[ConnectionError, TimeoutError, BusyLoadingError],
+        **auth,
     )
     client: aioredis.Redis = aioredis.Redis.from_pool(pool)
     try:

@@ -107,7 +107,9 @@ class MemberOutcome:
             raise ValueError(f"reward must be in [0, 1]; got {self.reward}")
 
     def to_json(self) -> str:
-        return json.dumps({"status": self.status, "reward": self.reward, "workspace_hash": self.workspace_hash})
+        return json.dumps(
+            {"status": self.status, "reward": self.reward, "workspace_hash": self.workspace_hash}
+        )
 
     @classmethod
     def from_json(cls, execution_id: str, raw: bytes | str) -> MemberOutcome:
@@ -167,10 +169,14 @@ class GroupOutcomes:
     def _batch(self, batch_id: str) -> str:
         return f"{self._prefix}batch:{batch_id}"
 
-    async def resolve(self, group_id: str, size: int, policy_version: int, outcome: MemberOutcome) -> ResolveResult:
+    async def resolve(
+        self, group_id: str, size: int, policy_version: int, outcome: MemberOutcome
+    ) -> ResolveResult:
         """Record one member's outcome; the call that completes the group makes it ready."""
         if size < 1 or policy_version < 0:
-            raise ValueError(f"group size must be positive and policy version non-negative; got {size}, {policy_version}")
+            raise ValueError(
+                f"group size must be positive and policy version non-negative; got {size}, {policy_version}"
+            )
         recorded, resolved, stored_size, became_ready, ready = await self._resolve(
             keys=[self._members(group_id), self._meta(group_id), self._ready],
             args=[outcome.execution_id, outcome.to_json(), size, policy_version, group_id],
@@ -183,8 +189,11 @@ class GroupOutcomes:
         if not meta:
             return None
         raw = await self._redis.hgetall(self._members(group_id))
-        members = tuple(sorted((MemberOutcome.from_json(_text(k), v) for k, v in raw.items()),
-                               key=lambda m: m.execution_id))
+        members = tuple(
+            sorted(
+                (MemberOutcome.from_json(_text(k), v) for k, v in raw.items()), key=lambda m: m.execution_id
+            )
+        )
         return ReadyGroup(
             group_id=group_id,
             policy_version=int(meta["policy_version"]),
@@ -203,7 +212,9 @@ class GroupOutcomes:
         """Atomically take up to `n` oldest ready groups for `batch_id` (each is claimed once)."""
         if n < 1 or not batch_id:
             raise ValueError(f"claim needs n >= 1 and a batch id; got n={n}, batch_id={batch_id!r}")
-        groups = await self._claim(keys=[self._ready, self._batch(batch_id)], args=[n, batch_id, self._prefix])
+        groups = await self._claim(
+            keys=[self._ready, self._batch(batch_id)], args=[n, batch_id, self._prefix]
+        )
         return await self._load([_text(g) for g in groups])
 
     async def claimed(self, batch_id: str) -> list[ReadyGroup]:

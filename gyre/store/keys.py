@@ -56,8 +56,14 @@ class Keys:
     def execution_keys(self, execution_id: str) -> tuple[str, ...]:
         """Every per-execution key (record, runner claim, evaluations, tree, the proxy's key index): what
         archiving deletes once the execution's group was trained (gyre/store/archive.py)."""
-        return (self.execution(execution_id), self.execution_runner(execution_id), self.evaluations(execution_id),
-                self.tree_nodes(execution_id), self.tree_meta(execution_id), self.proxy_keys_of(execution_id))
+        return (
+            self.execution(execution_id),
+            self.execution_runner(execution_id),
+            self.evaluations(execution_id),
+            self.tree_nodes(execution_id),
+            self.tree_meta(execution_id),
+            self.proxy_keys_of(execution_id),
+        )
 
     # -- the proxy: credentials (key digest → execution) and its routing table ----------------------
     def proxy_key(self, key_digest: str) -> str:

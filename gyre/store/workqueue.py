@@ -96,7 +96,9 @@ class Claim:
 
 
 class WorkQueue:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, name: str, heartbeat_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, name: str, heartbeat_timeout_s: float = 10.0
+    ) -> None:
         if not name or "{" in name or "}" in name:
             raise ValueError(f"queue name must be non-empty without braces; got {name!r}")
         self._redis = redis
@@ -118,7 +120,9 @@ class WorkQueue:
 
     async def put(self, item_id: str, payload: bytes) -> bool:
         """Enqueue; False when an item with this id was put before (idempotent producers)."""
-        return bool(await self._put(keys=[self._known, self._payloads, self._pending], args=[item_id, payload]))
+        return bool(
+            await self._put(keys=[self._known, self._payloads, self._pending], args=[item_id, payload])
+        )
 
     async def claim(self, consumer: str, timeout_s: float = 0.0, poll_s: float = 0.05) -> Claim | None:
         """Claim the next item for `consumer`, waiting up to `timeout_s`; None if nothing came."""
@@ -126,7 +130,8 @@ class WorkQueue:
         deadline = loop.time() + timeout_s
         while True:
             got = await self._claim(
-                keys=[self._pending, self._processing(consumer), self._payloads, self._heartbeats], args=[consumer]
+                keys=[self._pending, self._processing(consumer), self._payloads, self._heartbeats],
+                args=[consumer],
             )
             if got:
                 item_id, payload = got
@@ -141,7 +146,9 @@ class WorkQueue:
     async def ack(self, claim: Claim) -> bool:
         """Acknowledge; True exactly once per item, and only while `claim.consumer` still owns it."""
         return bool(
-            await self._ack(keys=[self._processing(claim.consumer), self._acked, self._payloads], args=[claim.item_id])
+            await self._ack(
+                keys=[self._processing(claim.consumer), self._acked, self._payloads], args=[claim.item_id]
+            )
         )
 
     async def reclaim_dead(self) -> list[str]:

@@ -53,7 +53,10 @@ def read_dataset(path: Path, problems: Problems) -> list[DatasetEntry]:
             problems.error(Path(where), f"not a JSON object: {e}")
             continue
         if not isinstance(item, dict):
-            problems.error(Path(where), f"must be a JSON object like {{\"task\": \"suite/id\", \"weight\": 1.0}}; got {line[:80]}")
+            problems.error(
+                Path(where),
+                f'must be a JSON object like {{"task": "suite/id", "weight": 1.0}}; got {line[:80]}',
+            )
             continue
         unknown = sorted(set(item) - KEYS)
         if unknown:
@@ -63,13 +66,21 @@ def read_dataset(path: Path, problems: Problems) -> list[DatasetEntry]:
             problems.error(Path(where), "task: required, a task id or a task directory")
             continue
         weight = item.get("weight")
-        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or weight < 0):
+        if weight is not None and (
+            isinstance(weight, bool)
+            or not isinstance(weight, int | float)
+            or not math.isfinite(weight)
+            or weight < 0
+        ):
             problems.error(Path(where), f"weight: must be a number >= 0; got {weight!r}")
             continue
         candidate = Path(ref) if Path(ref).is_absolute() else path.parent / ref
         directory = candidate if candidate.is_dir() and task_format(candidate) is not None else None
         if directory is None and (Path(ref).is_absolute() or ref.startswith(".")):
-            problems.error(Path(where), f"task: {ref!r} is not a task directory (no task.toml, instruction.md or task.yaml)")
+            problems.error(
+                Path(where),
+                f"task: {ref!r} is not a task directory (no task.toml, instruction.md or task.yaml)",
+            )
             continue
         if not unknown:
             entries.append(DatasetEntry(ref, None if weight is None else float(weight), directory, where))

@@ -37,7 +37,9 @@ def load_task_dir(task_dir: Path, task_id: str, problems: Problems) -> Task | No
     """The task in `task_dir` (either format), or None with its defects appended to `problems`."""
     fmt = task_format(task_dir)
     if fmt == "harbor" and (task_dir / TASK_YAML).is_file():
-        problems.error(task_dir, f"holds both {TASK_YAML} and Harbor files (task.toml, instruction.md); keep one format")
+        problems.error(
+            task_dir, f"holds both {TASK_YAML} and Harbor files (task.toml, instruction.md); keep one format"
+        )
         return None
     if fmt == "harbor":
         return load_harbor_task(task_dir, task_id, problems)
@@ -75,8 +77,11 @@ class DirectorySuite(TaskSuite):
 
     def names(self) -> list[str]:
         """Task directory names of the suite (format detected, contents not checked)."""
-        found = sorted(p.name for p in self.root.iterdir()
-                       if p.is_dir() and _valid_name(p.name) and task_format(p) is not None)
+        found = sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and _valid_name(p.name) and task_format(p) is not None
+        )
         return found if self.only is None else [n for n in found if n in self.only]
 
     def task_ids(self) -> list[str]:
@@ -101,8 +106,10 @@ class DirectorySuite(TaskSuite):
         if self.only is None:
             for p in sorted(self.root.iterdir()):
                 if p.is_dir() and not p.name.startswith(".") and task_format(p) is None:
-                    problems.warn(self.display / p.name, "not a task directory (no task.toml, instruction.md or "
-                                                         "task.yaml); skipped")
+                    problems.warn(
+                        self.display / p.name,
+                        "not a task directory (no task.toml, instruction.md or task.yaml); skipped",
+                    )
             if not self.names():
                 problems.error(self.display, "holds no task directories")
         for name in self.names():

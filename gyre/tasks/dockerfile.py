@@ -125,18 +125,25 @@ def read_dockerfile(path: Path, problems: Problems) -> DockerfileFacts:
         elif word in ("COPY", "ADD"):
             flags, words = _copy_args(args)
             if "from" in flags:
-                problems.warn(path, f"{where} --from={flags['from']}: copies from another stage or image need the "
-                                    "image build; not reproduced in the local workspace")
+                problems.warn(
+                    path,
+                    f"{where} --from={flags['from']}: copies from another stage or image need the "
+                    "image build; not reproduced in the local workspace",
+                )
                 continue
             if len(words) < 2:
                 problems.error(path, f"{where}: needs a source and a destination")
                 continue
             *patterns, dest = words
             dest_abs = posixpath.normpath(posixpath.join(workdir, dest))
-            is_dir_dest = dest.endswith("/") or len(patterns) > 1 or any(c in p for p in patterns for c in "*?[")
+            is_dir_dest = (
+                dest.endswith("/") or len(patterns) > 1 or any(c in p for p in patterns for c in "*?[")
+            )
             for pattern in patterns:
                 if word == "ADD" and ("://" in pattern or pattern.startswith("git@")):
-                    problems.warn(path, f"{where} {pattern}: remote sources need the image build; not reproduced")
+                    problems.warn(
+                        path, f"{where} {pattern}: remote sources need the image build; not reproduced"
+                    )
                     continue
                 found = _sources(context, pattern)
                 if not found:
@@ -144,25 +151,42 @@ def read_dockerfile(path: Path, problems: Problems) -> DockerfileFacts:
                     continue
                 for source in found:
                     if word == "ADD" and source.name.endswith(_ARCHIVES):
-                        problems.warn(path, f"{where} {pattern}: ADD extracts archives in an image build; the local "
-                                            "workspace gets the archive as it is")
-                    target = posixpath.join(dest_abs, source.name) if is_dir_dest and source.is_file() else dest_abs
+                        problems.warn(
+                            path,
+                            f"{where} {pattern}: ADD extracts archives in an image build; the local "
+                            "workspace gets the archive as it is",
+                        )
+                    target = (
+                        posixpath.join(dest_abs, source.name)
+                        if is_dir_dest and source.is_file()
+                        else dest_abs
+                    )
                     facts.copies.append((source, target, line))
     if facts.num_run_steps:
-        problems.warn(path, f"{facts.num_run_steps} RUN step(s) are not applied by the local sandbox (no containers "
-                            "here): what they install must be on the host; a cluster's container sandbox builds them")
+        problems.warn(
+            path,
+            f"{facts.num_run_steps} RUN step(s) are not applied by the local sandbox (no containers "
+            "here): what they install must be on the host; a cluster's container sandbox builds them",
+        )
     if facts.workdir is None:
         facts.workdir = DEFAULT_WORKDIR
-        problems.warn(path, f"no WORKDIR: the workspace is taken to be {DEFAULT_WORKDIR} (set WORKDIR to say where)")
+        problems.warn(
+            path, f"no WORKDIR: the workspace is taken to be {DEFAULT_WORKDIR} (set WORKDIR to say where)"
+        )
     workspace: list[WorkspaceSource] = []
     root = facts.workdir
     for source, target, line in facts.copies:
         if target == root or target.startswith(root + "/"):
-            workspace.append(WorkspaceSource(source, posixpath.relpath(target, root) if target != root else ""))
+            workspace.append(
+                WorkspaceSource(source, posixpath.relpath(target, root) if target != root else "")
+            )
         else:
             elsewhere.append(f"line {line} → {target}")
     if elsewhere:
-        problems.warn(path, "copies outside the working directory are not reproduced in the local workspace: "
-                            + ", ".join(elsewhere))
+        problems.warn(
+            path,
+            "copies outside the working directory are not reproduced in the local workspace: "
+            + ", ".join(elsewhere),
+        )
     facts.workspace = tuple(workspace)
     return facts

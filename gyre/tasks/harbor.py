@@ -55,16 +55,31 @@ _POSITIVE = "a positive number of seconds"
 _KNOWN: dict[str, dict[str, str]] = {
     "agent": {"timeout_sec": _POSITIVE},
     "verifier": {"timeout_sec": _POSITIVE, "env": "a table of strings"},
-    "environment": {"build_timeout_sec": _POSITIVE, "docker_image": "a string", "cpus": "a positive integer",
-                    "memory_mb": "a positive integer", "storage_mb": "a positive integer",
-                    "gpus": "a non-negative integer", "allow_internet": "true or false"},
+    "environment": {
+        "build_timeout_sec": _POSITIVE,
+        "docker_image": "a string",
+        "cpus": "a positive integer",
+        "memory_mb": "a positive integer",
+        "storage_mb": "a positive integer",
+        "gpus": "a non-negative integer",
+        "allow_internet": "true or false",
+    },
 }
 #: Keys Harbor defines that Gyre passes over without a warning.
 _HARBOR_ONLY: dict[str, set[str]] = {
     "agent": {"user", "network_mode", "allowed_hosts"},
     "verifier": {"user", "network_mode", "allowed_hosts"},
-    "environment": {"gpu_types", "network_mode", "allowed_hosts", "mcp_servers", "env", "skills_dir",
-                    "healthcheck", "memory", "storage"},
+    "environment": {
+        "gpu_types",
+        "network_mode",
+        "allowed_hosts",
+        "mcp_servers",
+        "env",
+        "skills_dir",
+        "healthcheck",
+        "memory",
+        "storage",
+    },
 }
 _TOP_LEVEL = {"version", "schema_version", "task", "metadata", "source", "solution", *_KNOWN}
 
@@ -152,8 +167,10 @@ def load_harbor_task(task_dir: Path, task_id: str, problems: Problems) -> Task |
             prompt=prompt,
             workspace=workspace,
             verifier=Verifier(
-                argv=("bash", f"{TESTS_DIR}/test.sh"), timeout_s=verifier_s,
-                env=MappingProxyType(dict(verifier_cfg.get("env", {}))), protocol="harbor",
+                argv=("bash", f"{TESTS_DIR}/test.sh"),
+                timeout_s=verifier_s,
+                env=MappingProxyType(dict(verifier_cfg.get("env", {}))),
+                protocol="harbor",
                 tests_dir=task_dir / "tests",
             ),
             harness_timeout_s=agent_s,
@@ -168,8 +185,9 @@ def load_harbor_task(task_dir: Path, task_id: str, problems: Problems) -> Task |
         return None
 
 
-def _environment(task_dir: Path, config: dict[str, Any], problems: Problems
-                 ) -> tuple[TaskEnvironment, tuple[WorkspaceSource, ...]]:
+def _environment(
+    task_dir: Path, config: dict[str, Any], problems: Problems
+) -> tuple[TaskEnvironment, tuple[WorkspaceSource, ...]]:
     """The environment record and the workspace sources from `environment/` and [environment]."""
     table = config.get("environment", {})
     env_dir = task_dir / "environment"
@@ -181,23 +199,38 @@ def _environment(task_dir: Path, config: dict[str, Any], problems: Problems
         workdir = facts.workdir or DEFAULT_WORKDIR
         workspace = facts.workspace
         if workdir == "/":
-            problems.error(dockerfile, "WORKDIR /: the workspace cannot be the root directory; set WORKDIR to a "
-                                       "directory such as /app")
+            problems.error(
+                dockerfile,
+                "WORKDIR /: the workspace cannot be the root directory; set WORKDIR to a "
+                "directory such as /app",
+            )
     elif (env_dir / "docker-compose.yaml").is_file() or (env_dir / "docker-compose.yml").is_file():
-        problems.warn(env_dir, "a docker-compose environment: its services are not started by the local sandbox; "
-                               f"the workspace is taken to be {DEFAULT_WORKDIR}")
+        problems.warn(
+            env_dir,
+            "a docker-compose environment: its services are not started by the local sandbox; "
+            f"the workspace is taken to be {DEFAULT_WORKDIR}",
+        )
     elif "docker_image" in table:
-        problems.warn(task_dir / TASK_TOML, f"[environment] docker_image without a Dockerfile: the workspace is taken "
-                                            f"to be {DEFAULT_WORKDIR} and starts empty")
+        problems.warn(
+            task_dir / TASK_TOML,
+            f"[environment] docker_image without a Dockerfile: the workspace is taken "
+            f"to be {DEFAULT_WORKDIR} and starts empty",
+        )
     else:
-        problems.warn(env_dir, "no environment/Dockerfile and no [environment] docker_image: a container sandbox has "
-                               f"no image; the local workspace at {DEFAULT_WORKDIR} starts empty")
+        problems.warn(
+            env_dir,
+            "no environment/Dockerfile and no [environment] docker_image: a container sandbox has "
+            f"no image; the local workspace at {DEFAULT_WORKDIR} starts empty",
+        )
     record = TaskEnvironment(
         workdir=workdir if workdir != "/" else DEFAULT_WORKDIR,
         dockerfile=dockerfile if dockerfile.is_file() else None,
         docker_image=table.get("docker_image"),
         build_timeout_s=float(table["build_timeout_sec"]) if "build_timeout_sec" in table else None,
-        cpus=table.get("cpus"), memory_mb=table.get("memory_mb"), storage_mb=table.get("storage_mb"),
-        gpus=table.get("gpus"), allow_internet=table.get("allow_internet"),
+        cpus=table.get("cpus"),
+        memory_mb=table.get("memory_mb"),
+        storage_mb=table.get("storage_mb"),
+        gpus=table.get("gpus"),
+        allow_internet=table.get("allow_internet"),
     )
     return record, workspace

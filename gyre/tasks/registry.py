@@ -35,7 +35,11 @@ class TaskRegistry:
             known.merge(suite)
             return known
         if known is not None:
-            what = "a built-in suite" if suite.name in BUILTIN_SUITES else f"the directory {getattr(known, 'display', '')}"
+            what = (
+                "a built-in suite"
+                if suite.name in BUILTIN_SUITES
+                else f"the directory {getattr(known, 'display', '')}"
+            )
             raise TaskError(f"{root}: its suite name {suite.name!r} is taken by {what}; rename the directory")
         self.suites[suite.name] = suite
         self.dir_suites.append(suite)
@@ -46,7 +50,9 @@ class TaskRegistry:
         suite_name, _, name = task_id.partition("/")
         suite = self.suites.get(suite_name)
         if suite is None or not name:
-            raise UnknownTaskError(f"unknown task {task_id!r}: no suite {suite_name!r} (have {sorted(self.suites)})")
+            raise UnknownTaskError(
+                f"unknown task {task_id!r}: no suite {suite_name!r} (have {sorted(self.suites)})"
+            )
         try:
             return suite.get(name)
         except UnknownTaskError as e:

@@ -138,8 +138,12 @@ class Task:
         except ValueError as e:
             raise TaskError(f"task {self.task_id}: {e}") from None
         workdir = self.environment.workdir
-        if workdir is not None and (not workdir.startswith("/") or workdir == "/" or ".." in workdir.split("/")):
-            raise TaskError(f"task {self.task_id}: the working directory must be an absolute path below /; got {workdir!r}")
+        if workdir is not None and (
+            not workdir.startswith("/") or workdir == "/" or ".." in workdir.split("/")
+        ):
+            raise TaskError(
+                f"task {self.task_id}: the working directory must be an absolute path below /; got {workdir!r}"
+            )
 
     def verifier_argv(self, python: str) -> list[str]:
         """The verifier command with `{python}` and `{task_dir}` expanded."""

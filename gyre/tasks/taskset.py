@@ -27,7 +27,9 @@ from gyre.tasks.registry import TaskRegistry
 from gyre.tasks.sampling import WeightedCycle
 from gyre.tasks.task import TaskError, UnknownTaskError
 
-if TYPE_CHECKING:  # the verifiers of the built-in suites import gyre.tasks: keep pydantic out of their start-up
+if (
+    TYPE_CHECKING
+):  # the verifiers of the built-in suites import gyre.tasks: keep pydantic out of their start-up
     from gyre.config.tasks import TasksSection
 
 
@@ -75,12 +77,19 @@ class TaskSet:
                         errors.append(f"{entry.where}: {e}")
                         continue
                     reference = f"{suite.name}/{entry.directory.resolve().name}"
-                listed += [(tid, entry.weight, entry.where) for tid in _expand(registry, reference, entry.where, errors)]
+                listed += [
+                    (tid, entry.weight, entry.where)
+                    for tid in _expand(registry, reference, entry.where, errors)
+                ]
         for reference in section.queries:
-            listed += [(tid, None, "tasks.queries") for tid in _expand(registry, reference, "tasks.queries", errors)]
+            listed += [
+                (tid, None, "tasks.queries") for tid in _expand(registry, reference, "tasks.queries", errors)
+            ]
         if not section.queries and not section.datasets:
             if registry.dir_suites:
-                listed = [(tid, None, f"dir {s.display}") for s in registry.dir_suites for tid in s.task_ids()]
+                listed = [
+                    (tid, None, f"dir {s.display}") for s in registry.dir_suites for tid in s.task_ids()
+                ]
             else:
                 listed = [(tid, None, "builtin") for tid in demo_task_ids()]
         held_out = set(section.held_out)
@@ -100,13 +109,17 @@ def _expand(registry: TaskRegistry, reference: str, where: str, errors: list[str
     if "/" in reference:
         suite = registry.suites.get(reference.partition("/")[0])
         if suite is None:
-            errors.append(f"{where}: {reference!r}: no suite {reference.partition('/')[0]!r} (have {sorted(registry.suites)})")
+            errors.append(
+                f"{where}: {reference!r}: no suite {reference.partition('/')[0]!r} (have {sorted(registry.suites)})"
+            )
             return []
         return [reference]
     suite = registry.suites.get(reference)
     if suite is None:
-        errors.append(f"{where}: {reference!r} is neither a task id (<suite>/<name>) nor a suite (have "
-                      f"{sorted(registry.suites)})")
+        errors.append(
+            f"{where}: {reference!r} is neither a task id (<suite>/<name>) nor a suite (have "
+            f"{sorted(registry.suites)})"
+        )
         return []
     ids = suite.task_ids()
     if not ids:
@@ -114,7 +127,9 @@ def _expand(registry: TaskRegistry, reference: str, where: str, errors: list[str
     return ids
 
 
-def _merge(listed: list[tuple[str, float | None, str]], weights: dict[str, float], errors: list[str]) -> list[Query]:
+def _merge(
+    listed: list[tuple[str, float | None, str]], weights: dict[str, float], errors: list[str]
+) -> list[Query]:
     merged: dict[str, tuple[float, list[str]]] = {}
     for task_id, weight, source in listed:
         if weight is None:

@@ -59,7 +59,9 @@ def load_yaml_task(task_dir: Path, task_id: str, problems: Problems) -> Task | N
     if not _string_list(spec.get("verifier") or []):
         problems.error(spec_path, "verifier: must be a list of arguments (an argv)")
     elif not spec.get("verifier"):
-        problems.warn(spec_path, "verifier: none given, so nothing can score this task (its executions are excluded)")
+        problems.warn(
+            spec_path, "verifier: none given, so nothing can score this task (its executions are excluded)"
+        )
     if spec.get("tools") is not None and not _string_list(spec["tools"]):
         problems.error(spec_path, "tools: must be a list of tool names")
     files = spec.get("files") or {}
@@ -84,8 +86,10 @@ def load_yaml_task(task_dir: Path, task_id: str, problems: Problems) -> Task | N
             prompt=str(spec["prompt"]),
             files=MappingProxyType({str(k): str(v) for k, v in files.items()}),
             workspace=(WorkspaceSource(template),) if template.is_dir() else (),
-            verifier=Verifier(tuple(str(a) for a in spec.get("verifier") or ()),
-                              timeout_s=timeouts.get("verifier_timeout_s", DEFAULT_VERIFIER_TIMEOUT_S)),
+            verifier=Verifier(
+                tuple(str(a) for a in spec.get("verifier") or ()),
+                timeout_s=timeouts.get("verifier_timeout_s", DEFAULT_VERIFIER_TIMEOUT_S),
+            ),
             tools=tuple(str(t) for t in spec["tools"]) if spec.get("tools") else None,
             task_dir=task_dir,
             source="task.yaml",

@@ -77,7 +77,9 @@ def save_trainer_checkpoint(
     `write_extra(staged)` adds a backend's own files (e.g. per-rank optimizer shards) before
     `trainer.json`, which also records `info`, marks the directory complete."""
     final = step_dir(root, version)
-    staged = write_weights(staged_dir(root, version), arch=arch, tensors=tensors, version=version, source=source)
+    staged = write_weights(
+        staged_dir(root, version), arch=arch, tensors=tensors, version=version, source=source
+    )
     if optimizer is not None:
         torch.save(optimizer.state_dict(), staged / OPTIMIZER_FILENAME)
     if write_extra is not None:

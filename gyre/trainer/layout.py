@@ -15,7 +15,9 @@ from pathlib import Path
 from gyre.config.training import TrainerSection
 from gyre.model.arch import CONFIG_FILE, ModelError, read_arch
 
-_REQUIRED_MODULES = {"megatron": ("megatron.core", "pip install 'gyre[megatron]' (or 'gyre[gpu]' on GPU nodes)")}
+_REQUIRED_MODULES = {
+    "megatron": ("megatron.core", "pip install 'gyre[megatron]' (or 'gyre[gpu]' on GPU nodes)")
+}
 
 
 def check_trainer(section: TrainerSection, model_dir: Path) -> None:
@@ -29,5 +31,7 @@ def check_trainer(section: TrainerSection, model_dir: Path) -> None:
         from gyre.trainer.backends.megatron.architecture import check_cell_layout, check_megatron_layout
 
         tp = section.megatron.tensor_parallel_size
-        check_megatron_layout(read_arch(model_dir), tensor_parallel_size=tp, source=Path(model_dir) / CONFIG_FILE)
+        check_megatron_layout(
+            read_arch(model_dir), tensor_parallel_size=tp, source=Path(model_dir) / CONFIG_FILE
+        )
         check_cell_layout(tp)

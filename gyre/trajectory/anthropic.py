@@ -190,4 +190,6 @@ def _tool(raw: Any, field: str) -> ToolSpec:
 def _structured(body: Mapping[str, Any]) -> bool:
     """A JSON-schema answer requested (`output_format`, or `output_config.format` of newer SDKs)."""
     config = body.get("output_config")
-    return body.get("output_format") is not None or (isinstance(config, dict) and config.get("format") is not None)
+    return body.get("output_format") is not None or (
+        isinstance(config, dict) and config.get("format") is not None
+    )

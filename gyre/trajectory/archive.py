@@ -51,7 +51,9 @@ class ArchivedTree:
     blobs: list[bytes] = field(default_factory=list)
     """`encode_node` bytes of every node, in node-id order."""
 
-    def tree(self, template: ChatTemplate | None = None, profile: HarnessProfile | None = None) -> TrajectoryTree:
+    def tree(
+        self, template: ChatTemplate | None = None, profile: HarnessProfile | None = None
+    ) -> TrajectoryTree:
         """The tree (read-only without `template`), its profile the stored one unless given."""
         return TrajectoryTree.from_nodes(
             self.execution_id,
@@ -112,7 +114,11 @@ def encode_archived_tree(
 
 
 def write_archived_tree(
-    path: Path, execution_id: str, meta: Mapping[str, str], blobs: Mapping[int, bytes], compress_level: int = 6
+    path: Path,
+    execution_id: str,
+    meta: Mapping[str, str],
+    blobs: Mapping[int, bytes],
+    compress_level: int = 6,
 ) -> Path:
     """Archive one tree at `path` (see `tree_path`); a file already there is kept as it is."""
     if not Path(path).exists():

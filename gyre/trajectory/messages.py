@@ -161,7 +161,14 @@ class ModelRequest:
 
     def with_messages(self, messages: tuple[Message, ...]) -> ModelRequest:
         return ModelRequest(
-            self.api, self.system, messages, self.tools, self.sampling, self.stream, self.model, self.headers,
+            self.api,
+            self.system,
+            messages,
+            self.tools,
+            self.sampling,
+            self.stream,
+            self.model,
+            self.headers,
             self.structured_output,
         )
 

@@ -167,7 +167,10 @@ def _json_call(obj: object, raw: str, arguments_key: str) -> ParsedCall | None:
     return ParsedCall(obj["name"], arguments, raw)
 
 
-PARSERS: dict[str, type[ToolCallParser]] = {HermesParser.name: HermesParser, Llama3JsonParser.name: Llama3JsonParser}
+PARSERS: dict[str, type[ToolCallParser]] = {
+    HermesParser.name: HermesParser,
+    Llama3JsonParser.name: Llama3JsonParser,
+}
 
 
 def tool_call_id(id_seed: bytes, index: int, raw: str, prefix: str = "call_") -> str:

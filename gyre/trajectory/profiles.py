@@ -218,7 +218,9 @@ class HarnessProfile:
             if self.strict
             else "\n".join(s for s in request.system if not any(p.search(s) for p in self._volatile))
         )
-        return Classification(agent or AgentKind.MAIN, kind or RequestKind.TASK, system, rendered, frozenset(tags))
+        return Classification(
+            agent or AgentKind.MAIN, kind or RequestKind.TASK, system, rendered, frozenset(tags)
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HarnessProfile:

@@ -199,13 +199,23 @@ def summarize_archive(
         archived = read_archived_tree(path)
         tree = archived.tree(None, profile)
         num_calls = int(archived.meta.get("num_calls", 0))
-        summary = summarize(tree, num_calls, j_max=j_max, seed=seed, template_name=archived.meta.get("template", ""))
-        summaries.append({**summary, "policy_version": int(archived.meta.get("policy_version", 0)),
-                          "closed": tree.closed, "file": str(path)})
+        summary = summarize(
+            tree, num_calls, j_max=j_max, seed=seed, template_name=archived.meta.get("template", "")
+        )
+        summaries.append(
+            {
+                **summary,
+                "policy_version": int(archived.meta.get("policy_version", 0)),
+                "closed": tree.closed,
+                "file": str(path),
+            }
+        )
     if len(summaries) == 1:
         return summaries[0]
-    totals = {key: sum(int(s[key]) for s in summaries)
-              for key in ("requests", "nodes", "unique_tokens", "sampled_tokens", "expanded_tokens")}
+    totals = {
+        key: sum(int(s[key]) for s in summaries)
+        for key in ("requests", "nodes", "unique_tokens", "sampled_tokens", "expanded_tokens")
+    }
     totals["admitted_trajectories"] = sum(s["admitted"]["trajectories"] for s in summaries)
     totals["admitted_targets"] = sum(s["admitted"]["targets"] for s in summaries)
     return {"num_trees": len(summaries), "totals": totals, "trees": summaries}

@@ -149,7 +149,6 @@ class TrajectoryTree:
 
     # -- the two-phase insert -------------------------------------------------------------
 
-
     @property
     def template(self) -> ChatTemplate:
         """The chat template new calls are encoded with; a tree loaded only to be read has none."""
@@ -201,7 +200,18 @@ class TrajectoryTree:
         )
         mismatch = any(m.message.role == "assistant" for m in new)
         return PreparedCall(
-            self, request, classification, key, root, root_tokens, matched, new, aliases, path, digests, mismatch
+            self,
+            request,
+            classification,
+            key,
+            root,
+            root_tokens,
+            matched,
+            new,
+            aliases,
+            path,
+            digests,
+            mismatch,
         )
 
     def commit(

@@ -197,15 +197,18 @@ class CellAgent:
 
     # -- roles -----------------------------------------------------------------------------------------
     async def switch_role(self, to_role: Role, weight_version: int = 0) -> SwitchResult:
-        return await self._ops.run(("switch", to_role, weight_version),
-                                   lambda: self._switch_role(to_role, weight_version))
+        return await self._ops.run(
+            ("switch", to_role, weight_version), lambda: self._switch_role(to_role, weight_version)
+        )
 
     async def _switch_role(self, to_role: Role, weight_version: int) -> SwitchResult:
         async with self._switch_lock:
             if self.roles.role is to_role:
                 return SwitchResult(to_role, 0.0, 0, self._as_version(await self.engine.weight_version()))
             if self._batch_lock.locked():
-                raise CellStateError(f"cell {self.cell} is training on batch {self.batch_id!r}; switch after it")
+                raise CellStateError(
+                    f"cell {self.cell} is training on batch {self.batch_id!r}; switch after it"
+                )
             transition = self.roles.begin(to_role)
             seq = await self.state.next_transition(self.cell)
             from_proto, to_proto = ROLE_TO_PROTO[transition.from_role.value], ROLE_TO_PROTO[to_role.value]
@@ -230,13 +233,23 @@ class CellAgent:
             await self._register_engine()
             await self.emit(
                 ev.RoleTransitionCompleted(
-                    cell=self.cell, from_role=from_proto, to_role=to_proto, duration_s=duration,
-                    requests_handed_back=handed_back, weight_version=version,
+                    cell=self.cell,
+                    from_role=from_proto,
+                    to_role=to_proto,
+                    duration_s=duration,
+                    requests_handed_back=handed_back,
+                    weight_version=version,
                 ),
                 f"cell:{self.cell}:transition:{seq}:completed",
             )
-            log.info("role_switched", cell=self.cell, role=to_role.value, duration_s=round(duration, 4),
-                     requests_handed_back=handed_back, weight_version=version)
+            log.info(
+                "role_switched",
+                cell=self.cell,
+                role=to_role.value,
+                duration_s=round(duration, 4),
+                requests_handed_back=handed_back,
+                weight_version=version,
+            )
             return SwitchResult(to_role, duration, handed_back, version)
 
     async def _to_training(self) -> int:
@@ -267,7 +280,9 @@ class CellAgent:
     async def _register_engine(self) -> None:
         role = self.roles.role
         await self.state.set_engine(
-            EngineEntry(self.cell, self.engine_id, self.engine.url, role.value, await self.engine.weight_version())
+            EngineEntry(
+                self.cell, self.engine_id, self.engine.url, role.value, await self.engine.weight_version()
+            )
         )
 
     @staticmethod
@@ -279,8 +294,12 @@ class CellAgent:
         if not batch_id:
             raise ValueError("batch_id must be set")
         if self.roles.role is not Role.TRAINING:
-            raise CellStateError(f"cell {self.cell} is in {self.roles.role.value}; switch it to training first")
-        return await self._ops.run(("join", batch_id), lambda: self._join_batch(batch_id, step, final_in_burst))
+            raise CellStateError(
+                f"cell {self.cell} is in {self.roles.role.value}; switch it to training first"
+            )
+        return await self._ops.run(
+            ("join", batch_id), lambda: self._join_batch(batch_id, step, final_in_burst)
+        )
 
     async def _join_batch(self, batch_id: str, step: int, final_in_burst: bool) -> StepOutcome:
         async with self._batch_lock, self.training.step_lock:
@@ -300,7 +319,9 @@ class CellAgent:
     async def _step_completed(self, outcome: StepOutcome) -> None:
         metrics = outcome.metrics
         assert metrics is not None and outcome.policy_version is not None
-        clip_fraction = metrics.num_clipped_executions / metrics.num_executions if metrics.num_executions else 0.0
+        clip_fraction = (
+            metrics.num_clipped_executions / metrics.num_executions if metrics.num_executions else 0.0
+        )
         trained = metrics.num_targets > 0 and metrics.num_executions > 0
         await self.emit(
             ev.StepCompleted(
@@ -324,8 +345,14 @@ class CellAgent:
             ),
             f"step:{outcome.batch_id}:{outcome.policy_version}",
         )
-        log.info("step_completed", batch=outcome.batch_id, policy_version=outcome.policy_version,
-                 cells=outcome.cells, loss=metrics.loss, grad_norm=outcome.grad_norm)
+        log.info(
+            "step_completed",
+            batch=outcome.batch_id,
+            policy_version=outcome.policy_version,
+            cells=outcome.cells,
+            loss=metrics.loss,
+            grad_norm=outcome.grad_norm,
+        )
         if outcome.final_in_burst:
             await self.publish_weights(None)
 
@@ -335,8 +362,10 @@ class CellAgent:
         (`targets`, or every cell engine registered in the rollout role)."""
         if not self.is_core:
             raise CellStateError(f"cell {self.cell} is a satellite; only the core (cell 0) publishes weights")
-        return await self._ops.run(("publish", tuple(targets) if targets is not None else None),
-                                   lambda: self._publish_weights(targets))
+        return await self._ops.run(
+            ("publish", tuple(targets) if targets is not None else None),
+            lambda: self._publish_weights(targets),
+        )
 
     async def _publish_weights(self, targets: Sequence[PublishTarget] | None) -> PublishResult:
         async with self._publish_lock:
@@ -362,28 +391,41 @@ class CellAgent:
             await self.state.set_published(version, str(path))
             if targets is None:
                 entries = await self.state.engines(self.num_cells)
-                targets = [PublishTarget(e.engine_id, e.url, e.cell) for e in entries if e.role == Role.ROLLOUT.value]
-            results = await asyncio.gather(*(self._push(target, named, version, path) for target in targets),
-                                           return_exceptions=True)
+                targets = [
+                    PublishTarget(e.engine_id, e.url, e.cell) for e in entries if e.role == Role.ROLLOUT.value
+                ]
+            results = await asyncio.gather(
+                *(self._push(target, named, version, path) for target in targets), return_exceptions=True
+            )
             updated: list[str] = []
             for target, result in zip(targets, results, strict=True):
                 if isinstance(result, BaseException):
-                    log.error("weights_push_failed", engine=target.engine_id, url=target.url, error=repr(result))
+                    log.error(
+                        "weights_push_failed", engine=target.engine_id, url=target.url, error=repr(result)
+                    )
                 else:
                     updated.append(target.engine_id)
             duration = time.monotonic() - started
             self.metrics.published(duration)
             if self._published_event_version != version:
                 await self.emit(
-                    ev.WeightsPublished(policy_version=version, engine_ids=updated, duration_s=duration,
-                                        checkpoint_path=str(path)),
+                    ev.WeightsPublished(
+                        policy_version=version,
+                        engine_ids=updated,
+                        duration_s=duration,
+                        checkpoint_path=str(path),
+                    ),
                     f"weights:{version}",
                 )
                 self._published_event_version = version
-            log.info("weights_published", policy_version=version, engines=updated, duration_s=round(duration, 4))
+            log.info(
+                "weights_published", policy_version=version, engines=updated, duration_s=round(duration, 4)
+            )
             return PublishResult(version, duration, tuple(updated), str(path))
 
-    async def _push(self, target: PublishTarget, named: dict[str, torch.Tensor], version: int, path: Path) -> None:
+    async def _push(
+        self, target: PublishTarget, named: dict[str, torch.Tensor], version: int, path: Path
+    ) -> None:
         if target.cell == self.cell:
             if self.roles.role is Role.ROLLOUT:
                 await self.engine.push_weights(

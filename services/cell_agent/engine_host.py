@@ -140,7 +140,9 @@ class EmbeddedEngineHost(EngineHost):
     async def push_weights(
         self, named: Mapping[str, torch.Tensor], version: int, *, abort_requests: bool = False
     ) -> None:
-        await self.server.update_weights(named, weight_version=str(version), abort_all_requests=abort_requests)
+        await self.server.update_weights(
+            named, weight_version=str(version), abort_all_requests=abort_requests
+        )
         self.weights_released = False
 
     async def reopen(self) -> None:
@@ -198,7 +200,9 @@ class HttpEngineHost(EngineHost):
         self.weights_released = self.weights_released or weights
 
     async def resume(self) -> None:
-        await self.client.resume_memory_occupation(["kv_cache", "weights"] if self.weights_released else ["kv_cache"])
+        await self.client.resume_memory_occupation(
+            ["kv_cache", "weights"] if self.weights_released else ["kv_cache"]
+        )
 
     async def load_weights(self, path: Path, version: int) -> None:
         await self.client.update_weights_from_disk(str(path), weight_version=str(version))

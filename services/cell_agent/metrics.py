@@ -18,31 +18,63 @@ class CellAgentMetrics:
     def __init__(self, registry: CollectorRegistry, cell: int) -> None:
         s, c, labels = "cell_agent", str(cell), ["cell"]
         self.cell = c
-        self._step_seconds = Histogram(series(s, "step_seconds"), "Seconds of this cell's part in an optimizer "
-                                       "step it trained in (JoinBatch to its end).", labels, buckets=SECONDS_BUCKETS,
-                                       registry=registry).labels(c)
-        self._steps = Counter(series(s, "steps"), "Optimizer steps this cell's gradients went into.", labels,
-                              registry=registry).labels(c)
-        self._microstep_seconds = Histogram(series(s, "microstep_seconds"), "Seconds of forward + backward of one "
-                                            "micro-step.", labels, buckets=SECONDS_BUCKETS,
-                                            registry=registry).labels(c)
-        self._microsteps = Counter(series(s, "microsteps"), "Micro-steps computed and kept.", labels,
-                                   registry=registry).labels(c)
-        self._trained_tokens = Counter(series(s, "trained_tokens"), "Tokens of the micro-steps computed.", labels,
-                                       registry=registry).labels(c)
-        self._tokens_per_second = Gauge(series(s, "training_tokens_per_second"), "Tokens per second of the last "
-                                        "micro-step.", labels, registry=registry).labels(c)
-        self._switch_seconds = Histogram(series(s, "switch_seconds"), "Seconds of a role switch, by the role "
-                                         "switched to.", [*labels, "to_role"], buckets=SECONDS_BUCKETS,
-                                         registry=registry)
-        self._pulls = Counter(series(s, "snapshot_pulls"), "Snapshot pulls of the core's weights (satellites), by "
-                              "outcome (pulled, stale: the core had moved on).", [*labels, "outcome"],
-                              registry=registry)
-        self._pull_seconds = Histogram(series(s, "snapshot_pull_seconds"), "Seconds of a snapshot pull.", labels,
-                                       buckets=SECONDS_BUCKETS, registry=registry).labels(c)
-        self._publish_seconds = Histogram(series(s, "weight_publish_seconds"), "Seconds of a weight publication "
-                                          "to the rollout engines (the core).", labels, buckets=SECONDS_BUCKETS,
-                                          registry=registry).labels(c)
+        self._step_seconds = Histogram(
+            series(s, "step_seconds"),
+            "Seconds of this cell's part in an optimizer step it trained in (JoinBatch to its end).",
+            labels,
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        ).labels(c)
+        self._steps = Counter(
+            series(s, "steps"), "Optimizer steps this cell's gradients went into.", labels, registry=registry
+        ).labels(c)
+        self._microstep_seconds = Histogram(
+            series(s, "microstep_seconds"),
+            "Seconds of forward + backward of one micro-step.",
+            labels,
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        ).labels(c)
+        self._microsteps = Counter(
+            series(s, "microsteps"), "Micro-steps computed and kept.", labels, registry=registry
+        ).labels(c)
+        self._trained_tokens = Counter(
+            series(s, "trained_tokens"), "Tokens of the micro-steps computed.", labels, registry=registry
+        ).labels(c)
+        self._tokens_per_second = Gauge(
+            series(s, "training_tokens_per_second"),
+            "Tokens per second of the last micro-step.",
+            labels,
+            registry=registry,
+        ).labels(c)
+        self._switch_seconds = Histogram(
+            series(s, "switch_seconds"),
+            "Seconds of a role switch, by the role switched to.",
+            [*labels, "to_role"],
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self._pulls = Counter(
+            series(s, "snapshot_pulls"),
+            "Snapshot pulls of the core's weights (satellites), by "
+            "outcome (pulled, stale: the core had moved on).",
+            [*labels, "outcome"],
+            registry=registry,
+        )
+        self._pull_seconds = Histogram(
+            series(s, "snapshot_pull_seconds"),
+            "Seconds of a snapshot pull.",
+            labels,
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        ).labels(c)
+        self._publish_seconds = Histogram(
+            series(s, "weight_publish_seconds"),
+            "Seconds of a weight publication to the rollout engines (the core).",
+            labels,
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        ).labels(c)
         for to_role in ("training", "rollout"):  # every label from the first scrape on, at 0
             self._switch_seconds.labels(c, to_role)
         for outcome in ("pulled", "stale"):
@@ -76,15 +108,20 @@ class CellAgentMetrics:
         self._publish_seconds.observe(seconds)
 
     def _read(self) -> Iterable[Family]:
-        role = Family(series("cell_agent", "role"), "1 for the cell's current role.", label_names=("cell", "role"))
+        role = Family(
+            series("cell_agent", "role"), "1 for the cell's current role.", label_names=("cell", "role")
+        )
         current = self.role()
         for r in ROLES:
             role.add(int(r == current), self.cell, r)
         out = [role]
         version = self.policy_version()
         if version is not None:
-            v = Family(series("cell_agent", "policy_version"), "Policy version of the cell's trainer.",
-                       label_names=("cell",))
+            v = Family(
+                series("cell_agent", "policy_version"),
+                "Policy version of the cell's trainer.",
+                label_names=("cell",),
+            )
             v.add(version, self.cell)
             out.append(v)
         return out

@@ -144,7 +144,9 @@ class Publisher:
                 if request.done() and request.exception() is not None:
                     break  # refused or failed: the engine stopped receiving
                 if loop.time() > deadline:
-                    raise TimeoutError(f"broadcasting {len(tensors)} tensors to {client.base_url} took over {self.timeout_s} s")
+                    raise TimeoutError(
+                        f"broadcasting {len(tensors)} tensors to {client.base_url} took over {self.timeout_s} s"
+                    )
                 await asyncio.sleep(0.002)
             await request
             for w in works:

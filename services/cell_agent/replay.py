@@ -77,8 +77,9 @@ async def replay_steps(side: TrainingSide, from_version: int, to_version: int) -
 
         metrics, grad_norm = await side.compute.run(run)
         assert side.trainer.version == step + 1
-        replayed.append(ReplayedStep(batch_id(side.keys.run_id, step), step + 1, len(ids), grad_norm, metrics,
-                                     tuple(ids)))
+        replayed.append(
+            ReplayedStep(batch_id(side.keys.run_id, step), step + 1, len(ids), grad_norm, metrics, tuple(ids))
+        )
         log.warning("step_replayed", step=step, policy_version=step + 1, microsteps=len(ids))
     return replayed
 
@@ -101,10 +102,17 @@ async def report_replayed(side: TrainingSide, emit: Emit, replayed: list[Replaye
         m = r.metrics
         await emit(
             ev.StepCompleted(
-                batch_id=r.batch_id, policy_version=r.version, cells=[0], num_microsteps=r.num_microsteps,
-                loss=m.loss, grad_norm=r.grad_norm, num_targets=m.num_targets,
+                batch_id=r.batch_id,
+                policy_version=r.version,
+                cells=[0],
+                num_microsteps=r.num_microsteps,
+                loss=m.loss,
+                grad_norm=r.grad_norm,
+                num_targets=m.num_targets,
                 clip_fraction=m.num_clipped_executions / m.num_executions if m.num_executions else 0.0,
-                final_in_burst=status.final_in_burst, microstep_ids=list(r.microstep_ids), replayed=True,
+                final_in_burst=status.final_in_burst,
+                microstep_ids=list(r.microstep_ids),
+                replayed=True,
             ),
             f"step:{r.batch_id}:{r.version}:replayed",
         )

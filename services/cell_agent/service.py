@@ -49,8 +49,13 @@ class CellAgentService(GyreService):
         from services.cell_agent.metrics import CellAgentMetrics
         from services.cell_agent.servicer import CellAgentServicer
 
-        self.agent: CellAgent = CellAgent(self.config, cell=self.cell, redis=self.redis, emit=self._emit,
-                                          metrics=CellAgentMetrics(self.metrics_registry, self.cell))
+        self.agent: CellAgent = CellAgent(
+            self.config,
+            cell=self.cell,
+            redis=self.redis,
+            emit=self._emit,
+            metrics=CellAgentMetrics(self.metrics_registry, self.cell),
+        )
         await self.agent.start()
         for i, coro in enumerate(await self.agent.background()):
             self.supervisor.spawn(coro, f"cell-{self.cell}-background-{i}")

@@ -48,7 +48,9 @@ class CellAgentServicer(pb_grpc.CellAgentServicer):
     def __init__(self, agent: CellAgent) -> None:
         self.agent = agent
 
-    async def SwitchRole(self, request: pb.SwitchRoleRequest, context: grpc.aio.ServicerContext) -> pb.SwitchRoleResponse:
+    async def SwitchRole(
+        self, request: pb.SwitchRoleRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SwitchRoleResponse:
         bind_context(cell=self.agent.cell)
         role = _ROLES.get(request.role)
 
@@ -65,15 +67,21 @@ class CellAgentServicer(pb_grpc.CellAgentServicer):
 
         return await _guard(context, call)
 
-    async def GetStatus(self, request: pb.GetCellStatusRequest, context: grpc.aio.ServicerContext) -> pb.CellStatus:
+    async def GetStatus(
+        self, request: pb.GetCellStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CellStatus:
         async def call() -> pb.CellStatus:
             view = await self.agent.view()
             return pb.CellStatus(
                 cell=view.cell,
                 role=ROLE_TO_PROTO[view.role.value],
-                engine=common_pb2.EngineEndpoint(engine_id=view.engine_id, url=view.engine_url, cell=view.cell),
+                engine=common_pb2.EngineEndpoint(
+                    engine_id=view.engine_id, url=view.engine_url, cell=view.cell
+                ),
                 policy_version=view.policy_version or 0,
-                engine_weight_version=int(view.engine_weight_version) if view.engine_weight_version.isdigit() else 0,
+                engine_weight_version=int(view.engine_weight_version)
+                if view.engine_weight_version.isdigit()
+                else 0,
                 batch_id=view.batch_id,
                 microsteps_processed=view.microsteps_processed,
                 weights_digest=view.weights_digest,
@@ -81,7 +89,9 @@ class CellAgentServicer(pb_grpc.CellAgentServicer):
 
         return await _guard(context, call)
 
-    async def JoinBatch(self, request: pb.JoinBatchRequest, context: grpc.aio.ServicerContext) -> pb.JoinBatchResponse:
+    async def JoinBatch(
+        self, request: pb.JoinBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JoinBatchResponse:
         bind_context(cell=self.agent.cell, step=request.step)
 
         async def call() -> pb.JoinBatchResponse:
@@ -102,6 +112,8 @@ class CellAgentServicer(pb_grpc.CellAgentServicer):
         async def call() -> pb.PublishWeightsResponse:
             targets = [PublishTarget(e.engine_id, e.url, e.cell) for e in request.engines] or None
             result = await self.agent.publish_weights(targets)
-            return pb.PublishWeightsResponse(policy_version=result.policy_version, duration_s=result.duration_s)
+            return pb.PublishWeightsResponse(
+                policy_version=result.policy_version, duration_s=result.duration_s
+            )
 
         return await _guard(context, call)

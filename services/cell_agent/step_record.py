@@ -102,7 +102,9 @@ def _text(raw: bytes | str | None) -> str | None:
 class StepRecord:
     """The record of one batch's step; every cell of the step builds one over the same keys."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, batch_id: str, *, heartbeat_timeout_s: float) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, batch_id: str, *, heartbeat_timeout_s: float
+    ) -> None:
         self.batch_id = batch_id
         self.queue = WorkQueue(redis, keys, f"microsteps:{batch_id}", heartbeat_timeout_s=heartbeat_timeout_s)
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -186,8 +188,13 @@ class StepRecord:
         the cell (its gradient holds that item twice)."""
         return bool(
             await self._mark_done(
-                keys=[self.processing_key(cell), self.done_key(cell), self.evicted_key, self.metrics_key,
-                      self.join_key],
+                keys=[
+                    self.processing_key(cell),
+                    self.done_key(cell),
+                    self.evicted_key,
+                    self.metrics_key,
+                    self.join_key,
+                ],
                 args=[item_id, cell, metrics_json],
             )
         )
@@ -198,7 +205,8 @@ class StepRecord:
         when the window closed first: then the cell's gradient counts each of its items once."""
         return bool(
             await self._evict_self(
-                keys=[self.join_key, self.evicted_key, self.processing_key(cell), self.pending_key], args=[cell]
+                keys=[self.join_key, self.evicted_key, self.processing_key(cell), self.pending_key],
+                args=[cell],
             )
         )
 
@@ -208,7 +216,8 @@ class StepRecord:
         instead of being evicted, since no step completes without it."""
         return int(
             await self._reset(
-                keys=[self.processing_key(cell), self.pending_key, self.done_key(cell), self.metrics_key], args=[cell]
+                keys=[self.processing_key(cell), self.pending_key, self.done_key(cell), self.metrics_key],
+                args=[cell],
             )
         )
 
@@ -219,8 +228,17 @@ class StepRecord:
     async def try_close(self) -> StepStatus:
         """Core: close the window if the step is complete (see the module docstring)."""
         _, cells, reason = await self._try_close(
-            keys=[self.join_key, self.participants_key, self.evicted_key, self.heartbeats_key,
-                  self.pending_key, self.known_key, self.acked_key, self.closed_key, self.ready_key],
+            keys=[
+                self.join_key,
+                self.participants_key,
+                self.evicted_key,
+                self.heartbeats_key,
+                self.pending_key,
+                self.known_key,
+                self.acked_key,
+                self.closed_key,
+                self.ready_key,
+            ],
             args=[self.heartbeat_timeout_s, self.processing_prefix, self.done_prefix, CONSUMER_PREFIX],
         )
         status = await self.status(0)
@@ -245,15 +263,23 @@ class StepRecord:
         """Core, in a new process: void what an earlier core process's part of this step gathered and
         reopen the window (every claim back to the queue, finished marks and participants forgotten)."""
         await self._restart(
-            keys=[self.join_key, self.participants_key, self.evicted_key, self.ready_key, self.metrics_key,
-                  self.pending_key],
+            keys=[
+                self.join_key,
+                self.participants_key,
+                self.evicted_key,
+                self.ready_key,
+                self.metrics_key,
+                self.pending_key,
+            ],
             args=[self.processing_prefix, self.done_prefix, CONSUMER_PREFIX, num_cells],
         )
 
     async def finish_replayed(self, num_cells: int, version: int) -> None:
         """Core: this step was taken again from its stored micro-steps (replay.py); it is done at `version`."""
-        await self._finish_replayed(keys=[self.join_key, self.acked_key],
-                                    args=[self.processing_prefix, CONSUMER_PREFIX, num_cells, version])
+        await self._finish_replayed(
+            keys=[self.join_key, self.acked_key],
+            args=[self.processing_prefix, CONSUMER_PREFIX, num_cells, version],
+        )
 
     async def done_items(self, cells: tuple[int, ...]) -> list[str]:
         """The micro-steps the given cells finished (their gradients are in the reduction)."""
@@ -266,7 +292,9 @@ class StepRecord:
         """Core: the optimizer step produced `version`."""
         await self._redis.hset(self.join_key, mapping={"state": StepState.DONE.value, "version": version})
 
-    async def wait_done(self, timeout_s: float, poll_s: float, check: Callable[[], None] | None = None) -> StepStatus:
+    async def wait_done(
+        self, timeout_s: float, poll_s: float, check: Callable[[], None] | None = None
+    ) -> StepStatus:
         """The status once the core finished the step; `check()` runs at every look and may raise to give up
         (a satellite whose world is re-formed because the core restarted: that core never finishes it)."""
         loop = asyncio.get_running_loop()
@@ -278,7 +306,9 @@ class StepRecord:
             if status.state is StepState.DONE:
                 return status
             if loop.time() >= deadline:
-                raise TimeoutError(f"the core did not finish the step of batch {self.batch_id!r} within {timeout_s} s")
+                raise TimeoutError(
+                    f"the core did not finish the step of batch {self.batch_id!r} within {timeout_s} s"
+                )
             await asyncio.sleep(poll_s)
 
     async def metrics(self, cells: tuple[int, ...]) -> dict[int, str]:

@@ -135,12 +135,20 @@ class StepRunner:
         status, metrics, processed = await self._consume(record, step)
         if status.evicted or self.cell not in status.cells:
             await t.compute.run(t.trainer.zero_grads)
-            log.warning("step_left_out", batch=batch_id, step=step, evicted=status.evicted, cells=status.cells)
+            log.warning(
+                "step_left_out", batch=batch_id, step=step, evicted=status.evicted, cells=status.cells
+            )
             return self._outcome(record, status, participated=False)
         return await self._reduce_and_update(record, status, metrics, processed, started)
 
     def _outcome(
-        self, record: StepRecord, status: StepStatus, *, participated: bool, microsteps: int = 0, loss: float = 0.0
+        self,
+        record: StepRecord,
+        status: StepStatus,
+        *,
+        participated: bool,
+        microsteps: int = 0,
+        loss: float = 0.0,
     ) -> StepOutcome:
         return StepOutcome(
             batch_id=record.batch_id,
@@ -163,8 +171,10 @@ class StepRunner:
             if status.state is not None:
                 return status
             if loop.time() >= deadline:
-                raise TimeoutError(f"batch {record.batch_id!r} was not opened by the core within "
-                                   f"{self.section.join_timeout_s} s")
+                raise TimeoutError(
+                    f"batch {record.batch_id!r} was not opened by the core within "
+                    f"{self.section.join_timeout_s} s"
+                )
             await asyncio.sleep(self.section.poll_s)
 
     def _check_world(self) -> None:
@@ -191,7 +201,9 @@ class StepRunner:
                     heartbeat.result()
                 claim = await record.queue.claim(consumer_name(self.cell))
                 if claim is not None:
-                    lost = claim.item_id in work.finished or not await self._compute(record, step, claim, work)
+                    lost = claim.item_id in work.finished or not await self._compute(
+                        record, step, claim, work
+                    )
                     # An item this cell already computed came back to it, or its claim was taken away
                     # while it computed: its claims were reclaimed while it lapsed, so its gradient
                     # holds work others redo.
@@ -237,7 +249,9 @@ class StepRunner:
                 f"found in the queue of batch {record.batch_id!r} step {step}"
             )
         await self.emit(
-            ev.MicroStepClaimed(batch_id=record.batch_id, step=step, microstep_id=claim.item_id, cell=self.cell),
+            ev.MicroStepClaimed(
+                batch_id=record.batch_id, step=step, microstep_id=claim.item_id, cell=self.cell
+            ),
             f"microstep:{record.batch_id}:{claim.item_id}:claimed:{self.cell}",
         )
         began = time.perf_counter()
@@ -252,8 +266,14 @@ class StepRunner:
         work.processed += 1
         work.finished.add(claim.item_id)
         await self.emit(
-            ev.MicroStepDone(batch_id=record.batch_id, step=step, microstep_id=claim.item_id, cell=self.cell,
-                             duration_s=duration, num_tokens=microstep.num_tokens),
+            ev.MicroStepDone(
+                batch_id=record.batch_id,
+                step=step,
+                microstep_id=claim.item_id,
+                cell=self.cell,
+                duration_s=duration,
+                num_tokens=microstep.num_tokens,
+            ),
             f"microstep:{record.batch_id}:{claim.item_id}:done:{self.cell}",
         )
         return True
@@ -262,8 +282,13 @@ class StepRunner:
         """The core lapsed and lost claims: it cannot leave the step, so it starts its part over."""
         returned = await record.reset(self.cell)
         await self.training.compute.run(self.training.trainer.zero_grads)
-        log.warning("core_restarts_its_part", batch=record.batch_id, reason=reason, returned=returned,
-                    discarded=work.processed)
+        log.warning(
+            "core_restarts_its_part",
+            batch=record.batch_id,
+            reason=reason,
+            returned=returned,
+            discarded=work.processed,
+        )
         work.reset()
 
     async def _reduce_and_update(
@@ -280,7 +305,9 @@ class StepRunner:
                 await t.compute.run(t.groups.broadcast_from_core, t.trainer.flat_params, n)
                 t.trainer.version = (status.step or 0) + 1
             await record.ack_all(self.cell)
-            done = await record.wait_done(self.section.collective_timeout_s, self.section.poll_s, check=self._check_world)
+            done = await record.wait_done(
+                self.section.collective_timeout_s, self.section.poll_s, check=self._check_world
+            )
             return self._outcome(record, done, participated=True, microsteps=processed, loss=metrics.loss)
 
         merged = LossMetrics()

@@ -60,8 +60,14 @@ class WorldRecord:
     """The incarnation of every cell (index = cell) the world is formed with."""
 
     def to_json(self) -> str:
-        return json.dumps({"generation": self.generation, "host": self.host, "port": self.port,
-                           "members": list(self.members)})
+        return json.dumps(
+            {
+                "generation": self.generation,
+                "host": self.host,
+                "port": self.port,
+                "members": list(self.members),
+            }
+        )
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> WorldRecord:
@@ -133,8 +139,9 @@ class TrainerState:
                 return found
             if loop.time() >= deadline:
                 newest = "none" if found is None else f"version {found.version}"
-                raise TimeoutError(f"weights of version {version} were not published within {timeout_s} s "
-                                   f"(newest: {newest})")
+                raise TimeoutError(
+                    f"weights of version {version} were not published within {timeout_s} s (newest: {newest})"
+                )
             await asyncio.sleep(poll_s)
 
     # -- checkpoints ----------------------------------------------------------------------------------
@@ -184,8 +191,12 @@ class TrainerState:
     async def set_engine(self, entry: EngineEntry) -> None:
         await self._redis.hset(
             self._keys.cell(entry.cell, "engine"),
-            mapping={"engine_id": entry.engine_id, "url": entry.url, "role": entry.role,
-                     "weight_version": entry.weight_version},
+            mapping={
+                "engine_id": entry.engine_id,
+                "url": entry.url,
+                "role": entry.role,
+                "weight_version": entry.weight_version,
+            },
         )
 
     async def engines(self, num_cells: int) -> list[EngineEntry]:
@@ -194,8 +205,15 @@ class TrainerState:
             raw = await self._redis.hgetall(self._keys.cell(cell, "engine"))
             if raw:
                 d = {_s(k): _s(v) for k, v in raw.items()}
-                out.append(EngineEntry(cell, str(d["engine_id"]), str(d["url"]), str(d["role"]),
-                                       str(d.get("weight_version") or "")))
+                out.append(
+                    EngineEntry(
+                        cell,
+                        str(d["engine_id"]),
+                        str(d["url"]),
+                        str(d["role"]),
+                        str(d.get("weight_version") or ""),
+                    )
+                )
         return out
 
     async def next_transition(self, cell: int) -> int:

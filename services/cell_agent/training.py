@@ -175,8 +175,10 @@ class TrainingSide:
         """Core: describe the current weights in Redis (ends a sequence-lock write section)."""
         assert self.trainer.version is not None
         digest = await self.compute.run(self.trainer.digest) if self.section.snapshot_digest else ""
-        endpoint = {} if self.transport is None or not self.exposed else await self.compute.run(
-            self.transport.expose, self.trainer.flat_params
+        endpoint = (
+            {}
+            if self.transport is None or not self.exposed
+            else await self.compute.run(self.transport.expose, self.trainer.flat_params)
         )
         flat = self.trainer.flat_params
         record = SnapshotRecord(
@@ -226,8 +228,12 @@ class TrainingSide:
             async with self.world.world_lock:
                 transport = self.transport
                 if generation != self.world.generation or transport is None:
-                    log.warning("pull_of_another_world_dropped", satellite=satellite, generation=generation,
-                                current=self.world.generation)
+                    log.warning(
+                        "pull_of_another_world_dropped",
+                        satellite=satellite,
+                        generation=generation,
+                        current=self.world.generation,
+                    )
                     continue
 
                 def serve(target: int = satellite, via: WeightTransport = transport) -> None:
@@ -253,9 +259,13 @@ class TrainingSide:
         deadline = loop.time() + timeout_s
         while True:
             if self.world.changed():
-                raise CellUnavailableError(f"cell {self.cell}: the cells' world is being re-formed; join again")
+                raise CellUnavailableError(
+                    f"cell {self.cell}: the cells' world is being re-formed; join again"
+                )
             if loop.time() > deadline:
-                raise CellUnavailableError(f"no consistent snapshot of version {version} within {timeout_s} s")
+                raise CellUnavailableError(
+                    f"no consistent snapshot of version {version} within {timeout_s} s"
+                )
             read = await self.state.read_snapshot()
             if read is None or read.seq % 2 == 1:
                 await asyncio.sleep(self.section.poll_s)

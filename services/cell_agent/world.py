@@ -133,8 +133,10 @@ class WorldKeeper:
                 self.announced = record.generation
                 return record
             if loop.time() > deadline:
-                raise TimeoutError(f"cell {side.cell}: the core formed no world with this process within "
-                                   f"{side.section.rendezvous_timeout_s * 4:.0f} s")
+                raise TimeoutError(
+                    f"cell {side.cell}: the core formed no world with this process within "
+                    f"{side.section.rendezvous_timeout_s * 4:.0f} s"
+                )
             await asyncio.sleep(side.section.poll_s * 10)
 
     async def _leave(self) -> None:
@@ -160,7 +162,10 @@ class WorldKeeper:
                 previous = await side.state.world()
                 generation = max(self.generation, previous.generation if previous else 0) + 1
                 hosted = await asyncio.to_thread(
-                    host_store, bind_host=side.bind_host, port=side.section.dist_port, world_size=side.num_cells,
+                    host_store,
+                    bind_host=side.bind_host,
+                    port=side.section.dist_port,
+                    world_size=side.num_cells,
                     timeout_s=side.section.rendezvous_timeout_s,
                 )
                 self._hosted = hosted
@@ -186,7 +191,10 @@ class WorldKeeper:
             while True:
                 try:
                     store = await asyncio.to_thread(
-                        connect_store, host=record.host, port=record.port, world_size=side.num_cells,
+                        connect_store,
+                        host=record.host,
+                        port=record.port,
+                        world_size=side.num_cells,
                         timeout_s=min(5.0, side.section.rendezvous_timeout_s),
                     )
                     break
@@ -207,8 +215,12 @@ class WorldKeeper:
     async def _build(self, store: object, generation: int) -> None:
         side = self.side
         side.groups = await side.compute.run(
-            CellGroups.initialize, store, cell=side.cell, num_cells=side.num_cells,
-            backend=side.section.dist_backend, timeout_s=side.section.collective_timeout_s,
+            CellGroups.initialize,
+            store,
+            cell=side.cell,
+            num_cells=side.num_cells,
+            backend=side.section.dist_backend,
+            timeout_s=side.section.collective_timeout_s,
         )
         await side.build_after_world()  # a backend that needs the cells' world (megatron) is built now
         options = TransportOptions(

@@ -16,14 +16,22 @@ class EvaluatorMetrics:
     def __init__(self, registry: CollectorRegistry, pending: Callable[[], int]) -> None:
         s = "evaluator"
         self.evaluation_seconds = Histogram(
-            series(s, "evaluation_seconds"), "Seconds to resolve one execution (all verifier attempts).",
-            ["status"], buckets=SECONDS_BUCKETS, registry=registry,
+            series(s, "evaluation_seconds"),
+            "Seconds to resolve one execution (all verifier attempts).",
+            ["status"],
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
         )
-        self.evaluations = Counter(series(s, "evaluations"), "Executions resolved, by outcome "
-                                   "(valid, excluded, placeholder).", ["status"], registry=registry)
+        self.evaluations = Counter(
+            series(s, "evaluations"),
+            "Executions resolved, by outcome (valid, excluded, placeholder).",
+            ["status"],
+            registry=registry,
+        )
         self.attempts = Counter(series(s, "verifier_attempts"), "Verifier attempts made.", registry=registry)
-        self.groups_ready = Counter(series(s, "groups_ready"), "Groups made ready (all members resolved).",
-                                    registry=registry)
+        self.groups_ready = Counter(
+            series(s, "groups_ready"), "Groups made ready (all members resolved).", registry=registry
+        )
         for status in STATUSES:  # every outcome from the first scrape on, at 0
             self.evaluations.labels(status)
             self.evaluation_seconds.labels(status)
@@ -38,9 +46,13 @@ class EvaluatorMetrics:
         self.evaluation_seconds.labels(status).observe(seconds)
 
     def _read(self) -> Iterable[Family]:
-        pending = Family(series("evaluator", "pending_evaluations"),
-                         "Executions being evaluated now (verifier running or waiting to retry).")
+        pending = Family(
+            series("evaluator", "pending_evaluations"),
+            "Executions being evaluated now (verifier running or waiting to retry).",
+        )
         pending.add(self._pending())
-        queued = Family(series("evaluator", "queued_evaluations"), "Terminated executions waiting for a worker.")
+        queued = Family(
+            series("evaluator", "queued_evaluations"), "Terminated executions waiting for a worker."
+        )
         queued.add(self.queued)
         return [pending, queued]

@@ -65,7 +65,10 @@ def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None
                 return source[m.group(1)]
             if m.group(2) is not None:
                 return m.group(2)
-            raise ValueError(f"verifier env {key}: ${{{m.group(1)}}} is not set in the evaluator's environment")
+            raise ValueError(
+                f"verifier env {key}: ${{{m.group(1)}}} is not set in the evaluator's environment"
+            )
+
         return _TEMPLATE.sub(sub, value)
 
     return {k: one(k, v) for k, v in env.items()}
@@ -87,10 +90,20 @@ class ScoreLineProtocol(VerifierProtocol):
     name = "score_line"
 
     def plan(self, task: Task, root: Path, copy: Path, workspace: Path, bind: bool) -> AttemptPlan:
-        env = {"PATH": BASE_PATH, "LANG": "C.UTF-8", "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1",
-               **resolve_env(task.verifier.env)}
-        return AttemptPlan(task.verifier_argv(sys.executable), copy, env, (copy,),
-                           reveal=tuple(p for p in (REPO_ROOT, task.task_dir) if p is not None))
+        env = {
+            "PATH": BASE_PATH,
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(REPO_ROOT),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **resolve_env(task.verifier.env),
+        }
+        return AttemptPlan(
+            task.verifier_argv(sys.executable),
+            copy,
+            env,
+            (copy,),
+            reveal=tuple(p for p in (REPO_ROOT, task.task_dir) if p is not None),
+        )
 
     def result(self, root: Path, outcome: SandboxOutcome, stdout: str) -> Attempt:
         if outcome.exit_code != 0:
@@ -127,7 +140,9 @@ class HarborProtocol(VerifierProtocol):
         shutil.rmtree(root / "tests", ignore_errors=True)
         if reward is None:
             return Attempt(None, f"{detail}; test.sh {outcome.describe()}")
-        return Attempt(reward, detail if outcome.exit_code == 0 else f"{detail} (test.sh {outcome.describe()})")
+        return Attempt(
+            reward, detail if outcome.exit_code == 0 else f"{detail} (test.sh {outcome.describe()})"
+        )
 
 
 PROTOCOLS: dict[str, VerifierProtocol] = {p.name: p for p in (ScoreLineProtocol(), HarborProtocol())}

@@ -79,8 +79,10 @@ def read_reward(logs_dir: Path) -> tuple[float | None, str]:
         if "reward" in numbers:
             return _in_range(f"{REWARD_JSON} reward", float(numbers["reward"]))
         if len(numbers) == 1:
-            (name, value), = numbers.items()
+            ((name, value),) = numbers.items()
             return _in_range(f"{REWARD_JSON} {name}", float(value))
-        return None, (f"{REWARD_JSON} has no `reward` among {sorted(numbers)}: Gyre trains on one number "
-                      "(name it `reward`)")
+        return None, (
+            f"{REWARD_JSON} has no `reward` among {sorted(numbers)}: Gyre trains on one number "
+            "(name it `reward`)"
+        )
     return None, f"the verifier wrote no reward (neither /logs/verifier/{REWARD_TXT} nor {REWARD_JSON})"

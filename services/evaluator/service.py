@@ -64,7 +64,9 @@ class EvaluatorService(GyreService):
 
     async def setup(self) -> None:
         section = self.config.evaluator
-        tasks = TaskSet.from_section(self.config.tasks)  # a malformed task stops the start, naming file and key
+        tasks = TaskSet.from_section(
+            self.config.tasks
+        )  # a malformed task stops the start, naming file and key
         self.launcher, limits = open_sandbox(self, section)
         run_dir = self.config.run.path.resolve()
         self.verifier = VerifierRunner(
@@ -89,8 +91,13 @@ class EvaluatorService(GyreService):
             worker_id = f"{self.instance_name}:{incarnation}:{k}"
             self.supervisor.spawn(self._worker(worker_id), f"worker/{k}")
         self.supervisor.spawn(self._reclaim_loop(), "reclaim")
-        consumer = await self.bus.consume(TERMINATED_CONSUMER, [ev.ExecutionTerminated], self._on_terminated,
-                                          ack_wait_s=self.config.nats.ack_wait_s, confirm_ack=True)
+        consumer = await self.bus.consume(
+            TERMINATED_CONSUMER,
+            [ev.ExecutionTerminated],
+            self._on_terminated,
+            ack_wait_s=self.config.nats.ack_wait_s,
+            confirm_ack=True,
+        )
         self.supervisor.spawn(watch_consumer(consumer), "consumer-watch")
 
     async def _on_terminated(self, event: object, delivery: Delivery) -> None:
@@ -136,13 +143,24 @@ class EvaluatorService(GyreService):
             evaluation = await self.evaluations.put(await self.verifier.evaluate(term))
             self.metrics.evaluated(evaluation.status, evaluation.attempts, time.monotonic() - began)
             self.stats[evaluation.status] += 1
-            self.log.info("execution_evaluated", execution=ref.execution_id, status=evaluation.status,
-                          reward=evaluation.reward, attempts=evaluation.attempts, detail=evaluation.detail[:200])
+            self.log.info(
+                "execution_evaluated",
+                execution=ref.execution_id,
+                status=evaluation.status,
+                reward=evaluation.reward,
+                attempts=evaluation.attempts,
+                detail=evaluation.detail[:200],
+            )
         await self.bus.publish(
             ev.EvaluationDone(
-                execution=ref, status=STATUS_PB[evaluation.status], reward=evaluation.reward,
-                workspace=cm.WorkspaceRef(path=evaluation.workspace_path, content_hash=evaluation.workspace_hash),
-                attempts=evaluation.attempts, detail=evaluation.detail,
+                execution=ref,
+                status=STATUS_PB[evaluation.status],
+                reward=evaluation.reward,
+                workspace=cm.WorkspaceRef(
+                    path=evaluation.workspace_path, content_hash=evaluation.workspace_hash
+                ),
+                attempts=evaluation.attempts,
+                detail=evaluation.detail,
             ),
             event_id=f"eval.done:{ref.execution_id}:{evaluation.workspace_hash or 'none'}",
         )
@@ -154,7 +172,9 @@ class EvaluatorService(GyreService):
         if group is None or ref.execution_id not in group.execution_ids:
             self.log.error("group_membership_unknown", execution=ref.execution_id, group=ref.group_id)
             return
-        outcome = MemberOutcome(ref.execution_id, evaluation.status, evaluation.reward, evaluation.workspace_hash)
+        outcome = MemberOutcome(
+            ref.execution_id, evaluation.status, evaluation.reward, evaluation.workspace_hash
+        )
         result = await self.outcomes.resolve(group.group_id, group.size, group.policy_version, outcome)
         if not result.ready or await self.outcomes.published(group.group_id):
             return
@@ -162,8 +182,11 @@ class EvaluatorService(GyreService):
         assert ready is not None
         await self.bus.publish(
             ev.GroupReady(
-                group_id=group.group_id, policy_version=group.policy_version, mean_reward=ready.mean_reward,
-                num_valid=ready.count("valid"), num_excluded=ready.count("excluded"),
+                group_id=group.group_id,
+                policy_version=group.policy_version,
+                mean_reward=ready.mean_reward,
+                num_valid=ready.count("valid"),
+                num_excluded=ready.count("excluded"),
                 num_placeholder=ready.count("placeholder"),
             ),
             event_id=f"group.ready:{group.group_id}",
@@ -182,20 +205,28 @@ class EvaluatorServicer(evaluator_pb2_grpc.EvaluatorServicer):
         self, request: evaluator_pb2.GetEvaluationRequest, context: grpc.aio.ServicerContext
     ) -> evaluator_pb2.GetEvaluationResponse:
         stored = await self.service.evaluations.all(request.execution_id)
-        return evaluator_pb2.GetEvaluationResponse(evaluations=[
-            evaluator_pb2.Evaluation(
-                status=STATUS_PB[e.status], reward=e.reward, attempts=e.attempts, detail=e.detail,
-                workspace=cm.WorkspaceRef(path=e.workspace_path, content_hash=e.workspace_hash),
-                stored_at_ms=e.stored_at_ms,
-            )
-            for e in stored
-        ])
+        return evaluator_pb2.GetEvaluationResponse(
+            evaluations=[
+                evaluator_pb2.Evaluation(
+                    status=STATUS_PB[e.status],
+                    reward=e.reward,
+                    attempts=e.attempts,
+                    detail=e.detail,
+                    workspace=cm.WorkspaceRef(path=e.workspace_path, content_hash=e.workspace_hash),
+                    stored_at_ms=e.stored_at_ms,
+                )
+                for e in stored
+            ]
+        )
 
     async def GetStatus(
         self, request: evaluator_pb2.GetEvaluatorStatusRequest, context: grpc.aio.ServicerContext
     ) -> evaluator_pb2.EvaluatorStatus:
         s = self.service.stats
         return evaluator_pb2.EvaluatorStatus(
-            in_progress=self.service.in_progress, valid=s["valid"], excluded=s["excluded"],
-            placeholder=s["placeholder"], groups_ready=s["groups_ready"],
+            in_progress=self.service.in_progress,
+            valid=s["valid"],
+            excluded=s["excluded"],
+            placeholder=s["placeholder"],
+            groups_ready=s["groups_ready"],
         )

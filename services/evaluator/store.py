@@ -58,13 +58,18 @@ class EvaluationStore:
     async def put(self, evaluation: Evaluation) -> Evaluation:
         """Store unless this (execution, hash) has an evaluation; returns the stored one."""
         stamped = Evaluation(**{**asdict(evaluation), "stored_at_ms": int(time.time() * 1000)})
-        raw = await self._put(keys=[self._keys.evaluations(evaluation.execution_id)],
-                              args=[evaluation.workspace_hash, stamped.to_json()])
+        raw = await self._put(
+            keys=[self._keys.evaluations(evaluation.execution_id)],
+            args=[evaluation.workspace_hash, stamped.to_json()],
+        )
         return Evaluation.from_json(raw)
 
     async def all(self, execution_id: str) -> list[Evaluation]:
         """Every evaluation of the execution, oldest first."""
-        return [Evaluation.from_json(r) for r in await self._redis.lrange(self._keys.evaluations(execution_id), 0, -1)]
+        return [
+            Evaluation.from_json(r)
+            for r in await self._redis.lrange(self._keys.evaluations(execution_id), 0, -1)
+        ]
 
     async def first(self, execution_id: str) -> Evaluation | None:
         raw = await self._redis.lindex(self._keys.evaluations(execution_id), 0)

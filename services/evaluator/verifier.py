@@ -77,7 +77,9 @@ class VerifierRunner:
             log.warning("workspace_changed_after_termination", execution=eid)
         if not task.verifier.argv:
             return outcome("excluded", 0.0, digest, 0, "the task has no verifier")
-        deadline_s = term.budget_deadline_ms / 1000 if term.budget_deadline_ms else time.time() + task.overall_budget_s
+        deadline_s = (
+            term.budget_deadline_ms / 1000 if term.budget_deadline_ms else time.time() + task.overall_budget_s
+        )
         failures: list[str] = []
         for attempt in range(1, self.max_attempts + 1):
             left_s = deadline_s - time.time()
@@ -95,19 +97,32 @@ class VerifierRunner:
         why = "; ".join(failures[-3:]) or "the overall budget was spent before evaluation"
         return outcome("excluded", 0.0, digest, len(failures), f"no valid score within the budget: {why}")
 
-    async def _attempt(self, task: Task, eid: str, workspace: Path, attempt: int, timeout_s: float) -> Attempt:
-        root = self.work_root / eid / f"{attempt}-{uuid.uuid4().hex[:8]}"  # a duplicate evaluation may run alongside
+    async def _attempt(
+        self, task: Task, eid: str, workspace: Path, attempt: int, timeout_s: float
+    ) -> Attempt:
+        root = (
+            self.work_root / eid / f"{attempt}-{uuid.uuid4().hex[:8]}"
+        )  # a duplicate evaluation may run alongside
         copy = root / "workspace"
         protocol = PROTOCOLS[task.verifier.protocol]
         try:
             await asyncio.to_thread(copy_workspace, workspace, copy)
-            plan = await asyncio.to_thread(protocol.plan, task, root, copy, workspace, self.launcher.mounts_paths)
+            plan = await asyncio.to_thread(
+                protocol.plan, task, root, copy, workspace, self.launcher.mounts_paths
+            )
         except (OSError, ValueError) as e:
             await asyncio.to_thread(shutil.rmtree, copy, True)
             return Attempt(None, f"verifier setup: {e}")
         spec = SandboxSpec(
-            name=f"{eid}/{attempt}", argv=plan.argv, cwd=plan.cwd, env=plan.env, root=root / "sandbox",
-            limits=self.limits, network=NetworkPolicy("none"), reveal=plan.reveal, writable=plan.writable,
+            name=f"{eid}/{attempt}",
+            argv=plan.argv,
+            cwd=plan.cwd,
+            env=plan.env,
+            root=root / "sandbox",
+            limits=self.limits,
+            network=NetworkPolicy("none"),
+            reveal=plan.reveal,
+            writable=plan.writable,
             binds=plan.binds,
         )
         try:

@@ -66,7 +66,9 @@ async def fill_batch(
     """Run the stream of one batch to its close (counted in `metrics`, a fresh registry's when None)."""
     metrics = metrics or PackerMetrics(CollectorRegistry())
     stream = StreamPacker(
-        batch_id=progress.batch_id, step=progress.step, num_batch_executions=num_batch_executions,
+        batch_id=progress.batch_id,
+        step=progress.step,
+        num_batch_executions=num_batch_executions,
         token_budget=token_budget,
     )
     while progress.groups_packed < progress.num_groups:
@@ -75,7 +77,12 @@ async def fill_batch(
             await asyncio.sleep(poll_s)
             continue
         packed = await group_rows(
-            group, load_tree, j_max=j_max, run_seed=run_seed, normalize_std=normalize_std, row_layout=row_layout
+            group,
+            load_tree,
+            j_max=j_max,
+            run_seed=run_seed,
+            normalize_std=normalize_std,
+            row_layout=row_layout,
         )
         for m in group.members:
             progress.group_of_execution[m.execution_id] = group.group_id
@@ -83,28 +90,42 @@ async def fill_batch(
         progress.rewards.append(metrics_.reward_mean)
         await bus.publish(
             ev.GroupPacked(
-                batch_id=progress.batch_id, group_id=group.group_id,
+                batch_id=progress.batch_id,
+                group_id=group.group_id,
                 staleness=max(0, progress.policy_version - group.policy_version),
-                num_trajectories=packed.num_trajectories, num_targets=packed.num_targets,
-                reward_mean=metrics_.reward_mean, reward_std=metrics_.reward_std,
+                num_trajectories=packed.num_trajectories,
+                num_targets=packed.num_targets,
+                reward_mean=metrics_.reward_mean,
+                reward_std=metrics_.reward_std,
                 num_resolved=metrics_.num_valid + metrics_.num_placeholder,
-                admitted_by_class=packed.admitted_by_class, targets_by_class=packed.targets_by_class,
+                admitted_by_class=packed.admitted_by_class,
+                targets_by_class=packed.targets_by_class,
                 num_executions_without_targets=packed.num_executions_without_targets,
             ),
             event_id=f"batch.group_packed:{progress.batch_id}:{group.group_id}",
         )
         metrics.group_packed(packed.admitted_by_class, packed.targets_by_class, metrics_.zero_variance)
         progress.groups_packed += 1
-        log.info("group_packed", batch=progress.batch_id, group=group.group_id, rows=len(packed.rows),
-                 trajectories=packed.num_trajectories,
-                 targets=packed.num_targets, reward_mean=metrics_.reward_mean, zero_variance=metrics_.zero_variance)
+        log.info(
+            "group_packed",
+            batch=progress.batch_id,
+            group=group.group_id,
+            rows=len(packed.rows),
+            trajectories=packed.num_trajectories,
+            targets=packed.num_targets,
+            reward_mean=metrics_.reward_mean,
+            zero_variance=metrics_.zero_variance,
+        )
         await _enqueue(progress, stream.add(packed.rows, packed.advantages.advantages), queue, bus, metrics)
     await _enqueue(progress, stream.close(), queue, bus, metrics)
     await queue.close()
     await bus.publish(
-        ev.StreamClosed(batch_id=progress.batch_id, num_microsteps=progress.microsteps_enqueued,
-                        num_groups=progress.groups_packed,
-                        mean_reward=sum(progress.rewards) / len(progress.rewards) if progress.rewards else 0.0),
+        ev.StreamClosed(
+            batch_id=progress.batch_id,
+            num_microsteps=progress.microsteps_enqueued,
+            num_groups=progress.groups_packed,
+            mean_reward=sum(progress.rewards) / len(progress.rewards) if progress.rewards else 0.0,
+        ),
         event_id=f"batch.stream_closed:{progress.batch_id}",
     )
     progress.closed = True
@@ -113,15 +134,23 @@ async def fill_batch(
 
 
 async def _enqueue(
-    progress: BatchProgress, microsteps: list[MicroStep], queue: WorkQueue, bus: EventBus, metrics: PackerMetrics
+    progress: BatchProgress,
+    microsteps: list[MicroStep],
+    queue: WorkQueue,
+    bus: EventBus,
+    metrics: PackerMetrics,
 ) -> None:
     for ms in microsteps:
         item_id = microstep_id(progress.batch_id, ms.index)
         groups = sorted({progress.group_of_execution[e] for e in ms.execution_ids})
         await bus.publish(
             ev.MicroStepEnqueued(
-                batch_id=progress.batch_id, microstep_id=item_id, num_tokens=len(ms.input_ids),
-                num_executions=len(ms.execution_ids), step=progress.step, group_ids=groups,
+                batch_id=progress.batch_id,
+                microstep_id=item_id,
+                num_tokens=len(ms.input_ids),
+                num_executions=len(ms.execution_ids),
+                step=progress.step,
+                group_ids=groups,
             ),
             event_id=f"batch.microstep_enqueued:{item_id}",
         )

@@ -82,5 +82,6 @@ async def group_rows(
             by_class[a.leaf_class.value] = by_class.get(a.leaf_class.value, 0) + 1
             targets_by_class[a.leaf_class.value] = targets_by_class.get(a.leaf_class.value, 0) + a.num_targets
         rows.extend(materialize(tree, admitted, row_layout))
-    return GroupRows(rows, advantages, sum(r.num_targets for r in rows), by_class, targets_by_class, without_targets)
-
+    return GroupRows(
+        rows, advantages, sum(r.num_targets for r in rows), by_class, targets_by_class, without_targets
+    )

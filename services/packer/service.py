@@ -60,18 +60,35 @@ class PackerService(GyreService):
             await self.open_batch(step, num_groups, version)
         archive = self.config.archive
         if archive.enabled:
-            self.archiver = StepArchiver(self.redis, self.keys, archive.path_for(self.config.run.path),
-                                         compress_level=archive.compress_level)
-            await self.bus.consume(ARCHIVE_CONSUMER, [ev.StepCompleted], self._archive_step, batch=1,
-                                   ack_wait_s=archive.ack_wait_s, confirm_ack=True)
+            self.archiver = StepArchiver(
+                self.redis,
+                self.keys,
+                archive.path_for(self.config.run.path),
+                compress_level=archive.compress_level,
+            )
+            await self.bus.consume(
+                ARCHIVE_CONSUMER,
+                [ev.StepCompleted],
+                self._archive_step,
+                batch=1,
+                ack_wait_s=archive.ack_wait_s,
+                confirm_ack=True,
+            )
 
     async def _archive_step(self, event: object, delivery: Delivery) -> None:
         """The step of this batch committed: its groups leave Redis, archived first."""
         assert isinstance(event, ev.StepCompleted)
-        done = await self.archiver.archive_step(event.batch_id, policy_version=event.policy_version,
-                                                completed=json_format.MessageToDict(event))
-        self.log.info("step_archived", batch=done.batch_id, groups=done.num_groups, trees=done.num_trees,
-                      keys_deleted=done.num_keys_deleted, bytes_written=done.bytes_written)
+        done = await self.archiver.archive_step(
+            event.batch_id, policy_version=event.policy_version, completed=json_format.MessageToDict(event)
+        )
+        self.log.info(
+            "step_archived",
+            batch=done.batch_id,
+            groups=done.num_groups,
+            trees=done.num_trees,
+            keys_deleted=done.num_keys_deleted,
+            bytes_written=done.bytes_written,
+        )
 
     async def open_batch(self, step: int, num_groups: int, policy_version: int) -> BatchProgress:
         batch_id = make_batch_id(self.config.run.id, step)
@@ -80,24 +97,39 @@ class PackerService(GyreService):
         progress = BatchProgress(batch_id, step, num_groups, policy_version)
         self.batches[batch_id] = progress
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.batch(batch_id),
-                      mapping={"step": step, "num_groups": num_groups, "policy_version": policy_version})
+            pipe.hset(
+                self.keys.batch(batch_id),
+                mapping={"step": step, "num_groups": num_groups, "policy_version": policy_version},
+            )
             pipe.sadd(self.keys.open_batches(), batch_id)
             await pipe.execute()
         await self.bus.publish(
-            ev.BatchOpened(batch_id=batch_id, step=step, num_groups=num_groups), event_id=f"batch.opened:{batch_id}"
+            ev.BatchOpened(batch_id=batch_id, step=step, num_groups=num_groups),
+            event_id=f"batch.opened:{batch_id}",
         )
-        queue = WorkQueue(self.redis, self.keys, microstep_queue(batch_id), self.config.redis.heartbeat_timeout_s)
+        queue = WorkQueue(
+            self.redis, self.keys, microstep_queue(batch_id), self.config.redis.heartbeat_timeout_s
+        )
         self.supervisor.spawn(self._stream(progress, queue), f"batch-{step}")
-        self.log.info("batch_opened", batch=batch_id, step=step, groups=num_groups, policy_version=policy_version)
+        self.log.info(
+            "batch_opened", batch=batch_id, step=step, groups=num_groups, policy_version=policy_version
+        )
         return progress
 
     async def _stream(self, progress: BatchProgress, queue: WorkQueue) -> None:
         cfg, sched = self.config.packer, self.config.scheduler
         await fill_batch(
-            progress, claim_group=self.groups.claim, load_tree=self.trees.load, queue=queue, bus=self.bus,
-            num_batch_executions=progress.num_groups * sched.group_size, token_budget=cfg.microstep_tokens,
-            j_max=cfg.j_max, run_seed=sched.seed, normalize_std=cfg.normalize_std, row_layout=cfg.row_layout,
+            progress,
+            claim_group=self.groups.claim,
+            load_tree=self.trees.load,
+            queue=queue,
+            bus=self.bus,
+            num_batch_executions=progress.num_groups * sched.group_size,
+            token_budget=cfg.microstep_tokens,
+            j_max=cfg.j_max,
+            run_seed=sched.seed,
+            normalize_std=cfg.normalize_std,
+            row_layout=cfg.row_layout,
             metrics=self.metrics,
         )
         await self.redis.srem(self.keys.open_batches(), progress.batch_id)
@@ -107,19 +139,24 @@ class _Servicer(packer_pb2_grpc.PackerServicer):
     def __init__(self, service: PackerService) -> None:
         self.s = service
 
-    async def OpenBatch(self, request: packer_pb2.OpenBatchRequest, context: grpc.aio.ServicerContext
-                        ) -> packer_pb2.OpenBatchResponse:
+    async def OpenBatch(
+        self, request: packer_pb2.OpenBatchRequest, context: grpc.aio.ServicerContext
+    ) -> packer_pb2.OpenBatchResponse:
         if request.num_groups < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_groups must be at least 1")
         progress = await self.s.open_batch(request.step, request.num_groups, request.policy_version)
         return packer_pb2.OpenBatchResponse(batch_id=progress.batch_id)
 
-    async def GetBatch(self, request: packer_pb2.GetBatchRequest, context: grpc.aio.ServicerContext
-                       ) -> packer_pb2.BatchStatus:
+    async def GetBatch(
+        self, request: packer_pb2.GetBatchRequest, context: grpc.aio.ServicerContext
+    ) -> packer_pb2.BatchStatus:
         progress = self.s.batches.get(request.batch_id)
         if progress is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no batch {request.batch_id!r}")
         return packer_pb2.BatchStatus(
-            batch_id=progress.batch_id, groups_packed=progress.groups_packed, groups_needed=progress.num_groups,
-            microsteps_enqueued=progress.microsteps_enqueued, closed=progress.closed,
+            batch_id=progress.batch_id,
+            groups_packed=progress.groups_packed,
+            groups_needed=progress.num_groups,
+            microsteps_enqueued=progress.microsteps_enqueued,
+            closed=progress.closed,
         )

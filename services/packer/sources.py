@@ -37,7 +37,9 @@ class GroupSource:
         if not taken:
             return None
         group = taken[0]
-        members = tuple(MemberOutcome(m.execution_id, MemberStatus(m.status), m.reward) for m in group.members)
+        members = tuple(
+            MemberOutcome(m.execution_id, MemberStatus(m.status), m.reward) for m in group.members
+        )
         return ReadyGroup(group.group_id, group.policy_version, members)
 
 

@@ -32,7 +32,12 @@ class HttpServer:
         self.requested_port = port
         self.port = 0
         self._config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=75, backlog=2048,
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=75,
+            backlog=2048,
             log_config=None,  # uvicorn's lines go through the process's logging (JSON, gyre/log.py)
         )
         self._server = _HostedUvicorn(self._config)

@@ -27,8 +27,16 @@ from gyre.metrics.registry import series
 from services.proxy.errors import ProxyError
 
 REFUSAL_REASONS = (
-    "invalid_request", "prompt_too_long", "engine_refused", "authentication", "execution_closed", "not_found",
-    "body_too_large", "engine_unavailable", "engine_output", "internal",
+    "invalid_request",
+    "prompt_too_long",
+    "engine_refused",
+    "authentication",
+    "execution_closed",
+    "not_found",
+    "body_too_large",
+    "engine_unavailable",
+    "engine_output",
+    "internal",
 )
 """The reasons of the proxy's errors (services/proxy/errors.py), pre-created as label children."""
 REFUSAL_MESSAGE_CHARS = 300
@@ -78,9 +86,12 @@ class ProxyMetrics:
             buckets=OVERHEAD_BUCKETS_S,
             registry=r,
         )
-        self.tokens_in = Counter(series("proxy", "prompt_tokens"), "Prompt tokens sent to engines.", registry=r)
+        self.tokens_in = Counter(
+            series("proxy", "prompt_tokens"), "Prompt tokens sent to engines.", registry=r
+        )
         self.tokens_encoded = Counter(
-            series("proxy", "encoded_prompt_tokens"), "Prompt tokens newly encoded (not reused from the tree).",
+            series("proxy", "encoded_prompt_tokens"),
+            "Prompt tokens newly encoded (not reused from the tree).",
             registry=r,
         )
         self.tokens_out = Counter(series("proxy", "output_tokens"), "Output tokens recorded.", registry=r)
@@ -107,14 +118,19 @@ class ProxyMetrics:
             "Malformed requests a converter failed on without a RequestError (a bug; answered 400).",
             registry=r,
         )
-        self.open_executions = Gauge(series("proxy", "open_executions"), "Executions with a live key.", registry=r)
+        self.open_executions = Gauge(
+            series("proxy", "open_executions"), "Executions with a live key.", registry=r
+        )
         self.history_mismatches = Counter(
             series("proxy", "history_mismatched_calls"),
             "Recorded calls whose history matched no tree path as sent (an assistant turn encoded anew).",
             registry=r,
         )
         self.recorded = Counter(
-            series("proxy", "recorded_calls"), "Calls recorded in a tree, by request kind.", ["request_kind"], registry=r
+            series("proxy", "recorded_calls"),
+            "Calls recorded in a tree, by request kind.",
+            ["request_kind"],
+            registry=r,
         )
         for kind in ("task", "summary", "side"):
             self.recorded.labels(kind)
@@ -124,7 +140,10 @@ class ProxyMetrics:
             registry=r,
         )
         self.refused = Counter(
-            series("proxy", "refused_calls"), "Model calls answered with an error, by reason.", ["reason"], registry=r
+            series("proxy", "refused_calls"),
+            "Model calls answered with an error, by reason.",
+            ["reason"],
+            registry=r,
         )
         for reason in REFUSAL_REASONS:
             self.refused.labels(reason)
@@ -136,7 +155,9 @@ class ProxyMetrics:
         self.stats.requests += 1
         self.requests.labels(api, str(status)).inc()
 
-    def failed(self, api: str, error: ProxyError, during_transition: bool, *, model_call: bool = True) -> None:
+    def failed(
+        self, api: str, error: ProxyError, during_transition: bool, *, model_call: bool = True
+    ) -> None:
         """An answered error; `model_call=False` for requests that are not model calls (count_tokens)."""
         if model_call:
             self.stats.refused_calls[error.reason] = self.stats.refused_calls.get(error.reason, 0) + 1

@@ -40,9 +40,13 @@ def unanswered_output(prepared: PreparedCall) -> Node | None:
         return None
     parent = prepared.matched[-1]
     leaves = [
-        child for child in parent.child_nodes
-        if child.kind is NodeKind.OUTPUT and not child.child_nodes and child.sampled is not None
-        and child.agent_kind is prepared.agent_kind and child.request_kind is prepared.request_kind
+        child
+        for child in parent.child_nodes
+        if child.kind is NodeKind.OUTPUT
+        and not child.child_nodes
+        and child.sampled is not None
+        and child.agent_kind is prepared.agent_kind
+        and child.request_kind is prepared.request_kind
     ]
     if not leaves:
         return None
@@ -61,7 +65,9 @@ class ReplayedGeneration:
         self.logprobs = [float(x) for x in node.logprobs]
         meta = node.meta
         self.engine_ids = [meta.engine_id] if meta is not None and meta.engine_id else []
-        self.weight_versions = [str(meta.policy_version)] if meta is not None and meta.policy_version >= 0 else []
+        self.weight_versions = (
+            [str(meta.policy_version)] if meta is not None and meta.policy_version >= 0 else []
+        )
         stopped = bool(self.output_ids) and self.output_ids[-1] in stop_token_ids
         self.finish: Finish | None = Finish("stop", self.output_ids[-1]) if stopped else Finish("length")
         self.cached_tokens = len(prompt_ids)

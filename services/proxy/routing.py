@@ -189,7 +189,9 @@ class Router:
             # The last serving engine leaves with nothing in flight (every execution has finished):
             # nothing to move; later calls find no engine until one serves again.
             source.serving = False
-            log.info("engine_drained", engine=engine_id, destinations=[], executions_moved=0, calls_rerouted=0)
+            log.info(
+                "engine_drained", engine=engine_id, destinations=[], executions_moved=0, calls_rerouted=0
+            )
             return DrainResult(destinations=[])
         self.num_drains_active += 1
         try:

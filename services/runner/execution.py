@@ -163,7 +163,9 @@ class ExecutionController:
             interrupted = next((o for o in await self.ownership.owned() if o.execution_id == eid), None)
             if holder == self.runner_id and interrupted is not None and eid not in self.running:
                 # A redelivery of a start this runner began and failed part-way: report it, never drop it.
-                await self._fail_before_start(interrupted, "the start was interrupted and its request redelivered")
+                await self._fail_before_start(
+                    interrupted, "the start was interrupted and its request redelivered"
+                )
                 return False
             log.info("start_request_skipped", holder=holder)
             return False
@@ -176,16 +178,29 @@ class ExecutionController:
         harness_s = request.harness_timeout_s or (task.harness_timeout_s if task else 0.0)
         budget_s = request.overall_budget_s or (task.overall_budget_s if task else 0.0)
         owned = OwnedExecution(
-            execution_id=eid, group_id=ref.group_id, index_in_group=ref.index_in_group, query_id=ref.query_id,
-            task_id=request.task_id, engine_id=request.engine_id, profile=request.profile or "generic",
-            started_at_ms=now_ms, harness_deadline_ms=now_ms + int(1000 * min(harness_s, budget_s)),
-            budget_deadline_ms=now_ms + int(1000 * budget_s), workspace=str(self.workspace_root / eid),
+            execution_id=eid,
+            group_id=ref.group_id,
+            index_in_group=ref.index_in_group,
+            query_id=ref.query_id,
+            task_id=request.task_id,
+            engine_id=request.engine_id,
+            profile=request.profile or "generic",
+            started_at_ms=now_ms,
+            harness_deadline_ms=now_ms + int(1000 * min(harness_s, budget_s)),
+            budget_deadline_ms=now_ms + int(1000 * budget_s),
+            workspace=str(self.workspace_root / eid),
         )
         await self.ownership.record(owned)
         if not self.accepting:
             log.info("execution_cancelled_before_start")
-            await self._report(owned, cm.TERMINATION_REASON_CANCELLED, 0, cm.WorkspaceRef(), 0.0,
-                               "not started: the runner stopped taking executions (the run is ending)")
+            await self._report(
+                owned,
+                cm.TERMINATION_REASON_CANCELLED,
+                0,
+                cm.WorkspaceRef(),
+                0.0,
+                "not started: the runner stopped taking executions (the run is ending)",
+            )
             return False
         if task is None:
             await self._fail_before_start(owned, error)
@@ -210,9 +225,17 @@ class ExecutionController:
         root = self.sandbox_root / eid
         launch = Launch(task, layout.prompt, eid, base_url, creds.api_key, root / "home")
         spec = SandboxSpec(
-            name=eid, argv=self.harness.command(launch), cwd=layout.cwd, env=self.harness.environment(launch), root=root,
-            limits=self.harness.limits(self.limits), network=network, reveal=self.harness.reveal(),
-            home_files=self.harness.home_files(launch), writable=layout.writable, binds=layout.binds,
+            name=eid,
+            argv=self.harness.command(launch),
+            cwd=layout.cwd,
+            env=self.harness.environment(launch),
+            root=root,
+            limits=self.harness.limits(self.limits),
+            network=network,
+            reveal=self.harness.reveal(),
+            home_files=self.harness.home_files(launch),
+            writable=layout.writable,
+            binds=layout.binds,
         )
         try:
             handle = await self.launcher.launch(spec)
@@ -245,8 +268,14 @@ class ExecutionController:
 
     async def _fail_before_start(self, owned: OwnedExecution, detail: str) -> None:
         log.error("execution_never_started", detail=detail)
-        await self._report(owned, cm.TERMINATION_REASON_INFRA_FAILURE, 0, cm.WorkspaceRef(), 0.0,
-                           f"sandbox never started: {detail}")
+        await self._report(
+            owned,
+            cm.TERMINATION_REASON_INFRA_FAILURE,
+            0,
+            cm.WorkspaceRef(),
+            0.0,
+            f"sandbox never started: {detail}",
+        )
 
     # -- watch ---------------------------------------------------------------------------------
     def _watch(self, running: RunningExecution) -> None:
@@ -261,7 +290,9 @@ class ExecutionController:
         exited = asyncio.ensure_future(handle.wait())
         cancelled = asyncio.ensure_future(running.cancel.wait())
         try:
-            done, _ = await asyncio.wait({exited, cancelled}, timeout=left_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {exited, cancelled}, timeout=left_s, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             cancelled.cancel()
         if exited in done:
@@ -283,8 +314,14 @@ class ExecutionController:
         finally:
             self.metrics.finishing -= 1
 
-    async def _finish(self, owned: OwnedExecution, handle: SandboxHandle, outcome: SandboxOutcome,
-                      reason: Reason, note: str = "") -> None:
+    async def _finish(
+        self,
+        owned: OwnedExecution,
+        handle: SandboxHandle,
+        outcome: SandboxOutcome,
+        reason: Reason,
+        note: str = "",
+    ) -> None:
         survivors = await handle.release()
         detail = outcome.describe()
         if reason == cm.TERMINATION_REASON_HARNESS_TIMEOUT:
@@ -307,19 +344,36 @@ class ExecutionController:
             self.tasks.pop(owned.execution_id, None)
             await self.slots.release()
 
-    async def _report(self, owned: OwnedExecution, reason: Reason, exit_code: int, workspace: cm.WorkspaceRef,
-                      duration_s: float, detail: str) -> None:
+    async def _report(
+        self,
+        owned: OwnedExecution,
+        reason: Reason,
+        exit_code: int,
+        workspace: cm.WorkspaceRef,
+        duration_s: float,
+        detail: str,
+    ) -> None:
         eid = owned.execution_id
         if owned.proxy_opened:
             await self.proxy.close_execution(eid)
-        ref = cm.ExecutionRef(execution_id=eid, group_id=owned.group_id, index_in_group=owned.index_in_group,
-                              query_id=owned.query_id)
+        ref = cm.ExecutionRef(
+            execution_id=eid,
+            group_id=owned.group_id,
+            index_in_group=owned.index_in_group,
+            query_id=owned.query_id,
+        )
         await self._count("started", eid)
         await self._count("finished", eid)
         await self.bus.publish(
             ev.ExecutionTerminated(
-                execution=ref, reason=reason, exit_code=exit_code, workspace=workspace, duration_s=duration_s,
-                detail=detail[:1000], task_id=owned.task_id, budget_deadline_ms=owned.budget_deadline_ms,
+                execution=ref,
+                reason=reason,
+                exit_code=exit_code,
+                workspace=workspace,
+                duration_s=duration_s,
+                detail=detail[:1000],
+                task_id=owned.task_id,
+                budget_deadline_ms=owned.budget_deadline_ms,
             ),
             event_id=f"exec.terminated:{eid}",
         )
@@ -327,8 +381,13 @@ class ExecutionController:
         self.metrics.terminated.labels(reason_label(cm.TerminationReason.Name(reason))).inc()
         if duration_s > 0:  # 0 for an execution that never started
             self.metrics.execution_seconds.observe(duration_s)
-        log.info("execution_terminated", execution=eid, reason=cm.TerminationReason.Name(reason), exit_code=exit_code,
-                 detail=detail[:200])
+        log.info(
+            "execution_terminated",
+            execution=eid,
+            reason=cm.TerminationReason.Name(reason),
+            exit_code=exit_code,
+            detail=detail[:200],
+        )
 
     async def _count(self, counter: str, eid: str) -> None:
         try:
@@ -343,8 +402,14 @@ class ExecutionController:
         for owned in await self.ownership.owned():
             bind_context(execution=owned.execution_id)
             if owned.sandbox is None:
-                await self._report(owned, cm.TERMINATION_REASON_INFRA_FAILURE, 0, cm.WorkspaceRef(), 0.0,
-                                   "sandbox never started: the runner stopped before launching it")
+                await self._report(
+                    owned,
+                    cm.TERMINATION_REASON_INFRA_FAILURE,
+                    0,
+                    cm.WorkspaceRef(),
+                    0.0,
+                    "sandbox never started: the runner stopped before launching it",
+                )
                 counts["terminated"] += 1
                 continue
             handle = self.launcher.attach(owned.sandbox)
@@ -360,7 +425,9 @@ class ExecutionController:
                 reason: Reason = cm.TERMINATION_REASON_INFRA_FAILURE
             else:
                 reason = reason_of(outcome)
-            await self._finish(owned, handle, outcome, reason, note="runner lost the process while it was down")
+            await self._finish(
+                owned, handle, outcome, reason, note="runner lost the process while it was down"
+            )
             counts["terminated"] += 1
         return counts
 
@@ -370,8 +437,10 @@ class ExecutionController:
 
     def cancel(self, execution_id: str | None) -> int:
         """Stop one running execution (or all with None); each terminates as CANCELLED."""
-        targets = list(self.running.values()) if execution_id is None else (
-            [self.running[execution_id]] if execution_id in self.running else []
+        targets = (
+            list(self.running.values())
+            if execution_id is None
+            else ([self.running[execution_id]] if execution_id in self.running else [])
         )
         for running in targets:
             running.cancel.set()

@@ -69,7 +69,9 @@ class HarnessCommand(ABC):
         self.extra_env = dict(extra_env or {})
         routed = sorted(HARNESS_ROUTING_ENV & set(self.extra_env))
         if routed:
-            raise ValueError(f"runner.harness_env cannot set {', '.join(routed)}: the runner routes the harness")
+            raise ValueError(
+                f"runner.harness_env cannot set {', '.join(routed)}: the runner routes the harness"
+            )
 
     @abstractmethod
     def argv(self, launch: Launch) -> list[str]:
@@ -114,12 +116,26 @@ class DemoHarness(HarnessCommand):
         tools = ["--tools", ",".join(task.tools)] if task.tools else []
         # A seed per execution: tool-latency sleeps and retry jitter differ between the members of a group.
         seed = str(zlib.crc32(launch.execution_id.encode()))
-        return [sys.executable, "-m", "harness", "--task", task.task_id, "--prompt", launch.prompt, *tools,
-                "--seed", seed]
+        return [
+            sys.executable,
+            "-m",
+            "harness",
+            "--task",
+            task.task_id,
+            "--prompt",
+            launch.prompt,
+            *tools,
+            "--seed",
+            seed,
+        ]
 
     def env(self, launch: Launch) -> dict[str, str]:
-        return {**super().env(launch), "PYTHONPATH": os.pathsep.join(self.fork_paths), "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTHONUNBUFFERED": "1"}
+        return {
+            **super().env(launch),
+            "PYTHONPATH": os.pathsep.join(self.fork_paths),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
 
 
 def _node_binary(name: str) -> str:
@@ -131,8 +147,14 @@ class ClaudeCodeHarness(HarnessCommand):
     name = "claude_code"
 
     def argv(self, launch: Launch) -> list[str]:
-        return [_node_binary("claude"), "-p", launch.prompt, "--output-format", "json",
-                "--dangerously-skip-permissions"]
+        return [
+            _node_binary("claude"),
+            "-p",
+            launch.prompt,
+            "--output-format",
+            "json",
+            "--dangerously-skip-permissions",
+        ]
 
     def env(self, launch: Launch) -> dict[str, str]:
         return {
@@ -153,8 +175,15 @@ class CodexHarness(HarnessCommand):
     name = "codex"
 
     def argv(self, launch: Launch) -> list[str]:
-        return [_node_binary("codex"), "exec", "--skip-git-repo-check", "-s", "danger-full-access", "--json",
-                launch.prompt]
+        return [
+            _node_binary("codex"),
+            "exec",
+            "--skip-git-repo-check",
+            "-s",
+            "danger-full-access",
+            "--json",
+            launch.prompt,
+        ]
 
     def env(self, launch: Launch) -> dict[str, str]:
         return {
@@ -178,7 +207,10 @@ class CommandHarness(HarnessCommand):
     name = "command"
 
     def __init__(
-        self, template: list[str], extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None
+        self,
+        template: list[str],
+        extra_args: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         super().__init__(extra_args, extra_env)
         if not template:
@@ -186,8 +218,12 @@ class CommandHarness(HarnessCommand):
         self.template = list(template)
 
     def argv(self, launch: Launch) -> list[str]:
-        values = {"{prompt}": launch.prompt, "{task_id}": launch.task.task_id,
-                  "{execution_id}": launch.execution_id, "{python}": sys.executable}
+        values = {
+            "{prompt}": launch.prompt,
+            "{task_id}": launch.task.task_id,
+            "{execution_id}": launch.execution_id,
+            "{python}": sys.executable,
+        }
         out = []
         for arg in self.template:
             for key, value in values.items():

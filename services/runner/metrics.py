@@ -24,12 +24,21 @@ class RunnerMetrics:
         self.launch_seconds = Histogram(
             series(s, "launch_seconds"),
             "Start request taken → harness running in its sandbox (workspace, credentials, launch).",
-            buckets=LAUNCH_BUCKETS, registry=registry,
+            buckets=LAUNCH_BUCKETS,
+            registry=registry,
         )
-        self.terminated = Counter(series(s, "terminated_executions"), "Executions reported terminated, by reason.",
-                                  ["reason"], registry=registry)
-        self.execution_seconds = Histogram(series(s, "execution_seconds"), "Seconds each execution ran.",
-                                           buckets=SECONDS_BUCKETS, registry=registry)
+        self.terminated = Counter(
+            series(s, "terminated_executions"),
+            "Executions reported terminated, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.execution_seconds = Histogram(
+            series(s, "execution_seconds"),
+            "Seconds each execution ran.",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
         for reason, number in cm.TerminationReason.items():  # every reason from the first scrape on, at 0
             if number != cm.TERMINATION_REASON_UNSPECIFIED:
                 self.terminated.labels(reason_label(reason))
@@ -49,8 +58,11 @@ class RunnerMetrics:
         boxes.add(self.starting, "starting")
         boxes.add(max(0, running - self.finishing), "running")
         boxes.add(self.finishing, "finishing")
-        slots = Family(series("runner", "slots"), "Execution slots (runner.max_concurrent), by use.",
-                       label_names=("use",))
+        slots = Family(
+            series("runner", "slots"),
+            "Execution slots (runner.max_concurrent), by use.",
+            label_names=("use",),
+        )
         slots.add(used, "used")
         slots.add(max(0, size - used), "free")
         return [boxes, slots]

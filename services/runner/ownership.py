@@ -69,7 +69,9 @@ class Ownership:
         if await self._redis.set(key, self.runner_id, nx=True):
             return True
         holder = await self._redis.get(key)
-        return holder == self.runner_id.encode() and not await self._redis.hexists(self._owned_key, execution_id)
+        return holder == self.runner_id.encode() and not await self._redis.hexists(
+            self._owned_key, execution_id
+        )
 
     async def holder(self, execution_id: str) -> str | None:
         raw = await self._redis.get(self._claim_key(execution_id))

@@ -19,7 +19,9 @@ class ProxyUnavailableError(RuntimeError):
 
 
 class ProxyClient:
-    def __init__(self, address: str, attempts: int = 3, timeout_s: float = 10.0, retry_s: float = 0.0) -> None:
+    def __init__(
+        self, address: str, attempts: int = 3, timeout_s: float = 10.0, retry_s: float = 0.0
+    ) -> None:
         self.address = address
         self.attempts = attempts
         self.retry_s = retry_s
@@ -45,16 +47,21 @@ class ProxyClient:
             except grpc.aio.AioRpcError as e:
                 spent = attempt >= self.attempts and time.monotonic() >= deadline
                 if spent or e.code() not in (
-                    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
                 ):
-                    raise ProxyUnavailableError(f"OpenExecution at {self.address}: {e.code().name}: {e.details()}") from e
+                    raise ProxyUnavailableError(
+                        f"OpenExecution at {self.address}: {e.code().name}: {e.details()}"
+                    ) from e
                 await asyncio.sleep(min(2.0, 0.5 * attempt))
 
     async def close_execution(self, execution_id: str) -> None:
         """Freeze the execution's tree; a failure is logged (the termination is reported anyway)."""
         try:
-            await self._stub.CloseExecution(proxy_pb2.CloseExecutionRequest(execution_id=execution_id),
-                                            timeout=self.timeout_s)
+            await self._stub.CloseExecution(
+                proxy_pb2.CloseExecutionRequest(execution_id=execution_id), timeout=self.timeout_s
+            )
         except grpc.aio.AioRpcError as e:
             log.warning("proxy_close_failed", execution=execution_id, code=e.code().name, details=e.details())
 

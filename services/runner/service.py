@@ -57,16 +57,24 @@ class RunnerService(GyreService):
 
     async def setup(self) -> None:
         section = self.config.runner
-        tasks = TaskSet.from_section(self.config.tasks)  # a malformed task stops the start, naming file and key
+        tasks = TaskSet.from_section(
+            self.config.tasks
+        )  # a malformed task stops the start, naming file and key
         self.launcher, limits = open_sandbox(self, section)
         run_dir = self.config.run.path.resolve()
         harness = make_harness(section)
         if section.fork_server and harness.fork_module is not None:
-            self.fork_server = ForkServer.start(harness.fork_module, paths=harness.fork_paths,
-                                                log_path=run_dir / "logs" / f"{self.instance_name}-forkserver.log")
+            self.fork_server = ForkServer.start(
+                harness.fork_module,
+                paths=harness.fork_paths,
+                log_path=run_dir / "logs" / f"{self.instance_name}-forkserver.log",
+            )
             self.launcher.fork_server = self.fork_server
-        self.proxy = ProxyClient(f"{self.config.run.host}:{self.config.proxy.port}", attempts=section.open_attempts,
-                                 retry_s=section.open_retry_s)
+        self.proxy = ProxyClient(
+            f"{self.config.run.host}:{self.config.proxy.port}",
+            attempts=section.open_attempts,
+            retry_s=section.open_retry_s,
+        )
         self.slots = Slots(section.max_concurrent)
         metrics = RunnerMetrics(self.metrics_registry)
         metrics.slots = lambda: (self.slots.used, self.slots.size)
@@ -144,16 +152,24 @@ class RunnerServicer(runner_pb2_grpc.RunnerServicer):
         now = time.time()
         running = [
             runner_pb2.RunningExecution(
-                execution=cm.ExecutionRef(execution_id=r.owned.execution_id, group_id=r.owned.group_id,
-                                          index_in_group=r.owned.index_in_group, query_id=r.owned.query_id),
+                execution=cm.ExecutionRef(
+                    execution_id=r.owned.execution_id,
+                    group_id=r.owned.group_id,
+                    index_in_group=r.owned.index_in_group,
+                    query_id=r.owned.query_id,
+                ),
                 pid=r.handle.pid,
                 elapsed_s=now - r.owned.started_at_ms / 1000,
                 workspace_path=r.owned.workspace,
             )
             for r in controller.running.values()
         ]
-        return runner_pb2.RunnerStatus(runner_id=self.service.runner_id, running=running,
-                                       max_concurrent=self.service.slots.size, started_total=controller.started_total)
+        return runner_pb2.RunnerStatus(
+            runner_id=self.service.runner_id,
+            running=running,
+            max_concurrent=self.service.slots.size,
+            started_total=controller.started_total,
+        )
 
     async def CancelExecution(
         self, request: runner_pb2.CancelExecutionRequest, context: grpc.aio.ServicerContext

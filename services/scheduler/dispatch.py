@@ -56,7 +56,13 @@ class QuerySource:
 
 class Dispatcher:
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, bus: EventBus, profile: str, queries: QuerySource, group_size: int
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        bus: EventBus,
+        profile: str,
+        queries: QuerySource,
+        group_size: int,
     ) -> None:
         self._redis = redis
         self._keys = keys
@@ -81,23 +87,35 @@ class Dispatcher:
             harness_timeout_s, budget_s = self.queries.limits(task_id)
             executions = [
                 ExecutionRecord(
-                    execution_id=ids.execution_id(group_id, i), group_id=group_id, index_in_group=i, query_id=task_id,
-                    task_id=task_id, harness_timeout_s=harness_timeout_s, overall_budget_s=budget_s,
+                    execution_id=ids.execution_id(group_id, i),
+                    group_id=group_id,
+                    index_in_group=i,
+                    query_id=task_id,
+                    task_id=task_id,
+                    harness_timeout_s=harness_timeout_s,
+                    overall_budget_s=budget_s,
                     profile=self._profile,
                 )
                 for i in range(group_size)
             ]
             group = GroupRecord(
-                group_id=group_id, query_id=task_id, task_id=task_id,
-                execution_ids=tuple(e.execution_id for e in executions), policy_version=policy_version,
-                burst=burst, dispatched_at_ms=int(time.time() * 1000),
+                group_id=group_id,
+                query_id=task_id,
+                task_id=task_id,
+                execution_ids=tuple(e.execution_id for e in executions),
+                policy_version=policy_version,
+                burst=burst,
+                dispatched_at_ms=int(time.time() * 1000),
             )
             await self._records.put_group(group, executions)
             await self._counters.add("dispatched", group_size, token=group_id)
             await self._bus.publish(
                 ev.GroupDispatched(
-                    group_id=group_id, query_id=task_id, execution_ids=list(group.execution_ids),
-                    policy_version=policy_version, burst=burst,
+                    group_id=group_id,
+                    query_id=task_id,
+                    execution_ids=list(group.execution_ids),
+                    policy_version=policy_version,
+                    burst=burst,
                 ),
                 event_id=f"group.dispatched:{group_id}",
             )
@@ -109,21 +127,29 @@ class Dispatcher:
         oldest queued ones), routed to `engine_id`."""
         started: list[str] = []
         for position in range(first, first + count):
-            execution_id = ids.execution_id(ids.group_id(position // self.group_size + 1), position % self.group_size)
+            execution_id = ids.execution_id(
+                ids.group_id(position // self.group_size + 1), position % self.group_size
+            )
             record = await self._records.get_execution(execution_id)
             if record is None:
-                raise AssertionError(f"the policy started execution {execution_id}, which was never dispatched")
+                raise AssertionError(
+                    f"the policy started execution {execution_id}, which was never dispatched"
+                )
             await self._bus.publish(
                 ev.ExecutionStartRequested(
                     execution=common.ExecutionRef(
-                        execution_id=execution_id, group_id=record.group_id,
-                        index_in_group=record.index_in_group, query_id=record.query_id,
+                        execution_id=execution_id,
+                        group_id=record.group_id,
+                        index_in_group=record.index_in_group,
+                        query_id=record.query_id,
                     ),
-                    task_id=record.task_id, engine_id=engine_id, harness_timeout_s=record.harness_timeout_s,
-                    overall_budget_s=record.overall_budget_s, profile=record.profile,
+                    task_id=record.task_id,
+                    engine_id=engine_id,
+                    harness_timeout_s=record.harness_timeout_s,
+                    overall_budget_s=record.overall_budget_s,
+                    profile=record.profile,
                 ),
                 event_id=f"exec.start:{execution_id}",
             )
             started.append(execution_id)
         return started
-

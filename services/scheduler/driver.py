@@ -31,12 +31,19 @@ AfterApply = Callable[[], Awaitable[None]]
 
 class Driver:
     def __init__(
-        self, policy: Policy, execute: Execute, after_apply: AfterApply, start_s: float = 0.0, applied_seq: int = 0
+        self,
+        policy: Policy,
+        execute: Execute,
+        after_apply: AfterApply,
+        start_s: float = 0.0,
+        applied_seq: int = 0,
     ) -> None:
         self.policy = policy
         self._execute = execute
         self._after_apply = after_apply
-        self._queue: asyncio.Queue[tuple[list[MakeEvent], int | None, asyncio.Future[None] | None]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[list[MakeEvent], int | None, asyncio.Future[None] | None]] = (
+            asyncio.Queue()
+        )
         self._origin = time.monotonic() - start_s
         self.num_applied = 0
         self.num_rejected = 0

@@ -117,8 +117,9 @@ class ActionExecutor:
     def driver(self) -> Driver:
         return self._driver()
 
-    async def _call(self, rpc: Callable[..., Awaitable[Any]], request: Any, what: str,
-                    timeout_s: float = RPC_TIMEOUT_S) -> Any:
+    async def _call(
+        self, rpc: Callable[..., Awaitable[Any]], request: Any, what: str, timeout_s: float = RPC_TIMEOUT_S
+    ) -> Any:
         return await call_peer(rpc, request, timeout_s=timeout_s, retry_s=self.facts.peer_retry_s, what=what)
 
     async def execute(self, action: Action) -> list[MakeEvent]:
@@ -130,7 +131,10 @@ class ActionExecutor:
             case RerouteExecutions():
                 await self._reroute(action)
             case BeginTransition():
-                self._defer(self._transition(action.cell, action.to_role), f"transition-{action.cell}-{action.to_role}")
+                self._defer(
+                    self._transition(action.cell, action.to_role),
+                    f"transition-{action.cell}-{action.to_role}",
+                )
             case OpenBatch():
                 self._defer(self._open_batch(action.step), f"open-batch-{action.step}")
             case EndBurst():
@@ -140,7 +144,9 @@ class ActionExecutor:
             case ScheduleTick():
                 delay = max(0.0, action.at_s - self.driver.now())
                 loop = asyncio.get_running_loop()
-                self._tick_handles = [h for h in self._tick_handles if h.when() > loop.time()]  # drop fired ones
+                self._tick_handles = [
+                    h for h in self._tick_handles if h.when() > loop.time()
+                ]  # drop fired ones
                 self._tick_handles.append(loop.call_later(delay, self.driver.post, lambda now: Tick(now)))
             case _:
                 raise AssertionError(f"unhandled action {action!r}")
@@ -199,9 +205,15 @@ class ActionExecutor:
         return []
 
     async def _reroute(self, a: RerouteExecutions) -> None:
-        routes = [proxy_pb2.Route(execution_id=e, engine_id=engine_id(a.destination)) for e in a.execution_ids]
-        await self._call(self._peers.proxy.UpdateRoutes, proxy_pb2.UpdateRoutesRequest(routes=routes),
-                         "UpdateRoutes", timeout_s=30)
+        routes = [
+            proxy_pb2.Route(execution_id=e, engine_id=engine_id(a.destination)) for e in a.execution_ids
+        ]
+        await self._call(
+            self._peers.proxy.UpdateRoutes,
+            proxy_pb2.UpdateRoutesRequest(routes=routes),
+            "UpdateRoutes",
+            timeout_s=30,
+        )
 
     # -- transitions -------------------------------------------------------------------------------
     async def _transition(self, cell: int, to_role: Role) -> None:
@@ -213,16 +225,24 @@ class ActionExecutor:
             async with self._table_lock:
                 drain = await self._call(
                     self._peers.proxy.Drain,
-                    proxy_pb2.DrainRequest(engine_id=engine_id(cell), destination_engine_ids=order, migrate_kv=True),
+                    proxy_pb2.DrainRequest(
+                        engine_id=engine_id(cell), destination_engine_ids=order, migrate_kv=True
+                    ),
                     f"Drain {engine_id(cell)}",
                 )
                 self._routable.discard(cell)  # drained: the next table leaves it out
             resp = await self._call(
-                stub.SwitchRole, cell_agent_pb2.SwitchRoleRequest(role=common_pb2.CELL_ROLE_TRAINING),
+                stub.SwitchRole,
+                cell_agent_pb2.SwitchRoleRequest(role=common_pb2.CELL_ROLE_TRAINING),
                 f"SwitchRole cell {cell} training",
             )
-            log.info("cell_training", cell=cell, calls_rerouted=drain.calls_rerouted,
-                     kv_migrated_tokens=drain.kv_migrated_tokens, duration_s=resp.duration_s)
+            log.info(
+                "cell_training",
+                cell=cell,
+                calls_rerouted=drain.calls_rerouted,
+                kv_migrated_tokens=drain.kv_migrated_tokens,
+                duration_s=resp.duration_s,
+            )
         else:
             join = self._joins.get(cell)
             if join is not None:
@@ -234,7 +254,9 @@ class ActionExecutor:
                 f"SwitchRole cell {cell} rollout",
             )
             await self.publish_engine_table(add=cell)
-            log.info("cell_rollout", cell=cell, weight_version=resp.weight_version, duration_s=resp.duration_s)
+            log.info(
+                "cell_rollout", cell=cell, weight_version=resp.weight_version, duration_s=resp.duration_s
+            )
         log.info("transition_done", cell=cell, to=str(to_role), duration_s=round(self.driver.now() - t0, 3))
         await self.driver.handle(lambda now: TransitionCompleted(now, cell, to_role))
         batch = self.facts.batch
@@ -258,7 +280,8 @@ class ActionExecutor:
             engines = [self._peers.engines[c] for c in sorted(self._routable)]
             await self._call(
                 self._peers.proxy.UpdateRoutes,
-                proxy_pb2.UpdateRoutesRequest(engines=engines, default_engine_id=default), "UpdateRoutes",
+                proxy_pb2.UpdateRoutesRequest(engines=engines, default_engine_id=default),
+                "UpdateRoutes",
                 timeout_s=30,
             )
 
@@ -278,7 +301,8 @@ class ActionExecutor:
             packer_pb2.OpenBatchRequest(
                 step=step, num_groups=self.driver.policy.params.batch_groups, policy_version=policy_version
             ),
-            f"OpenBatch {step}", timeout_s=60,
+            f"OpenBatch {step}",
+            timeout_s=60,
         )
         batch = BatchInfo(step=step, batch_id=resp.batch_id, final_in_burst=final)
         self.facts.batch = batch
@@ -295,7 +319,11 @@ class ActionExecutor:
     def _joining(self, cell: int, batch: BatchInfo) -> bool:
         """`cell` should still take part in `batch`: the batch is the open one and the cell trains."""
         state = self.driver.policy.state
-        return self.facts.batch is batch and state.batch_step == batch.step and state.roles[cell] is Role.TRAINING
+        return (
+            self.facts.batch is batch
+            and state.batch_step == batch.step
+            and state.roles[cell] is Role.TRAINING
+        )
 
     async def _join_batch(self, cell: int, batch: BatchInfo) -> None:
         request = cell_agent_pb2.JoinBatchRequest(
@@ -306,8 +334,12 @@ class ActionExecutor:
         deadline = loop.time() + self.facts.peer_retry_s
         while True:
             try:
-                resp = await self._call(stub.JoinBatch, request, f"JoinBatch cell {cell} {batch.batch_id}",
-                                        timeout_s=RPC_TIMEOUT_S * 6)
+                resp = await self._call(
+                    stub.JoinBatch,
+                    request,
+                    f"JoinBatch cell {cell} {batch.batch_id}",
+                    timeout_s=RPC_TIMEOUT_S * 6,
+                )
                 log.info("cell_left_batch", cell=cell, batch=batch.batch_id, microsteps=resp.microsteps)
                 return
             except grpc.aio.AioRpcError as e:
@@ -315,8 +347,13 @@ class ActionExecutor:
                     log.info("join_batch_abandoned", cell=cell, batch=batch.batch_id, code=e.code().name)
                     return
                 if e.code() is not grpc.StatusCode.FAILED_PRECONDITION or loop.time() > deadline:
-                    log.error("join_batch_failed", cell=cell, batch=batch.batch_id, code=str(e.code()),
-                              detail=e.details())
+                    log.error(
+                        "join_batch_failed",
+                        cell=cell,
+                        batch=batch.batch_id,
+                        code=str(e.code()),
+                        detail=e.details(),
+                    )
                     raise
                 await self._repair_training(cell, e.details() or "")
 
@@ -324,15 +361,23 @@ class ActionExecutor:
         """The policy has `cell` in training but the cell refused a batch: a restarted cell agent comes back
         in rollout, so switch it to training again (it takes no part in the policy's ledger meanwhile: its
         engine is out of the proxy's table). Anything else (the core still resuming) is waited out."""
-        status = await self._call(self._peers.cells[cell].GetStatus, cell_agent_pb2.GetCellStatusRequest(),
-                                  f"GetStatus cell {cell}", timeout_s=30)
+        status = await self._call(
+            self._peers.cells[cell].GetStatus,
+            cell_agent_pb2.GetCellStatusRequest(),
+            f"GetStatus cell {cell}",
+            timeout_s=30,
+        )
         if status.role == common_pb2.CELL_ROLE_ROLLOUT:
             log.warning("cell_back_in_rollout_while_training", cell=cell, reason=why[:200])
-            await self._call(self._peers.cells[cell].SwitchRole,
-                             cell_agent_pb2.SwitchRoleRequest(role=common_pb2.CELL_ROLE_TRAINING),
-                             f"SwitchRole cell {cell} training (repair)")
+            await self._call(
+                self._peers.cells[cell].SwitchRole,
+                cell_agent_pb2.SwitchRoleRequest(role=common_pb2.CELL_ROLE_TRAINING),
+                f"SwitchRole cell {cell} training (repair)",
+            )
         else:
-            log.warning("join_batch_refused", cell=cell, role=common_pb2.CellRole.Name(status.role), reason=why[:200])
+            log.warning(
+                "join_batch_refused", cell=cell, role=common_pb2.CellRole.Name(status.role), reason=why[:200]
+            )
             await asyncio.sleep(1.0)
 
     # -- publication -------------------------------------------------------------------------------
@@ -341,11 +386,16 @@ class ActionExecutor:
             roles = self.driver.policy.state.roles
             engines = [self._peers.engines[c] for c, r in enumerate(roles) if r is Role.ROLLOUT]
             resp = await self._call(
-                self._peers.cells[0].PublishWeights, cell_agent_pb2.PublishWeightsRequest(engines=engines),
+                self._peers.cells[0].PublishWeights,
+                cell_agent_pb2.PublishWeightsRequest(engines=engines),
                 f"PublishWeights {version}",
             )
-            log.info("weights_published", version=resp.policy_version, engines=len(engines),
-                     duration_s=resp.duration_s)
+            log.info(
+                "weights_published",
+                version=resp.policy_version,
+                engines=len(engines),
+                duration_s=resp.duration_s,
+            )
             await self.driver.handle(lambda now, v=version: WeightsPublished(now, v))  # type: ignore[misc]
 
     def cancel_timers(self) -> None:

@@ -26,8 +26,10 @@ class SchedulerMetrics:
         self._snapshot = snapshot
         self._driver = driver
         self.group_staleness = Histogram(
-            series("scheduler", "group_staleness_steps"), "Staleness v_t - v_d of each group when packed.",
-            buckets=STALENESS_BUCKETS, registry=registry,
+            series("scheduler", "group_staleness_steps"),
+            "Staleness v_t - v_d of each group when packed.",
+            buckets=STALENESS_BUCKETS,
+            registry=registry,
         )
         ScrapeCollector(self._read, registry)
 
@@ -38,14 +40,20 @@ class SchedulerMetrics:
         s = "scheduler"
         gauges = {
             "waterlevel_executions": ("Waterlevel w = d - f (dispatched, not finished).", snap.waterlevel),
-            "rollout_capacity_executions": ("Rollout capacity C_R = C_s + (K - k) C_e.", snap.rollout_capacity),
+            "rollout_capacity_executions": (
+                "Rollout capacity C_R = C_s + (K - k) C_e.",
+                snap.rollout_capacity,
+            ),
             "queued_executions": ("Executions dispatched, not started (d - p).", snap.queued),
             "running_executions": ("Executions started, not finished (p - f).", snap.running),
             "training_cells": ("Cells in the training role (k).", snap.training_cells),
             "policy_version": ("Policy version v (optimizer steps taken).", snap.version),
             "published_version": ("Policy version the rollout engines serve.", snap.published_version),
             "ready_groups": ("Ready groups no training cell has claimed.", snap.ready_unclaimed),
-            "mean_staleness_steps": ("Mean staleness of the groups consumed so far.", snap.mean_staleness or 0.0),
+            "mean_staleness_steps": (
+                "Mean staleness of the groups consumed so far.",
+                snap.mean_staleness or 0.0,
+            ),
         }
         families = []
         for name, (doc, value) in gauges.items():
@@ -67,14 +75,20 @@ class SchedulerMetrics:
         cells = Family(series(s, "cells"), "Cells by role.", label_names=("role",))
         for role in Role:
             cells.add(sum(1 for r in snap.roles if r is role), role.value)
-        role_of = Family(series(s, "cell_role"), "1 for each cell's current role.", label_names=("cell", "role"))
+        role_of = Family(
+            series(s, "cell_role"), "1 for each cell's current role.", label_names=("cell", "role")
+        )
         for cell, role in enumerate(snap.roles):
             role_of.add(1, str(cell), role.value)
         families += [cells, role_of]
         driver = self._driver()
         if driver is not None:
-            applied = Family(series(s, "policy_events_total"), "Events the policy applied or rejected.",
-                             kind="counter", label_names=("outcome",))
+            applied = Family(
+                series(s, "policy_events_total"),
+                "Events the policy applied or rejected.",
+                kind="counter",
+                label_names=("outcome",),
+            )
             applied.add(driver.num_applied, "applied")
             applied.add(driver.num_rejected, "rejected")
             families.append(applied)

@@ -47,11 +47,14 @@ class Peers:
                 f"cell_agent.ports and cell_agent.engine_ports must list all {k} cells (gyre up fills them)"
             )
         cells = [
-            cell_agent_pb2_grpc.CellAgentStub(channel(run.peer_host("cell_agent", c), ports[c])) for c in range(k)
+            cell_agent_pb2_grpc.CellAgentStub(channel(run.peer_host("cell_agent", c), ports[c]))
+            for c in range(k)
         ]
         engines = [
             common_pb2.EngineEndpoint(
-                engine_id=engine_id(c), url=f"http://{run.peer_host('cell_agent', c)}:{engine_ports[c]}", cell=c
+                engine_id=engine_id(c),
+                url=f"http://{run.peer_host('cell_agent', c)}:{engine_ports[c]}",
+                cell=c,
             )
             for c in range(k)
         ]
@@ -70,14 +73,23 @@ class Peers:
 
 
 RETRYABLE: frozenset[grpc.StatusCode] = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-     grpc.StatusCode.DEADLINE_EXCEEDED}
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
 )
 """Codes of a peer that is down, restarting or was cut off mid-call: the call is repeated."""
 
 
 async def call_peer(
-    rpc: Callable[..., Awaitable[T]], request: Message, *, timeout_s: float, retry_s: float, what: str,
+    rpc: Callable[..., Awaitable[T]],
+    request: Message,
+    *,
+    timeout_s: float,
+    retry_s: float,
+    what: str,
     retry_on: frozenset[grpc.StatusCode] = RETRYABLE,
 ) -> T:
     """`rpc(request)`, repeated with backoff (0.2 s doubling, at most 5 s) while it fails with a code in
@@ -93,7 +105,12 @@ async def call_peer(
         except grpc.aio.AioRpcError as e:
             if e.code() not in retry_on or loop.time() + delay > deadline:
                 raise
-            log.warning("peer_call_retried", call=what, code=e.code().name, detail=(e.details() or "")[:200],
-                        retry_in_s=delay)
+            log.warning(
+                "peer_call_retried",
+                call=what,
+                code=e.code().name,
+                detail=(e.details() or "")[:200],
+                retry_in_s=delay,
+            )
         await asyncio.sleep(delay)
         delay = min(5.0, delay * 2)

@@ -52,7 +52,9 @@ class ShellState:
             "commanded": self.commanded,
             "microstep_groups": self.microstep_groups,
             "batch_reward": {str(k): v for k, v in self.batch_reward.items()},
-            "last_step_reward": None if self.last_step_reward != self.last_step_reward else self.last_step_reward,
+            "last_step_reward": None
+            if self.last_step_reward != self.last_step_reward
+            else self.last_step_reward,
             "stopping": self.stopping,
             "packed_executions": self.packed_executions,
             "executions_without_targets": self.executions_without_targets,

@@ -42,8 +42,12 @@ from services.scheduler.policy import (
 )
 from services.scheduler.translate import CONSUMED, EventTranslator
 
-_MODES = {Mode.ELASTIC: common_pb2.SCHEDULING_MODE_ELASTIC, Mode.ASYNC: common_pb2.SCHEDULING_MODE_ASYNC,
-          Mode.COLOCATE: common_pb2.SCHEDULING_MODE_COLOCATE}
+_MODES = {
+    Mode.ELASTIC: common_pb2.SCHEDULING_MODE_ELASTIC,
+    Mode.ASYNC: common_pb2.SCHEDULING_MODE_ASYNC,
+    Mode.COLOCATE: common_pb2.SCHEDULING_MODE_COLOCATE,
+}
+
 
 class SchedulerService(GyreService):
     """Owns the run: dispatch, start decisions, the capacity ledger, waterlevel, transitions, bursts."""
@@ -59,8 +63,9 @@ class SchedulerService(GyreService):
         )
         # Per-step training metrics (metrics.jsonl and the configured sinks): a sink whose package is
         # missing stops the start here.
-        self.step_metrics = StepMetricsWriter(self.bus, self.config.metrics, run_dir=self.config.run.path,
-                                              run_id=self.config.run.id)
+        self.step_metrics = StepMetricsWriter(
+            self.bus, self.config.metrics, run_dir=self.config.run.path, run_id=self.config.run.id
+        )
         self.step_metrics.open()
         # Every dispatched task is loaded here: a malformed one stops the start, naming file and key.
         tasks = TaskSet.from_section(self.config.tasks)
@@ -70,7 +75,11 @@ class SchedulerService(GyreService):
         self.params = PolicyParams.from_section(cfg)
         self.peers = Peers.connect(self.config)
         self.dispatcher = Dispatcher(
-            self.redis, self.keys, self.bus, profile=cfg.profile or "generic", queries=queries,
+            self.redis,
+            self.keys,
+            self.bus,
+            profile=cfg.profile or "generic",
+            queries=queries,
             group_size=cfg.group_size,
         )
         restored = await persist.restore(self.redis, self.keys.scheduler_state(), self.params)
@@ -79,28 +88,44 @@ class SchedulerService(GyreService):
         shell = restored.shell if restored else ShellState()
         self.facts = RunFacts(max_steps=cfg.max_steps, shell=shell, peer_retry_s=cfg.peer_retry_s)
         self.executor = ActionExecutor(
-            driver=lambda: self.driver, peers=self.peers, dispatcher=self.dispatcher, supervisor=self.supervisor,
-            facts=self.facts, separate_pool_capacity=cfg.separate_pool_capacity, persist=self.persist_state,
+            driver=lambda: self.driver,
+            peers=self.peers,
+            dispatcher=self.dispatcher,
+            supervisor=self.supervisor,
+            facts=self.facts,
+            separate_pool_capacity=cfg.separate_pool_capacity,
+            persist=self.persist_state,
         )
         self.translator = EventTranslator(shell)
         self.driver = Driver(
-            self.policy, self.executor.execute, self._after_apply,
-            start_s=restored.state.now_s if restored else 0.0, applied_seq=restored.applied_seq if restored else 0,
+            self.policy,
+            self.executor.execute,
+            self._after_apply,
+            start_s=restored.state.now_s if restored else 0.0,
+            applied_seq=restored.applied_seq if restored else 0,
         )
         if restored is not None:
             snap = self.policy.snapshot()
-            self.log.info("scheduler_resumed", version=snap.version, dispatched=snap.dispatched, started=snap.started,
-                          finished=snap.finished, roles=[str(r) for r in snap.roles], batch=snap.batch_step,
-                          pending_publications=self.policy.state.pending_publications,
-                          applied_seq=restored.applied_seq)
+            self.log.info(
+                "scheduler_resumed",
+                version=snap.version,
+                dispatched=snap.dispatched,
+                started=snap.started,
+                finished=snap.finished,
+                roles=[str(r) for r in snap.roles],
+                batch=snap.batch_step,
+                pending_publications=self.policy.state.pending_publications,
+                applied_seq=restored.applied_seq,
+            )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(_Servicer(self), self.server)
         self.supervisor.spawn(self.driver.run(), "driver")
         self.supervisor.spawn(self.step_metrics.run(), "step-metrics")
         self.supervisor.spawn(self._begin(), "begin")
 
     async def persist_state(self) -> None:
-        await persist.save(self.redis, self.keys.scheduler_state(), self.policy, self.facts.shell,
-                           self.driver.applied_seq)
+        await persist.save(
+            self.redis, self.keys.scheduler_state(), self.policy, self.facts.shell, self.driver.applied_seq
+        )
 
     async def _after_apply(self) -> None:
         await self.persist_state()
@@ -112,10 +137,19 @@ class SchedulerService(GyreService):
         await self.executor.publish_engine_table()
         if self.resumed:
             policy_roles = [str(r) for r in self.policy.state.roles]
-            self.log.info("cells_reconciled", policy_roles=policy_roles, cell_roles=roles,
-                          redriven=self.executor.recover())
+            self.log.info(
+                "cells_reconciled",
+                policy_roles=policy_roles,
+                cell_roles=roles,
+                redriven=self.executor.recover(),
+            )
         await self.bus.consume(
-            "scheduler", list(CONSUMED), self._on_event, max_ack_pending=1024, ack_wait_s=120.0, batch=4,
+            "scheduler",
+            list(CONSUMED),
+            self._on_event,
+            max_ack_pending=1024,
+            ack_wait_s=120.0,
+            batch=4,
             start_seq=self.driver.applied_seq + 1,
         )
         if not self.resumed:
@@ -136,7 +170,9 @@ class SchedulerService(GyreService):
                     break
                 except grpc.aio.AioRpcError:
                     if asyncio.get_running_loop().time() > deadline:
-                        raise TimeoutError(f"cell agent {cell} did not answer within {timeout_s:.0f} s") from None
+                        raise TimeoutError(
+                            f"cell agent {cell} did not answer within {timeout_s:.0f} s"
+                        ) from None
                     await asyncio.sleep(0.5)
         return roles
 
@@ -174,14 +210,26 @@ class SchedulerService(GyreService):
             for c, r in enumerate(snap.roles)
         ]
         return scheduler_pb2.SchedulerState(
-            run_id=self.config.run.id, mode=_MODES[snap.mode],
-            counters=common_pb2.Counters(dispatched=snap.dispatched, started=snap.started, finished=snap.finished),
-            waterlevel=snap.waterlevel, rollout_capacity=snap.rollout_capacity, training_cells=snap.training_cells,
-            cells=cells, policy_version=snap.version, published_version=snap.published_version, burst=snap.burst,
-            steps=snap.version, ready_groups=snap.ready_unclaimed, mean_staleness=snap.mean_staleness or 0.0,
-            consumed_groups=snap.consumed_groups, transitions=snap.transitions_completed,
+            run_id=self.config.run.id,
+            mode=_MODES[snap.mode],
+            counters=common_pb2.Counters(
+                dispatched=snap.dispatched, started=snap.started, finished=snap.finished
+            ),
+            waterlevel=snap.waterlevel,
+            rollout_capacity=snap.rollout_capacity,
+            training_cells=snap.training_cells,
+            cells=cells,
+            policy_version=snap.version,
+            published_version=snap.published_version,
+            burst=snap.burst,
+            steps=snap.version,
+            ready_groups=snap.ready_unclaimed,
+            mean_staleness=snap.mean_staleness or 0.0,
+            consumed_groups=snap.consumed_groups,
+            transitions=snap.transitions_completed,
             last_step_reward=self.translator.last_step_reward,
-            executions_in_flight=len(self.policy.state.placement.assignments()) + len(self.executor.commanded),
+            executions_in_flight=len(self.policy.state.placement.assignments())
+            + len(self.executor.commanded),
             packed_executions=self.facts.shell.packed_executions,
             executions_without_targets=self.facts.shell.executions_without_targets,
         )
@@ -191,8 +239,9 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, service: SchedulerService) -> None:
         self.s = service
 
-    async def GetState(self, request: scheduler_pb2.GetStateRequest, context: grpc.aio.ServicerContext
-                       ) -> scheduler_pb2.SchedulerState:
+    async def GetState(
+        self, request: scheduler_pb2.GetStateRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.SchedulerState:
         return self.s.state_proto()
 
     async def RegisterTrainingCell(
@@ -201,17 +250,24 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServicer):
         batch = self.s.facts.batch
         snap = self.s.policy.snapshot()
         return scheduler_pb2.RegisterTrainingCellResponse(
-            batch_id=batch.batch_id if batch else "", policy_version=snap.version,
+            batch_id=batch.batch_id if batch else "",
+            policy_version=snap.version,
             training_cells=snap.training_cells,
         )
 
-    async def Shutdown(self, request: scheduler_pb2.ShutdownRequest, context: grpc.aio.ServicerContext
-                       ) -> scheduler_pb2.ShutdownResponse:
+    async def Shutdown(
+        self, request: scheduler_pb2.ShutdownRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ShutdownResponse:
         self.s.facts.shell.stopping = True
         await self.s.persist_state()
         cancelled = 0
         if request.cancel_running:
-            resp = await call_peer(self.s.peers.runner.CancelExecution, runner_pb2.CancelExecutionRequest(all=True),
-                                   timeout_s=60, retry_s=self.s.config.scheduler.peer_retry_s, what="CancelExecution")
+            resp = await call_peer(
+                self.s.peers.runner.CancelExecution,
+                runner_pb2.CancelExecutionRequest(all=True),
+                timeout_s=60,
+                retry_s=self.s.config.scheduler.peer_retry_s,
+                what="CancelExecution",
+            )
             cancelled = resp.cancelled
         return scheduler_pb2.ShutdownResponse(cancelled=cancelled)

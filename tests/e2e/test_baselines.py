@@ -23,13 +23,23 @@ from tests.support.models import hf_dir
 
 pytestmark = pytest.mark.slow
 
-WRITE_8 = '<tool_call>\n{"name": "write_file", "arguments": {"path": "answer.txt", "content": "8"}}\n</tool_call>'
+WRITE_8 = (
+    '<tool_call>\n{"name": "write_file", "arguments": {"path": "answer.txt", "content": "8"}}\n</tool_call>'
+)
 """The scripted call in Qwen3's Hermes format (every `add/` task asks for answer.txt)."""
 
 SHAPE: dict[str, Any] = {
     # E[d] = φ + (μ − 1)/2 = 0.5: async (0.5, 1), colocate (0, 2), so 2 steps are one colocate burst.
-    "scheduler": {"num_cells": 3, "group_size": 2, "batch_groups": 2, "phi": 0.0, "mu": 2, "rho_min": 0.5,
-                  "tau_s": 0.2, "cell_capacity": 4},
+    "scheduler": {
+        "num_cells": 3,
+        "group_size": 2,
+        "batch_groups": 2,
+        "phi": 0.0,
+        "mu": 2,
+        "rho_min": 0.5,
+        "tau_s": 0.2,
+        "cell_capacity": 4,
+    },
     "tasks": {"queries": ["add"]},
     "runner": {"harness_args": ["--tool-latency-s", "0.5", "--tool-latency-max-s", "3"]},
 }
@@ -46,8 +56,9 @@ def _run(mode: str, tmp_path: Path, script: Path) -> tuple[dict[str, Any], list[
     overrides = {
         "run": {"id": f"e2e{mode}", "dir": str(tmp_path / "runs")},
         "model": {"path": str(hf_dir("qwen3"))},
-        "cell_agent": {"engine": {"output_source": "scored_script", "script_file": str(script),
-                                  "script_repeat": True}},
+        "cell_agent": {
+            "engine": {"output_source": "scored_script", "script_file": str(script), "script_repeat": True}
+        },
         **SHAPE,
     }
     config = mode_config(None, overrides, mode)
@@ -63,8 +74,11 @@ def _run(mode: str, tmp_path: Path, script: Path) -> tuple[dict[str, Any], list[
 
 def _transitions(events: list[dict[str, Any]]) -> list[tuple[float, int, str]]:
     """(time, cell, to-role) of every transition begun, in order."""
-    return [(e["time_s"], e["event"].get("cell", 0), e["event"].get("toRole", ""))
-            for e in events if e["type"] == "gyre.v1.RoleTransitionBegun"]
+    return [
+        (e["time_s"], e["event"].get("cell", 0), e["event"].get("toRole", ""))
+        for e in events
+        if e["type"] == "gyre.v1.RoleTransitionBegun"
+    ]
 
 
 def test_async_keeps_its_training_cell_in_training_for_the_whole_run(tmp_path: Path, script: Path) -> None:
@@ -81,7 +95,7 @@ def test_colocate_switches_every_cell_together(tmp_path: Path, script: Path) -> 
     assert (summary["phi"], summary["mu"]) == (0.0, 2)
     begun = _transitions(events)
     assert len(begun) >= 3 and len(begun) % 3 == 0, begun
-    waves = [begun[i:i + 3] for i in range(0, len(begun), 3)]
+    waves = [begun[i : i + 3] for i in range(0, len(begun), 3)]
     for wave in waves:
         assert sorted(cell for _, cell, _ in wave) == [0, 1, 2], waves
         assert len({role for _, _, role in wave}) == 1, waves

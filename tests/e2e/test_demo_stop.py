@@ -35,14 +35,18 @@ def _start_demo(tmp_path: Path, run_id: str) -> tuple[subprocess.Popen[bytes], P
     log = tmp_path / "demo.log"
     with open(log, "wb") as out:
         demo = subprocess.Popen(
-            [*GYRE, "demo", "--config", str(config), "--run-id", run_id, "--steps", "1"], stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            [*GYRE, "demo", "--config", str(config), "--run-id", run_id, "--steps", "1"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             env={**os.environ, "PYTHONPATH": os.getcwd(), "GYRE_RUN__DIR": str(tmp_path / "runs")},
         )
     return demo, log
 
 
-def _tree_once_harnesses_run(demo: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> list[ProcessId]:
+def _tree_once_harnesses_run(
+    demo: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0
+) -> list[ProcessId]:
     """Every process of the run (the demo and its descendants) once a harness execution is live."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -33,7 +33,9 @@ from tests.support.tensorboard import read_scalars
 pytestmark = pytest.mark.slow
 
 GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
-WRITE_8 = '<tool_call>\n{"name": "write_file", "arguments": {"path": "answer.txt", "content": "8"}}\n</tool_call>'
+WRITE_8 = (
+    '<tool_call>\n{"name": "write_file", "arguments": {"path": "answer.txt", "content": "8"}}\n</tool_call>'
+)
 """The tiny model's scripted call, in Qwen3's Hermes format (every `add/` task asks for answer.txt)."""
 
 
@@ -43,8 +45,14 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 
 SHAPE: dict[str, Any] = {
     "scheduler": {
-        "num_cells": 3, "group_size": 2, "batch_groups": 3, "phi": 1 / 3, "mu": 2, "rho_min": 1 / 3,
-        "tau_s": 0.2, "cell_capacity": 10,
+        "num_cells": 3,
+        "group_size": 2,
+        "batch_groups": 3,
+        "phi": 1 / 3,
+        "mu": 2,
+        "rho_min": 1 / 3,
+        "tau_s": 0.2,
+        "cell_capacity": 10,
     },
     "tasks": {"queries": ["add"]},
     "runner": {"harness_args": ["--tool-latency-s", "6", "--tool-latency-max-s", "40"]},
@@ -61,13 +69,21 @@ def test_two_elastic_steps_on_a_tiny_qwen3_and_its_publication_loads_in_transfor
     model_dir = init_model_dir(tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0)
     script = tmp_path / "script.jsonl"
     script.write_text("\n".join(json.dumps({"text": t}) for t in (WRITE_8, "Done.")) + "\n")
-    config = demo_config(None, {
-        "run": {"id": "e2eqwen", "dir": str(tmp_path / "runs")},
-        "model": {"path": str(model_dir)},
-        "cell_agent": {"engine": {"output_source": "scored_script", "script_file": str(script),
-                                  "script_repeat": True}},
-        **SHAPE,
-    })
+    config = demo_config(
+        None,
+        {
+            "run": {"id": "e2eqwen", "dir": str(tmp_path / "runs")},
+            "model": {"path": str(model_dir)},
+            "cell_agent": {
+                "engine": {
+                    "output_source": "scored_script",
+                    "script_file": str(script),
+                    "script_repeat": True,
+                }
+            },
+            **SHAPE,
+        },
+    )
     summary, events = _run_with_status(config, tmp_path)
     _assert_elastic(summary, events)
     published = config.run.path / "checkpoints" / "published" / "v00000002"
@@ -83,7 +99,9 @@ def test_two_elastic_steps_on_a_tiny_qwen3_and_its_publication_loads_in_transfor
     assert float((ours - theirs).abs().max()) <= 1e-5
     initial = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        assert float((initial(ids[None]).logits[0] - theirs).abs().max()) > 1e-6, "two steps changed the weights"
+        assert float((initial(ids[None]).logits[0] - theirs).abs().max()) > 1e-6, (
+            "two steps changed the weights"
+        )
 
 
 def _run_with_status(config: Any, tmp_path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -93,8 +111,9 @@ def _run_with_status(config: Any, tmp_path: Path) -> tuple[dict[str, Any], list[
 
     def progress(state: Any, elapsed_s: float) -> None:
         if not status_outputs and state.counters.started > state.counters.finished:
-            out = subprocess.run([*GYRE, "status", "--config", str(status_file)], capture_output=True, text=True,
-                                 timeout=60)
+            out = subprocess.run(
+                [*GYRE, "status", "--config", str(status_file)], capture_output=True, text=True, timeout=60
+            )
             status_outputs.append(out.stdout)
 
     summary = DemoRun(config, steps=2).execute(progress=progress)
@@ -107,10 +126,25 @@ def _run_with_status(config: Any, tmp_path: Path) -> tuple[dict[str, Any], list[
 
 
 STEP_FIELDS = (
-    "reward_mean", "reward_std", "loss", "clip_fraction", "token_ratio_min", "token_ratio_mean", "token_ratio_max",
-    "sequence_ratio_min", "sequence_ratio_mean", "sequence_ratio_max", "grad_norm", "num_tokens",
-    "num_target_tokens", "admitted_trajectories", "admitted_target_tokens", "staleness_mean", "staleness_max",
-    "step_s", "groups",
+    "reward_mean",
+    "reward_std",
+    "loss",
+    "clip_fraction",
+    "token_ratio_min",
+    "token_ratio_mean",
+    "token_ratio_max",
+    "sequence_ratio_min",
+    "sequence_ratio_mean",
+    "sequence_ratio_max",
+    "grad_norm",
+    "num_tokens",
+    "num_target_tokens",
+    "admitted_trajectories",
+    "admitted_target_tokens",
+    "staleness_mean",
+    "staleness_max",
+    "step_s",
+    "groups",
 )
 
 
@@ -130,7 +164,9 @@ def _assert_step_metrics(run_dir: Path, num_groups: int) -> None:
         else:
             assert r["token_ratio_mean"] is None and r["sequence_ratio_mean"] is None
         assert len(r["groups"]) == num_groups and all(0 <= g["reward_mean"] <= 1 for g in r["groups"])
-        assert all({"reward_mean", "reward_std", "staleness", "num_trajectories"} <= set(g) for g in r["groups"])
+        assert all(
+            {"reward_mean", "reward_std", "staleness", "num_trajectories"} <= set(g) for g in r["groups"]
+        )
         assert r["staleness_max"] == max(g["staleness"] for g in r["groups"])
     tensorboard = read_scalars(run_dir / "tensorboard")
     for r in rows:
@@ -147,8 +183,10 @@ def _assert_elastic(summary: dict[str, Any], events: list[dict[str, Any]]) -> No
     assert ex["trained"] >= 2 * 3 * 2 - ex["excluded"] - ex["placeholder"]
     assert summary["harness_errors_during_transitions"] == 0
     terminated = [e["event"] for e in events if e["type"] == "gyre.v1.ExecutionTerminated"]
-    assert terminated and all(t.get("reason") in ("TERMINATION_REASON_COMPLETED", "TERMINATION_REASON_CANCELLED")
-                              for t in terminated)
+    assert terminated and all(
+        t.get("reason") in ("TERMINATION_REASON_COMPLETED", "TERMINATION_REASON_CANCELLED")
+        for t in terminated
+    )
 
     # A role switch while executions were live: some harness was running when the core began to drain.
     running, live_switches = 0, 0
@@ -169,12 +207,16 @@ def _assert_elastic(summary: dict[str, Any], events: list[dict[str, Any]]) -> No
             first_packed.setdefault(e["event"]["batchId"], e["time_s"])
     steps = {e["event"]["batchId"]: e for e in events if e["type"] == "gyre.v1.StepCompleted"}
     joined = [
-        e for e in events
-        if e["type"] == "gyre.v1.RoleTransitionCompleted" and e["event"].get("cell", 0) > 0
+        e
+        for e in events
+        if e["type"] == "gyre.v1.RoleTransitionCompleted"
+        and e["event"].get("cell", 0) > 0
         and e["event"].get("toRole") == "CELL_ROLE_TRAINING"
     ]
     mid_batch = [
-        (j["event"]["cell"], batch) for j in joined for batch, step in steps.items()
+        (j["event"]["cell"], batch)
+        for j in joined
+        for batch, step in steps.items()
         if first_packed.get(batch, float("inf")) < j["time_s"] < step["time_s"]
         and j["event"]["cell"] in step["event"].get("cells", [])
     ]

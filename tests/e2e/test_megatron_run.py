@@ -47,27 +47,39 @@ def test_two_elastic_megatron_steps_on_a_tiny_qwen3(tmp_path: Path) -> None:
     model_dir = init_model_dir(tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0)
     script = tmp_path / "script.jsonl"
     script.write_text("\n".join(json.dumps({"text": t}) for t in (WRITE_8, "Done.")) + "\n")
-    config = demo_config(None, {
-        "run": {"id": "e2emegatron", "dir": str(tmp_path / "runs")},
-        "model": {"path": str(model_dir)},
-        "cell_agent": {
-            "engine": {"output_source": "scored_script", "script_file": str(script), "script_repeat": True},
-            "trainer": {"backend": "megatron", "publication": "distributed"},
+    config = demo_config(
+        None,
+        {
+            "run": {"id": "e2emegatron", "dir": str(tmp_path / "runs")},
+            "model": {"path": str(model_dir)},
+            "cell_agent": {
+                "engine": {
+                    "output_source": "scored_script",
+                    "script_file": str(script),
+                    "script_repeat": True,
+                },
+                "trainer": {"backend": "megatron", "publication": "distributed"},
+            },
+            **SHAPE,
         },
-        **SHAPE,
-    })
+    )
     summary = DemoRun(config, steps=2).execute()
     events = _events(config.run.path)
     _assert_elastic(summary, events)
 
     published = [e["event"] for e in events if e["type"] == "gyre.v1.WeightsPublished"]
     assert int(published[-1]["policyVersion"]) == 2
-    assert published[-1].get("engineIds"), "the distributed push reached a rollout engine, which serves version 2"
+    assert published[-1].get("engineIds"), (
+        "the distributed push reached a rollout engine, which serves version 2"
+    )
     back = [
-        e["event"] for e in events
+        e["event"]
+        for e in events
         if e["type"] == "gyre.v1.RoleTransitionCompleted" and e["event"].get("toRole") == "CELL_ROLE_ROLLOUT"
     ]
-    assert any(int(e.get("weightVersion", 0)) == 2 for e in back), "a rollout engine serves the published version"
+    assert any(int(e.get("weightVersion", 0)) == 2 for e in back), (
+        "a rollout engine serves the published version"
+    )
 
     checkpoint = latest_checkpoint(config.run.path / "checkpoints")
     assert checkpoint is not None and checkpoint.name == "step-00000002"
@@ -75,11 +87,15 @@ def test_two_elastic_megatron_steps_on_a_tiny_qwen3(tmp_path: Path) -> None:
     directory = config.run.path / "checkpoints" / "published" / "v00000002"
     assert check_model_dir(directory).policy_version == 2
     trainer = load_model(checkpoint)  # the core's own weights after step 2, in HF format
-    assert asyncio.run(_served_by_the_embedded_engine(directory, trainer)) <= 1e-4, "the embedded engine loads them"
+    assert asyncio.run(_served_by_the_embedded_engine(directory, trainer)) <= 1e-4, (
+        "the embedded engine loads them"
+    )
     hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     initial = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.arange(100, 164)
     with torch.no_grad():
         theirs = hf(ids[None]).logits[0]
         assert float((trainer(ids, torch.arange(64), [0, 64]) - theirs).abs().max()) <= 1e-5
-        assert float((initial(ids[None]).logits[0] - theirs).abs().max()) > 1e-6, "two steps changed the weights"
+        assert float((initial(ids[None]).logits[0] - theirs).abs().max()) > 1e-6, (
+            "two steps changed the weights"
+        )

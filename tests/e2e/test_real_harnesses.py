@@ -37,7 +37,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.cli]
 REPO = Path(__file__).resolve().parents[2]
 
 SHAPE: dict[str, Any] = {
-    "num_cells": 2, "group_size": 2, "batch_groups": 1, "phi": 1, "mu": 2, "rho_min": 0.5, "tau_s": 0.2,
+    "num_cells": 2,
+    "group_size": 2,
+    "batch_groups": 1,
+    "phi": 1,
+    "mu": 2,
+    "rho_min": 0.5,
+    "tau_s": 0.2,
     "cell_capacity": 4,
 }
 COMPACT_AT_TOKENS = 9000
@@ -52,18 +58,28 @@ def _call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-FIX = _call("Bash", command="sed -i 's/a - b/a + b/' calc.py && python3 -m unittest test_calc",
-            description="Fix add and run the tests")
+FIX = _call(
+    "Bash",
+    command="sed -i 's/a - b/a + b/' calc.py && python3 -m unittest test_calc",
+    description="Fix add and run the tests",
+)
 ONLY_TEST = _call("Bash", command="python3 -m unittest test_calc", description="Run the tests")
 CLAUDE_RULES: list[dict[str, Any]] = [
     # Compaction request (Claude Code appends this to the last user message).
-    {"when": "CRITICAL: Respond with TEXT ONLY",
-     "text": "<analysis>The sub-agent read calc.py.</analysis>\n<summary>add in calc.py returns a - b; it must "
-             "return a + b. Next: fix it and run the tests.</summary>"},
+    {
+        "when": "CRITICAL: Respond with TEXT ONLY",
+        "text": "<analysis>The sub-agent read calc.py.</analysis>\n<summary>add in calc.py returns a - b; it must "
+        "return a + b. Next: fix it and run the tests.</summary>",
+    },
     # The sub-agent: read the file, then report.
-    {"when": r"You are an agent for Claude Code[\s\S]*<tool_response>",
-     "text": "calc.py: add returns a - b instead of a + b."},
-    {"when": "You are an agent for Claude Code", "text": _call("Bash", command="cat calc.py", description="Read calc.py")},
+    {
+        "when": r"You are an agent for Claude Code[\s\S]*<tool_response>",
+        "text": "calc.py: add returns a - b instead of a + b.",
+    },
+    {
+        "when": "You are an agent for Claude Code",
+        "text": _call("Bash", command="cat calc.py", description="Read calc.py"),
+    },
     # The main agent after compaction (the kept round holds the Agent call and its report): fix (or only
     # test), then, once the tests ran, finish.
     {"when": r"This session is being continued[\s\S]*Ran \d+ test", "text": "Done."},
@@ -74,13 +90,25 @@ CLAUDE_RULES: list[dict[str, Any]] = [
     # The main agent's second turn: delegate. Compaction is asked before the third: Claude Code summarizes
     # the rounds before the newest one, so the main agent needs two rounds (a first request over the
     # threshold is not compacted: nothing to summarize yet).
-    {"when": "<tool_response>", "text": _call("Agent", description="Find the bug",
-                                               prompt="Read calc.py and report why add is wrong.",
-                                               subagent_type="general-purpose", run_in_background=False)},
+    {
+        "when": "<tool_response>",
+        "text": _call(
+            "Agent",
+            description="Find the bug",
+            prompt="Read calc.py and report why add is wrong.",
+            subagent_type="general-purpose",
+            run_in_background=False,
+        ),
+    },
     # The main agent's first turn: look around.
     {"when": "^", "text": _call("Bash", command="ls", description="List the files")},
 ]
-CLAUDE_ARGS = ["--system-prompt", "You are a coding agent. Work in the current directory.", "--tools", "Bash,Agent"]
+CLAUDE_ARGS = [
+    "--system-prompt",
+    "You are a coding agent. Work in the current directory.",
+    "--tools",
+    "Bash,Agent",
+]
 NOTES = "".join(
     f"- Note {i}: calc.py is imported by the reporting job; keep the signature of add(a, b) unchanged.\n"
     for i in range(220)
@@ -100,22 +128,28 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
-def _run(tmp_path: Path, run_id: str, harness: dict[str, Any], rules: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
-    model_dir = init_model_dir(tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0,
-                               max_position_embeddings=32768)
+def _run(
+    tmp_path: Path, run_id: str, harness: dict[str, Any], rules: list[dict[str, Any]]
+) -> tuple[Any, dict[str, Any]]:
+    model_dir = init_model_dir(
+        tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0, max_position_embeddings=32768
+    )
     script = tmp_path / "rules.jsonl"
     script.write_text("".join(json.dumps(r) + "\n" for r in rules))
-    config = demo_config(None, {
-        "run": {"id": run_id, "dir": str(tmp_path / "runs")},
-        "model": {"path": str(model_dir)},
-        "tasks": {"dirs": [str(_task_set(tmp_path))], "queries": []},
-        # Sandbox uids of their own: a runner kills every process of its uids, and this machine may be
-        # running other stacks.
-        "runner": {**harness, "sandbox": {"uid_base": 150000}},
-        "evaluator": {"sandbox": {"uid_base": 151000}},
-        "cell_agent": {"engine": {"output_source": "scored_script", "script_file": str(script)}},
-        "scheduler": SHAPE,
-    })
+    config = demo_config(
+        None,
+        {
+            "run": {"id": run_id, "dir": str(tmp_path / "runs")},
+            "model": {"path": str(model_dir)},
+            "tasks": {"dirs": [str(_task_set(tmp_path))], "queries": []},
+            # Sandbox uids of their own: a runner kills every process of its uids, and this machine may be
+            # running other stacks.
+            "runner": {**harness, "sandbox": {"uid_base": 150000}},
+            "evaluator": {"sandbox": {"uid_base": 151000}},
+            "cell_agent": {"engine": {"output_source": "scored_script", "script_file": str(script)}},
+            "scheduler": SHAPE,
+        },
+    )
     summary = DemoRun(config, steps=1).execute()
     return config, summary
 
@@ -140,10 +174,16 @@ def _assert_trained_one_step(config: Any, summary: dict[str, Any], events: list[
 
 @pytest.mark.usefixtures("claude_bin")
 def test_claude_code_executions_are_trained_on(tmp_path: Path) -> None:
-    config, summary = _run(tmp_path, "e2eclaude", {
-        "harness": "claude_code", "harness_args": CLAUDE_ARGS,
-        "harness_env": {"CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": f"{100 * COMPACT_AT_TOKENS / 980_000:.3f}"},
-    }, CLAUDE_RULES)
+    config, summary = _run(
+        tmp_path,
+        "e2eclaude",
+        {
+            "harness": "claude_code",
+            "harness_args": CLAUDE_ARGS,
+            "harness_env": {"CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": f"{100 * COMPACT_AT_TOKENS / 980_000:.3f}"},
+        },
+        CLAUDE_RULES,
+    )
     events = _events(config.run.path)
     _assert_trained_one_step(config, summary, events)
     # Every trained execution's tree (`gyre trace replay RUN_DIR --execution ID` shows one): two main

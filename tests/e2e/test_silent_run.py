@@ -36,7 +36,9 @@ def test_a_run_whose_model_calls_are_all_refused_reports_them_and_exits_non_zero
     config.write_text(REFUSED.format(model=byte_dir(seed=0, context=64)))
     out = subprocess.run(
         [*GYRE, "demo", "--config", str(config), "--run-id", "refused", "--steps", "1", "--json"],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True,
+        text=True,
+        timeout=240,
         env={**os.environ, "PYTHONPATH": os.getcwd(), "GYRE_RUN__DIR": str(tmp_path / "runs")},
     )
     assert out.returncode == TRAINED_NOTHING_EXIT, out.stdout[-2000:] + out.stderr[-3000:]

@@ -23,18 +23,32 @@ pytestmark = pytest.mark.slow
 
 STEPS = 7
 SHAPE: dict[str, Any] = {
-    "scheduler": {"num_cells": 3, "group_size": 2, "batch_groups": 2, "phi": 0.5, "mu": 2, "rho_min": 0.5,
-                  "tau_s": 0.2, "cell_capacity": 6},
+    "scheduler": {
+        "num_cells": 3,
+        "group_size": 2,
+        "batch_groups": 2,
+        "phi": 0.5,
+        "mu": 2,
+        "rho_min": 0.5,
+        "tau_s": 0.2,
+        "cell_capacity": 6,
+    },
     "tasks": {"queries": ["add"]},
-    "runner": {"harness_args": ["--tool-latency-s", "2", "--tool-latency-max-s", "8"],
-               "sandbox": {"uid_base": 152000}},
+    "runner": {
+        "harness_args": ["--tool-latency-s", "2", "--tool-latency-max-s", "8"],
+        "sandbox": {"uid_base": 152000},
+    },
     "evaluator": {"sandbox": {"uid_base": 153000}},
     # a checkpoint every other step: a core killed after an odd step replays it from its micro-steps
     "cell_agent": {"trainer": {"checkpoint_every_steps": 2}},
 }
 FAULTS = [
-    Fault("scheduler", at_step=0), Fault("core", at_step=1, when="training"), Fault("proxy", at_step=2),
-    Fault("packer", at_step=2), Fault("evaluator", at_step=3), Fault("runner", at_step=3),
+    Fault("scheduler", at_step=0),
+    Fault("core", at_step=1, when="training"),
+    Fault("proxy", at_step=2),
+    Fault("packer", at_step=2),
+    Fault("evaluator", at_step=3),
+    Fault("runner", at_step=3),
     Fault("satellite", at_step=4, when="any"),
 ]
 

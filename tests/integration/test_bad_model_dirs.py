@@ -47,7 +47,9 @@ def _shape_mismatch(path: Path) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("breaks", [_unsupported_architecture, _no_tokenizer, _truncated, _shape_mismatch])
-def test_gyre_up_refuses_a_bad_model_directory(tmp_path: Path, breaks: Callable[[Path], tuple[str, str]]) -> None:
+def test_gyre_up_refuses_a_bad_model_directory(
+    tmp_path: Path, breaks: Callable[[Path], tuple[str, str]]
+) -> None:
     model = copy_dir(small_dir(), tmp_path / "model")
     file, field = breaks(model)
     config = tmp_path / "gyre.yaml"
@@ -55,7 +57,10 @@ def test_gyre_up_refuses_a_bad_model_directory(tmp_path: Path, breaks: Callable[
     config.write_text(f"run:\n  id: bad\n  dir: {runs}\nmodel:\n  path: {model}\n")
     result = subprocess.run(
         [*GYRE, "up", "--detach", "--config", str(config)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

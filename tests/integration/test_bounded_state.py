@@ -63,18 +63,30 @@ async def _call(store: TreeStore, tree: TrajectoryTree, eid: str, prompt: str, a
     await store.append(eid, [*done.new_nodes, *done.changed_nodes], num_sampled=len(ids))
 
 
-async def leave_group(redis: aioredis.Redis, keys: Keys, group_id: str, rewards: list[float | None]) -> Written:
+async def leave_group(
+    redis: aioredis.Redis, keys: Keys, group_id: str, rewards: list[float | None]
+) -> Written:
     """A dispatched, run, evaluated and ready group, as the services leave it in Redis (reward None =
     an execution that never started: a placeholder without a tree)."""
     eids = [f"{group_id}-e{i:02d}" for i in range(len(rewards))]
     records, counters = Records(redis, keys), Counters(redis, keys)
     await records.put_group(
-        GroupRecord(group_id, "add/1+2", "add/1+2", tuple(eids), policy_version=0, burst=0, dispatched_at_ms=1),
+        GroupRecord(
+            group_id, "add/1+2", "add/1+2", tuple(eids), policy_version=0, burst=0, dispatched_at_ms=1
+        ),
         [ExecutionRecord(e, group_id, i, "add/1+2", "add/1+2", 60.0, 120.0) for i, e in enumerate(eids)],
     )
     await counters.add("dispatched", len(eids), token=group_id)
-    store, credentials, evaluations = TreeStore(redis, keys), Credentials(redis, keys), EvaluationStore(redis, keys)
-    ownership, queue, outcomes = Ownership(redis, keys, "runner-0"), WorkQueue(redis, keys, QUEUE), GroupOutcomes(redis, keys)
+    store, credentials, evaluations = (
+        TreeStore(redis, keys),
+        Credentials(redis, keys),
+        EvaluationStore(redis, keys),
+    )
+    ownership, queue, outcomes = (
+        Ownership(redis, keys, "runner-0"),
+        WorkQueue(redis, keys, QUEUE),
+        GroupOutcomes(redis, keys),
+    )
     blobs: dict[str, dict[bytes, bytes]] = {}
     for i, (eid, reward) in enumerate(zip(eids, rewards, strict=True)):
         if reward is not None:
@@ -93,8 +105,17 @@ async def leave_group(redis: aioredis.Redis, keys: Keys, group_id: str, rewards:
         claim = await queue.claim("evaluator-0")
         assert claim is not None and await queue.ack(claim)
         status = "valid" if reward is not None else "placeholder"
-        await evaluations.put(Evaluation(eid, status, reward or 0.0, f"/w/{eid}", f"h{i}" if reward is not None else "",
-                                         attempts=1, detail="scored"))
+        await evaluations.put(
+            Evaluation(
+                eid,
+                status,
+                reward or 0.0,
+                f"/w/{eid}",
+                f"h{i}" if reward is not None else "",
+                attempts=1,
+                detail="scored",
+            )
+        )
         await outcomes.resolve(group_id, len(eids), 0, MemberOutcome(eid, status, reward or 0.0))
     return Written(group_id, eids, blobs)
 
@@ -121,14 +142,18 @@ async def mentions(redis: aioredis.Redis, keys: Keys, ids: list[str]) -> list[st
 
 
 def packer_config(run_id: str, tmp_path: Path, nats: ServerProcess, redis: ServerProcess) -> object:
-    return load_config(None, environ={}, overrides={
-        "run": {"id": run_id, "dir": str(tmp_path / "runs")},
-        "nats": {"url": nats.url},
-        "redis": {"url": redis.url},
-        "metrics": {"serve": False},
-        "scheduler": {"group_size": N, "batch_groups": 1, "phi": 0.0, "mu": 1},
-        "log": {"format": "json", "level": "warning"},
-    })
+    return load_config(
+        None,
+        environ={},
+        overrides={
+            "run": {"id": run_id, "dir": str(tmp_path / "runs")},
+            "nats": {"url": nats.url},
+            "redis": {"url": redis.url},
+            "metrics": {"serve": False},
+            "scheduler": {"group_size": N, "batch_groups": 1, "phi": 0.0, "mu": 1},
+            "log": {"format": "json", "level": "warning"},
+        },
+    )
 
 
 async def _wait(path: Path, timeout_s: float = 20.0) -> None:
@@ -150,19 +175,28 @@ async def _step(packer: PackerService, bus: EventBus, redis: aioredis.Redis, key
     queue = WorkQueue(redis, keys, microstep_queue(progress.batch_id))
     while (claim := await queue.claim("cell-0")) is not None:
         assert await queue.ack(claim)
-    await bus.publish(ev.StepCompleted(batch_id=progress.batch_id, policy_version=step + 1, num_microsteps=1),
-                      event_id=f"step:{progress.batch_id}:{step + 1}")
+    await bus.publish(
+        ev.StepCompleted(batch_id=progress.batch_id, policy_version=step + 1, num_microsteps=1),
+        event_id=f"step:{progress.batch_id}:{step + 1}",
+    )
     return progress.batch_id
 
 
 async def test_a_committed_step_leaves_redis_and_the_archive_reads_back_the_identical_tree(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
 ) -> None:
     assert QUEUE == EVALUATIONS_QUEUE  # the archiver trims the evaluator's own queue
     config = packer_config(run_id, tmp_path, nats_server, redis_server)
     first = await leave_group(redis, keys, "g00001", [1.0, None])
-    before = {eid: await TreeStore(redis, keys).load(eid, template_for_family("chatml")) for eid in first.blobs}
+    before = {
+        eid: await TreeStore(redis, keys).load(eid, template_for_family("chatml")) for eid in first.blobs
+    }
     archive = tmp_path / "runs" / run_id / "archive"
     async with PackerService(config) as packer:  # type: ignore[arg-type]
         batch0 = await _step(packer, bus, redis, keys, 0)
@@ -180,22 +214,32 @@ async def test_a_committed_step_leaves_redis_and_the_archive_reads_back_the_iden
         assert {k for k in await run_keys(redis, keys) if microstep_queue(batch0) in k} <= stored
         left = [k for k in await run_keys(redis, keys) if k not in stored]
     # What is left is run-wide, not per group: counter values, the dispatch sequence, the last step record.
-    assert all(("counters" in k and k.endswith("values")) or microstep_queue(batch1) in k or "queue:{evaluations}" in k
-               for k in left), left
+    assert all(
+        ("counters" in k and k.endswith("values"))
+        or microstep_queue(batch1) in k
+        or "queue:{evaluations}" in k
+        for k in left
+    ), left
 
     trees = archived_trees(tmp_path / "runs" / run_id)
     assert sorted(trees) == sorted([*first.blobs, *second.blobs])
     for eid, tree in before.items():
         archived = read_archived_tree(trees[eid])
-        assert {str(n).encode(): b for n, b in zip(sorted(tree.nodes), archived.blobs, strict=True)} == first.blobs[eid]
+        assert {
+            str(n).encode(): b for n, b in zip(sorted(tree.nodes), archived.blobs, strict=True)
+        } == first.blobs[eid]
         loaded = load_archived_tree(trees[eid], template_for_family("chatml"))
         assert loaded.closed and sorted(loaded.nodes) == sorted(tree.nodes)
         for node_id, node in tree.nodes.items():
             other = loaded.nodes[node_id]
             assert other.token_ids.tolist() == node.token_ids.tolist()
             assert other.logprobs.tolist() == node.logprobs.tolist()
-            assert (other.parent.node_id if other.parent else 0) == (node.parent.node_id if node.parent else 0)
-        assert [a.num_targets for a in admit(loaded, j_max=5, seed=3)] == [a.num_targets for a in admit(tree, j_max=5, seed=3)]
+            assert (other.parent.node_id if other.parent else 0) == (
+                node.parent.node_id if node.parent else 0
+            )
+        assert [a.num_targets for a in admit(loaded, j_max=5, seed=3)] == [
+            a.num_targets for a in admit(tree, j_max=5, seed=3)
+        ]
 
     group = load_archived_group(tmp_path / "runs" / run_id, first.group_id)
     assert group["batch_id"] == batch0 and group["trained_version"] == 1
@@ -206,7 +250,9 @@ async def test_a_committed_step_leaves_redis_and_the_archive_reads_back_the_iden
     }
     assert [e["workspace_hash"] for e in group["evaluations"]["g00001-e00"]] == ["h0"]
     assert group["trees"] == {"g00001-e00": "trees/g00001-e00.tree.gz", "g00001-e01": None}
-    ledger = [(b["step"], b["groups"], b["trained_version"]) for b in archived_batches(tmp_path / "runs" / run_id)]
+    ledger = [
+        (b["step"], b["groups"], b["trained_version"]) for b in archived_batches(tmp_path / "runs" / run_id)
+    ]
     assert ledger == [(0, ["g00001"], 1), (1, ["g00002"], 2)]
 
     out = CliRunner().invoke(app, ["trace", "replay", str(tmp_path / "runs" / run_id)])
@@ -241,13 +287,21 @@ async def test_a_crash_between_archive_and_delete_and_a_redelivery_lose_and_dupl
     for eid in written.execution_ids:
         archived = read_archived_tree(tree_path(tmp_path / "archive", eid))
         assert sorted(archived.blobs) == sorted(written.blobs[eid].values())
-    assert load_archived_group(tmp_path / "archive", "g00007")["outcome"]["members"]["g00007-e01"]["reward"] == 1.0
+    assert (
+        load_archived_group(tmp_path / "archive", "g00007")["outcome"]["members"]["g00007-e01"]["reward"]
+        == 1.0
+    )
     assert group_path(tmp_path / "archive", "g00007").exists()
 
 
 async def test_archiving_off_keeps_the_group_in_redis(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
 ) -> None:
     config = packer_config(run_id, tmp_path, nats_server, redis_server)
     config.archive.enabled = False  # type: ignore[attr-defined]

@@ -100,7 +100,8 @@ async def test_unacked_event_is_redelivered_after_consumer_dies(
     await bus.publish(_terminated("e-orphan"))
     proc = subprocess.Popen(
         [sys.executable, "-c", _DYING_CONSUMER, nats_server.url, run_id],
-        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()},
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout=30)  # type: ignore[union-attr]

@@ -35,7 +35,11 @@ async def agent_and_events(
     tmp_path: Path, redis: aioredis.Redis, redis_server: ServerProcess, run_id: str
 ) -> AsyncIterator[tuple[CellAgent, Events]]:
     config = cell_config(
-        tmp_path, nats_url="nats://unused", redis_url=redis_server.url, run_id=run_id, num_cells=1,
+        tmp_path,
+        nats_url="nats://unused",
+        redis_url=redis_server.url,
+        run_id=run_id,
+        num_cells=1,
         overrides={"cell_agent": {"release_engine_weights": True, "engine_ready_timeout_s": 1.0}},
     )
     events: Events = []
@@ -73,10 +77,16 @@ async def test_guards_events_and_released_weights(agent_and_events: tuple[CellAg
         ("RoleTransitionCompleted", "cell:0:transition:2:completed"),
     ]
     completed = events[1][0]
-    assert isinstance(completed, ev.RoleTransitionCompleted) and completed.to_role == 3 and completed.duration_s > 0
+    assert (
+        isinstance(completed, ev.RoleTransitionCompleted)
+        and completed.to_role == 3
+        and completed.duration_s > 0
+    )
 
 
-async def test_waiting_for_an_unpublished_version_times_out(agent_and_events: tuple[CellAgent, Events]) -> None:
+async def test_waiting_for_an_unpublished_version_times_out(
+    agent_and_events: tuple[CellAgent, Events],
+) -> None:
     agent, _ = agent_and_events
     await agent.switch_role(Role.TRAINING)
     with pytest.raises(TimeoutError, match="version 3 were not published"):
@@ -99,11 +109,21 @@ async def test_a_core_that_lapses_mid_step_starts_over_and_stays_exact(
     agent_and_events: tuple[CellAgent, Events], redis: aioredis.Redis
 ) -> None:
     agent, events = agent_and_events
-    reference = create_trainer("torch", TrainerSpec(agent.section.trainer, agent.config.model, ObjectiveParams(),
-                                                    with_optimizer=True))
+    reference = create_trainer(
+        "torch",
+        TrainerSpec(agent.section.trainer, agent.config.model, ObjectiveParams(), with_optimizer=True),
+    )
     assert isinstance(reference, TorchTrainer)
-    steps = synthetic_microsteps(reference.model, batch_id="b0", step=0, num_groups=6, group_size=4,
-                                 token_budget=128, max_row_tokens=100, seed=4)
+    steps = synthetic_microsteps(
+        reference.model,
+        batch_id="b0",
+        step=0,
+        num_groups=6,
+        group_size=4,
+        token_budget=128,
+        max_row_tokens=100,
+        seed=4,
+    )
     record = StepRecord(redis, Keys(agent.config.run.id), "b0", heartbeat_timeout_s=agent.heartbeat_timeout_s)
     await enqueue(record.queue, steps, close=True)
     await agent.switch_role(Role.TRAINING)
@@ -131,8 +151,15 @@ async def test_heartbeats_must_fit_the_timeout(
     tmp_path: Path, redis: aioredis.Redis, redis_server: ServerProcess, run_id: str
 ) -> None:
     config = cell_config(
-        tmp_path, nats_url="nats://unused", redis_url=redis_server.url, run_id=run_id, num_cells=1,
-        overrides={"redis": {"heartbeat_timeout_s": 1.0}, "cell_agent": {"trainer": {"heartbeat_interval_s": 0.6}}},
+        tmp_path,
+        nats_url="nats://unused",
+        redis_url=redis_server.url,
+        run_id=run_id,
+        num_cells=1,
+        overrides={
+            "redis": {"heartbeat_timeout_s": 1.0},
+            "cell_agent": {"trainer": {"heartbeat_interval_s": 0.6}},
+        },
     )
 
     async def emit(event: Message, event_id: str) -> None:

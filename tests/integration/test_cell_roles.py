@@ -39,11 +39,16 @@ async def _in_flight(client: EngineClient, n: int) -> None:
 
 
 async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
-    tmp_path: Path, nats_server: ServerProcess, redis_server: ServerProcess, redis: aioredis.Redis, keys: Keys,
+    tmp_path: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    redis: aioredis.Redis,
+    keys: Keys,
     run_id: str,
 ) -> None:
-    with CellStack(tmp_path, nats_url=nats_server.url, redis_url=redis_server.url, run_id=run_id,
-                   num_cells=1) as cells:
+    with CellStack(
+        tmp_path, nats_url=nats_server.url, redis_url=redis_server.url, run_id=run_id, num_cells=1
+    ) as cells:
         config = cells.config
         url = (await cells.status(0)).engine.url
         prompt = list(range(60, 140))
@@ -51,20 +56,33 @@ async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
             warm = await engine.generate(prompt, {"max_new_tokens": 1})
             assert warm.weight_version == "0"
             prompts = [[1, 2, 3, i] for i in range(4)]
-            calls = [asyncio.create_task(engine.generate(p, LONG, rid=f"r{i}")) for i, p in enumerate(prompts)]
+            calls = [
+                asyncio.create_task(engine.generate(p, LONG, rid=f"r{i}")) for i, p in enumerate(prompts)
+            ]
             await _in_flight(engine, len(calls))
 
             switched = await cells.switch(0, TRAINING)
             assert switched.role == TRAINING and switched.requests_handed_back == len(calls)
             handed_back = await asyncio.gather(*calls)
             for r in handed_back:
-                assert isinstance(r, GenerateResult) and r.finish_reason is not None and r.finish_reason.aborted
+                assert (
+                    isinstance(r, GenerateResult) and r.finish_reason is not None and r.finish_reason.aborted
+                )
 
-            spec = TrainerSpec(config.cell_agent.trainer, config.model, ObjectiveParams(), with_optimizer=True)
+            spec = TrainerSpec(
+                config.cell_agent.trainer, config.model, ObjectiveParams(), with_optimizer=True
+            )
             reference = create_trainer("torch", spec)
             assert isinstance(reference, TorchTrainer)
-            steps = synthetic_microsteps(reference.model, batch_id="b0", step=0, num_groups=2, group_size=2,
-                                         token_budget=256, max_row_tokens=100)
+            steps = synthetic_microsteps(
+                reference.model,
+                batch_id="b0",
+                step=0,
+                num_groups=2,
+                group_size=2,
+                token_budget=256,
+                max_row_tokens=100,
+            )
             await enqueue(WorkQueue(redis, keys, "microsteps:b0"), steps, close=True)
             joined = await cells.join(0, "b0", 0, True)
             assert joined.policy_version == 1
@@ -74,7 +92,10 @@ async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
             assert await engine.get_weight_version() == "1"
 
             retried = await asyncio.gather(
-                *(engine.generate(p, {**LONG, "max_new_tokens": 8}, rid=f"r{i}-retry") for i, p in enumerate(prompts))
+                *(
+                    engine.generate(p, {**LONG, "max_new_tokens": 8}, rid=f"r{i}-retry")
+                    for i, p in enumerate(prompts)
+                )
             )
             for r in retried:
                 assert r.weight_version == "1" and r.finish_reason is not None and not r.finish_reason.aborted
@@ -88,6 +109,7 @@ async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
             with torch.no_grad():
                 logits = model(ids, torch.arange(len(ids)), [0, len(ids)])
             expected = token_logprobs(logits[len(prompt) - 1 : -1], torch.tensor(again.output_ids), 1.0)
-            assert float((torch.tensor(again.output_logprobs) - expected).abs().max()) < 1e-4, \
+            assert float((torch.tensor(again.output_logprobs) - expected).abs().max()) < 1e-4, (
                 "the engine computes with the published weights"
+            )
         await cells.close_channels()

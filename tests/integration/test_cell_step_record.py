@@ -39,13 +39,22 @@ async def _work(record: StepRecord, cell: int, count: int) -> list[str]:
 def test_keys_follow_the_work_queue_layout(redis: aioredis.Redis, keys: Keys) -> None:
     record = _record(redis, keys)
     queue = WorkQueue(redis, keys, "microsteps:b1")
-    assert (record.pending_key, record.known_key, record.acked_key) == (queue._pending, queue._known, queue._acked)
+    assert (record.pending_key, record.known_key, record.acked_key) == (
+        queue._pending,
+        queue._known,
+        queue._acked,
+    )
     assert (record.payloads_key, record.heartbeats_key, record.closed_key) == (
-        queue._payloads, queue._heartbeats, queue._closed)
+        queue._payloads,
+        queue._heartbeats,
+        queue._closed,
+    )
     assert record.processing_key(3) == queue._processing(consumer_name(3))
 
 
-async def test_registration_needs_an_open_window_and_the_right_step(redis: aioredis.Redis, keys: Keys) -> None:
+async def test_registration_needs_an_open_window_and_the_right_step(
+    redis: aioredis.Redis, keys: Keys
+) -> None:
     record = _record(redis, keys)
     assert await record.register(1, 4) is Registration.NOT_OPEN
     status = await record.open(4, final_in_burst=True)
@@ -88,7 +97,9 @@ async def test_window_closes_once_every_claim_is_done(redis: aioredis.Redis, key
     assert (status.state, status.version, status.cells) == (StepState.DONE, 1, (0, 1))
 
 
-async def test_a_dead_participant_is_left_out_and_its_claims_redone(redis: aioredis.Redis, keys: Keys) -> None:
+async def test_a_dead_participant_is_left_out_and_its_claims_redone(
+    redis: aioredis.Redis, keys: Keys
+) -> None:
     record = _record(redis, keys)
     await record.open(0, final_in_burst=False)
     await record.register(0, 0)
@@ -231,7 +242,9 @@ async def test_the_core_is_never_evicted_it_starts_over(redis: aioredis.Redis, k
     assert (await record.try_close()).cells == (0, 1)
 
 
-async def test_the_core_finishing_an_item_twice_is_told_not_evicted(redis: aioredis.Redis, keys: Keys) -> None:
+async def test_the_core_finishing_an_item_twice_is_told_not_evicted(
+    redis: aioredis.Redis, keys: Keys
+) -> None:
     record = _record(redis, keys)
     await record.open(0, final_in_burst=False)
     await record.register(0, 0)

@@ -41,8 +41,12 @@ TOLERANCE = 1e-6
 
 
 def _reference(config: GyreConfig) -> TrainerBackend:
-    spec = TrainerSpec(config.cell_agent.trainer, config.model, ObjectiveParams(**config.objective.model_dump()),
-                       with_optimizer=True)
+    spec = TrainerSpec(
+        config.cell_agent.trainer,
+        config.model,
+        ObjectiveParams(**config.objective.model_dump()),
+        with_optimizer=True,
+    )
     return create_trainer(config.cell_agent.trainer.backend, spec)
 
 
@@ -50,7 +54,13 @@ def _batch(reference: TrainerBackend) -> list[MicroStep]:
     assert isinstance(reference, TorchTrainer)
     steps = synthetic_microsteps(
         reference.model,
-        batch_id="b0", step=0, num_groups=6, group_size=4, token_budget=256, max_row_tokens=120, seed=11,
+        batch_id="b0",
+        step=0,
+        num_groups=6,
+        group_size=4,
+        token_budget=256,
+        max_row_tokens=120,
+        seed=11,
     )
     assert len(steps) >= 8
     return steps
@@ -90,12 +100,23 @@ async def _collect(bus: EventBus, name: str, kinds: list[type[Message]]) -> list
 
 
 async def test_satellite_joining_mid_batch_matches_the_single_process_step(
-    tmp_path: Path, nats_server: ServerProcess, redis_server: ServerProcess, redis: aioredis.Redis, keys: Keys,
-    bus: EventBus, run_id: str,
+    tmp_path: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    redis: aioredis.Redis,
+    keys: Keys,
+    bus: EventBus,
+    run_id: str,
 ) -> None:
     events = await _collect(bus, "test-steps", [ev.StepCompleted, ev.WeightsPublished, ev.MicroStepDone])
-    with CellStack(tmp_path, nats_url=nats_server.url, redis_url=redis_server.url, run_id=run_id,
-                   num_cells=3, overrides=MOONCAKE) as cells:
+    with CellStack(
+        tmp_path,
+        nats_url=nats_server.url,
+        redis_url=redis_server.url,
+        run_id=run_id,
+        num_cells=3,
+        overrides=MOONCAKE,
+    ) as cells:
         reference = _reference(cells.config)
         initial_digest = reference.digest()
         steps = _batch(reference)
@@ -110,7 +131,9 @@ async def test_satellite_joining_mid_batch_matches_the_single_process_step(
         joins.append(asyncio.create_task(cells.join(2, "b0", 0, True)))
         await _until(lambda: _registered(redis, record, 2), "the late satellite to register")
         late = await cells.status(2)
-        assert late.weights_digest == initial_digest, "the snapshot pulled mid-step is the core's, bit for bit"
+        assert late.weights_digest == initial_digest, (
+            "the snapshot pulled mid-step is the core's, bit for bit"
+        )
         await enqueue(record.queue, steps[4:], close=True)
         results = await asyncio.gather(*joins)
         expected = _reference_step(reference, steps)
@@ -120,7 +143,9 @@ async def test_satellite_joining_mid_batch_matches_the_single_process_step(
     assert [r.participated for r in results] == [True, True, True]
     assert [list(r.cells) for r in results] == [[0, 1, 2]] * 3
     assert sum(r.microsteps for r in results) == len(steps), "each micro-step processed exactly once"
-    assert results[0].policy_version == 1 and core_status.policy_version == 1, "version advanced by exactly one"
+    assert results[0].policy_version == 1 and core_status.policy_version == 1, (
+        "version advanced by exactly one"
+    )
     assert await TrainerState(redis, keys).version() == 1
     assert published is not None and published.version == 1
     assert _max_diff(published.path, expected) <= TOLERANCE
@@ -129,15 +154,27 @@ async def test_satellite_joining_mid_batch_matches_the_single_process_step(
     assert len(completed) == 1 and list(completed[0].cells) == [0, 1, 2]
     assert completed[0].num_microsteps == len(steps) and completed[0].policy_version == 1
     done_by = [e.cell for e in events if isinstance(e, ev.MicroStepDone)]
-    assert sorted(done_by) == sorted(c for r, c in zip(results, (0, 1, 2), strict=True) for _ in range(r.microsteps))
+    assert sorted(done_by) == sorted(
+        c for r, c in zip(results, (0, 1, 2), strict=True) for _ in range(r.microsteps)
+    )
 
 
 async def test_satellite_killed_mid_batch_is_reclaimed_and_the_step_matches(
-    tmp_path: Path, nats_server: ServerProcess, redis_server: ServerProcess, redis: aioredis.Redis, keys: Keys,
+    tmp_path: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    redis: aioredis.Redis,
+    keys: Keys,
     run_id: str,
 ) -> None:
-    with CellStack(tmp_path, nats_url=nats_server.url, redis_url=redis_server.url, run_id=run_id,
-                   num_cells=3, overrides=MOONCAKE) as cells:
+    with CellStack(
+        tmp_path,
+        nats_url=nats_server.url,
+        redis_url=redis_server.url,
+        run_id=run_id,
+        num_cells=3,
+        overrides=MOONCAKE,
+    ) as cells:
         reference = _reference(cells.config)
         steps = _batch(reference)
         record = StepRecord(redis, keys, "b0", heartbeat_timeout_s=cells.config.redis.heartbeat_timeout_s)
@@ -147,7 +184,9 @@ async def test_satellite_killed_mid_batch_is_reclaimed_and_the_step_matches(
         for cell in (0, 1, 2):
             await _until(lambda c=cell: _registered(redis, record, c), f"cell {cell} to register")
         fed = 0
-        while not await _done_at_least(record, 1, cells=(2,)):  # feed one at a time until cell 2 has work done
+        while not await _done_at_least(
+            record, 1, cells=(2,)
+        ):  # feed one at a time until cell 2 has work done
             if await record.queue.pending() == 0:
                 assert fed < len(steps) - 1, "cell 2 never got a micro-step"
                 await enqueue(record.queue, steps[fed : fed + 1], close=False)
@@ -184,35 +223,61 @@ async def _has(events: list[Message], kind: type[Message]) -> bool:
 
 
 async def test_two_step_burst_broadcasts_after_the_first_step_torch_transport(
-    tmp_path: Path, nats_server: ServerProcess, redis_server: ServerProcess, redis: aioredis.Redis, keys: Keys,
+    tmp_path: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    redis: aioredis.Redis,
+    keys: Keys,
     run_id: str,
 ) -> None:
-    with CellStack(tmp_path, nats_url=nats_server.url, redis_url=redis_server.url, run_id=run_id, num_cells=2,
-                   overrides={"cell_agent": {"trainer": {"weight_transport": "torch"}}}) as cells:
+    with CellStack(
+        tmp_path,
+        nats_url=nats_server.url,
+        redis_url=redis_server.url,
+        run_id=run_id,
+        num_cells=2,
+        overrides={"cell_agent": {"trainer": {"weight_transport": "torch"}}},
+    ) as cells:
         reference = _reference(cells.config)
         assert isinstance(reference, TorchTrainer)
         for cell in (0, 1):
             await cells.switch(cell, TRAINING)
         batches = [
-            synthetic_microsteps(reference.model, batch_id=f"b{s}", step=s, num_groups=3, group_size=4,
-                                 token_budget=256, max_row_tokens=120, seed=20 + s)
+            synthetic_microsteps(
+                reference.model,
+                batch_id=f"b{s}",
+                step=s,
+                num_groups=3,
+                group_size=4,
+                token_budget=256,
+                max_row_tokens=120,
+                seed=20 + s,
+            )
             for s in (0, 1)
         ]
         for step, steps in enumerate(batches):
-            await enqueue(StepRecord(redis, keys, f"b{step}", heartbeat_timeout_s=2.0).queue, steps, close=True)
+            await enqueue(
+                StepRecord(redis, keys, f"b{step}", heartbeat_timeout_s=2.0).queue, steps, close=True
+            )
             results = await asyncio.gather(*(cells.join(c, f"b{step}", step, step == 1) for c in (0, 1)))
             assert [list(r.cells) for r in results] == [[0, 1], [0, 1]]
             if step == 0:
                 core, satellite = await cells.status(0), await cells.status(1)
                 assert satellite.policy_version == core.policy_version == 1
-                assert satellite.weights_digest == core.weights_digest, "new weights broadcast to the satellite"
+                assert satellite.weights_digest == core.weights_digest, (
+                    "new weights broadcast to the satellite"
+                )
             _reference_step(reference, steps)
         published = await TrainerState(redis, keys).published()
         satellite_after = await cells.status(1)
         late = await cells.join(1, "b1", 1, True)
         await cells.close_channels()
-    assert satellite_after.policy_version == 1, "no broadcast after the final step (engines get the publication)"
-    assert not late.participated and late.policy_version == 2, "joining a finished step is answered, not trained"
+    assert satellite_after.policy_version == 1, (
+        "no broadcast after the final step (engines get the publication)"
+    )
+    assert not late.participated and late.policy_version == 2, (
+        "joining a finished step is answered, not trained"
+    )
     assert published is not None and published.version == 2
     tensors = load_state_dict(check_model_dir(Path(published.path)))
     diff = max(float((tensors[n] - w).abs().max()) for n, w in reference.named_weights().items())

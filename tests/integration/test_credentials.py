@@ -37,8 +37,12 @@ def nats_auth(creds: RunCredentials, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def redis_auth(creds: RunCredentials, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_redis(tmp_path_factory.mktemp("redis"), appendonly=False, acl_file=creds.redis_acl,
-                         login=read_login(creds.redis_template, "supervisor"))
+    server = start_redis(
+        tmp_path_factory.mktemp("redis"),
+        appendonly=False,
+        acl_file=creds.redis_acl,
+        login=read_login(creds.redis_template, "supervisor"),
+    )
     yield server
     server.stop()
 
@@ -54,8 +58,9 @@ async def test_nats_refuses_a_client_without_or_with_wrong_credentials(
 ) -> None:
     for auth in ({}, {"user": "runner", "password": "wrong"}, {"user": "nobody", "password": "x"}):
         with pytest.raises((nats.errors.Error, OSError)):
-            await nats.connect(nats_auth.url, allow_reconnect=False, max_reconnect_attempts=0,
-                               connect_timeout=2, **auth)  # type: ignore[arg-type]
+            await nats.connect(
+                nats_auth.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2, **auth
+            )  # type: ignore[arg-type]
     bus = await EventBus.connect(nats_auth.url, RUN, "runner", login=_login(creds.nats_template, "runner"))
     assert await bus.publish(ev.ExecutionStarted(), event_id="started-1")
     await bus.close()
@@ -70,8 +75,13 @@ async def test_a_nats_user_cannot_publish_another_services_events(
         errors.append(e)
 
     login = _login(creds.nats_template, "runner")
-    nc = await nats.connect(nats_auth.url, user=login.user, password=login.password, error_cb=on_error,
-                            inbox_prefix="_INBOX_runner")
+    nc = await nats.connect(
+        nats_auth.url,
+        user=login.user,
+        password=login.password,
+        error_cb=on_error,
+        inbox_prefix="_INBOX_runner",
+    )
     try:
         await nc.publish(f"gyre.{RUN}.train.step_completed", b"{}")
         await nc.subscribe(f"gyre.{RUN}.>")
@@ -106,8 +116,13 @@ async def test_a_redis_user_reaches_only_its_runs_keys_and_the_commands_it_needs
         async with client.pipeline(transaction=True) as tx:
             await tx.incr(keys.queue("q", "n")).hset(keys.group("g1"), "k", "v").execute()
         await client.time()
-        for forbidden in (client.set("gyre:other-run:x", b"1"), client.flushall(), client.config_get("*"),
-                          client.keys("*"), client.execute_command("SHUTDOWN")):
+        for forbidden in (
+            client.set("gyre:other-run:x", b"1"),
+            client.flushall(),
+            client.config_get("*"),
+            client.keys("*"),
+            client.execute_command("SHUTDOWN"),
+        ):
             with pytest.raises(redis.ResponseError, match=r"NOPERM|permission"):
                 await forbidden
     finally:

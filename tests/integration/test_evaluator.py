@@ -44,21 +44,43 @@ def tasks(tmp_path: Path) -> Path:
     return root
 
 
-def configure(run_id: str, tmp_path: Path, nats: ServerProcess, redis: ServerProcess, proxy: ProxyStub,
-              tasks: Path, harness: str = "command", command: list[str] | None = None,
-              **evaluator: Any) -> Any:
+def configure(
+    run_id: str,
+    tmp_path: Path,
+    nats: ServerProcess,
+    redis: ServerProcess,
+    proxy: ProxyStub,
+    tasks: Path,
+    harness: str = "command",
+    command: list[str] | None = None,
+    **evaluator: Any,
+) -> Any:
     return run_config(
-        run_id, tmp_path / "runs", nats.url, redis.url, proxy.port,
+        run_id,
+        tmp_path / "runs",
+        nats.url,
+        redis.url,
+        proxy.port,
         tasks={"dirs": [str(tasks)]},
-        runner={"harness": harness, "command": command or ["bash", "-c", "{prompt}"],
-                "max_concurrent": 4, "sandbox": {"kill_grace_s": 1.0}},
-        evaluator={"backoff_s": 0.2, "max_concurrent": 2,
-                   "sandbox": {"kill_grace_s": 1.0}, **evaluator},
+        runner={
+            "harness": harness,
+            "command": command or ["bash", "-c", "{prompt}"],
+            "max_concurrent": 4,
+            "sandbox": {"kill_grace_s": 1.0},
+        },
+        evaluator={"backoff_s": 0.2, "max_concurrent": 2, "sandbox": {"kill_grace_s": 1.0}, **evaluator},
     )
 
 
-async def run_group(config: Any, bus: EventBus, redis: aioredis.Redis, keys: Keys, task_id: str, size: int = 1,
-                    timeout_s: float = 60.0) -> tuple[list[Any], list[Any], EventLog]:
+async def run_group(
+    config: Any,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    task_id: str,
+    size: int = 1,
+    timeout_s: float = 60.0,
+) -> tuple[list[Any], list[Any], EventLog]:
     """Dispatch one group, run runner + evaluator until it is ready; (terminated, evaluated, log)."""
     events = await EventLog.attach(bus)
     async with RunnerService(config), EvaluatorService(config):
@@ -70,8 +92,15 @@ async def run_group(config: Any, bus: EventBus, redis: aioredis.Redis, keys: Key
 
 
 async def test_completed_execution_is_scored(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, tasks: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+    tasks: Path,
 ) -> None:
     config = configure(run_id, tmp_path, nats_server, redis_server, proxy, tasks, harness="demo")
     (term,), (done,), events = await run_group(config, bus, redis, keys, "add/3+5")
@@ -85,11 +114,24 @@ async def test_completed_execution_is_scored(
 
 
 async def test_harness_timeout_keeps_partial_work_scored_above_zero(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, tasks: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+    tasks: Path,
 ) -> None:
-    task = write_task(tasks, "two_parts", "echo 8 > a.txt; sleep 600; echo 4 > b.txt",
-                      [*VERIFY, "a.txt=8", "b.txt=4"], harness_timeout_s=2, overall_budget_s=60)
+    task = write_task(
+        tasks,
+        "two_parts",
+        "echo 8 > a.txt; sleep 600; echo 4 > b.txt",
+        [*VERIFY, "a.txt=8", "b.txt=4"],
+        harness_timeout_s=2,
+        overall_budget_s=60,
+    )
     config = configure(run_id, tmp_path, nats_server, redis_server, proxy, tasks)
     (term,), (done,), _ = await run_group(config, bus, redis, keys, task)
     assert term.reason == cm.TERMINATION_REASON_HARNESS_TIMEOUT
@@ -97,11 +139,24 @@ async def test_harness_timeout_keeps_partial_work_scored_above_zero(
 
 
 async def test_overall_timeout_is_excluded_not_zero(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, tasks: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+    tasks: Path,
 ) -> None:
-    task = write_task(tasks, "endless", "echo 8 > a.txt; sleep 600", [*VERIFY, "a.txt=8"],
-                      harness_timeout_s=2, overall_budget_s=2)
+    task = write_task(
+        tasks,
+        "endless",
+        "echo 8 > a.txt; sleep 600",
+        [*VERIFY, "a.txt=8"],
+        harness_timeout_s=2,
+        overall_budget_s=2,
+    )
     config = configure(run_id, tmp_path, nats_server, redis_server, proxy, tasks)
     (term,), (done,), events = await run_group(config, bus, redis, keys, task)
     assert term.reason == cm.TERMINATION_REASON_OVERALL_TIMEOUT
@@ -115,14 +170,23 @@ def flaky_verifier(tasks: Path, name: str, failures: int) -> list[str]:
     state = tasks / name / "state"
     state.mkdir(parents=True)
     os.chmod(state, 0o777)
-    script = (f"n=$(cat {state}/n 2>/dev/null || echo 0); echo $((n+1)) > {state}/n; "
-              f"[ $n -ge {failures} ] || {{ echo crash >&2; exit 3; }}; echo '{{\"score\": 1.0}}'")
+    script = (
+        f"n=$(cat {state}/n 2>/dev/null || echo 0); echo $((n+1)) > {state}/n; "
+        f"[ $n -ge {failures} ] || {{ echo crash >&2; exit 3; }}; echo '{{\"score\": 1.0}}'"
+    )
     return ["bash", "-c", script]
 
 
 async def test_verifier_crash_then_success_on_retry(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, tasks: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+    tasks: Path,
 ) -> None:
     task = write_task(tasks, "flaky", "echo done > out.txt", flaky_verifier(tasks, "flaky", failures=1))
     config = configure(run_id, tmp_path, nats_server, redis_server, proxy, tasks)
@@ -132,11 +196,24 @@ async def test_verifier_crash_then_success_on_retry(
 
 
 async def test_verifier_crashing_until_the_budget_is_spent_is_excluded(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, tasks: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+    tasks: Path,
 ) -> None:
-    task = write_task(tasks, "broken", "echo done > out.txt", flaky_verifier(tasks, "broken", failures=10**6),
-                      harness_timeout_s=3, overall_budget_s=4)
+    task = write_task(
+        tasks,
+        "broken",
+        "echo done > out.txt",
+        flaky_verifier(tasks, "broken", failures=10**6),
+        harness_timeout_s=3,
+        overall_budget_s=4,
+    )
     config = configure(run_id, tmp_path, nats_server, redis_server, proxy, tasks, max_attempts=50)
     (term,), (done,), _ = await run_group(config, bus, redis, keys, task)
     assert term.reason == cm.TERMINATION_REASON_COMPLETED
@@ -145,11 +222,20 @@ async def test_verifier_crashing_until_the_budget_is_spent_is_excluded(
 
 
 async def test_sandbox_that_never_started_is_a_zero_placeholder(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, tasks: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+    tasks: Path,
 ) -> None:
     task = write_task(tasks, "any", "anything", [*VERIFY, "a.txt=1"])
-    config = configure(run_id, tmp_path, nats_server, redis_server, proxy, tasks, command=["/no/such/harness"])
+    config = configure(
+        run_id, tmp_path, nats_server, redis_server, proxy, tasks, command=["/no/such/harness"]
+    )
     (term,), (done,), events = await run_group(config, bus, redis, keys, task)
     assert term.reason == cm.TERMINATION_REASON_INFRA_FAILURE and "never started" in term.detail
     assert term.workspace.path == ""
@@ -159,8 +245,15 @@ async def test_sandbox_that_never_started_is_a_zero_placeholder(
 
 
 async def test_group_turns_ready_exactly_once_under_duplicate_deliveries(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, tasks: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+    tasks: Path,
 ) -> None:
     task = write_task(tasks, "mixed", "echo $RANDOM > a.txt", [*VERIFY, "a.txt=1"])
     config = configure(run_id, tmp_path, nats_server, redis_server, proxy, tasks)
@@ -184,7 +277,9 @@ async def test_group_turns_ready_exactly_once_under_duplicate_deliveries(
         await events.wait_for(ev.GroupReady, where=lambda e: e.group_id == "g1", timeout_s=60)
     ready = await stream_events(bus, ev.GroupReady)
     assert sorted(e.group_id for e in ready) == ["g1", "g2"]
-    assert len(events.of(ev.GroupReady, lambda e: e.group_id == "g1")) == 1  # published once, not deduplicated
+    assert (
+        len(events.of(ev.GroupReady, lambda e: e.group_id == "g1")) == 1
+    )  # published once, not deduplicated
     assert len(await stream_events(bus, ev.ExecutionStarted)) == 4
     assert len(await stream_events(bus, ev.ExecutionTerminated)) == 3 + 6 + 1
     done = await stream_events(bus, ev.EvaluationDone)

@@ -22,7 +22,9 @@ def member(i: int, status: str = "valid", reward: float = 0.5) -> MemberOutcome:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(size=st.integers(1, 8), copies=st.integers(1, 4), seed=st.integers(0, 2**16))
-async def test_a_group_becomes_ready_exactly_once(redis: aioredis.Redis, size: int, copies: int, seed: int) -> None:
+async def test_a_group_becomes_ready_exactly_once(
+    redis: aioredis.Redis, size: int, copies: int, seed: int
+) -> None:
     outcomes = GroupOutcomes(redis, Keys(f"hyp{seed}x{size}x{copies}"))
     calls = [member(i) for i in range(size) for _ in range(copies)]
     random.Random(seed).shuffle(calls)
@@ -34,7 +36,9 @@ async def test_a_group_becomes_ready_exactly_once(redis: aioredis.Redis, size: i
     group = await outcomes.get("g")
     assert group is not None and group.state == "ready" and len(group.members) == size
     assert [g.group_id for g in await outcomes.list_ready()] == ["g"]
-    await redis.delete(*[k async for k in redis.scan_iter(match=Keys(f"hyp{seed}x{size}x{copies}").pattern())])
+    await redis.delete(
+        *[k async for k in redis.scan_iter(match=Keys(f"hyp{seed}x{size}x{copies}").pattern())]
+    )
 
 
 async def test_first_outcome_of_a_member_wins_and_an_incomplete_group_is_not_ready(

@@ -72,8 +72,10 @@ def test_no_process_of_a_run_listens_outside_loopback_while_cells_train(tmp_path
     log = tmp_path / "demo.log"
     with open(log, "wb") as out:
         demo = subprocess.Popen(
-            [*GYRE, "demo", "--config", str(config), "--run-id", "loopback", "--steps", "2"], stdout=out,
-            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": os.getcwd(), "GYRE_RUN__DIR": str(tmp_path / "runs")},
+            [*GYRE, "demo", "--config", str(config), "--run-id", "loopback", "--steps", "2"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": os.getcwd(), "GYRE_RUN__DIR": str(tmp_path / "runs")},
         )
     poll = ListenerPoll(demo.pid)
     poller = threading.Thread(target=poll.run, daemon=True)
@@ -89,8 +91,13 @@ def test_no_process_of_a_run_listens_outside_loopback_while_cells_train(tmp_path
     assert len(poll.seen) >= 10, poll.seen  # servers, services, engines, the rendezvous store were all seen
 
     events = _events(tmp_path / "runs" / "loopback")
-    joins = [e["time_s"] for e in events if e["type"] == "gyre.v1.RoleTransitionCompleted"
-             and e["event"].get("cell", 0) > 0 and e["event"].get("toRole") == "CELL_ROLE_TRAINING"]
+    joins = [
+        e["time_s"]
+        for e in events
+        if e["type"] == "gyre.v1.RoleTransitionCompleted"
+        and e["event"].get("cell", 0) > 0
+        and e["event"].get("toRole") == "CELL_ROLE_TRAINING"
+    ]
     steps = [e["time_s"] for e in events if e["type"] == "gyre.v1.StepCompleted"]
     assert joins and steps, "no satellite joined training: the snapshot pull was not exercised"
     # Polls ran while a satellite had just pulled the snapshot and the cells trained towards the next step.

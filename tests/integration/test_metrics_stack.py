@@ -23,41 +23,66 @@ GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
 
 NAMED: dict[str, tuple[str, ...]] = {
     "scheduler": (
-        "gyre_scheduler_waterlevel_executions", "gyre_scheduler_rollout_capacity_executions",
-        'gyre_scheduler_cells{role="training"}', 'gyre_scheduler_cell_role{cell="1",role="rollout"}',
-        "gyre_scheduler_dispatched_executions_total", "gyre_scheduler_started_executions_total",
-        "gyre_scheduler_finished_executions_total", "gyre_scheduler_mean_staleness_steps",
-        "gyre_scheduler_group_staleness_steps_bucket", "gyre_scheduler_transitions_total",
+        "gyre_scheduler_waterlevel_executions",
+        "gyre_scheduler_rollout_capacity_executions",
+        'gyre_scheduler_cells{role="training"}',
+        'gyre_scheduler_cell_role{cell="1",role="rollout"}',
+        "gyre_scheduler_dispatched_executions_total",
+        "gyre_scheduler_started_executions_total",
+        "gyre_scheduler_finished_executions_total",
+        "gyre_scheduler_mean_staleness_steps",
+        "gyre_scheduler_group_staleness_steps_bucket",
+        "gyre_scheduler_transitions_total",
     ),
     "packer": (
-        "gyre_packer_groups_packed_total", "gyre_packer_microsteps_enqueued_total",
+        "gyre_packer_groups_packed_total",
+        "gyre_packer_microsteps_enqueued_total",
         'gyre_packer_admitted_target_tokens_total{leaf_class="main"}',
-        'gyre_packer_admitted_trajectories_total{leaf_class="sub_agent"}', "gyre_packer_open_batches",
+        'gyre_packer_admitted_trajectories_total{leaf_class="sub_agent"}',
+        "gyre_packer_open_batches",
     ),
     "cell_agent-0": (
-        'gyre_cell_agent_step_seconds_bucket{cell="0"', 'gyre_cell_agent_switch_seconds_count{cell="0",to_role="training"}',
-        'gyre_cell_agent_training_tokens_per_second{cell="0"}', 'gyre_cell_agent_snapshot_pulls_total{cell="0",outcome="pulled"}',
-        'gyre_cell_agent_role{cell="0",role="rollout"} 1.0', "gyre_engine_running_requests", "gyre_engine_kv_usage_ratio",
-        "gyre_engine_prefix_hit_ratio", "gyre_engine_cached_prompt_tokens_total",
+        'gyre_cell_agent_step_seconds_bucket{cell="0"',
+        'gyre_cell_agent_switch_seconds_count{cell="0",to_role="training"}',
+        'gyre_cell_agent_training_tokens_per_second{cell="0"}',
+        'gyre_cell_agent_snapshot_pulls_total{cell="0",outcome="pulled"}',
+        'gyre_cell_agent_role{cell="0",role="rollout"} 1.0',
+        "gyre_engine_running_requests",
+        "gyre_engine_kv_usage_ratio",
+        "gyre_engine_prefix_hit_ratio",
+        "gyre_engine_cached_prompt_tokens_total",
     ),
     "cell_agent-1": ('gyre_cell_agent_role{cell="1",role="rollout"} 1.0', "gyre_engine_waiting_requests"),
     "runner": (
-        'gyre_runner_sandboxes{state="running"}', 'gyre_runner_sandboxes{state="starting"}',
-        "gyre_runner_launch_seconds_bucket", 'gyre_runner_terminated_executions_total{reason="harness_timeout"}',
+        'gyre_runner_sandboxes{state="running"}',
+        'gyre_runner_sandboxes{state="starting"}',
+        "gyre_runner_launch_seconds_bucket",
+        'gyre_runner_terminated_executions_total{reason="harness_timeout"}',
         'gyre_runner_slots{use="free"}',
     ),
     "evaluator": (
-        "gyre_evaluator_pending_evaluations", "gyre_evaluator_queued_evaluations",
+        "gyre_evaluator_pending_evaluations",
+        "gyre_evaluator_queued_evaluations",
         'gyre_evaluator_evaluation_seconds_bucket{le="1.0",status="excluded"}',
-        'gyre_evaluator_evaluations_total{status="excluded"}', "gyre_evaluator_groups_ready_total",
+        'gyre_evaluator_evaluations_total{status="excluded"}',
+        "gyre_evaluator_groups_ready_total",
     ),
-    "proxy": ("gyre_proxy_open_executions", "gyre_proxy_prompt_tokens_total", "gyre_proxy_kv_migrated_tokens_total"),
+    "proxy": (
+        "gyre_proxy_open_executions",
+        "gyre_proxy_prompt_tokens_total",
+        "gyre_proxy_kv_migrated_tokens_total",
+    ),
 }
 
 
 def _gyre(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*GYRE, *args, "--config", str(config)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return subprocess.run(
+        [*GYRE, *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
 
 
 def test_every_service_serves_its_named_series_and_logs_json_only(tmp_path: Path) -> None:
@@ -96,7 +121,9 @@ def test_every_service_serves_its_named_series_and_logs_json_only(tmp_path: Path
         down = _gyre("down", config=config)
     assert down.returncode == 0, down.stderr
     logs = {p.stem: p.read_text().splitlines() for p in (run_dir / "logs").glob("*.log")}
-    services = {k: v for k, v in logs.items() if k not in ("nats", "redis")}  # the servers' own logs are theirs
+    services = {
+        k: v for k, v in logs.items() if k not in ("nats", "redis")
+    }  # the servers' own logs are theirs
     assert set(NAMED) | {"supervisor"} <= set(services)
     for name, lines in services.items():
         assert lines, f"{name}.log is empty"
@@ -112,16 +139,28 @@ def test_every_service_serves_its_named_series_and_logs_json_only(tmp_path: Path
 
 @pytest.mark.parametrize("sink", ["wandb", "mlflow"])
 async def test_a_scheduler_with_a_sink_whose_extra_is_missing_stops_at_start(
-    nats_server: object, redis_server: object, run_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    nats_server: object,
+    redis_server: object,
+    run_id: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     sink: str,
 ) -> None:
     monkeypatch.setitem(sys.modules, sink, None)  # as if `gyre[<sink>]` were not installed
-    config = load_config(None, environ={}, overrides={
-        "run": {"id": run_id, "dir": str(tmp_path)}, "nats": {"url": nats_server.url},  # type: ignore[attr-defined]
-        "redis": {"url": redis_server.url}, "metrics": {"sinks": [sink]},  # type: ignore[attr-defined]
-    })
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            "run": {"id": run_id, "dir": str(tmp_path)},
+            "nats": {"url": nats_server.url},  # type: ignore[attr-defined]
+            "redis": {"url": redis_server.url},
+            "metrics": {"sinks": [sink]},  # type: ignore[attr-defined]
+        },
+    )
     service: GyreService = SchedulerService(config)
-    with pytest.raises(ConfigError, match=rf"'{sink}' needs the {sink} package.*pip install 'gyre\[{sink}\]'"):
+    with pytest.raises(
+        ConfigError, match=rf"'{sink}' needs the {sink} package.*pip install 'gyre\[{sink}\]'"
+    ):
         await service.start()
     await service.stop()
     assert not (tmp_path / run_id / "services" / "scheduler.json").exists()

@@ -40,14 +40,17 @@ async def _record_tree(store: TreeStore, execution_id: str, answer: str) -> int:
     tree = TrajectoryTree(execution_id, template_for_family("chatml"), get_profile("generic"))
     prepared = tree.prepare(ModelRequest(Api.ANTHROPIC, ("Add.",), (ChatMessage.text("user", "2+3"),)))
     ids = [*answer.encode(), 258]
-    result = tree.commit(prepared, ids, [-0.25] * len(ids), CallMeta(request_id=execution_id, policy_version=0))
+    result = tree.commit(
+        prepared, ids, [-0.25] * len(ids), CallMeta(request_id=execution_id, policy_version=0)
+    )
     await store.append(execution_id, [*result.new_nodes, *result.changed_nodes], num_sampled=len(ids))
     await store.close(execution_id)
     return len(ids)
 
 
-async def _ready_group(outcomes: GroupOutcomes, store: TreeStore, group_id: str, version: int,
-                       rewards: list[float | None]) -> dict[str, int]:
+async def _ready_group(
+    outcomes: GroupOutcomes, store: TreeStore, group_id: str, version: int, rewards: list[float | None]
+) -> dict[str, int]:
     """A ready group of N members; reward None = excluded. Returns sampled tokens per valid member."""
     targets: dict[str, int] = {}
     for i, reward in enumerate(rewards):
@@ -75,16 +78,22 @@ async def test_batch_stream_packs_b_groups_oldest_first(
     async def record(event: Message, delivery: Delivery) -> None:
         seen.append(event)
 
-    consumer = await bus.consume(
-        "observer", [ev.GroupPacked, ev.MicroStepEnqueued, ev.StreamClosed], record
-    )
+    consumer = await bus.consume("observer", [ev.GroupPacked, ev.MicroStepEnqueued, ev.StreamClosed], record)
     batch = make_batch_id(run_id, 0)
     queue = WorkQueue(redis, keys, microstep_queue(batch))
     progress = BatchProgress(batch, step=0, num_groups=2, policy_version=2)
     await fill_batch(
-        progress, claim_group=GroupSource(redis, keys).claim, load_tree=TreeSource(redis, keys).load,
-        queue=queue, bus=bus, num_batch_executions=2 * N, token_budget=4096, j_max=5, run_seed=0,
-        normalize_std=False, row_layout="tree",
+        progress,
+        claim_group=GroupSource(redis, keys).claim,
+        load_tree=TreeSource(redis, keys).load,
+        queue=queue,
+        bus=bus,
+        num_batch_executions=2 * N,
+        token_budget=4096,
+        j_max=5,
+        run_seed=0,
+        normalize_std=False,
+        row_layout="tree",
     )
     assert progress.closed and progress.groups_packed == 2
     packed = [e.group_id for e in seen if isinstance(e, ev.GroupPacked)]
@@ -119,15 +128,25 @@ async def test_batch_stream_packs_b_groups_oldest_first(
     assert advantages["g-mid-e0"] == advantages["g-mid-e1"] == 0.0
 
 
-async def test_a_restarted_batch_duplicates_nothing(redis: aioredis.Redis, keys: Keys, bus: EventBus,
-                                                    run_id: str) -> None:
+async def test_a_restarted_batch_duplicates_nothing(
+    redis: aioredis.Redis, keys: Keys, bus: EventBus, run_id: str
+) -> None:
     outcomes, store = GroupOutcomes(redis, keys), TreeStore(redis, keys)
     await _ready_group(outcomes, store, "g1", 0, [1.0, 0.0])
     await _ready_group(outcomes, store, "g2", 0, [0.5, 0.0])
     batch = make_batch_id(run_id, 3)
     queue = WorkQueue(redis, keys, microstep_queue(batch))
-    kwargs = dict(load_tree=TreeSource(redis, keys).load, queue=queue, bus=bus, num_batch_executions=2 * N,
-                  token_budget=64, j_max=5, run_seed=0, normalize_std=False, row_layout="paths")
+    kwargs = dict(
+        load_tree=TreeSource(redis, keys).load,
+        queue=queue,
+        bus=bus,
+        num_batch_executions=2 * N,
+        token_budget=64,
+        j_max=5,
+        run_seed=0,
+        normalize_std=False,
+        row_layout="paths",
+    )
     first = GroupSource(redis, keys)
     await first.claim(batch)  # a packer claimed g1, then died before packing it
     progress = BatchProgress(batch, step=3, num_groups=2, policy_version=0)
@@ -150,7 +169,9 @@ async def _record_retried_tree(store: TreeStore, execution_id: str) -> None:
     for k, answer in enumerate([b"10", b"ten"]):
         prepared = tree.prepare(ModelRequest(Api.ANTHROPIC, ("Add.",), history))
         ids = [*answer, 258]
-        result = tree.commit(prepared, ids, [-0.5] * len(ids), CallMeta(request_id=f"r{k + 1}", policy_version=0))
+        result = tree.commit(
+            prepared, ids, [-0.5] * len(ids), CallMeta(request_id=f"r{k + 1}", policy_version=0)
+        )
         nodes += [*result.new_nodes, *result.changed_nodes]
     await store.append(execution_id, nodes, num_sampled=9)
     await store.close(execution_id)
@@ -163,7 +184,9 @@ async def test_row_layout_tree_enqueues_tree_rows_with_the_same_targets(
     outcomes, store = GroupOutcomes(redis, keys), TreeStore(redis, keys)
     for i, reward in enumerate([1.0, 0.0]):
         await _record_retried_tree(store, f"g-e{i}")
-        await outcomes.resolve("g", size=N, policy_version=0, outcome=StoredOutcome(f"g-e{i}", "valid", reward))
+        await outcomes.resolve(
+            "g", size=N, policy_version=0, outcome=StoredOutcome(f"g-e{i}", "valid", reward)
+        )
     seen: list[Message] = []
 
     async def record(event: Message, delivery: Delivery) -> None:
@@ -173,9 +196,17 @@ async def test_row_layout_tree_enqueues_tree_rows_with_the_same_targets(
     batch = make_batch_id(run_id, 0)
     queue = WorkQueue(redis, keys, microstep_queue(batch))
     await fill_batch(
-        BatchProgress(batch, step=0, num_groups=1, policy_version=0), claim_group=GroupSource(redis, keys).claim,
-        load_tree=TreeSource(redis, keys).load, queue=queue, bus=bus, num_batch_executions=N, token_budget=4096,
-        j_max=5, run_seed=0, normalize_std=False, row_layout=row_layout,  # type: ignore[arg-type]
+        BatchProgress(batch, step=0, num_groups=1, policy_version=0),
+        claim_group=GroupSource(redis, keys).claim,
+        load_tree=TreeSource(redis, keys).load,
+        queue=queue,
+        bus=bus,
+        num_batch_executions=N,
+        token_budget=4096,
+        j_max=5,
+        run_seed=0,
+        normalize_std=False,
+        row_layout=row_layout,  # type: ignore[arg-type]
     )
     claim = await queue.claim("cell-0")
     assert claim is not None and await queue.claim("cell-0") is None

@@ -40,7 +40,9 @@ def _outputs(tree: Any) -> list[str]:
 async def test_an_identical_retry_is_answered_from_the_recorded_output(
     nats_server: ServerProcess, redis_server: ServerProcess, tmp_path: Path, run_id: str
 ) -> None:
-    async with proxy_stack(nats_server.url, redis_server.url, tmp_path, run_id, {"cell-0": scripted_engine()}) as s:
+    async with proxy_stack(
+        nats_server.url, redis_server.url, tmp_path, run_id, {"cell-0": scripted_engine()}
+    ) as s:
         key = await s.open("e1")
         await s.script("cell-0", ["Six.<|im_end|>", "A second sample.<|im_end|>", "Done.<|im_end|>"])
         client = anthropic.AsyncAnthropic(base_url=s.base_url, api_key=key, max_retries=0)
@@ -69,11 +71,15 @@ def _replayed(s: ProxyStack) -> int:
 async def test_a_streaming_call_cut_by_a_proxy_kill_is_retried_on_the_restarted_proxy(
     nats_server: ServerProcess, redis_server: ServerProcess, tmp_path: Path, run_id: str
 ) -> None:
-    config = GyreConfig.model_validate({
-        "run": {"id": run_id, "dir": str(tmp_path)}, "nats": {"url": nats_server.url},
-        "redis": {"url": redis_server.url}, "model": {"path": str(scripted_model_dir())},
-        "proxy": {"port": free_port(), "http_port": free_port()},
-    })
+    config = GyreConfig.model_validate(
+        {
+            "run": {"id": run_id, "dir": str(tmp_path)},
+            "nats": {"url": nats_server.url},
+            "redis": {"url": redis_server.url},
+            "model": {"path": str(scripted_model_dir())},
+            "proxy": {"port": free_port(), "http_port": free_port()},
+        }
+    )
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     spec = scripted_engine()
@@ -81,15 +87,25 @@ async def test_a_streaming_call_cut_by_a_proxy_kill_is_retried_on_the_restarted_
         proxy = _start_proxy(config_file, tmp_path / "proxy-1.log", config.proxy.port)
         try:
             stub = proxy_pb2_grpc.ProxyStub(grpc_channel := _channel(config.proxy.port))
-            await stub.UpdateRoutes(proxy_pb2.UpdateRoutesRequest(
-                engines=[common_pb2.EngineEndpoint(engine_id="cell-0", url=engine.url, cell=0)],
-                default_engine_id="cell-0",
-            ))
-            opened = await stub.OpenExecution(proxy_pb2.OpenExecutionRequest(
-                execution=common_pb2.ExecutionRef(execution_id="e1", group_id="g")))
+            await stub.UpdateRoutes(
+                proxy_pb2.UpdateRoutesRequest(
+                    engines=[common_pb2.EngineEndpoint(engine_id="cell-0", url=engine.url, cell=0)],
+                    default_engine_id="cell-0",
+                )
+            )
+            opened = await stub.OpenExecution(
+                proxy_pb2.OpenExecutionRequest(
+                    execution=common_pb2.ExecutionRef(execution_id="e1", group_id="g")
+                )
+            )
             await grpc_channel.close()
-            await _script(engine.url, [{"text": "A slow answer that takes a while.<|im_end|>", "token_interval_s": 0.1},
-                                       {"text": "Six.<|im_end|>"}])
+            await _script(
+                engine.url,
+                [
+                    {"text": "A slow answer that takes a while.<|im_end|>", "token_interval_s": 0.1},
+                    {"text": "Six.<|im_end|>"},
+                ],
+            )
             base_url = f"http://127.0.0.1:{config.proxy.http_port}"
             client = anthropic.Anthropic(base_url=base_url, api_key=opened.api_key, max_retries=0, timeout=60)
             started, seen = threading.Event(), []
@@ -137,8 +153,12 @@ async def test_a_streaming_call_cut_by_a_proxy_kill_is_retried_on_the_restarted_
 
 def _start_proxy(config_file: Path, log: Path, grpc_port: int) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.proxy", "--config", str(config_file)],
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.proxy", "--config", str(config_file)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
     deadline = time.monotonic() + 60
     while grpc_health(grpc_port) != "SERVING":
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]

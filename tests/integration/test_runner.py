@@ -36,15 +36,29 @@ async def proxy(api: ScriptedAnthropic) -> AsyncIterator[ProxyStub]:
         yield stub
 
 
-def config_for(run_id: str, tmp_path: Path, nats: ServerProcess, redis: ServerProcess, proxy: ProxyStub,
-               **runner: Any) -> Any:
-    return run_config(run_id, tmp_path, nats.url, redis.url, proxy.port,
-                      runner={"max_concurrent": 4, "sandbox": {"kill_grace_s": 1.0}, **runner})
+def config_for(
+    run_id: str, tmp_path: Path, nats: ServerProcess, redis: ServerProcess, proxy: ProxyStub, **runner: Any
+) -> Any:
+    return run_config(
+        run_id,
+        tmp_path,
+        nats.url,
+        redis.url,
+        proxy.port,
+        runner={"max_concurrent": 4, "sandbox": {"kill_grace_s": 1.0}, **runner},
+    )
 
 
 async def test_demo_harness_executions_complete_and_report(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path,
-    bus: EventBus, redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, api: ScriptedAnthropic,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+    api: ScriptedAnthropic,
 ) -> None:
     events = await EventLog.attach(bus)
     config = config_for(run_id, tmp_path, nats_server, redis_server, proxy)
@@ -68,8 +82,14 @@ async def test_demo_harness_executions_complete_and_report(
 
 
 async def test_a_start_that_cannot_run_terminates_as_infra_failure(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path,
-    bus: EventBus, redis: aioredis.Redis, keys: Keys, proxy: ProxyStub,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
 ) -> None:
     events = await EventLog.attach(bus)
     config = config_for(run_id, tmp_path, nats_server, redis_server, proxy)

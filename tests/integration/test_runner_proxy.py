@@ -26,16 +26,28 @@ CALL = '<tool_call>{"name":"write_file","arguments":{"path":"answer.txt","conten
 
 
 async def test_demo_harness_through_the_real_proxy_is_recorded_and_scored(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
 ) -> None:
     events = await EventLog.attach(bus)
-    async with proxy_stack(nats_server.url, redis_server.url, tmp_path / "proxy", run_id,
-                           {"cell-0": scripted_engine()}) as proxy:
+    async with proxy_stack(
+        nats_server.url, redis_server.url, tmp_path / "proxy", run_id, {"cell-0": scripted_engine()}
+    ) as proxy:
         # One execution at a time, so the FIFO script answers each execution's two calls in order.
         await proxy.script("cell-0", [CALL % "8", "Done.", CALL % "7", "Done."])
-        config = run_config(run_id, tmp_path / "runs", nats_server.url, redis_server.url, proxy.service.grpc_port,
-                            runner={"max_concurrent": 1, "sandbox": {"kill_grace_s": 1.0}})
+        config = run_config(
+            run_id,
+            tmp_path / "runs",
+            nats_server.url,
+            redis_server.url,
+            proxy.service.grpc_port,
+            runner={"max_concurrent": 1, "sandbox": {"kill_grace_s": 1.0}},
+        )
         async with RunnerService(config), EvaluatorService(config):
             eids = await dispatch_group(bus, redis, keys, "g1", "add/3+5", 2)
             await events.wait_for(ev.GroupReady, timeout_s=120)

@@ -55,7 +55,10 @@ class RunnerProcess:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "services.runner", "--config", str(self.config_path)],
-                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
 
     def kill(self) -> None:
@@ -82,18 +85,36 @@ def runner_process(tmp_path: Path) -> Iterator[list[RunnerProcess]]:
 
 
 async def test_sigkilled_runner_reconciles_every_execution_on_restart(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub, runner_process: list[RunnerProcess],
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+    runner_process: list[RunnerProcess],
 ) -> None:
     tasks = tmp_path / "tasks"
     survives = write_task(tasks, "survives", "echo started > s.txt; sleep 600", ["true"], harness_timeout_s=6)
     dies = write_task(tasks, "dies", "echo started > s.txt; sleep 600", ["true"], harness_timeout_s=60)
-    finishes = write_task(tasks, "finishes", "while [ ! -e go ]; do sleep 0.05; done; echo done > out.txt", ["true"])
-    config = run_config(run_id, tmp_path / "runs", nats_server.url, redis_server.url, proxy.port,
-                        tasks={"dirs": [str(tasks)]}, runner={
-        "harness": "command", "command": ["bash", "-c", "{prompt}"], "max_concurrent": 4,
-        "sandbox": {"uid_base": UID_BASE, "kill_grace_s": 1.0},
-    })
+    finishes = write_task(
+        tasks, "finishes", "while [ ! -e go ]; do sleep 0.05; done; echo done > out.txt", ["true"]
+    )
+    config = run_config(
+        run_id,
+        tmp_path / "runs",
+        nats_server.url,
+        redis_server.url,
+        proxy.port,
+        tasks={"dirs": [str(tasks)]},
+        runner={
+            "harness": "command",
+            "command": ["bash", "-c", "{prompt}"],
+            "max_concurrent": 4,
+            "sandbox": {"uid_base": UID_BASE, "kill_grace_s": 1.0},
+        },
+    )
     runner = RunnerProcess(config, tmp_path)
     runner_process.append(runner)
     events = await EventLog.attach(bus)

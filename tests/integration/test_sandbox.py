@@ -55,8 +55,14 @@ def sandbox_uids_in_use() -> list[int]:
 
 
 async def test_fork_bomb_memory_hog_and_network_probe_are_contained(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path, bus: EventBus,
-    redis: aioredis.Redis, keys: Keys, proxy: ProxyStub,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
 ) -> None:
     tasks = tmp_path / "tasks"
     (tasks / "net").mkdir(parents=True)
@@ -68,17 +74,27 @@ async def test_fork_bomb_memory_hog_and_network_probe_are_contained(
     hog = write_task(tasks, "hog", "python3 -c 'x = bytearray(2 * 1024 ** 3)'", ["true"])
     net = write_task(tasks, "net", f"python3 probe.py {redis_port} {proxy_port}", ["true"])
     after = write_task(tasks, "after", "echo ok > ok.txt", ["true"])
-    config = run_config(run_id, tmp_path / "runs", nats_server.url, redis_server.url, proxy.port,
-                        tasks={"dirs": [str(tasks)]}, runner={
-        "harness": "command", "command": ["bash", "-c", "{prompt}"],
-        "max_concurrent": 4,
-        "sandbox": {"uid_base": UID_BASE, "max_processes": 64, "memory_mb": 512, "kill_grace_s": 1.0},
-    })
+    config = run_config(
+        run_id,
+        tmp_path / "runs",
+        nats_server.url,
+        redis_server.url,
+        proxy.port,
+        tasks={"dirs": [str(tasks)]},
+        runner={
+            "harness": "command",
+            "command": ["bash", "-c", "{prompt}"],
+            "max_concurrent": 4,
+            "sandbox": {"uid_base": UID_BASE, "max_processes": 64, "memory_mb": 512, "kill_grace_s": 1.0},
+        },
+    )
     events = await EventLog.attach(bus)
     async with RunnerService(config):
         for group, task in (("bomb", bomb), ("hog", hog), ("net", net)):
             await dispatch_group(bus, redis, keys, group, task, 1)
-        terms = {e.execution.group_id: e for e in await events.wait_for(ev.ExecutionTerminated, 3, timeout_s=60)}
+        terms = {
+            e.execution.group_id: e for e in await events.wait_for(ev.ExecutionTerminated, 3, timeout_s=60)
+        }
         assert sandbox_uids_in_use() == []  # every sandbox process is gone once its execution ended
         # The runner is still healthy: a plain execution afterwards completes.
         await dispatch_group(bus, redis, keys, "after", after, 1)
@@ -91,9 +107,14 @@ async def test_fork_bomb_memory_hog_and_network_probe_are_contained(
     assert terms["hog"].reason == cm.TERMINATION_REASON_FAILED and "MemoryError" in terms["hog"].detail
     assert terms["net"].reason == cm.TERMINATION_REASON_FAILED
     assert "external network blocked" in terms["net"].detail and "unreachable" in terms["net"].detail
-    probes = dict(line.split("=", 1) for line in (Path(terms["net"].workspace.path) / "net.txt").read_text().splitlines())
+    probes = dict(
+        line.split("=", 1)
+        for line in (Path(terms["net"].workspace.path) / "net.txt").read_text().splitlines()
+    )
     assert "unreachable" in probes["external"]
-    assert probes["host_redis"].startswith("ConnectionRefusedError")  # the host's loopback is not the sandbox's
+    assert probes["host_redis"].startswith(
+        "ConnectionRefusedError"
+    )  # the host's loopback is not the sandbox's
     assert probes["proxy"] == "open"  # only the relayed proxy is reachable
     # The machine stays healthy: this process can still fork and nothing of the sandboxes is left.
     assert subprocess.run(["true"], check=False).returncode == 0

@@ -15,8 +15,13 @@ GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
 
 
 def _gyre(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*GYRE, *args, "--config", str(config)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return subprocess.run(
+        [*GYRE, *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
 
 
 def _listeners(pids: set[int]) -> list[str]:
@@ -40,19 +45,31 @@ def test_up_status_down(tmp_path: Path) -> None:
         st = _gyre("status", "--json", config=config)
         rows = json.loads(st.stdout)
         services = {r["name"]: r for r in rows if r["grpc_port"]}
-        assert set(services) == {"scheduler", "proxy", "runner", "evaluator", "packer",
-                                 "cell_agent-0", "cell_agent-1", "cell_agent-2"}
+        assert set(services) == {
+            "scheduler",
+            "proxy",
+            "runner",
+            "evaluator",
+            "packer",
+            "cell_agent-0",
+            "cell_agent-1",
+            "cell_agent-2",
+        }
         assert all(r["health"] == "SERVING" for r in services.values())
         assert rows[0]["name"] == "supervisor" and rows[0]["health"] == "SERVING"
         text = _gyre("status", config=config).stdout
-        assert "proxy     requests 0  recorded calls 0  side calls 0  history mismatches 0 (0.0%)" in text, text
+        assert "proxy     requests 0  recorded calls 0  side calls 0  history mismatches 0 (0.0%)" in text, (
+            text
+        )
         assert all(r["restarts"] == 0 and r["last_exit"] == "" for r in rows)
         creds = tmp_path / "runs" / "stacktest" / "credentials"
         assert all(oct(f.stat().st_mode & 0o777) == "0o600" for f in creds.rglob("*.json"))
         pids = {int(r["pid"]) for r in rows}
         listeners = _listeners(pids)
         assert listeners, "expected our processes to listen somewhere"
-        bad = [a for a in listeners if not (a.startswith("127.0.0.1:") or a.startswith("[::ffff:127.0.0.1]:"))]
+        bad = [
+            a for a in listeners if not (a.startswith("127.0.0.1:") or a.startswith("[::ffff:127.0.0.1]:"))
+        ]
         assert bad == [], f"listeners outside loopback: {bad}"
     finally:
         down = _gyre("down", config=config)
@@ -65,11 +82,19 @@ def test_up_status_down(tmp_path: Path) -> None:
 def test_config_show_names_the_bad_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("scheduler:\n  rho_min: 1.5\n")
-    result = subprocess.run([*GYRE, "config", "show", "--file", str(bad)], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    result = subprocess.run(
+        [*GYRE, "config", "show", "--file", str(bad)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert result.returncode == 2
     assert "scheduler.rho_min" in result.stderr and "(0, 1]" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-    good = subprocess.run([*GYRE, "config", "show"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": os.getcwd(), "GYRE_SCHEDULER__PHI": "1.5"})
+    good = subprocess.run(
+        [*GYRE, "config", "show"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd(), "GYRE_SCHEDULER__PHI": "1.5"},
+    )
     assert good.returncode == 0 and "phi: 1.5" in good.stdout

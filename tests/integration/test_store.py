@@ -40,7 +40,9 @@ async def test_concurrent_counter_updates_keep_the_invariant(redis: aioredis.Red
     assert rejected > 0  # finishing more than started must have been refused along the way
 
 
-async def test_invalid_transition_names_the_error_and_changes_nothing(redis: aioredis.Redis, keys: Keys) -> None:
+async def test_invalid_transition_names_the_error_and_changes_nothing(
+    redis: aioredis.Redis, keys: Keys
+) -> None:
     counters = Counters(redis, keys)
     await counters.add("dispatched", 2)
     await counters.add("started", 1)
@@ -97,7 +99,8 @@ async def test_item_of_a_dead_consumer_is_reclaimed_and_processed_exactly_once(
     await queue.close()
     proc = subprocess.Popen(
         [sys.executable, "-c", _DYING_CLAIMER, redis_server.url, run_id],
-        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()},
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout=30)  # type: ignore[union-attr]

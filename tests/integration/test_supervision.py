@@ -49,8 +49,13 @@ def _config(tmp_path: Path, run_id: str, supervisor: str = "{backoff_initial_s: 
 
 
 def _gyre(*args: str, config: Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*GYRE, *args, "--config", str(config)], capture_output=True, text=True,
-                          timeout=timeout_s, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return subprocess.run(
+        [*GYRE, *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
 
 
 def _rows(config: Path) -> dict[str, dict[str, Any]]:
@@ -78,13 +83,16 @@ def _restarted(config: Path, name: str, old_pid: int) -> Callable[[], bool]:
         if entry is None or entry.pid == old_pid or not entry.alive():
             return False
         return not entry.grpc_port or grpc_health(entry.grpc_port) == "SERVING"
+
     return check
 
 
 def _all_gone(pids: set[int], timeout_s: float) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while True:
-        left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        left = [
+            p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
@@ -149,8 +157,13 @@ def _ping(client: redis.Redis) -> bool:
 
 def test_a_process_out_of_restarts_stops_a_foreground_run(tmp_path: Path) -> None:
     config = _config(tmp_path, "budget", supervisor="{max_restarts: 0}")
-    up = subprocess.Popen([*GYRE, "up", "--config", str(config), "--wait", "60"], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    up = subprocess.Popen(
+        [*GYRE, "up", "--config", str(config), "--wait", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         _wait("the stack up", lambda: _phase(config) == "serving", 90)
         rows = _rows(config)
@@ -167,8 +180,13 @@ def test_a_process_out_of_restarts_stops_a_foreground_run(tmp_path: Path) -> Non
 
 def test_ctrl_c_on_a_foreground_up_stops_every_process_within_the_bound(tmp_path: Path) -> None:
     config = _config(tmp_path, "ctrlc")
-    up = subprocess.Popen([*GYRE, "up", "--config", str(config), "--wait", "60"], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    up = subprocess.Popen(
+        [*GYRE, "up", "--config", str(config), "--wait", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         _wait("the stack up", lambda: _phase(config) == "serving", 90)
         pids = {p.pid for p in psutil.Process(up.pid).children(recursive=True)}

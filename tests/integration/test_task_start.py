@@ -37,15 +37,25 @@ def malformed(tmp_path: Path) -> tuple[Path, str]:
 
 
 def config_for(run_id: str, tmp_path: Path, nats: ServerProcess, redis: ServerProcess) -> GyreConfig:
-    return run_config(run_id, tmp_path / "runs", nats.url, redis.url, free_port(),
-                      tasks={"dirs": [str(tmp_path / "harbor")]}, scheduler={"num_cells": 1},
-                      cell_agent={"ports": [free_port()], "engine_ports": [free_port()]})
+    return run_config(
+        run_id,
+        tmp_path / "runs",
+        nats.url,
+        redis.url,
+        free_port(),
+        tasks={"dirs": [str(tmp_path / "harbor")]},
+        scheduler={"num_cells": 1},
+        cell_agent={"ports": [free_port()], "engine_ports": [free_port()]},
+    )
 
 
 @pytest.mark.parametrize("service", [SchedulerService, RunnerService, EvaluatorService])
 async def test_each_service_refuses_to_start_naming_file_and_key(
-    service: type[SchedulerService | RunnerService | EvaluatorService], nats_server: ServerProcess,
-    redis_server: ServerProcess, run_id: str, tmp_path: Path,
+    service: type[SchedulerService | RunnerService | EvaluatorService],
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
 ) -> None:
     _, message = malformed(tmp_path)
     instance = service(config_for(run_id, tmp_path, nats_server, redis_server))
@@ -57,21 +67,37 @@ async def test_each_service_refuses_to_start_naming_file_and_key(
 
 
 def test_the_service_entry_point_exits_2_with_one_line(
-    nats_server: ServerProcess, redis_server: ServerProcess, run_id: str, tmp_path: Path,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
 ) -> None:
     _, message = malformed(tmp_path)
     config_file = tmp_path / "config.yaml"
-    config_file.write_text(yaml.safe_dump(config_for(run_id, tmp_path, nats_server, redis_server).model_dump(mode="json")))
-    done = subprocess.run([sys.executable, "-m", "services.runner", "--config", str(config_file)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    config_file.write_text(
+        yaml.safe_dump(config_for(run_id, tmp_path, nats_server, redis_server).model_dump(mode="json"))
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "services.runner", "--config", str(config_file)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == f"error: {message}"
 
 
 def test_gyre_up_refuses_before_spawning_anything(tmp_path: Path) -> None:
     _, message = malformed(tmp_path)
-    config = run_config("badtasks", tmp_path / "runs", "", "", tasks={"dirs": [str(tmp_path / "harbor")]},
-                        model={"path": str(small_dir())})
+    config = run_config(
+        "badtasks",
+        tmp_path / "runs",
+        "",
+        "",
+        tasks={"dirs": [str(tmp_path / "harbor")]},
+        model={"path": str(small_dir())},
+    )
     with pytest.raises(StackError) as e:
         up(config)
     assert str(e.value) == f"tasks: {message}"

@@ -46,8 +46,13 @@ def cell_config(
         "model": SMALL_MODEL,
         "cell_agent": {
             "engine": {"kv_cache_tokens": 4096, "max_batch_size": 8},
-            "trainer": {"heartbeat_interval_s": 0.2, "poll_s": 0.01, "join_timeout_s": 60.0,
-                        "collective_timeout_s": 60.0, "rendezvous_timeout_s": 60.0},
+            "trainer": {
+                "heartbeat_interval_s": 0.2,
+                "poll_s": 0.01,
+                "join_timeout_s": 60.0,
+                "collective_timeout_s": 60.0,
+                "rendezvous_timeout_s": 60.0,
+            },
         },
     }
     return with_cell_ports(load_config(None, environ={}, overrides=_merge(base, overrides)), num_cells)
@@ -65,7 +70,11 @@ class CellStack(LocalCells):
         overrides: dict[str, Any] | None = None,
     ) -> None:
         config = cell_config(
-            run_dir, nats_url=nats_url, redis_url=redis_url, run_id=run_id, num_cells=num_cells,
+            run_dir,
+            nats_url=nats_url,
+            redis_url=redis_url,
+            run_id=run_id,
+            num_cells=num_cells,
             overrides=overrides or {},
         )
         super().__init__(config, run_dir)

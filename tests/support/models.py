@@ -35,7 +35,13 @@ SMALL: dict[str, Any] = {
     "max_position_embeddings": 1024,
     "rope_theta": 10000.0,
 }
-CELL: dict[str, Any] = {**SMALL, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 512}
+CELL: dict[str, Any] = {
+    **SMALL,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "max_position_embeddings": 512,
+}
 
 
 @functools.cache
@@ -45,7 +51,11 @@ def byte_dir(seed: int = 0, context: int = 1024, **dims: int) -> Path:
     name = "-".join(f"{k}{v}" for k, v in sorted(dims.items()))
     overrides = {**SMALL, **dims, "max_position_embeddings": context}
     return init_model_dir(
-        _ROOT / f"byte-{seed}-{context}-{name}", arch="llama", tokenizer="byte", family="chatml", seed=seed,
+        _ROOT / f"byte-{seed}-{context}-{name}",
+        arch="llama",
+        tokenizer="byte",
+        family="chatml",
+        seed=seed,
         overrides=overrides,
     )
 
@@ -55,7 +65,11 @@ def small_dir(seed: int = 0) -> Path:
 
 
 def cell_dir(seed: int = 3) -> Path:
-    return byte_dir(seed, CELL["max_position_embeddings"], **{k: v for k, v in CELL.items() if k != "max_position_embeddings"})
+    return byte_dir(
+        seed,
+        CELL["max_position_embeddings"],
+        **{k: v for k, v in CELL.items() if k != "max_position_embeddings"},
+    )
 
 
 @functools.cache

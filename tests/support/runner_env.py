@@ -22,8 +22,9 @@ from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 
 
-def run_config(run_id: str, run_dir: Path, nats_url: str, redis_url: str, proxy_port: int = 0,
-               **sections: dict[str, Any]) -> GyreConfig:
+def run_config(
+    run_id: str, run_dir: Path, nats_url: str, redis_url: str, proxy_port: int = 0, **sections: dict[str, Any]
+) -> GyreConfig:
     """A config for one test run; `sections` override whole-section keys (e.g. runner={...})."""
     overrides: dict[str, Any] = {
         "run": {"id": run_id, "dir": str(run_dir)},
@@ -58,13 +59,20 @@ class EventLog:
     def of(self, kind: type[Message], where: Callable[[Any], bool] = lambda e: True) -> list[Any]:
         return [e for e in self.events if isinstance(e, kind) and where(e)]
 
-    async def wait_for(self, kind: type[Message], count: int = 1, where: Callable[[Any], bool] = lambda e: True,
-                       timeout_s: float = 30.0) -> list[Any]:
+    async def wait_for(
+        self,
+        kind: type[Message],
+        count: int = 1,
+        where: Callable[[Any], bool] = lambda e: True,
+        timeout_s: float = 30.0,
+    ) -> list[Any]:
         deadline = time.monotonic() + timeout_s
         while len(found := self.of(kind, where)) < count:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{len(found)}/{count} {kind.__name__} events after {timeout_s} s: {found}")
+                raise TimeoutError(
+                    f"{len(found)}/{count} {kind.__name__} events after {timeout_s} s: {found}"
+                )
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=min(left, 0.5))
@@ -72,38 +80,65 @@ class EventLog:
 
 
 async def dispatch_group(
-    bus: EventBus, redis: Any, keys: Keys, group_id: str, task_id: str, size: int,
-    harness_timeout_s: float = 0.0, overall_budget_s: float = 0.0, policy_version: int = 0, publish: bool = True,
+    bus: EventBus,
+    redis: Any,
+    keys: Keys,
+    group_id: str,
+    task_id: str,
+    size: int,
+    harness_timeout_s: float = 0.0,
+    overall_budget_s: float = 0.0,
+    policy_version: int = 0,
+    publish: bool = True,
 ) -> list[str]:
     """What the scheduler does at dispatch: records, counter d, one start request per execution."""
     eids = [f"{group_id}-e{i}" for i in range(size)]
     group = GroupRecord(group_id, task_id, task_id, tuple(eids), policy_version, 0, int(time.time() * 1000))
-    execs = [ExecutionRecord(e, group_id, i, task_id, task_id, harness_timeout_s, overall_budget_s)
-             for i, e in enumerate(eids)]
+    execs = [
+        ExecutionRecord(e, group_id, i, task_id, task_id, harness_timeout_s, overall_budget_s)
+        for i, e in enumerate(eids)
+    ]
     await Records(redis, keys).put_group(group, execs)
     await Counters(redis, keys).add("dispatched", size, token=f"dispatch:{group_id}")
     if publish:
         for i, eid in enumerate(eids):
             await bus.publish(
                 ev.ExecutionStartRequested(
-                    execution=cm.ExecutionRef(execution_id=eid, group_id=group_id, index_in_group=i, query_id=task_id),
-                    task_id=task_id, engine_id="cell-0", harness_timeout_s=harness_timeout_s,
-                    overall_budget_s=overall_budget_s, profile="generic",
+                    execution=cm.ExecutionRef(
+                        execution_id=eid, group_id=group_id, index_in_group=i, query_id=task_id
+                    ),
+                    task_id=task_id,
+                    engine_id="cell-0",
+                    harness_timeout_s=harness_timeout_s,
+                    overall_budget_s=overall_budget_s,
+                    profile="generic",
                 ),
                 event_id=f"exec.start:{eid}",
             )
     return eids
 
 
-def write_task(root: Path, name: str, prompt: str, verifier: list[str], harness_timeout_s: float = 30.0,
-               overall_budget_s: float = 60.0, files: dict[str, str] | None = None) -> str:
+def write_task(
+    root: Path,
+    name: str,
+    prompt: str,
+    verifier: list[str],
+    harness_timeout_s: float = 30.0,
+    overall_budget_s: float = 60.0,
+    files: dict[str, str] | None = None,
+) -> str:
     """An on-disk task under `root` (a task directory); returns its id `<root name>/<name>`."""
     import yaml
 
     task_dir = root / name
     task_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"prompt": prompt, "verifier": verifier, "harness_timeout_s": harness_timeout_s,
-            "overall_budget_s": overall_budget_s, "files": files or {}}
+    spec = {
+        "prompt": prompt,
+        "verifier": verifier,
+        "harness_timeout_s": harness_timeout_s,
+        "overall_budget_s": overall_budget_s,
+        "files": files or {},
+    }
     (task_dir / "task.yaml").write_text(yaml.safe_dump(spec))
     return f"{root.name}/{name}"
 
@@ -116,7 +151,8 @@ async def stream_events(bus: EventBus, kind: type[Message]) -> list[Any]:
 
     subject = subject_for(bus.run_id, kind)
     psub = await bus.js.pull_subscribe(
-        subject, stream=event_stream(bus.run_id).name,
+        subject,
+        stream=event_stream(bus.run_id).name,
         config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
     )
     found: list[Any] = []

@@ -71,7 +71,9 @@ def text(value: str, **usage: int) -> Reply:
 
 def tool_use(name: str, arguments: dict[str, Any], text_before: str = "", **usage: int) -> Reply:
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text_before}] if text_before else []
-    blocks.append({"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:20]}", "name": name, "input": arguments})
+    blocks.append(
+        {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:20]}", "name": name, "input": arguments}
+    )
     return Reply(tuple(blocks), "tool_use", **usage)
 
 
@@ -83,7 +85,11 @@ _ADDITION = re.compile(r"^([0-9])\+([0-9])=\? Write the answer to (\S+)\.$")
 def arithmetic_solver(request: RecordedRequest) -> Step:
     """Answers the `add/` demo tasks like a perfect model: one write_file call, then 'Done.'."""
     last = request.body["messages"][-1]
-    if last["role"] == "user" and isinstance(last["content"], list) and last["content"][0]["type"] == "tool_result":
+    if (
+        last["role"] == "user"
+        and isinstance(last["content"], list)
+        and last["content"][0]["type"] == "tool_result"
+    ):
         return text("Done.")
     m = _ADDITION.match(request.first_user_text())
     if m is None:
@@ -101,7 +107,9 @@ class ScriptedAnthropic:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="scripted-anthropic", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="scripted-anthropic", daemon=True
+        )
 
     @property
     def port(self) -> int:
@@ -148,23 +156,60 @@ def _message_json(step: Reply) -> dict[str, Any]:
 def _sse_events(step: Reply) -> list[tuple[str, dict[str, Any]]]:
     message = _message_json(step)
     start = {**message, "content": [], "stop_reason": None, "usage": {**message["usage"], "output_tokens": 0}}
-    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start})
+    ]
     events.append(("ping", {"type": "ping"}))
     for i, block in enumerate(step.content):
         if block["type"] == "text":
-            events.append(("content_block_start", {"type": "content_block_start", "index": i,
-                                                   "content_block": {"type": "text", "text": ""}}))
-            events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                   "delta": {"type": "text_delta", "text": block["text"]}}))
+            events.append(
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": i,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                )
+            )
+            events.append(
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": i,
+                        "delta": {"type": "text_delta", "text": block["text"]},
+                    },
+                )
+            )
         else:
-            events.append(("content_block_start", {"type": "content_block_start", "index": i,
-                                                   "content_block": {**block, "input": {}}}))
-            events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
-                "type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
+            events.append(
+                (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": i, "content_block": {**block, "input": {}}},
+                )
+            )
+            events.append(
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": i,
+                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+                    },
+                )
+            )
         events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
-    events.append(("message_delta", {"type": "message_delta",
-                                     "delta": {"stop_reason": step.stop_reason, "stop_sequence": None},
-                                     "usage": {"output_tokens": step.output_tokens}}))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": step.stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": step.output_tokens},
+            },
+        )
+    )
     events.append(("message_stop", {"type": "message_stop"}))
     return events
 

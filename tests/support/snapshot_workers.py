@@ -21,8 +21,16 @@ from services.cell_agent.training import TrainingSide
 from tests.support.models import byte_dir
 
 MODEL = ModelSection(
-    path=byte_dir(1, 128, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-                  head_dim=64, intermediate_size=768)
+    path=byte_dir(
+        1,
+        128,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=768,
+    )
 )
 
 
@@ -31,9 +39,16 @@ async def _side(cell: int, redis_url: str, run_id: str, root: Path) -> TrainingS
     # cell agent does and this bare core loop does not).
     section = TrainerSection(poll_s=0.001, rendezvous_timeout_s=60, lr=1e-3, weight_transport="mooncake")
     side = TrainingSide(
-        cell=cell, num_cells=2, section=section, model_section=MODEL, objective=ObjectiveParams(),
-        redis=await connect_redis(redis_url), keys=Keys(run_id), checkpoint_root=root,
-        own_host="127.0.0.1", core_host="127.0.0.1",
+        cell=cell,
+        num_cells=2,
+        section=section,
+        model_section=MODEL,
+        objective=ObjectiveParams(),
+        redis=await connect_redis(redis_url),
+        keys=Keys(run_id),
+        checkpoint_root=root,
+        own_host="127.0.0.1",
+        core_host="127.0.0.1",
     )
     await side.start()
     await side.connect()
@@ -57,7 +72,9 @@ def core_worker(redis_url: str, run_id: str, root: str, versions: Queue[Any], st
     asyncio.run(main())
 
 
-def satellite_worker(redis_url: str, run_id: str, root: str, pulls: Queue[Any], stop: Event, count: int) -> None:
+def satellite_worker(
+    redis_url: str, run_id: str, root: str, pulls: Queue[Any], stop: Event, count: int
+) -> None:
     async def main() -> None:
         torch.set_num_threads(1)
         side = await _side(1, redis_url, run_id, Path(root))

@@ -9,7 +9,16 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP = {".git", ".venv", "node_modules", "runs", ".pytest_cache", ".mypy_cache", ".ruff_cache", "gyre.egg-info"}
+SKIP = {
+    ".git",
+    ".venv",
+    "node_modules",
+    "runs",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    "gyre.egg-info",
+}
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 CODE_PATH = re.compile(r"`((?:gyre|services|harness|sim|bench|deploy|tests|protos|docs|examples)/[\w./-]*)`")
 OUTSIDE = re.compile(r"\.\./shared|/work/shared|shared/(?:DESIGN|FACTS|STYLE)\.md|shared/reference/")
@@ -18,7 +27,7 @@ OUTSIDE = re.compile(r"\.\./shared|/work/shared|shared/(?:DESIGN|FACTS|STYLE)\.m
 def repo_files(*suffixes: str) -> list[Path]:
     found = []
     for root, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if d not in SKIP ]
+        dirs[:] = [d for d in dirs if d not in SKIP]
         found += [Path(root, f) for f in files if Path(f).suffix in suffixes]
     return found
 

@@ -18,7 +18,11 @@ APP = {"gyre.cli", "gyre.demo", "gyre.stack"}
 def lint_imports(config: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(LINT_IMPORTS), str(config), "--cache-dir", str(tmp_path / "cache")],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -47,7 +51,10 @@ def test_a_contract_the_code_breaks_is_reported_broken(tmp_path: Path) -> None:
 
 
 def test_the_library_contract_names_every_library_package() -> None:
-    packages = {f"gyre.{p.stem}" for p in (REPO / "gyre").iterdir()
-                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    packages = {
+        f"gyre.{p.stem}"
+        for p in (REPO / "gyre").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    }
     listed = set(contracts()["library"]["source_modules"])  # type: ignore[arg-type]
     assert listed == packages - APP

@@ -41,7 +41,9 @@ def test_every_logger_writes_json_with_the_bound_context() -> None:
     try:
         bind_context(run="r1", execution="e7", cell=2)
         EARLY.info("early_logger", n=1)
-        logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.", extra={"color_message": "\x1b[1m"})
+        logging.getLogger("uvicorn.error").warning(
+            "Invalid HTTP request received.", extra={"color_message": "\x1b[1m"}
+        )
         logging.getLogger("nats.aio.client").error("nats: encountered error", exc_info=ValueError("boom"))
         logging.getLogger("httpx").warning("HTTP Request: %s %s", "POST", "http://127.0.0.1:1/generate")
         logging.getLogger("httpx").info("HTTP Request: POST ok")  # per-request INFO is kept out at info level
@@ -56,8 +58,14 @@ def test_every_logger_writes_json_with_the_bound_context() -> None:
         clear_context()
     lines = _lines(buf)
     by_logger = {line["logger"]: line for line in lines}
-    assert set(by_logger) == {"gyre.test.early", "uvicorn.error", "nats.aio.client", "httpx", "py.warnings",
-                              "gyre.test"}
+    assert set(by_logger) == {
+        "gyre.test.early",
+        "uvicorn.error",
+        "nats.aio.client",
+        "httpx",
+        "py.warnings",
+        "gyre.test",
+    }
     assert all(line["run"] == "r1" and line["execution"] == "e7" and line["cell"] == 2 for line in lines)
     assert all({"event", "level", "timestamp"} <= set(line) for line in lines)
     assert by_logger["uvicorn.error"]["event"] == "Invalid HTTP request received."

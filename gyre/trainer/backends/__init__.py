@@ -29,6 +29,7 @@ TRAINER_BACKENDS: dict[str, Callable[[], type[TrainerBackend]]] = {
 }
 """name → a function returning the backend class (importing its module on first use)."""
 
+
 def trainer_class(name: str) -> type[TrainerBackend]:
     """The backend class registered as `name` (imports its module)."""
     try:
@@ -44,4 +45,12 @@ def create_trainer(name: str, spec: TrainerSpec) -> TrainerBackend:
     return trainer_class(name).create(spec)
 
 
-__all__ = ["TRAINER_BACKENDS", "TorchTrainer", "TrainerBackend", "TrainerSpec", "check_trainer", "create_trainer", "trainer_class"]
+__all__ = [
+    "TRAINER_BACKENDS",
+    "TorchTrainer",
+    "TrainerBackend",
+    "TrainerSpec",
+    "check_trainer",
+    "create_trainer",
+    "trainer_class",
+]

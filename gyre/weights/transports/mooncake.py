@@ -51,16 +51,22 @@ class MooncakeTransport(WeightTransport):
     def _te(self) -> Any:
         if self._engine is None:
             engine = _engine_class()()
-            rc = engine.initialize(self.options.host, "P2PHANDSHAKE", self.options.protocol, self.options.device)
+            rc = engine.initialize(
+                self.options.host, "P2PHANDSHAKE", self.options.protocol, self.options.device
+            )
             if rc != 0:
-                raise TransportError(f"Mooncake initialize({self.options.host!r}, {self.options.protocol!r}) failed: {rc}")
+                raise TransportError(
+                    f"Mooncake initialize({self.options.host!r}, {self.options.protocol!r}) failed: {rc}"
+                )
             self._engine = engine
         return self._engine
 
     def _register(self, buffer: torch.Tensor) -> None:
         if buffer.device.type != "cpu":
-            raise TransportError("the non-CUDA Mooncake build registers host memory only; the buffer is on "
-                                 f"{buffer.device} (install the CUDA build, or use weight_transport: torch)")
+            raise TransportError(
+                "the non-CUDA Mooncake build registers host memory only; the buffer is on "
+                f"{buffer.device} (install the CUDA build, or use weight_transport: torch)"
+            )
         if not buffer.is_contiguous():
             raise TransportError("a registered buffer must be contiguous")
         ptr, nbytes = buffer.data_ptr(), buffer.numel() * buffer.element_size()
@@ -84,7 +90,9 @@ class MooncakeTransport(WeightTransport):
     def pull(self, endpoint: Mapping[str, str], into: torch.Tensor, *, cell: int) -> int | None:
         nbytes = into.numel() * into.element_size()
         if int(endpoint["nbytes"]) != nbytes:
-            raise TransportError(f"the core's buffer has {endpoint['nbytes']} bytes; this cell's has {nbytes}")
+            raise TransportError(
+                f"the core's buffer has {endpoint['nbytes']} bytes; this cell's has {nbytes}"
+            )
         self._register(into)
         session, remote, local = endpoint["session"], int(endpoint["address"]), into.data_ptr()
         if nbytes <= CHUNK_BYTES:

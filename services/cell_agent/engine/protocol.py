@@ -105,14 +105,18 @@ def parse_sampling_params(raw: Mapping[str, Any] | None, vocab_size: int) -> Sam
     if raw is None:
         return SamplingParams()
     if not isinstance(raw, Mapping):
-        raise RequestRefused("sampling_params must be an object; a list means a batch, which is not supported")
+        raise RequestRefused(
+            "sampling_params must be an object; a list means a batch, which is not supported"
+        )
     known = {f for f in SamplingParams.__dataclass_fields__} | set(_NEUTRAL_SAMPLING) | _IGNORED_SAMPLING
     for key in raw:
         if key not in known:
             raise RequestRefused(f"sampling_params.{key} is not a sampling parameter")
     for key, neutral in _NEUTRAL_SAMPLING.items():
         if raw.get(key, neutral) not in (neutral, None):
-            raise RequestRefused(f"sampling_params.{key}={raw[key]!r} is not supported by the embedded engine")
+            raise RequestRefused(
+                f"sampling_params.{key}={raw[key]!r} is not supported by the embedded engine"
+            )
 
     def get(name: str, default: Any) -> Any:
         value = raw.get(name)

@@ -85,10 +85,14 @@ class EngineCore:
         if self._stopping:
             raise RequestRefused("the engine is shutting down", 503)
         if request.rid in self._by_rid:
-            raise RequestRefused(f"Duplicate request ID {request.rid!r}: a request with this rid is in flight")
+            raise RequestRefused(
+                f"Duplicate request ID {request.rid!r}: a request with this rid is in flight"
+            )
         for t in request.input_ids:
             if t >= self.backend.vocab_size:
-                raise RequestRefused(f"input_ids must be token ids in [0, {self.backend.vocab_size}); got {t}")
+                raise RequestRefused(
+                    f"input_ids must be token ids in [0, {self.backend.vocab_size}); got {t}"
+                )
         gen = request_generator(self.seed, request.rid, request.sampling.sampling_seed)
         state = RequestState(request=request, generator=gen, notify=notify)
         self._by_rid[request.rid] = state

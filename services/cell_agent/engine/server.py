@@ -167,7 +167,11 @@ class EngineServer:
         from services.cell_agent.engine.http_api import build_app
 
         config = uvicorn.Config(
-            build_app(self), log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30,
+            build_app(self),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=30,
             log_config=None,  # uvicorn's lines go through the process's logging (JSON, gyre/log.py)
         )
         self._http = _EmbeddedUvicorn(config)

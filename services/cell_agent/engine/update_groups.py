@@ -72,7 +72,9 @@ def parse_update(body: Mapping[str, Any]) -> DistributedUpdate:
             parsed = parse_dtype(str(dtype))
         except ValueError as e:
             raise RequestRefused(f"dtypes: {e}") from None
-        if not isinstance(shape, list) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+        if not isinstance(shape, list) or any(
+            isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape
+        ):
             raise RequestRefused(f"shapes: {shape!r} of {name!r} is not a list of sizes")
         specs.append((name, parsed, tuple(shape)))
     version = body.get("weight_version")
@@ -102,15 +104,24 @@ class UpdateGroups:
         name = _text(body, "group_name", DEFAULT_GROUP)
         backend = body.get("backend", "nccl")
         if backend != "gloo":
-            raise RequestRefused(f"backend {backend!r}: the embedded engine runs on CPU; its weight-update groups use gloo")
+            raise RequestRefused(
+                f"backend {backend!r}: the embedded engine runs on CPU; its weight-update groups use gloo"
+            )
         if rank >= world_size:
-            raise RequestRefused(f"rank_offset {rank} must be below world_size {world_size} (this engine has one rank)")
+            raise RequestRefused(
+                f"rank_offset {rank} must be below world_size {world_size} (this engine has one rank)"
+            )
         if name in self._groups:
             raise RequestRefused(f"weight-update group {name!r} exists already; destroy it first")
         group = await in_daemon_thread(
             lambda: join_group(
-                master_address=master_address, master_port=master_port, rank=rank, world_size=world_size,
-                backend="gloo", timeout_s=self.timeout_s, host=self.host,
+                master_address=master_address,
+                master_port=master_port,
+                rank=rank,
+                world_size=world_size,
+                backend="gloo",
+                timeout_s=self.timeout_s,
+                host=self.host,
             )
         )
         self._groups[name] = group
@@ -120,7 +131,9 @@ class UpdateGroups:
         """The broadcast tensors of `update` (blocks a daemon thread, not the loop)."""
         group = self._groups.get(update.group_name)
         if group is None:
-            raise RequestRefused(f"no weight-update group {update.group_name!r}; call /init_weights_update_group first")
+            raise RequestRefused(
+                f"no weight-update group {update.group_name!r}; call /init_weights_update_group first"
+            )
         return await in_daemon_thread(lambda: receive(group, update.specs))
 
     def drop(self, name: str) -> None:

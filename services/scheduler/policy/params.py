@@ -39,7 +39,9 @@ def matched_phi_mu(mode: Mode, target_staleness: float, elastic_mu: int) -> tupl
     if mode is Mode.ELASTIC:
         phi = target_staleness - (elastic_mu - 1) / 2
         if phi < 0:
-            raise ValueError(f"elastic μ={elastic_mu} overshoots target staleness {target_staleness:g}; lower μ")
+            raise ValueError(
+                f"elastic μ={elastic_mu} overshoots target staleness {target_staleness:g}; lower μ"
+            )
         return phi, elastic_mu
     if mode is Mode.ASYNC:
         return target_staleness, 1

@@ -60,9 +60,13 @@ def state_from_dict(params: PolicyParams, data: dict[str, Any]) -> PolicyState:
         raise ValueError(f"scheduler state has format {data.get('format')!r}; this scheduler reads {FORMAT}")
     roles = [Role(r) for r in data["roles"]]
     if len(roles) != params.num_cells:
-        raise ValueError(f"the stored state has {len(roles)} cells; scheduler.num_cells is {params.num_cells}")
+        raise ValueError(
+            f"the stored state has {len(roles)} cells; scheduler.num_cells is {params.num_cells}"
+        )
     placement = Placement.from_dict(
-        data["placement"], num_cells=params.num_cells, cell_capacity=params.cell_capacity,
+        data["placement"],
+        num_cells=params.num_cells,
+        cell_capacity=params.cell_capacity,
         separate_pool_capacity=params.separate_pool_capacity,
     )
     state = PolicyState(
@@ -84,7 +88,9 @@ def state_from_dict(params: PolicyParams, data: dict[str, Any]) -> PolicyState:
         batch_unclaimed=dict.fromkeys(data["batch_unclaimed"]),
         ready_unclaimed=int(data["ready_unclaimed"]),
         groups={
-            g: GroupRecord(dispatch_version=int(v), ready=bool(ready), packed_step=None if p is None else int(p))
+            g: GroupRecord(
+                dispatch_version=int(v), ready=bool(ready), packed_step=None if p is None else int(p)
+            )
             for g, (v, ready, p) in data["groups"].items()
         },
         staleness=[StalenessRecord(g, int(vd), int(vt)) for g, vd, vt in data["staleness"]],

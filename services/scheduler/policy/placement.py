@@ -173,7 +173,9 @@ class Placement:
     def from_dict(
         cls, data: Mapping[str, Any], *, num_cells: int, cell_capacity: int, separate_pool_capacity: int
     ) -> Placement:
-        p = cls(num_cells=num_cells, cell_capacity=cell_capacity, separate_pool_capacity=separate_pool_capacity)
+        p = cls(
+            num_cells=num_cells, cell_capacity=cell_capacity, separate_pool_capacity=separate_pool_capacity
+        )
         slots = num_cells + 1
         if any(len(data[k]) != slots for k in ("serving", "load", "unbound", "members", "forward")):
             raise ValueError(f"stored placement does not have {slots} engine slots (num_cells changed?)")

@@ -16,8 +16,12 @@ from services.scheduler.translate import CONSUMED
 def test_every_service_has_a_user_and_the_durables_are_the_services_own() -> None:
     assert {"scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent"} <= set(BUS_USERS)
     durables = {user: [d for d, _ in use.consumes] for user, use in BUS_USERS.items() if use.consumes}
-    assert durables == {"scheduler": ["scheduler"], "runner": [START_CONSUMER], "evaluator": [TERMINATED_CONSUMER],
-                        "packer": [ARCHIVE_CONSUMER]}
+    assert durables == {
+        "scheduler": ["scheduler"],
+        "runner": [START_CONSUMER],
+        "evaluator": [TERMINATED_CONSUMER],
+        "packer": [ARCHIVE_CONSUMER],
+    }
 
 
 def test_every_event_and_command_has_exactly_one_publishing_user() -> None:
@@ -42,7 +46,7 @@ def test_a_user_publishes_only_its_events_and_reads_only_its_inbox() -> None:
 
 
 def test_the_scheduler_consumes_from_the_event_stream() -> None:
-    (_, event_type), = BUS_USERS["scheduler"].consumes
+    ((_, event_type),) = BUS_USERS["scheduler"].consumes
     assert event_type in CONSUMED
 
 

@@ -26,11 +26,19 @@ def trainer(name: str = "torch", *, with_optimizer: bool = True, **section: Any)
     return create_trainer(name, spec(with_optimizer=with_optimizer, **section))
 
 
-def batch(t: Any, *, seed: int = 0, step: int = 0, num_groups: int = 3, token_budget: int = 200) -> list[MicroStep]:
+def batch(
+    t: Any, *, seed: int = 0, step: int = 0, num_groups: int = 3, token_budget: int = 200
+) -> list[MicroStep]:
     """Micro-steps with the trainer's own log-probs as behaviour (the model directory's CausalLM for a
     backend whose model is not one, e.g. megatron's GPTModel)."""
     model = t.model if isinstance(t.model, CausalLM) else load_model(t.spec.model_section.require_path())
     return synthetic_microsteps(
-        model, batch_id=f"b{seed}", step=step, num_groups=num_groups, group_size=3, token_budget=token_budget,
-        max_row_tokens=90, seed=seed,
+        model,
+        batch_id=f"b{seed}",
+        step=step,
+        num_groups=num_groups,
+        group_size=3,
+        token_budget=token_budget,
+        max_row_tokens=90,
+        seed=seed,
     )

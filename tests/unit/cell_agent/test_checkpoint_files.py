@@ -24,13 +24,23 @@ from tests.unit.cell_agent.helpers import trainer
 def test_latest_and_prune(tmp_path: Path) -> None:
     t = trainer()
     for version in (1, 2, 3):
-        save_trainer_checkpoint(tmp_path, version=version, arch=t.arch, tensors=t.named_weights(),
-                                optimizer=None, backend="torch", source=small_dir(5), keep=2)
+        save_trainer_checkpoint(
+            tmp_path,
+            version=version,
+            arch=t.arch,
+            tensors=t.named_weights(),
+            optimizer=None,
+            backend="torch",
+            source=small_dir(5),
+            keep=2,
+        )
     assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 3)
     assert not step_dir(tmp_path, 1).exists() and step_dir(tmp_path, 2).exists()
     incomplete = step_dir(tmp_path, 9)
     incomplete.mkdir()
-    assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 3), "a directory without trainer.json is not a checkpoint"
+    assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 3), (
+        "a directory without trainer.json is not a checkpoint"
+    )
     arch, tensors, optimizer, version = read_trainer_checkpoint(step_dir(tmp_path, 3))
     assert version == 3 and optimizer is None and arch == t.arch
     name = "model.embed_tokens.weight"
@@ -42,8 +52,9 @@ def test_latest_and_prune(tmp_path: Path) -> None:
 def test_published_directories_are_model_directories(tmp_path: Path) -> None:
     t = trainer()
     for version in (4, 5, 6):
-        path = write_published(tmp_path, version=version, arch=t.arch, tensors=t.named_weights(),
-                               source=small_dir(5), keep=2)
+        path = write_published(
+            tmp_path, version=version, arch=t.arch, tensors=t.named_weights(), source=small_dir(5), keep=2
+        )
     assert path == published_path(tmp_path, 6)
     assert sorted(p.name for p in path.parent.iterdir()) == ["v00000005", "v00000006"]
     info = check_model_dir(path)

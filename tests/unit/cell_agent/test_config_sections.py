@@ -14,8 +14,16 @@ from gyre.config import ConfigError, load_config
     [
         ("cell_agent:\n  trainer:\n    adam_beta2: 1.0\n", "cell_agent.trainer.adam_beta2", "[0, 1)"),
         ("cell_agent:\n  trainer:\n    dist_port: 70000\n", "cell_agent.trainer.dist_port", "in 0..65535"),
-        ("cell_agent:\n  trainer:\n    chunk_tokens: 0\n", "cell_agent.trainer.chunk_tokens", "at least 1, or null"),
-        ("cell_agent:\n  trainer:\n    weight_transport: nccl\n", "cell_agent.trainer.weight_transport", "mooncake"),
+        (
+            "cell_agent:\n  trainer:\n    chunk_tokens: 0\n",
+            "cell_agent.trainer.chunk_tokens",
+            "at least 1, or null",
+        ),
+        (
+            "cell_agent:\n  trainer:\n    weight_transport: nccl\n",
+            "cell_agent.trainer.weight_transport",
+            "mooncake",
+        ),
         ("cell_agent:\n  trainer:\n    grad_clip: -1\n", "cell_agent.trainer.grad_clip", "must be >= 0"),
         ("cell_agent:\n  trainer:\n    num_threads: 0\n", "cell_agent.trainer.num_threads", "at least 1"),
         ("cell_agent:\n  publish_timeout_s: 0\n", "cell_agent.publish_timeout_s", "> 0"),

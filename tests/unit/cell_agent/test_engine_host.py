@@ -55,16 +55,22 @@ async def _running(client: EngineClient, n: int) -> None:
 async def test_switch_cycle(kind: str, tmp_path: Path) -> None:
     t = trainer()
     t.flat_params.add_(0.01)  # weights the engine does not have yet
-    path = write_published(tmp_path, version=5, arch=t.arch, tensors=t.named_weights(), source=SMALL.require_path())
+    path = write_published(
+        tmp_path, version=5, arch=t.arch, tensors=t.named_weights(), source=SMALL.require_path()
+    )
     async with _host(kind) as host, EngineClient(host.url, timeout_s=60) as client:
         calls = [asyncio.create_task(client.generate([1, 2, 3, i], LONG)) for i in range(3)]
         await _running(client, 3)
         assert await host.hand_back() == 3
         results = await asyncio.gather(*calls, return_exceptions=True)
         for r in results:
-            assert isinstance(r, GenerateResult) and r.finish_reason is not None and r.finish_reason.aborted, r
+            assert (
+                isinstance(r, GenerateResult) and r.finish_reason is not None and r.finish_reason.aborted
+            ), r
         await host.release(weights=True)
-        assert not await client.health_generate(timeout_s=0.3), "nothing is served while the memory is released"
+        assert not await client.health_generate(timeout_s=0.3), (
+            "nothing is served while the memory is released"
+        )
         await host.resume()
         await host.load_weights(path, 5)
         await host.reopen()

@@ -28,7 +28,9 @@ def test_parameters_and_gradients_live_in_the_buffers() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     optimizer.step()
     flat.check_views()
-    assert not torch.equal(flat.named_tensors()["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+    assert not torch.equal(
+        flat.named_tensors()["model.embed_tokens.weight"], before["model.embed_tokens.weight"]
+    )
 
 
 def test_load_named_is_strict_and_digest_tracks_bytes() -> None:

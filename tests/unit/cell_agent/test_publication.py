@@ -32,7 +32,11 @@ async def test_core_publishes_to_another_cells_engine(
     publication: str, tmp_path: Path, redis: aioredis.Redis, redis_server: ServerProcess, run_id: str
 ) -> None:
     config = cell_config(
-        tmp_path, nats_url="nats://unused", redis_url=redis_server.url, run_id=run_id, num_cells=1,
+        tmp_path,
+        nats_url="nats://unused",
+        redis_url=redis_server.url,
+        run_id=run_id,
+        num_cells=1,
         overrides={"cell_agent": {"trainer": {"publication": publication}}},
     )
     events: list[Message] = []

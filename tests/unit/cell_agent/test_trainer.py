@@ -37,7 +37,9 @@ def test_step_equals_plain_torch_reference(grad_clip: float) -> None:
     norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), grad_clip or float("inf"))
     optimizer.step()
     got_norm = t.optimizer_step()
-    assert got_norm == pytest.approx(float(norm), rel=1e-5)  # one flat-buffer norm vs norms of per-tensor norms
+    assert got_norm == pytest.approx(
+        float(norm), rel=1e-5
+    )  # one flat-buffer norm vs norms of per-tensor norms
     if grad_clip:
         assert got_norm > grad_clip, "the clip must be active for this case to mean something"
     # Without a clip the step is bit-identical; with one, the norm of one flat buffer and torch's norm
@@ -100,11 +102,20 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path: Path) -> None:
     a = trainer()
     path = a.save_checkpoint(tmp_path)
     other = trainer()
-    wide_dir = init_model_dir(tmp_path / "wide", arch="llama", tokenizer="byte", family="chatml",
-                              overrides={**SMALL, "intermediate_size": 96})
+    wide_dir = init_model_dir(
+        tmp_path / "wide",
+        arch="llama",
+        tokenizer="byte",
+        family="chatml",
+        overrides={**SMALL, "intermediate_size": 96},
+    )
     wide = TorchTrainer.create(
-        type(other.spec)(other.spec.section, other.spec.model_section.model_copy(update={"path": wide_dir}),
-                         other.spec.objective, with_optimizer=True)
+        type(other.spec)(
+            other.spec.section,
+            other.spec.model_section.model_copy(update={"path": wide_dir}),
+            other.spec.objective,
+            with_optimizer=True,
+        )
     )
     with pytest.raises(ValueError, match="architecture"):
         wide.load_checkpoint(path)

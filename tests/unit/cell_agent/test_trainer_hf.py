@@ -48,13 +48,23 @@ def test_logprobs_and_one_step_equal_transformers_with_adamw(arch: str) -> None:
     )
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir(arch), dtype=torch.float32)
     hf.train()
-    step = synthetic_microsteps(trainer.model, batch_id="b", step=0, num_groups=2, group_size=3, token_budget=2048,
-                                max_row_tokens=120, seed=7)[0]
+    step = synthetic_microsteps(
+        trainer.model,
+        batch_id="b",
+        step=0,
+        num_groups=2,
+        group_size=3,
+        token_budget=2048,
+        max_row_tokens=120,
+        seed=7,
+    )[0]
     ids = torch.as_tensor(step.input_ids, dtype=torch.int64)
     targets = torch.as_tensor(step.target_mask.nonzero()[0], dtype=torch.int64)
     cu = torch.as_tensor(step.cu_seqlens)
     with torch.no_grad():
-        ours = target_logprobs(trainer.model(ids, torch.as_tensor(step.position_ids, dtype=torch.int64), cu), ids, targets)
+        ours = target_logprobs(
+            trainer.model(ids, torch.as_tensor(step.position_ids, dtype=torch.int64), cu), ids, targets
+        )
         theirs = target_logprobs(_hf_logits_fn(hf)(ids, ids, cu), ids, targets)
     assert len(targets) > 50 and (ours - theirs).abs().max().item() <= 1e-5
 
@@ -70,6 +80,10 @@ def test_logprobs_and_one_step_equal_transformers_with_adamw(arch: str) -> None:
     ours_after = trainer.named_weights()
     worst = max(float((ours_after[n] - p.detach()).abs().max()) for n, p in hf.named_parameters())
     assert worst <= 1e-6, worst
-    moved = max(float((ours_after[n] - p.detach()).abs().max()) for n, p in
-                transformers.AutoModelForCausalLM.from_pretrained(hf_dir(arch), dtype=torch.float32).named_parameters())
+    moved = max(
+        float((ours_after[n] - p.detach()).abs().max())
+        for n, p in transformers.AutoModelForCausalLM.from_pretrained(
+            hf_dir(arch), dtype=torch.float32
+        ).named_parameters()
+    )
     assert moved > 5e-6, "the step must move the weights (by about lr) for the comparison to mean something"

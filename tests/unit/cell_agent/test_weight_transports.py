@@ -21,7 +21,8 @@ def test_pull_is_bit_identical(name: str, numel: int) -> None:
     ctx = mp.get_context("spawn")
     to_satellite, to_core, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
     procs = [
-        ctx.Process(target=transport_worker, args=(r, name, numel, to_satellite, to_core, results)) for r in range(2)
+        ctx.Process(target=transport_worker, args=(r, name, numel, to_satellite, to_core, results))
+        for r in range(2)
     ]
     for p in procs:
         p.start()

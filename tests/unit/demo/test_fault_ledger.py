@@ -18,14 +18,21 @@ def _run(extra: list[dict[str, Any]] | None = None, steps: int = 2) -> list[dict
         ids = [f"g{g}-e0", f"g{g}-e1"]
         events.append(_e("GroupDispatched", 1.0, groupId=f"g{g}", executionIds=ids))
         for eid in ids:
-            events += [_e("ExecutionStarted", 2.0, execution={"executionId": eid}),
-                       _e("ExecutionTerminated", 3.0, execution={"executionId": eid},
-                          reason="TERMINATION_REASON_COMPLETED"),
-                       _e("EvaluationDone", 4.0, execution={"executionId": eid}, status="EVALUATION_STATUS_VALID")]
+            events += [
+                _e("ExecutionStarted", 2.0, execution={"executionId": eid}),
+                _e(
+                    "ExecutionTerminated",
+                    3.0,
+                    execution={"executionId": eid},
+                    reason="TERMINATION_REASON_COMPLETED",
+                ),
+                _e("EvaluationDone", 4.0, execution={"executionId": eid}, status="EVALUATION_STATUS_VALID"),
+            ]
     for s in range(steps):
-        events += [_e("GroupPacked", 5.0 + s, batchId=f"r-b{s}", groupId=f"g{s}"),
-                   _e("StepCompleted", 6.0 + s, batchId=f"r-b{s}", policyVersion=str(s + 1),
-                      microstepIds=[f"m{s}"])]
+        events += [
+            _e("GroupPacked", 5.0 + s, batchId=f"r-b{s}", groupId=f"g{s}"),
+            _e("StepCompleted", 6.0 + s, batchId=f"r-b{s}", policyVersion=str(s + 1), microstepIds=[f"m{s}"]),
+        ]
     return events + (extra or [])
 
 
@@ -42,10 +49,12 @@ def test_a_replayed_step_is_one_step() -> None:
 
 def test_violations_are_found() -> None:
     extra = [
-        _e("GroupPacked", 9.0, batchId="r-b1", groupId="g0"),                      # g0 trained again in v2
-        _e("StepCompleted", 9.5, batchId="r-b2", policyVersion="4", microstepIds=["m0"]),  # v3 skipped, m0 again
+        _e("GroupPacked", 9.0, batchId="r-b1", groupId="g0"),  # g0 trained again in v2
+        _e(
+            "StepCompleted", 9.5, batchId="r-b2", policyVersion="4", microstepIds=["m0"]
+        ),  # v3 skipped, m0 again
         _e("GroupDispatched", 10.0, groupId="g9", executionIds=["g9-e0"]),
-        _e("ExecutionStarted", 10.5, execution={"executionId": "g9-e0"}),            # never terminated
+        _e("ExecutionStarted", 10.5, execution={"executionId": "g9-e0"}),  # never terminated
     ]
     check = check_events(_run(extra), steps=2)
     assert check.double_trained == 1 and check.double_applied == 1 and check.lost == 1

@@ -38,15 +38,22 @@ def test_the_demo_pool_is_disjoint_from_what_it_trains_on() -> None:
 
 
 def test_kept_publications_are_scored_with_the_same_draws(tmp_path: Path) -> None:
-    config = demo_config(None, {"model": {"path": str(WARMSTART)}, "tasks": {
-        "held_out": ["add/2+2", "add/4+1"], "held_out_samples": 2, "held_out_every_steps": 1}})
+    config = demo_config(
+        None,
+        {
+            "model": {"path": str(WARMSTART)},
+            "tasks": {"held_out": ["add/2+2", "add/4+1"], "held_out_samples": 2, "held_out_every_steps": 1},
+        },
+    )
     run_dir = tmp_path / "run"
     held = HeldOut(config, steps=3, run_dir=run_dir)
     assert held.steps == [0, 1, 2, 3]
     shutil.copytree(WARMSTART, published_path(run_dir / "checkpoints", 1))
     held.keep(1)
     shutil.rmtree(published_path(run_dir / "checkpoints", 1))  # the trainer prunes old publications
-    trainer_checkpoint = run_dir / "checkpoints" / "step-00000002"  # step 2 never published, only checkpointed
+    trainer_checkpoint = (
+        run_dir / "checkpoints" / "step-00000002"
+    )  # step 2 never published, only checkpointed
     shutil.copytree(WARMSTART, trainer_checkpoint)
     (trainer_checkpoint / "optimizer.pt").write_bytes(b"not needed")
     by_step = held.evaluate()  # step 3: neither
@@ -54,6 +61,8 @@ def test_kept_publications_are_scored_with_the_same_draws(tmp_path: Path) -> Non
     first, second, third, missing = by_step
     assert first["mean_reward"] is not None and set(first["rewards"]) == {"add/2+2", "add/4+1"}
     assert all(len(r) == 2 for r in first["rewards"].values())
-    assert second["rewards"] == first["rewards"] == third["rewards"]  # same weights, same seed: the same draws
+    assert (
+        second["rewards"] == first["rewards"] == third["rewards"]
+    )  # same weights, same seed: the same draws
     assert not (run_dir / "heldout" / "v00000002" / "optimizer.pt").exists()
     assert missing["mean_reward"] is None and "never seen" in missing["error"]

@@ -11,8 +11,9 @@ from gyre.cli.demo import mode_config
 from gyre.config import ConfigError
 
 
-@pytest.mark.parametrize(("mode", "phi", "mu"), [(None, 0.5, 2), ("elastic", 0.5, 2), ("async", 1.0, 1),
-                                                  ("colocate", 0.0, 3)])
+@pytest.mark.parametrize(
+    ("mode", "phi", "mu"), [(None, 0.5, 2), ("elastic", 0.5, 2), ("async", 1.0, 1), ("colocate", 0.0, 3)]
+)
 def test_each_mode_keeps_the_demos_target_staleness(mode: str | None, phi: float, mu: int) -> None:
     s = mode_config(None, {}, mode).scheduler
     assert (s.mode, s.phi, s.mu) == (mode or "elastic", phi, mu)

@@ -7,8 +7,11 @@ from gyre.demo.report import RunFacts, run_warnings, summarize, timeline, traine
 from gyre.v1 import common_pb2 as common
 from gyre.v1 import events_pb2 as ev
 
-VALID, EXCLUDED, PLACEHOLDER = (common.EVALUATION_STATUS_VALID, common.EVALUATION_STATUS_EXCLUDED,
-                                common.EVALUATION_STATUS_PLACEHOLDER)
+VALID, EXCLUDED, PLACEHOLDER = (
+    common.EVALUATION_STATUS_VALID,
+    common.EVALUATION_STATUS_EXCLUDED,
+    common.EVALUATION_STATUS_PLACEHOLDER,
+)
 
 
 def _ref(eid: str) -> common.ExecutionRef:
@@ -46,15 +49,29 @@ def _events() -> list[RecordedEvent]:
     return out
 
 
-FACTS = RunFacts(mode="elastic", phi=0.5, mu=1, num_cells=2, group_size=2, cell_capacity=4,
-                 separate_pool_capacity=0, reroutes=3)
+FACTS = RunFacts(
+    mode="elastic",
+    phi=0.5,
+    mu=1,
+    num_cells=2,
+    group_size=2,
+    cell_capacity=4,
+    separate_pool_capacity=0,
+    reroutes=3,
+)
 
 
 def test_every_execution_is_accounted_for_once() -> None:
     summary = summarize(_events(), FACTS)
     executions = summary["executions"]
-    assert executions == {"dispatched": 6, "trained": 2, "excluded": 1, "placeholder": 1, "cancelled": 1,
-                          "unconsumed": 1}
+    assert executions == {
+        "dispatched": 6,
+        "trained": 2,
+        "excluded": 1,
+        "placeholder": 1,
+        "cancelled": 1,
+        "unconsumed": 1,
+    }
     assert executions["dispatched"] == sum(v for k, v in executions.items() if k != "dispatched")
     assert summary["terminations"] == {"cancelled": 1, "completed": 5}
 
@@ -100,9 +117,17 @@ def test_a_run_that_trained_nothing_says_why() -> None:
     for e in events:
         if isinstance(e.event, ev.GroupPacked):
             e.event.num_executions_without_targets = 2
-    facts = RunFacts(mode="elastic", phi=0.5, mu=1, num_cells=2, group_size=2, cell_capacity=4,
-                     separate_pool_capacity=0, refused_calls={"prompt_too_long": 7},
-                     refusal_messages={"prompt_too_long": "prompt is too long: 49097 tokens > 4095 maximum"})
+    facts = RunFacts(
+        mode="elastic",
+        phi=0.5,
+        mu=1,
+        num_cells=2,
+        group_size=2,
+        cell_capacity=4,
+        separate_pool_capacity=0,
+        refused_calls={"prompt_too_long": 7},
+        refusal_messages={"prompt_too_long": "prompt is too long: 49097 tokens > 4095 maximum"},
+    )
     summary = summarize(events, facts)
     assert summary["target_tokens_by_step"] == [0, 0] and trained_nothing(summary)
     assert summary["refused_calls"] == {"prompt_too_long": 7}

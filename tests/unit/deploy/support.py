@@ -39,13 +39,17 @@ def kubectl() -> str:
     """Path of kubectl (its built-in kustomize renders the overlays offline)."""
     found = shutil.which("kubectl")
     if not found:
-        pytest.fail("kubectl not found on PATH: the deploy tests render kustomize overlays with `kubectl kustomize`")
+        pytest.fail(
+            "kubectl not found on PATH: the deploy tests render kustomize overlays with `kubectl kustomize`"
+        )
     return found
 
 
 def render_kustomization(directory: Path) -> list[Manifest]:
     """`kubectl kustomize DIR`, parsed into one dict per object."""
-    proc = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120
+    )
     if proc.returncode != 0:
         pytest.fail(f"kubectl kustomize {directory} failed:\n{proc.stderr}")
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]

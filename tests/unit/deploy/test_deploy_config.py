@@ -84,7 +84,9 @@ def test_overlay_environment_is_a_valid_config_override(
     for kind in ("Deployment", "StatefulSet"):
         for workload in objects(rendered[overlay], kind):
             for container in workload["spec"]["template"]["spec"]["containers"]:
-                environ = {e["name"]: e["value"] for e in container.get("env", []) if e["name"].startswith("GYRE_")}
+                environ = {
+                    e["name"]: e["value"] for e in container.get("env", []) if e["name"].startswith("GYRE_")
+                }
                 config = load_config(K8S_CONFIG, environ=environ)
                 if workload["metadata"]["name"] == "cell-agent":
                     expected = {
@@ -93,12 +95,19 @@ def test_overlay_environment_is_a_valid_config_override(
                     }[overlay]
                     agent = config.cell_agent
                     trainer = agent.trainer
-                    assert (agent.engine.backend, trainer.backend, trainer.dist_backend, trainer.device) == expected
+                    assert (
+                        agent.engine.backend,
+                        trainer.backend,
+                        trainer.dist_backend,
+                        trainer.device,
+                    ) == expected
 
 
 def _cell_agent_config(rendered: dict[str, list[Manifest]], overlay: str, model_dir: Path) -> GyreConfig:
     """The cell agents' config of an overlay, with `model.path` set as a deployment must set it."""
-    (container,) = find(rendered[overlay], "StatefulSet", "cell-agent")["spec"]["template"]["spec"]["containers"]
+    (container,) = find(rendered[overlay], "StatefulSet", "cell-agent")["spec"]["template"]["spec"][
+        "containers"
+    ]
     environ = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("GYRE_")}
     return load_config(K8S_CONFIG, environ={**environ, "GYRE_MODEL__PATH": str(model_dir)})
 
@@ -121,10 +130,14 @@ def test_cell_agents_of_every_overlay_pass_their_start_checks(
         trainer = config.cell_agent.trainer
         assert trainer.megatron.params_dtype == "bfloat16" and trainer.publication == "distributed"
         # the same checks refuse a layout that cannot start, before anything is spawned
-        bad = load_config(K8S_CONFIG, environ={
-            "GYRE_MODEL__PATH": str(model_dir), "GYRE_CELL_AGENT__TRAINER__BACKEND": "megatron",
-            "GYRE_CELL_AGENT__TRAINER__MEGATRON__TENSOR_PARALLEL_SIZE": "4",
-        })
+        bad = load_config(
+            K8S_CONFIG,
+            environ={
+                "GYRE_MODEL__PATH": str(model_dir),
+                "GYRE_CELL_AGENT__TRAINER__BACKEND": "megatron",
+                "GYRE_CELL_AGENT__TRAINER__MEGATRON__TENSOR_PARALLEL_SIZE": "4",
+            },
+        )
         with pytest.raises(ModelError, match="num_key_value_heads: 2 is not divisible"):
             check_trainer(bad.cell_agent.trainer, model_dir)
         with pytest.raises(ConfigError, match="dist_backend nccl needs a CUDA trainer device"):
@@ -135,7 +148,9 @@ def test_peer_host_falls_back_to_the_bind_host() -> None:
     assert RunSection().peer_host("scheduler") == "127.0.0.1"
     assert RunSection(host="10.1.2.3").peer_host("proxy") == "10.1.2.3"
     assert RunSection(host="0.0.0.0").peer_host("packer") == "127.0.0.1"
-    run = RunSection(host="0.0.0.0", peer_hosts={"cell_agent": "cell-agent-{cell}.cell-agent", "proxy": "proxy"})
+    run = RunSection(
+        host="0.0.0.0", peer_hosts={"cell_agent": "cell-agent-{cell}.cell-agent", "proxy": "proxy"}
+    )
     assert run.peer_host("cell_agent", 7) == "cell-agent-7.cell-agent"
     assert run.peer_host("proxy") == "proxy"
     assert run.peer_host("runner") == "127.0.0.1"

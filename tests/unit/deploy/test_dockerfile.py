@@ -93,7 +93,11 @@ def test_every_package_is_copied_and_admitted_by_dockerignore() -> None:
             *sources, _dest = ins.value.split()
             copied.update(sources)
     assert packages | {"pyproject.toml", "README.md", "protos"} <= copied, copied
-    rules = [r.strip() for r in (REPO / ".dockerignore").read_text().splitlines() if r.strip() and not r.startswith("#")]
+    rules = [
+        r.strip()
+        for r in (REPO / ".dockerignore").read_text().splitlines()
+        if r.strip() and not r.startswith("#")
+    ]
     assert rules[0] == "*", "the build context is an allowlist: exclude everything first"
     admitted = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
     for source in copied:
@@ -127,8 +131,14 @@ def test_exposed_ports_are_the_deploy_config_ports(
     config = {"compose": compose_config, "k8s": k8s_config}[config_name]
     (expose,) = [i.value for i in stages()[-1] if i.keyword == "EXPOSE"]
     ports = {
-        config.scheduler.port, config.proxy.port, config.proxy.http_port, config.runner.port,
-        config.evaluator.port, config.packer.port, *config.cell_agent.ports, *config.cell_agent.engine_ports,
+        config.scheduler.port,
+        config.proxy.port,
+        config.proxy.http_port,
+        config.runner.port,
+        config.evaluator.port,
+        config.packer.port,
+        *config.cell_agent.ports,
+        *config.cell_agent.engine_ports,
         config.metrics.port,
     }
     assert {int(p) for p in expose.split()} == ports

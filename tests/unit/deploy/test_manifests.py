@@ -38,7 +38,9 @@ def compose_check(path: Path) -> subprocess.CompletedProcess[str]:
     require_module("check_jsonschema", "install the dev extras: pip install -e '.[dev]'")
     return subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", str(path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -149,7 +151,9 @@ def test_overlay_objects_validate_against_the_kubernetes_schema(
     manifests = rendered[overlay]
     assert len(manifests) > 20
     for manifest in manifests:
-        assert manifest["metadata"].get("namespace") == "gyre" or manifest["kind"] == "Namespace", manifest["metadata"]
+        assert manifest["metadata"].get("namespace") == "gyre" or manifest["kind"] == "Namespace", manifest[
+            "metadata"
+        ]
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate(manifest, version)
 
@@ -185,7 +189,9 @@ def test_every_gyre_service_has_grpc_health_probes(
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_pods_meet_the_restricted_pod_security_profile(rendered: dict[str, list[Manifest]], overlay: str) -> None:
+def test_pods_meet_the_restricted_pod_security_profile(
+    rendered: dict[str, list[Manifest]], overlay: str
+) -> None:
     """No host network/PID/IPC, no privileged container, no hostPath or hostPort, non-root, no privilege
     escalation, every capability dropped, RuntimeDefault seccomp, resources bounded (the namespace enforces
     `restricted`; this catches a violation before a cluster refuses the pod)."""
@@ -198,7 +204,9 @@ def test_pods_meet_the_restricted_pod_security_profile(rendered: dict[str, list[
         pod = workload["spec"]["template"]["spec"]
         for host_field in ("hostNetwork", "hostPID", "hostIPC"):
             assert not pod.get(host_field, False), f"{name}: {host_field}"
-        assert pod["automountServiceAccountToken"] is False, f"{name}: no pod needs a Kubernetes API token yet"
+        assert pod["automountServiceAccountToken"] is False, (
+            f"{name}: no pod needs a Kubernetes API token yet"
+        )
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         assert pod["securityContext"]["runAsUser"] > 0, name
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
@@ -211,7 +219,9 @@ def test_pods_meet_the_restricted_pod_security_profile(rendered: dict[str, list[
             assert ctx["capabilities"] == {"drop": ["ALL"]}, name
             assert all("hostPort" not in p for p in container.get("ports", [])), name
             resources = container["resources"]
-            assert {"cpu", "memory"} <= set(resources["requests"]) and {"cpu", "memory"} <= set(resources["limits"]), name
+            assert {"cpu", "memory"} <= set(resources["requests"]) and {"cpu", "memory"} <= set(
+                resources["limits"]
+            ), name
             checked += 1
     assert checked == len(SERVICES) + 2  # the six services, nats and redis
 
@@ -221,7 +231,9 @@ def test_cell_agents_are_one_pod_per_cell(
     rendered: dict[str, list[Manifest]], k8s_config: GyreConfig, overlay: str
 ) -> None:
     statefulset = find(rendered[overlay], "StatefulSet", "cell-agent")
-    assert statefulset["spec"]["replicas"] == k8s_config.scheduler.num_cells == len(k8s_config.cell_agent.ports)
+    assert (
+        statefulset["spec"]["replicas"] == k8s_config.scheduler.num_cells == len(k8s_config.cell_agent.ports)
+    )
     assert statefulset["spec"]["serviceName"] == "cell-agent"
     headless = find(rendered[overlay], "Service", "cell-agent")
     assert headless["spec"]["clusterIP"] == "None"
@@ -229,13 +241,20 @@ def test_cell_agents_are_one_pod_per_cell(
     command = container["command"]
     assert command[command.index("--instance") + 1] == "$(CELL_INDEX)"
     env = {e["name"]: e for e in container["env"]}
-    assert env["CELL_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert (
+        env["CELL_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
     assert k8s_config.run.peer_host("cell_agent", 1) == "cell-agent-1.cell-agent"
 
 
-def test_gpu_overlay_requests_gpus_and_selects_the_cluster_backends(rendered: dict[str, list[Manifest]]) -> None:
+def test_gpu_overlay_requests_gpus_and_selects_the_cluster_backends(
+    rendered: dict[str, list[Manifest]],
+) -> None:
     def cell_agent(overlay: str) -> Manifest:
-        (container,) = find(rendered[overlay], "StatefulSet", "cell-agent")["spec"]["template"]["spec"]["containers"]
+        (container,) = find(rendered[overlay], "StatefulSet", "cell-agent")["spec"]["template"]["spec"][
+            "containers"
+        ]
         return container
 
     gpu, cpu = cell_agent("gpu"), cell_agent("cpu")
@@ -252,7 +271,9 @@ def test_gpu_overlay_requests_gpus_and_selects_the_cluster_backends(rendered: di
         for workload in workloads(rendered[overlay]):
             if workload["metadata"]["name"] != "cell-agent":
                 for container in workload["spec"]["template"]["spec"]["containers"]:
-                    assert "nvidia.com/gpu" not in container["resources"]["limits"], workload["metadata"]["name"]
+                    assert "nvidia.com/gpu" not in container["resources"]["limits"], workload["metadata"][
+                        "name"
+                    ]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -279,7 +300,9 @@ def test_network_policies_keep_brokers_and_cell_ports_inside(
     for rules in by_target.values():
         for rule in rules:
             for source in rule["from"]:
-                assert set(source) == {"podSelector"}, f"only pods of this namespace may be admitted; got {source}"
+                assert set(source) == {"podSelector"}, (
+                    f"only pods of this namespace may be admitted; got {source}"
+                )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -302,7 +325,9 @@ def test_gyre_pods_mount_the_config_they_are_told_to_read(
     rendered: dict[str, list[Manifest]], overlay: str
 ) -> None:
     manifests = rendered[overlay]
-    configmap = next(c for c in objects(manifests, "ConfigMap") if c["metadata"]["name"].startswith("gyre-config"))
+    configmap = next(
+        c for c in objects(manifests, "ConfigMap") if c["metadata"]["name"].startswith("gyre-config")
+    )
     assert configmap["data"] == {"gyre.yaml": (DEPLOY / "k8s" / "base" / "gyre.yaml").read_text()}
     for workload in workloads(manifests):
         pod = workload["spec"]["template"]["spec"]

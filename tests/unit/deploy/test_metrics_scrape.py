@@ -27,13 +27,20 @@ def _targets(job: dict[str, Any]) -> set[str]:
     return {t for sc in job["static_configs"] for t in sc["targets"]}
 
 
-def test_deploy_configs_serve_metrics_on_one_fixed_port(compose_config: GyreConfig, k8s_config: GyreConfig) -> None:
+def test_deploy_configs_serve_metrics_on_one_fixed_port(
+    compose_config: GyreConfig, k8s_config: GyreConfig
+) -> None:
     for config in (compose_config, k8s_config):
         assert config.metrics.serve and config.metrics.port == 9400
 
 
-def test_compose_prometheus_scrapes_every_service_and_engine(compose: dict[str, Any], compose_config: GyreConfig) -> None:
-    jobs = {j["job_name"]: j for j in yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]}
+def test_compose_prometheus_scrapes_every_service_and_engine(
+    compose: dict[str, Any], compose_config: GyreConfig
+) -> None:
+    jobs = {
+        j["job_name"]: j
+        for j in yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]
+    }
     cells = [f"cell-agent-{k}" for k in range(compose_config.scheduler.num_cells)]
     services = [s for s in SERVICES if s != "cell_agent"] + cells
     assert set(services) <= set(compose["services"])
@@ -60,7 +67,9 @@ def test_compose_monitoring_validates_and_runs_hardened_on_loopback() -> None:
             if isinstance(volume, dict):
                 assert (MONITORING.parent / volume["source"]).resolve().is_file(), volume
                 assert volume["read_only"] is True, volume
-    provisioned = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "gyre.yml").read_text())
+    provisioned = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "dashboards" / "gyre.yml").read_text()
+    )
     mounted = {v["target"] for v in spec["services"]["grafana"]["volumes"] if isinstance(v, dict)}
     assert f"{provisioned['providers'][0]['options']['path']}/gyre.json" in mounted
 
@@ -79,7 +88,10 @@ def test_every_gyre_pod_is_annotated_for_scraping(
         seen.add(component)
         annotations = template["metadata"].get("annotations", {})
         assert annotations.get("prometheus.io/scrape") == "true", component
-        assert annotations.get("prometheus.io/port") == str(port) and annotations.get("prometheus.io/path") == "/metrics"
+        assert (
+            annotations.get("prometheus.io/port") == str(port)
+            and annotations.get("prometheus.io/path") == "/metrics"
+        )
         (container,) = template["spec"]["containers"]
         assert {"name": "metrics", "containerPort": port} in container["ports"], component
         if component == "cell-agent":
@@ -91,17 +103,31 @@ def test_every_gyre_pod_is_annotated_for_scraping(
     (rule,) = policy["ingress"]
     assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
     assert {p["port"] for p in rule["ports"]} == {port, *k8s_config.cell_agent.engine_ports}
-    assert not any(o["metadata"]["name"] == "metrics-from-prometheus" and o["kind"] != "NetworkPolicy"
-                   for o in objects(rendered[overlay], "NetworkPolicy"))
+    assert not any(
+        o["metadata"]["name"] == "metrics-from-prometheus" and o["kind"] != "NetworkPolicy"
+        for o in objects(rendered[overlay], "NetworkPolicy")
+    )
 
 
 def test_kubernetes_prometheus_config_reads_the_manifests_annotations() -> None:
-    jobs = {j["job_name"]: j for j in yaml.safe_load((PROMETHEUS / "kubernetes.yml").read_text())["scrape_configs"]}
+    jobs = {
+        j["job_name"]: j
+        for j in yaml.safe_load((PROMETHEUS / "kubernetes.yml").read_text())["scrape_configs"]
+    }
     assert set(jobs) == {"gyre", "gyre-engines"}
-    sources = {label for j in jobs.values() for rule in j["relabel_configs"] for label in rule["source_labels"]}
+    sources = {
+        label for j in jobs.values() for rule in j["relabel_configs"] for label in rule["source_labels"]
+    }
     # Prometheus exposes annotation `a.b/c-d` as __meta_kubernetes_pod_annotation_a_b_c_d
-    for annotation in ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path", "gyre.dev/engine-metrics-port"):
-        assert "__meta_kubernetes_pod_annotation_" + re.sub(r"[^a-zA-Z0-9]", "_", annotation) in sources, annotation
+    for annotation in (
+        "prometheus.io/scrape",
+        "prometheus.io/port",
+        "prometheus.io/path",
+        "gyre.dev/engine-metrics-port",
+    ):
+        assert "__meta_kubernetes_pod_annotation_" + re.sub(r"[^a-zA-Z0-9]", "_", annotation) in sources, (
+            annotation
+        )
     for job in jobs.values():
         (sd,) = job["kubernetes_sd_configs"]
         assert sd == {"role": "pod", "namespaces": {"names": ["gyre"]}}
@@ -130,8 +156,12 @@ def _defined_series() -> set[str]:
     RunnerMetrics(registries[3])
     EvaluatorMetrics(registries[4], pending=lambda: 0)
     suffixes = {"counter": ("_total",), "histogram": ("", "_bucket", "_sum", "_count"), "gauge": ("",)}
-    names = {f.name + sfx for r in [*registries, ProxyMetrics().registry] for f in r.collect()
-             for sfx in suffixes.get(f.type, ("",))}
+    names = {
+        f.name + sfx
+        for r in [*registries, ProxyMetrics().registry]
+        for f in r.collect()
+        for sfx in suffixes.get(f.type, ("",))
+    }
     return names | {f"gyre_engine_{what}" for what, *_ in (*SERIES, *KV_SERIES)}
 
 
@@ -143,9 +173,14 @@ def test_the_dashboard_reads_only_series_the_services_define() -> None:
     used = {name for e in exprs for name in re.findall(r"\b(gyre_[a-z0-9_]+|sglang:[a-z_]+)", e)}
     unknown = {n for n in used if n.startswith("gyre_") and n not in defined}
     assert not unknown, f"the dashboard reads series no service defines: {sorted(unknown)}"
-    services_shown = {n.split("_")[1] if not n.startswith("gyre_cell_agent") else "cell_agent" for n in used
-                      if n.startswith("gyre_")}
-    assert services_shown == set(SERIES_SERVICES), f"services without a panel: {set(SERIES_SERVICES) - services_shown}"
+    services_shown = {
+        n.split("_")[1] if not n.startswith("gyre_cell_agent") else "cell_agent"
+        for n in used
+        if n.startswith("gyre_")
+    }
+    assert services_shown == set(SERIES_SERVICES), (
+        f"services without a panel: {set(SERIES_SERVICES) - services_shown}"
+    )
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}" and panel["targets"], panel["title"]
@@ -154,4 +189,7 @@ def test_the_dashboard_reads_only_series_the_services_define() -> None:
 
 
 def test_the_dashboard_file_is_the_one_grafana_and_readme_name() -> None:
-    assert DASHBOARD.is_file() and Path(DEPLOY / "README.md").read_text().count("grafana/dashboards/gyre.json") >= 1
+    assert (
+        DASHBOARD.is_file()
+        and Path(DEPLOY / "README.md").read_text().count("grafana/dashboards/gyre.json") >= 1
+    )

@@ -48,7 +48,10 @@ async def test_concurrent_requests_sharing_a_prefix_match_transformers(arch: str
     section = engine_section(block_size=8, max_batch_size=8, max_prefill_tokens=64)
     prefix = _ids(48, 1, vocab)
     prompts = [prefix + _ids(3 + 2 * i, 10 + i, vocab) for i in range(8)]
-    params = [{"max_new_tokens": 12, "ignore_eos": True, "temperature": t} for t in (1.0, 0.7, 1.3, 0.0, 1.0, 0.9, 1.1, 0.5)]
+    params = [
+        {"max_new_tokens": 12, "ignore_eos": True, "temperature": t}
+        for t in (1.0, 0.7, 1.3, 0.0, 1.0, 0.9, 1.1, 0.5)
+    ]
     async with EngineServer(section, model_dir=path) as engine, EngineClient(engine.url) as client:
         await client.generate(prefix, {"max_new_tokens": 1})  # the shared prefix enters the cache
 

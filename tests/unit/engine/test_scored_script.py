@@ -31,9 +31,13 @@ async def test_scripted_tokens_carry_the_models_logprobs(tmp_path: Path) -> None
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = tok.encode("<|im_start|>user\nWrite 8 to a.txt<|im_end|>\n<|im_start|>assistant\n")
     async with EngineServer(section, model_dir=path) as engine, EngineClient(engine.url) as client:
-        results = [await client.generate(prompt, {"max_new_tokens": 200, "temperature": t}) for t in (1.0, 0.7, 1.0)]
+        results = [
+            await client.generate(prompt, {"max_new_tokens": 200, "temperature": t}) for t in (1.0, 0.7, 1.0)
+        ]
         assert [tok.decode(r.output_ids, skip_special_tokens=False) for r in results] == [
-            f"{CALL}<|im_end|>", "Done.<|im_end|>", f"{CALL}<|im_end|>"  # the file's entries, then again
+            f"{CALL}<|im_end|>",
+            "Done.<|im_end|>",
+            f"{CALL}<|im_end|>",  # the file's entries, then again
         ]
         for r, t in zip(results, (1.0, 0.7, 1.0), strict=True):
             full = torch.tensor([[*prompt, *r.output_ids]])
@@ -46,7 +50,12 @@ async def test_scripted_tokens_carry_the_models_logprobs(tmp_path: Path) -> None
         await client.update_weights_from_tensor(scaled, weight_version="1")
         after = await client.generate(prompt, {"max_new_tokens": 200})
         assert after.output_ids == results[1].output_ids and after.weight_version == "1"
-        assert float((torch.tensor(after.output_logprobs) - torch.tensor(results[1].output_logprobs)).abs().max()) > 1e-3
+        assert (
+            float(
+                (torch.tensor(after.output_logprobs) - torch.tensor(results[1].output_logprobs)).abs().max()
+            )
+            > 1e-3
+        )
         with pytest.raises(EngineRequestError, match="unexpected"):
             await client.update_weights_from_tensor({"nope": torch.zeros(1)})
 

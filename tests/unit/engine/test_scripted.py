@@ -49,7 +49,10 @@ async def test_rid_entries_are_reserved_for_their_request() -> None:
 async def test_rules_answer_by_the_prompt_and_are_never_used_up() -> None:
     import zlib
 
-    prompt_a, prompt_b = TOK.encode("user: list the files"), TOK.encode("<tool_response>a.txt</tool_response>")
+    prompt_a, prompt_b = (
+        TOK.encode("user: list the files"),
+        TOK.encode("<tool_response>a.txt</tool_response>"),
+    )
     script: list[dict[str, Any]] = [
         {"when": "tool_response", "choices": ["zero", "one"]},
         {"when": "list", "text": "calling ls"},

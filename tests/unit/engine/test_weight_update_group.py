@@ -25,7 +25,11 @@ async def joined(client: EngineClient, name: str = "g") -> AsyncIterator[UpdateG
     sender = UpdateGroupSender.host(bind_host="127.0.0.1", world_size=2, backend="gloo", timeout_s=30)
     connected = in_daemon_thread(sender.connect)
     message = await client.init_weights_update_group(
-        master_address="127.0.0.1", master_port=sender.port, rank_offset=1, world_size=2, group_name=name,
+        master_address="127.0.0.1",
+        master_port=sender.port,
+        rank_offset=1,
+        world_size=2,
+        group_name=name,
         backend="gloo",
     )
     await connected
@@ -37,13 +41,20 @@ async def joined(client: EngineClient, name: str = "g") -> AsyncIterator[UpdateG
 
 
 async def send(
-    client: EngineClient, sender: UpdateGroupSender, named: dict[str, torch.Tensor], version: str, name: str = "g"
+    client: EngineClient,
+    sender: UpdateGroupSender,
+    named: dict[str, torch.Tensor],
+    version: str,
+    name: str = "g",
 ) -> str:
     tensors = [t.detach().contiguous() for t in named.values()]
     request = asyncio.ensure_future(
         client.update_weights_from_distributed(
-            list(named), [dtype_name(t.dtype) for t in tensors], [list(t.shape) for t in tensors],
-            group_name=name, weight_version=version,
+            list(named),
+            [dtype_name(t.dtype) for t in tensors],
+            [list(t.shape) for t in tensors],
+            group_name=name,
+            weight_version=version,
         )
     )
     works = sender.broadcast(tensors)
@@ -77,17 +88,30 @@ async def test_bad_requests_are_refused_and_change_nothing() -> None:
         reference = await client.generate(ids, GREEDY)
         with pytest.raises(EngineRequestError, match="runs on CPU; its weight-update groups use gloo"):
             await client.init_weights_update_group(
-                master_address="127.0.0.1", master_port=1, rank_offset=1, world_size=2, group_name="n", backend="nccl"
+                master_address="127.0.0.1",
+                master_port=1,
+                rank_offset=1,
+                world_size=2,
+                group_name="n",
+                backend="nccl",
             )
         with pytest.raises(EngineRequestError, match="no weight-update group 'nope'"):
-            await client.update_weights_from_distributed(["model.norm.weight"], ["float32"], [[32]], group_name="nope")
+            await client.update_weights_from_distributed(
+                ["model.norm.weight"], ["float32"], [[32]], group_name="nope"
+            )
         with pytest.raises(EngineRequestError, match="dtypes: dtype 'int7'"):
-            await client.update_weights_from_distributed(["model.norm.weight"], ["int7"], [[32]], group_name="g")
+            await client.update_weights_from_distributed(
+                ["model.norm.weight"], ["int7"], [[32]], group_name="g"
+            )
         async with joined(client) as sender:
             with pytest.raises(EngineRequestError, match="exists already"):
                 await client.init_weights_update_group(
-                    master_address="127.0.0.1", master_port=sender.port, rank_offset=1, world_size=2,
-                    group_name="g", backend="gloo",
+                    master_address="127.0.0.1",
+                    master_port=sender.port,
+                    rank_offset=1,
+                    world_size=2,
+                    group_name="g",
+                    backend="gloo",
                 )
             # a name the model does not have: drained (the sender does not hang), refused, nothing applied
             bogus = {"model.norm.weight": torch.zeros(32), "model.nope.weight": torch.ones(4)}

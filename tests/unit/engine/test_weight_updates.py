@@ -94,9 +94,15 @@ async def test_partial_update_and_validation() -> None:
 
 async def test_update_from_disk(tmp_path: Path) -> None:
     new = small_model(seed=2)
-    path = write_model_dir(tmp_path / "step3", arch=new.arch, tensors=dict(new.named_parameters()), source=small_dir())
+    path = write_model_dir(
+        tmp_path / "step3", arch=new.arch, tensors=dict(new.named_parameters()), source=small_dir()
+    )
     other = init_model_dir(
-        tmp_path / "other", arch="llama", tokenizer="byte", family="chatml", overrides={**SMALL, "num_hidden_layers": 1}
+        tmp_path / "other",
+        arch="llama",
+        tokenizer="byte",
+        family="chatml",
+        overrides={**SMALL, "num_hidden_layers": 1},
     )
     ids = prompt(20, seed=1)
     async with serve() as (_, client):

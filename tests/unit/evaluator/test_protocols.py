@@ -37,26 +37,44 @@ def harbor_set(tmp_path: Path, test_sh: str | None = None, verifier_timeout_s: f
     root = tmp_path / "set"
     shutil.copytree(EXAMPLE, root / "fix-add")
     toml = root / "fix-add" / "task.toml"
-    toml.write_text(toml.read_text().replace("timeout_sec = 60.0", f"timeout_sec = {verifier_timeout_s}")
-                    .replace("timeout_sec = 300.0", "timeout_sec = 5.0"))
+    toml.write_text(
+        toml.read_text()
+        .replace("timeout_sec = 60.0", f"timeout_sec = {verifier_timeout_s}")
+        .replace("timeout_sec = 300.0", "timeout_sec = 5.0")
+    )
     if test_sh is not None:
         (root / "fix-add" / "tests" / "test.sh").write_text(test_sh)
     return TaskRegistry([root])
 
 
-async def evaluate(tmp_path: Path, launcher: str, registry: TaskRegistry, fix: bool, max_attempts: int = 3,
-                   budget_s: float = 60.0) -> tuple[str, float, int, str]:
+async def evaluate(
+    tmp_path: Path,
+    launcher: str,
+    registry: TaskRegistry,
+    fix: bool,
+    max_attempts: int = 3,
+    budget_s: float = 60.0,
+) -> tuple[str, float, int, str]:
     task = registry.get("set/fix-add")
     workspace = create_workspace(task, tmp_path / "workspaces" / "e1")
     if fix:
         calc = workspace / "calc.py"
         calc.write_text(calc.read_text().replace("return a - b", "return a + b"))
-    runner = VerifierRunner(registry=registry, launcher=make_launcher(launcher, UID_BASE, 2),
-                            work_root=tmp_path / "evaluations", limits=SandboxLimits(cpu_s=60, memory_mb=None),
-                            max_attempts=max_attempts, backoff_s=0.1, kill_grace_s=1.0)
+    runner = VerifierRunner(
+        registry=registry,
+        launcher=make_launcher(launcher, UID_BASE, 2),
+        work_root=tmp_path / "evaluations",
+        limits=SandboxLimits(cpu_s=60, memory_mb=None),
+        max_attempts=max_attempts,
+        backoff_s=0.1,
+        kill_grace_s=1.0,
+    )
     term = ev.ExecutionTerminated(
-        execution=cm.ExecutionRef(execution_id="e1"), reason=cm.TERMINATION_REASON_COMPLETED, task_id=task.task_id,
-        workspace=cm.WorkspaceRef(path=str(workspace)), budget_deadline_ms=int((time.time() + budget_s) * 1000),
+        execution=cm.ExecutionRef(execution_id="e1"),
+        reason=cm.TERMINATION_REASON_COMPLETED,
+        task_id=task.task_id,
+        workspace=cm.WorkspaceRef(path=str(workspace)),
+        budget_deadline_ms=int((time.time() + budget_s) * 1000),
     )
     e = await runner.evaluate(term)
     return e.status, e.reward, e.attempts, e.detail
@@ -65,18 +83,36 @@ async def evaluate(tmp_path: Path, launcher: str, registry: TaskRegistry, fix: b
 @pytest.mark.parametrize("launcher", SUPPORTED)
 async def test_harbor_reward_comes_from_test_sh(launcher: str, tmp_path: Path) -> None:
     registry = harbor_set(tmp_path)
-    assert await evaluate(tmp_path / "fixed", launcher, registry, fix=True) == ("valid", 1.0, 1, "reward.txt: 1")
-    assert await evaluate(tmp_path / "bug", launcher, registry, fix=False) == ("valid", 0.0, 1, "reward.txt: 0")
+    assert await evaluate(tmp_path / "fixed", launcher, registry, fix=True) == (
+        "valid",
+        1.0,
+        1,
+        "reward.txt: 1",
+    )
+    assert await evaluate(tmp_path / "bug", launcher, registry, fix=False) == (
+        "valid",
+        0.0,
+        1,
+        "reward.txt: 0",
+    )
 
 
 @pytest.mark.parametrize("launcher", SUPPORTED)
-async def test_harbor_paths_are_mounted_as_root_and_rewritten_otherwise(launcher: str, tmp_path: Path) -> None:
-    script = ('#!/bin/bash\necho "$PWD|$(cat /tests/marker)|$GREETING" > /logs/verifier/where.txt\n'
-              'ls /logs/agent > /logs/verifier/agent.txt\necho 0.5 > /logs/verifier/reward.txt\n')
+async def test_harbor_paths_are_mounted_as_root_and_rewritten_otherwise(
+    launcher: str, tmp_path: Path
+) -> None:
+    script = (
+        '#!/bin/bash\necho "$PWD|$(cat /tests/marker)|$GREETING" > /logs/verifier/where.txt\n'
+        "ls /logs/agent > /logs/verifier/agent.txt\necho 0.5 > /logs/verifier/reward.txt\n"
+    )
     registry = harbor_set(tmp_path, script)
     (tmp_path / "set" / "fix-add" / "tests" / "marker").write_text("from /tests")
     toml = tmp_path / "set" / "fix-add" / "task.toml"
-    toml.write_text(toml.read_text().replace("[verifier]\n", '[verifier]\nenv = { GREETING = "${GYRE_TEST_GREETING:-hi} /app" }\n'))
+    toml.write_text(
+        toml.read_text().replace(
+            "[verifier]\n", '[verifier]\nenv = { GREETING = "${GYRE_TEST_GREETING:-hi} /app" }\n'
+        )
+    )
     status, reward, _, _ = await evaluate(tmp_path, launcher, registry, fix=False)
     assert (status, reward) == ("valid", 0.5)
     (attempt,) = (tmp_path / "evaluations" / "e1").iterdir()
@@ -90,12 +126,17 @@ async def test_harbor_paths_are_mounted_as_root_and_rewritten_otherwise(launcher
 
 
 @pytest.mark.parametrize("launcher", SUPPORTED)
-async def test_a_verifier_that_writes_no_reward_is_pending_then_excluded(launcher: str, tmp_path: Path) -> None:
+async def test_a_verifier_that_writes_no_reward_is_pending_then_excluded(
+    launcher: str, tmp_path: Path
+) -> None:
     registry = harbor_set(tmp_path, "#!/bin/bash\necho 'ran the tests, forgot the reward'\nexit 0\n")
     status, reward, attempts, detail = await evaluate(tmp_path, launcher, registry, fix=True, max_attempts=3)
     assert (status, reward, attempts) == ("excluded", 0.0, 3)
     assert "no valid score within the budget" in detail
-    assert "the verifier wrote no reward (neither /logs/verifier/reward.txt nor reward.json); test.sh exit 0" in detail
+    assert (
+        "the verifier wrote no reward (neither /logs/verifier/reward.txt nor reward.json); test.sh exit 0"
+        in detail
+    )
 
 
 async def test_bad_reward_files_are_failed_attempts_not_zeros(tmp_path: Path) -> None:
@@ -110,8 +151,9 @@ async def test_bad_reward_files_are_failed_attempts_not_zeros(tmp_path: Path) ->
     }
     for i, (line, why) in enumerate(cases.items()):
         registry = harbor_set(tmp_path / str(i), f"#!/bin/bash\n{line}\n")
-        status, reward, attempts, detail = await evaluate(tmp_path / str(i), SUPPORTED[-1], registry, fix=False,
-                                                          max_attempts=1)
+        status, reward, attempts, detail = await evaluate(
+            tmp_path / str(i), SUPPORTED[-1], registry, fix=False, max_attempts=1
+        )
         if why is None:
             assert status == "valid", detail
         else:

@@ -24,7 +24,17 @@ def run_harness(base_url: str, workspace: Path, *extra: str) -> subprocess.Compl
         "ANTHROPIC_BASE_URL": base_url,
         "ANTHROPIC_API_KEY": "exec-key",
     }
-    cmd = [sys.executable, "-m", "harness", "--prompt", TASK, "--workspace", str(workspace), "--backoff-s", "0.01"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "--prompt",
+        TASK,
+        "--workspace",
+        str(workspace),
+        "--backoff-s",
+        "0.01",
+    ]
     return subprocess.run([*cmd, *extra], env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -44,7 +54,12 @@ def test_one_execution_retries_delegates_and_compacts(tmp_path: Path, stream: bo
         done = run_harness(api.base_url, tmp_path, *([] if stream else ["--no-stream"]))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (report["retries"], report["summaries"], report["sub_agents"], report["compactions"]) == (1, 1, 1, 1)
+    assert (report["retries"], report["summaries"], report["sub_agents"], report["compactions"]) == (
+        1,
+        1,
+        1,
+        1,
+    )
     assert (tmp_path / "a.txt").read_text() == "1" and (tmp_path / "b.txt").read_text() == "2"
 
     reqs = api.requests
@@ -74,7 +89,9 @@ def test_one_execution_retries_delegates_and_compacts(tmp_path: Path, stream: bo
     assert history[-1]["content"][-1] == {"type": "text", "text": prompts.SUMMARY_INSTRUCTION}
     assert history[-1]["content"][0]["type"] == "tool_result"
     resumed = reqs[7].body["messages"]
-    assert resumed == [{"role": "user", "content": prompts.resumed_prompt(TASK, "a.txt and b.txt are written.")}]
+    assert resumed == [
+        {"role": "user", "content": prompts.resumed_prompt(TASK, "a.txt and b.txt are written.")}
+    ]
     assert "x-gyre-request" not in reqs[7].headers
 
 

@@ -39,7 +39,10 @@ def test_render_matches_the_template_and_targets_exactly_the_outputs() -> None:
     for run in runs:
         assert run[-1] == IM_END
     calls = [TEMPLATE.parse_output(run).tool_calls for run in runs]
-    assert [(c[0].name, c[0].input["path"]) for c in calls[:2]] == [("write_file", "a.txt"), ("write_file", "b.txt")]
+    assert [(c[0].name, c[0].input["path"]) for c in calls[:2]] == [
+        ("write_file", "a.txt"),
+        ("write_file", "b.txt"),
+    ]
     assert not calls[2] and TEMPLATE.decode_output(runs[2]) == DONE
 
 

@@ -35,7 +35,9 @@ def test_a_short_warm_start_round_trips_through_an_fp16_directory(tmp_path: Path
     assert stats["steps"] >= 1 and stats["tokens"] > 0
     path = save_fp16(model, tmp_path / "w", stats)
     info = check_model_dir(path)
-    assert info.arch.fingerprint() == model.arch.fingerprint() and info.metadata["gyre_warmstart_steps"] == str(stats["steps"])
+    assert info.arch.fingerprint() == model.arch.fingerprint() and info.metadata[
+        "gyre_warmstart_steps"
+    ] == str(stats["steps"])
     assert {e.dtype for e in info.tensors.values()} == {"float16"}
     loaded = dict(load_model(path).named_parameters())
     for name, p in model.named_parameters():
@@ -45,25 +47,33 @@ def test_a_short_warm_start_round_trips_through_an_fp16_directory(tmp_path: Path
 
 def test_the_shipped_checkpoint_is_a_warm_start_of_the_demo_model() -> None:
     info = check_model_dir(DEFAULT_CHECKPOINT)
-    assert info.arch.architecture == "LlamaForCausalLM" and info.metadata["gyre_warmstart_source"] == "harness.warmstart"
+    assert (
+        info.arch.architecture == "LlamaForCausalLM"
+        and info.metadata["gyre_warmstart_source"] == "harness.warmstart"
+    )
     assert all(info.arch.raw[k] == v for k, v in DEMO_MODEL.items())
     assert sum(p.stat().st_size for p in DEFAULT_CHECKPOINT.iterdir()) < 4 * 1024 * 1024
     assert set(load_state_dict(info)) == set(info.arch.parameter_shapes())
 
 
-@pytest.mark.parametrize(("script", "reward"), [
-    ([CALL % "8", "Done."], 1.0),
-    ([CALL % "9", "Done."], 0.2),
-    ([CALL.replace("}}</", "}</") % "8"], 0.0),  # malformed: the parser rejects it, nothing is written
-    (["8"], 0.0),
-])
+@pytest.mark.parametrize(
+    ("script", "reward"),
+    [
+        ([CALL % "8", "Done."], 1.0),
+        ([CALL % "9", "Done."], 0.2),
+        ([CALL.replace("}}</", "}</") % "8"], 0.0),  # malformed: the parser rejects it, nothing is written
+        (["8"], 0.0),
+    ],
+)
 async def test_rollout_scores_and_records_like_a_live_execution(script: list[str], reward: float) -> None:
     section = EngineSection(output_source="scripted")
     template = template_for_model(DEFAULT_CHECKPOINT)
     task = TaskRegistry().get("add/3+5")
     script_entries = [{"text": s} for s in script]
-    async with EngineServer(section, model_dir=DEFAULT_CHECKPOINT, script=script_entries) as engine, \
-            EngineClient(engine.url) as client:
+    async with (
+        EngineServer(section, model_dir=DEFAULT_CHECKPOINT, script=script_entries) as engine,
+        EngineClient(engine.url) as client,
+    ):
         done = await rollout(client, task, template, rid="r")
     assert done.reward == reward
     prompt = prompt_ids(task, template)

@@ -33,7 +33,12 @@ DIMS: dict[str, Any] = dict(
     rms_norm_eps=1e-6,
 )
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "qwen3": ("qwen3", dict(head_dim=16, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "qwen3": (
+        "qwen3",
+        dict(
+            head_dim=16, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6}
+        ),
+    ),
     "llama": (
         "llama",
         dict(
@@ -54,10 +59,22 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         dict(
             head_dim=16,
             tie_word_embeddings=False,
-            rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 16},
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
         ),
     ),
-    "qwen2": ("qwen2", dict(head_dim=16, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    "qwen2": (
+        "qwen2",
+        dict(
+            head_dim=16,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        ),
+    ),
 }
 
 
@@ -83,12 +100,21 @@ def hf_reference(directory: Path) -> Any:
     return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
 
 
-def batch(directory: Path, *, seed: int = 3, token_budget: int = 160, max_row_tokens: int = 48) -> list[MicroStep]:
+def batch(
+    directory: Path, *, seed: int = 3, token_budget: int = 160, max_row_tokens: int = 48
+) -> list[MicroStep]:
     """A synthetic batch (path rows) whose behaviour log-probs are the model's own plus noise."""
     model: CausalLM = load_model(directory)
     return synthetic_microsteps(
-        model, batch_id="b0", step=0, num_groups=2, group_size=3, token_budget=token_budget,
-        min_row_tokens=8, max_row_tokens=max_row_tokens, seed=seed,
+        model,
+        batch_id="b0",
+        step=0,
+        num_groups=2,
+        group_size=3,
+        token_budget=token_budget,
+        min_row_tokens=8,
+        max_row_tokens=max_row_tokens,
+        seed=seed,
     )
 
 
@@ -98,7 +124,13 @@ def hf_packed_logits(model: Any, input_ids: torch.Tensor, cu: torch.Tensor) -> t
 
 
 def hf_reference_step(
-    model: Any, steps: list[MicroStep], *, lr: float, adam_eps: float, grad_clip: float, objective: ObjectiveParams
+    model: Any,
+    steps: list[MicroStep],
+    *,
+    lr: float,
+    adam_eps: float,
+    grad_clip: float,
+    objective: ObjectiveParams,
 ) -> float:
     """Accumulate `steps` with the Gyre objective, clip (torch's rule), one AdamW step; returns the norm."""
     model.train()

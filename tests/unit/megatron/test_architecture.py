@@ -35,7 +35,9 @@ def _arch(family: str = "qwen3", **overrides: Any) -> ModelArch:
     ],
 )
 def test_layouts_megatron_cannot_split_name_the_field(overrides: dict[str, Any], tp: int, field: str) -> None:
-    with pytest.raises(LayoutError, match=rf"{field} by cell_agent\.trainer\.megatron\.tensor_parallel_size {tp}"):
+    with pytest.raises(
+        LayoutError, match=rf"{field} by cell_agent\.trainer\.megatron\.tensor_parallel_size {tp}"
+    ):
         check_megatron_layout(_arch(**overrides), tensor_parallel_size=tp)
     check_megatron_layout(_arch(), tensor_parallel_size=2)
     assert not dist.is_initialized()
@@ -61,14 +63,20 @@ def _write_config(tmp_path: Path, **overrides: Any) -> Path:
 def test_check_trainer_refuses_before_anything_starts(tmp_path: Path) -> None:
     """What `gyre up` and the cell agent's start run: a ModelError (exit 2) naming both fields."""
     megatron = TrainerSection(backend="megatron", megatron={"tensor_parallel_size": 4})
-    with pytest.raises(ModelError, match=r"config\.json: num_key_value_heads: 2 is not divisible by cell_agent"):
+    with pytest.raises(
+        ModelError, match=r"config\.json: num_key_value_heads: 2 is not divisible by cell_agent"
+    ):
         check_trainer(megatron, family_dir("qwen3"))
     with pytest.raises(ModelError, match=r"tensor_parallel_size: 2: a cell agent runs one trainer process"):
-        check_trainer(TrainerSection(backend="megatron", megatron={"tensor_parallel_size": 2}), family_dir("qwen3"))
+        check_trainer(
+            TrainerSection(backend="megatron", megatron={"tensor_parallel_size": 2}), family_dir("qwen3")
+        )
     with pytest.raises(ModelError, match=r"rope_parameters\.rope_type: 'dynamic' is not supported"):
         check_trainer(
             TrainerSection(backend="megatron"),
-            _write_config(tmp_path, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
+            _write_config(
+                tmp_path, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+            ),
         )
     check_trainer(TrainerSection(backend="megatron"), family_dir("qwen3"))
     check_trainer(TrainerSection(), family_dir("qwen3"))

@@ -17,7 +17,10 @@ from gyre.cli import app
 def test_without_cuda_it_prints_cuda_false_and_exits_0() -> None:
     result = subprocess.run(
         [sys.executable, "-c", "from gyre.cli import main; main()", "bench", "gpu", "--json"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])

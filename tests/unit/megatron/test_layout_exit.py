@@ -28,13 +28,22 @@ def _config(tmp_path: Path, tp: int) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize(
     ("tp", "field"),
-    [(4, "config.json: num_key_value_heads: 2 is not divisible by cell_agent.trainer.megatron.tensor_parallel_size 4"),
-     (2, "cell_agent.trainer.megatron.tensor_parallel_size: 2: a cell agent runs one trainer process")],
+    [
+        (
+            4,
+            "config.json: num_key_value_heads: 2 is not divisible by cell_agent.trainer.megatron.tensor_parallel_size 4",
+        ),
+        (2, "cell_agent.trainer.megatron.tensor_parallel_size: 2: a cell agent runs one trainer process"),
+    ],
 )
-def test_gyre_up_and_the_cell_agent_refuse_a_layout_megatron_cannot_build(tmp_path: Path, tp: int, field: str) -> None:
+def test_gyre_up_and_the_cell_agent_refuse_a_layout_megatron_cannot_build(
+    tmp_path: Path, tp: int, field: str
+) -> None:
     config, runs = _config(tmp_path, tp)
-    for argv in ([*GYRE, "up", "--detach", "--config", str(config)],
-                 [sys.executable, "-m", "services.cell_agent", "--config", str(config), "--instance", "0"]):
+    for argv in (
+        [*GYRE, "up", "--detach", "--config", str(config)],
+        [sys.executable, "-m", "services.cell_agent", "--config", str(config), "--instance", "0"],
+    ):
         result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=ENV)
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()

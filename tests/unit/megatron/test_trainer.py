@@ -35,7 +35,8 @@ def _run(world: int, tmp_path: Path) -> dict[int, dict[str, Any]]:
     ports, results = ctx.Queue(), ctx.Queue()
     job = _job()
     procs = [
-        ctx.Process(target=trainer_worker, args=(r, world, job, ports, results, str(tmp_path))) for r in range(world)
+        ctx.Process(target=trainer_worker, args=(r, world, job, ports, results, str(tmp_path)))
+        for r in range(world)
     ]
     for p in procs:
         p.start()
@@ -63,7 +64,10 @@ def _check(reports: dict[int, dict[str, Any]], tp: int) -> None:
         assert not bad["dist_before"] and not bad["dist_after"], "refused before any process group started"
         tree = report["tree"]
         assert tree["grad_max_abs"] > 1e-3, tree
-        assert tree["grad_max_diff"] <= 1e-5 * tree["grad_max_abs"], ("tree rows give the paths' gradient", tree)
+        assert tree["grad_max_diff"] <= 1e-5 * tree["grad_max_abs"], (
+            "tree rows give the paths' gradient",
+            tree,
+        )
         assert tree["loss_tree"] == pytest.approx(tree["loss_paths"], rel=1e-5), tree
         assert set(report["families"]) == set(FAMILIES)
         for family, r in report["families"].items():
@@ -72,11 +76,19 @@ def _check(reports: dict[int, dict[str, Any]], tp: int) -> None:
             assert r["logprob_max_abs_diff"] < 1e-4, (where, r["logprob_max_abs_diff"])
             assert r["param_max_rel_moved"] > 1e-3, (where, "the step must move the weights", r)
             assert r["params_close"] and r["param_max_rel_diff"] < 1e-5, (where, r["param_max_rel_diff"])
-            assert abs(r["norm"] - r["reference_norm"]) <= 1e-5 * r["reference_norm"], (where, r["norm"], r["reference_norm"])
+            assert abs(r["norm"] - r["reference_norm"]) <= 1e-5 * r["reference_norm"], (
+                where,
+                r["norm"],
+                r["reference_norm"],
+            )
             assert r["max_chunks"] > 1, (where, "some micro-step must take the chunked path")
             assert r["version"] == 1 and r["checkpoint_restored"] and r["optimizer_restored"], where
-            assert {"config.json", "model.safetensors", "tokenizer.json", "trainer.json"} <= set(r["checkpoint_files"])
-            assert {f"optimizer-tp{k}-of-{tp}.pt" for k in range(tp)} <= set(r["checkpoint_files"]), r["checkpoint_files"]
+            assert {"config.json", "model.safetensors", "tokenizer.json", "trainer.json"} <= set(
+                r["checkpoint_files"]
+            )
+            assert {f"optimizer-tp{k}-of-{tp}.pt" for k in range(tp)} <= set(r["checkpoint_files"]), r[
+                "checkpoint_files"
+            ]
 
 
 @pytest.mark.slow
@@ -90,4 +102,6 @@ def test_tp2_matches_transformers(tmp_path: Path) -> None:
     _check(reports, 2)
     for family in FAMILIES:
         a, b = reports[0]["families"][family], reports[1]["families"][family]
-        assert a["loss"] == b["loss"] and a["norm"] == b["norm"], "every TP rank computes the same loss and norm"
+        assert a["loss"] == b["loss"] and a["norm"] == b["norm"], (
+            "every TP rank computes the same loss and norm"
+        )

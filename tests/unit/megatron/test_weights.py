@@ -23,7 +23,10 @@ def _load(family: str) -> tuple[object, dict[str, torch.Tensor]]:
 def test_round_trip_is_bit_exact(family: str, tp_size: int, fused_norms: bool) -> None:
     arch, tensors = _load(family)
     assert sorted(hf_names(arch)) == sorted(tensors)
-    shards = [hf_to_megatron(arch, tensors, tp_rank=r, tp_size=tp_size, fused_norms=fused_norms) for r in range(tp_size)]
+    shards = [
+        hf_to_megatron(arch, tensors, tp_rank=r, tp_size=tp_size, fused_norms=fused_norms)
+        for r in range(tp_size)
+    ]
     back = megatron_to_hf(arch, shards, fused_norms=fused_norms)
     assert sorted(back) == sorted(tensors)
     for name, t in tensors.items():
@@ -42,22 +45,30 @@ def test_qkv_is_interleaved_per_query_group_and_fc1_is_gate_then_up_per_rank() -
     q, k, v = (tensors[f"{h}self_attn.{p}_proj.bias"] for p in "qkv")
     rank1 = hf_to_megatron(arch, tensors, tp_rank=1, tp_size=2)
     # group 1 on rank 1: q heads 2 and 3, then k head 1, then v head 1
-    assert torch.equal(rank1["decoder.layers.0.self_attention.linear_qkv.bias"], torch.cat([q[32:64], k[16:32], v[16:32]]))
+    assert torch.equal(
+        rank1["decoder.layers.0.self_attention.linear_qkv.bias"], torch.cat([q[32:64], k[16:32], v[16:32]])
+    )
     gate, up = tensors[f"{h}mlp.gate_proj.weight"], tensors[f"{h}mlp.up_proj.weight"]
     assert torch.equal(rank1["decoder.layers.0.mlp.linear_fc1.weight"], torch.cat([gate[64:], up[64:]]))
     assert torch.equal(
-        rank1["decoder.layers.0.self_attention.linear_proj.weight"], tensors[f"{h}self_attn.o_proj.weight"][:, 32:]
+        rank1["decoder.layers.0.self_attention.linear_proj.weight"],
+        tensors[f"{h}self_attn.o_proj.weight"][:, 32:],
     )
 
 
 def test_names_are_strict() -> None:
     arch, tensors = _load("llama")
     with pytest.raises(ValueError, match="missing"):
-        hf_to_megatron(arch, {k: v for k, v in tensors.items() if k != "lm_head.weight"}, tp_rank=0, tp_size=1)
+        hf_to_megatron(
+            arch, {k: v for k, v in tensors.items() if k != "lm_head.weight"}, tp_rank=0, tp_size=1
+        )
     with pytest.raises(ValueError, match="unexpected"):
         hf_to_megatron(arch, {**tensors, "model.rotary_emb.inv_freq": torch.zeros(8)}, tp_rank=0, tp_size=1)
     tied_arch, tied = _load("qwen3")
-    state = {**tied, "lm_head.weight": tied["model.embed_tokens.weight"].clone()}  # as state_dict() reports it
+    state = {
+        **tied,
+        "lm_head.weight": tied["model.embed_tokens.weight"].clone(),
+    }  # as state_dict() reports it
     hf_to_megatron(tied_arch, state, tp_rank=0, tp_size=1)
     state["lm_head.weight"] += 1.0
     with pytest.raises(ValueError, match="tie_word_embeddings"):

@@ -48,21 +48,32 @@ def _join_world(rank: int, world: int, ports: Queue[Any]) -> None:
 
 def _spec(directory: Path, **section: Any) -> TrainerSpec:
     return TrainerSpec(
-        TrainerSection(backend="megatron", **section), ModelSection(path=directory), ObjectiveParams(), with_optimizer=True
+        TrainerSection(backend="megatron", **section),
+        ModelSection(path=directory),
+        ObjectiveParams(),
+        with_optimizer=True,
     )
 
 
-def _trainer(directory: Path, tp_group: dist.ProcessGroup | None, *, version: int | None = 0, **section: Any) -> Any:
+def _trainer(
+    directory: Path, tp_group: dist.ProcessGroup | None, *, version: int | None = 0, **section: Any
+) -> Any:
     from gyre.trainer.backends.megatron.trainer import MegatronTrainer
 
     info = check_model_dir(directory)
     return MegatronTrainer(
-        _spec(directory, **section), info.arch, load_state_dict(info), tp_group=tp_group, version=version,
+        _spec(directory, **section),
+        info.arch,
+        load_state_dict(info),
+        tp_group=tp_group,
+        version=version,
         source=directory,
     )
 
 
-def _family_report(family: str, directory: Path, tp_group: dist.ProcessGroup | None, root: Path) -> dict[str, Any]:
+def _family_report(
+    family: str, directory: Path, tp_group: dist.ProcessGroup | None, root: Path
+) -> dict[str, Any]:
     reference = hf_reference(directory)
     tensors = hf_tensors(reference)
     steps = batch(directory)
@@ -72,16 +83,25 @@ def _family_report(family: str, directory: Path, tp_group: dist.ProcessGroup | N
     report: dict[str, Any] = {"family": family, "num_microsteps": len(steps)}
 
     back = trainer.named_weights()
-    report["roundtrip_exact"] = sorted(back) == sorted(tensors) and all(torch.equal(back[k], tensors[k]) for k in back)
+    report["roundtrip_exact"] = sorted(back) == sorted(tensors) and all(
+        torch.equal(back[k], tensors[k]) for k in back
+    )
 
     logprob_diff = 0.0
     with torch.no_grad():
         for s in steps:
-            ids, pos = torch.as_tensor(s.input_ids, dtype=torch.int64), torch.as_tensor(s.position_ids, dtype=torch.int64)
+            ids, pos = (
+                torch.as_tensor(s.input_ids, dtype=torch.int64),
+                torch.as_tensor(s.position_ids, dtype=torch.int64),
+            )
             cu = torch.as_tensor(s.cu_seqlens, dtype=torch.int32)
             targets = torch.as_tensor(s.target_mask.nonzero()[0])
-            mine = torch.log_softmax(trainer.logits(ids, pos, cu, None).double(), -1)[targets - 1, ids[targets]]
-            ref = torch.log_softmax(hf_packed_logits(reference, ids, cu).double(), -1)[targets - 1, ids[targets]]
+            mine = torch.log_softmax(trainer.logits(ids, pos, cu, None).double(), -1)[
+                targets - 1, ids[targets]
+            ]
+            ref = torch.log_softmax(hf_packed_logits(reference, ids, cu).double(), -1)[
+                targets - 1, ids[targets]
+            ]
             logprob_diff = max(logprob_diff, float((mine - ref).abs().max()))
     report["logprob_max_abs_diff"] = logprob_diff
 
@@ -95,21 +115,31 @@ def _family_report(family: str, directory: Path, tp_group: dist.ProcessGroup | N
         reference, steps, lr=LR, adam_eps=ADAM_EPS, grad_clip=GRAD_CLIP, objective=ObjectiveParams()
     )
     after, want = trainer.named_weights(), hf_tensors(reference)
-    report["param_max_rel_diff"] = max(float((after[k] - want[k]).abs().max() / want[k].abs().max()) for k in want)
-    report["param_max_rel_moved"] = max(float((want[k] - tensors[k]).abs().max() / want[k].abs().max()) for k in want)
+    report["param_max_rel_diff"] = max(
+        float((after[k] - want[k]).abs().max() / want[k].abs().max()) for k in want
+    )
+    report["param_max_rel_moved"] = max(
+        float((want[k] - tensors[k]).abs().max() / want[k].abs().max()) for k in want
+    )
     report["params_close"] = all(torch.allclose(after[k], want[k], rtol=1e-5, atol=1e-7) for k in want)
 
     path = trainer.save_checkpoint(root)
     again = _trainer(directory, tp_group, version=None, lr=LR)
     again.load_checkpoint(path)
     report["checkpoint_files"] = sorted(p.name for p in path.iterdir())
-    report["checkpoint_restored"] = again.version == trainer.version and torch.equal(again.flat_params, trainer.flat_params)
+    report["checkpoint_restored"] = again.version == trainer.version and torch.equal(
+        again.flat_params, trainer.flat_params
+    )
     state_a, state_b = trainer.store.optimizer_state()["state"], again.store.optimizer_state()["state"]
-    report["optimizer_restored"] = all(torch.equal(state_a[i]["exp_avg_sq"], state_b[i]["exp_avg_sq"]) for i in state_a)
+    report["optimizer_restored"] = all(
+        torch.equal(state_a[i]["exp_avg_sq"], state_b[i]["exp_avg_sq"]) for i in state_a
+    )
     return report
 
 
-def _tree_report(directory: Path, tree_step: MicroStep, path_step: MicroStep, tp_group: dist.ProcessGroup | None) -> dict[str, Any]:
+def _tree_report(
+    directory: Path, tree_step: MicroStep, path_step: MicroStep, tp_group: dist.ProcessGroup | None
+) -> dict[str, Any]:
     """One tree-packed micro-step against its paths: same gradient, same loss."""
     trainer = _trainer(directory, tp_group)
     grads = []
@@ -126,7 +156,9 @@ def _tree_report(directory: Path, tree_step: MicroStep, path_step: MicroStep, tp
     }
 
 
-def trainer_worker(rank: int, world: int, job: dict[str, Any], ports: Queue[Any], results: Queue[Any], root: str) -> None:
+def trainer_worker(
+    rank: int, world: int, job: dict[str, Any], ports: Queue[Any], results: Queue[Any], root: str
+) -> None:
     """`job`: {"families": {name: dir}, "tree": (dir, tree_step, path_step), "bad_llama": config dict}."""
     torch.set_num_threads(1)
     exitcode = 1
@@ -139,7 +171,13 @@ def trainer_worker(rank: int, world: int, job: dict[str, Any], ports: Queue[Any]
             refused = ""
         except ValueError as e:
             refused = str(e)
-        results.put((rank, "bad_input", {"message": refused, "dist_before": before, "dist_after": dist.is_initialized()}))
+        results.put(
+            (
+                rank,
+                "bad_input",
+                {"message": refused, "dist_before": before, "dist_after": dist.is_initialized()},
+            )
+        )
         tp_group = None
         if world > 1:
             _join_world(rank, world, ports)
@@ -147,7 +185,13 @@ def trainer_worker(rank: int, world: int, job: dict[str, Any], ports: Queue[Any]
         directory, tree_step, path_step = job["tree"]
         results.put((rank, "tree", _tree_report(Path(directory), tree_step, path_step, tp_group)))
         for family, directory in job["families"].items():
-            results.put((rank, "family", _family_report(family, Path(directory), tp_group, Path(root) / "checkpoints")))
+            results.put(
+                (
+                    rank,
+                    "family",
+                    _family_report(family, Path(directory), tp_group, Path(root) / "checkpoints"),
+                )
+            )
         results.put((rank, "done", {}))
         exitcode = 0
     except BaseException as e:  # the test process must hear about it instead of timing out

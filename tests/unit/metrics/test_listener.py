@@ -31,12 +31,18 @@ async def test_serves_every_registry_and_refuses_the_rest() -> None:
         assert listener.port > 0
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{listener.port}") as client:
             ok = await client.get("/metrics")
-            assert ok.status_code == 200 and ok.headers["content-type"].startswith("text/plain; version=0.0.4")
+            assert ok.status_code == 200 and ok.headers["content-type"].startswith(
+                "text/plain; version=0.0.4"
+            )
             assert 'gyre_packer_info{instance="packer",run="r1"} 1.0' in ok.text
             assert "gyre_packer_groups_packed_total 3.0" in ok.text
             assert "process_cpu_seconds_total" in ok.text and "_created" not in ok.text
-            om = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
-            assert om.headers["content-type"].startswith("application/openmetrics-text") and om.text.endswith("# EOF\n")
+            om = await client.get(
+                "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+            )
+            assert om.headers["content-type"].startswith("application/openmetrics-text") and om.text.endswith(
+                "# EOF\n"
+            )
             head = await client.head("/metrics")
             assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) > 0
             missing = await client.get("/nope")
@@ -44,10 +50,14 @@ async def test_serves_every_registry_and_refuses_the_rest() -> None:
             post = await client.post("/metrics", content=b"x")
             assert post.status_code == 405 and post.headers["allow"] == "GET, HEAD"
         assert (await _raw(listener.port, b"garbage\r\n\r\n")).startswith(b"HTTP/1.1 400 Bad Request")
-        assert (await _raw(listener.port, b"GET /metrics HTTP/1.1\r\nno-colon\r\n\r\n")).startswith(b"HTTP/1.1 400")
+        assert (await _raw(listener.port, b"GET /metrics HTTP/1.1\r\nno-colon\r\n\r\n")).startswith(
+            b"HTTP/1.1 400"
+        )
         huge = b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n"
         assert (await _raw(listener.port, huge)).startswith(b"HTTP/1.1 431")
-        assert await _raw(listener.port, b"GET /metr") == b""  # a scraper that hangs up gets nothing, harms nothing
+        assert (
+            await _raw(listener.port, b"GET /metr") == b""
+        )  # a scraper that hangs up gets nothing, harms nothing
         async with httpx.AsyncClient() as client:  # still serving after all that
             assert (await client.get(f"http://127.0.0.1:{listener.port}/metrics")).status_code == 200
     finally:

@@ -31,8 +31,10 @@ def test_scrape_collector_reads_state_at_collection_time() -> None:
         return [running, done]
 
     ScrapeCollector(read, registry)
-    assert sample_values(registry) == {'gyre_runner_sandboxes{state="running"}': 2.0,
-                                       "gyre_runner_done_executions_total": 5.0}
+    assert sample_values(registry) == {
+        'gyre_runner_sandboxes{state="running"}': 2.0,
+        "gyre_runner_done_executions_total": 5.0,
+    }
     state["running"] = 7
     assert sample_values(registry)['gyre_runner_sandboxes{state="running"}'] == 7.0
     text = generate_latest(registry).decode()

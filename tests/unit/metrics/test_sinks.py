@@ -17,9 +17,16 @@ from tests.support.tensorboard import read_scalars
 
 
 def _row(step: int) -> dict[str, object]:
-    return {"step": step, "policy_version": step + 1, "time_s": 1_000.0 + step, "loss": 0.5 / (step + 1),
-            "reward_mean": 0.25 * step, "admitted_trajectories": {"main": 3 + step}, "groups": [{"group_id": "g"}],
-            "token_ratio_min": None}
+    return {
+        "step": step,
+        "policy_version": step + 1,
+        "time_s": 1_000.0 + step,
+        "loss": 0.5 / (step + 1),
+        "reward_mean": 0.25 * step,
+        "admitted_trajectories": {"main": 3 + step},
+        "groups": [{"group_id": "g"}],
+        "token_ratio_min": None,
+    }
 
 
 def test_jsonl_and_tensorboard_hold_the_same_rows(tmp_path: Path) -> None:
@@ -64,7 +71,9 @@ def test_an_optional_sink_without_its_package_fails_at_open_naming_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sink: str, module: str
 ) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # as if the extra were not installed
-    with pytest.raises(ConfigError, match=rf"metrics.sinks: '{sink}' needs the {module} package.*gyre\[{sink}\]"):
+    with pytest.raises(
+        ConfigError, match=rf"metrics.sinks: '{sink}' needs the {module} package.*gyre\[{sink}\]"
+    ):
         open_sinks(MetricsSection(sinks=["tensorboard", sink]), tmp_path, "r1")  # type: ignore[list-item]
     # nothing is left open or half-written: the JSONL file exists, empty, and can be opened again
     assert (tmp_path / "metrics.jsonl").read_text() == ""
@@ -78,7 +87,9 @@ def test_the_metrics_section_names_bad_values(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"metrics\.sinks: sinks must not repeat a sink"):
         load_config(bad, environ={})
     bad.write_text("metrics:\n  sinks: [neptune]\n")
-    with pytest.raises(ConfigError, match=r"metrics\.sinks\.0: Input should be 'tensorboard', 'wandb' or 'mlflow'"):
+    with pytest.raises(
+        ConfigError, match=r"metrics\.sinks\.0: Input should be 'tensorboard', 'wandb' or 'mlflow'"
+    ):
         load_config(bad, environ={})
     bad.write_text("metrics:\n  port: 70000\n")
     with pytest.raises(ConfigError, match=r"metrics\.port: must be a port"):
@@ -111,7 +122,9 @@ def test_an_optional_sink_logs_offline_and_resumes_or_names_its_extra(tmp_path: 
         client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}")
         (run,) = client.search_runs([client.get_experiment_by_name("gyre").experiment_id])
         assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [
-            (0, 0.5), (1, 0.25), (2, pytest.approx(0.5 / 3))
+            (0, 0.5),
+            (1, 0.25),
+            (2, pytest.approx(0.5 / 3)),
         ]
     else:
         runs = sorted((tmp_path / "wandb").glob("offline-run-*-r1"))

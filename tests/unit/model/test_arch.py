@@ -31,7 +31,12 @@ def test_family_switches() -> None:
     qwen2 = arch_from_config(config("Qwen2ForCausalLM"))
     assert (qwen2.qkv_bias, qwen2.o_bias, qwen2.qk_norm, qwen2.head_dim) == (True, False, False, 16)
     qwen3 = arch_from_config(config("Qwen3ForCausalLM", head_dim=32, tie_word_embeddings=True))
-    assert (qwen3.qkv_bias, qwen3.qk_norm, qwen3.head_dim, qwen3.tie_word_embeddings) == (False, True, 32, True)
+    assert (qwen3.qkv_bias, qwen3.qk_norm, qwen3.head_dim, qwen3.tie_word_embeddings) == (
+        False,
+        True,
+        32,
+        True,
+    )
     assert "lm_head.weight" not in qwen3.parameter_shapes()
     assert qwen3.parameter_shapes()["model.layers.1.self_attn.q_norm.weight"] == (32,)
     assert qwen2.parameter_shapes()["model.layers.0.self_attn.k_proj.bias"] == (32,)
@@ -74,8 +79,12 @@ def test_unsupported_configs_name_the_field(change: dict[str, Any], field: str) 
 
 def test_fingerprint_ignores_dtype_but_not_shapes() -> None:
     a = arch_from_config(config("LlamaForCausalLM", torch_dtype="float32"))
-    assert a.fingerprint() == arch_from_config(config("LlamaForCausalLM", torch_dtype="bfloat16")).fingerprint()
-    assert a.fingerprint() != arch_from_config(config("LlamaForCausalLM", num_key_value_heads=4)).fingerprint()
+    assert (
+        a.fingerprint() == arch_from_config(config("LlamaForCausalLM", torch_dtype="bfloat16")).fingerprint()
+    )
+    assert (
+        a.fingerprint() != arch_from_config(config("LlamaForCausalLM", num_key_value_heads=4)).fingerprint()
+    )
 
 
 def test_read_arch_of_an_initialized_directory() -> None:

@@ -53,14 +53,22 @@ def test_logits_equal_transformers(arch: str) -> None:
     "scaling",
     [
         {"rope_type": "linear", "factor": 4.0},
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 256},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512, "beta_fast": 16},
     ],
 )
 def test_rope_scaling_kinds_equal_transformers(tmp_path: Path, scaling: dict[str, Any]) -> None:
     path = init_model_dir(
-        tmp_path / "m", arch="llama", tokenizer="byte", family="chatml",
+        tmp_path / "m",
+        arch="llama",
+        tokenizer="byte",
+        family="chatml",
         overrides={**SMALL, "max_position_embeddings": 8192, "rope_scaling": scaling},
     )
     ours, theirs = load_model(path), _hf(path)
@@ -79,7 +87,9 @@ def _packed(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[
 
 
 @settings(max_examples=15, deadline=None)
-@given(lengths=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=5), seed=st.integers(0, 99))
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=5), seed=st.integers(0, 99)
+)
 def test_packed_forward_equals_each_row_alone(small: CausalLM, lengths: list[int], seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     rows = [torch.randint(0, 264, (n,), generator=gen) for n in lengths]
@@ -118,7 +128,9 @@ def test_paged_forward_matches_the_packed_forward(arch: str) -> None:
         cache.k.zero_()
         cache.v.zero_()
         table_long, table_short = [9, 3, 17, 5, 11, 30, 31, 40], [20, 21]
-        out = model.forward_paged(long_row[:13].view(1, -1), cache, PagedBatch.from_block_tables([table_long], [0], [13], bs))
+        out = model.forward_paged(
+            long_row[:13].view(1, -1), cache, PagedBatch.from_block_tables([table_long], [0], [13], bs)
+        )
         assert (out[0] - ref_long[:13]).abs().max() <= 1e-5
         ids = torch.zeros(2, 10, dtype=torch.long)
         ids[0], ids[1, :6] = long_row[13:23], short_row[:6]
@@ -145,9 +157,15 @@ def test_paged_batch_masks_padding() -> None:
 
 
 def test_init_is_deterministic(tmp_path: Path) -> None:
-    a = init_model_dir(tmp_path / "a", arch="llama", tokenizer="byte", family="chatml", seed=3, overrides=SMALL)
-    b = init_model_dir(tmp_path / "b", arch="llama", tokenizer="byte", family="chatml", seed=3, overrides=SMALL)
-    c = init_model_dir(tmp_path / "c", arch="llama", tokenizer="byte", family="chatml", seed=4, overrides=SMALL)
+    a = init_model_dir(
+        tmp_path / "a", arch="llama", tokenizer="byte", family="chatml", seed=3, overrides=SMALL
+    )
+    b = init_model_dir(
+        tmp_path / "b", arch="llama", tokenizer="byte", family="chatml", seed=3, overrides=SMALL
+    )
+    c = init_model_dir(
+        tmp_path / "c", arch="llama", tokenizer="byte", family="chatml", seed=4, overrides=SMALL
+    )
     pa, pb, pc = (dict(load_model(p).named_parameters()) for p in (a, b, c))
     assert all(torch.equal(pa[n], pb[n]) for n in pa)
     assert not torch.equal(pa["model.embed_tokens.weight"], pc["model.embed_tokens.weight"])

@@ -33,7 +33,9 @@ def test_every_family_is_append_only_and_parses_its_own_tool_calls(name: str) ->
     output = template.encode_output(message)
     assert output[-1] in template.stop_token_ids
     parsed = template.parse_output(output, id_seed=b"s")
-    assert [(c.name, c.input) for c in parsed.tool_calls] == [("write_file", {"path": "a.txt", "content": "x = 1"})]
+    assert [(c.name, c.input) for c in parsed.tool_calls] == [
+        ("write_file", {"path": "a.txt", "content": "x = 1"})
+    ]
     assert parsed.text.strip() == "Writing it."
 
 

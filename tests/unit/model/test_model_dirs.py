@@ -52,38 +52,61 @@ def test_a_shape_that_disagrees_with_config_json_names_the_tensor(tmp_path: Path
     tensors["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(8, 32)
     write_model_dir(path, arch=check_model_dir(small_dir()).arch, tensors=tensors, source=small_dir())
     error = _refused(path)
-    assert error.field == "model.layers.1.self_attn.k_proj.weight" and "disagrees with config.json" in str(error)
+    assert error.field == "model.layers.1.self_attn.k_proj.weight" and "disagrees with config.json" in str(
+        error
+    )
 
 
 def test_a_missing_or_unknown_tensor_is_named(tmp_path: Path) -> None:
     arch = check_model_dir(small_dir()).arch
     tensors = load_state_dict(check_model_dir(small_dir()))
     missing = {k: v for k, v in tensors.items() if k != "model.norm.weight"}
-    assert _refused(write_model_dir(tmp_path / "a", arch=arch, tensors=missing, source=small_dir())).field == "model.norm.weight"
+    assert (
+        _refused(write_model_dir(tmp_path / "a", arch=arch, tensors=missing, source=small_dir())).field
+        == "model.norm.weight"
+    )
     extra = {**tensors, "model.layers.0.mlp.extra.weight": torch.zeros(2)}
-    assert _refused(write_model_dir(tmp_path / "b", arch=arch, tensors=extra, source=small_dir())).field.endswith("extra.weight")
+    assert _refused(
+        write_model_dir(tmp_path / "b", arch=arch, tensors=extra, source=small_dir())
+    ).field.endswith("extra.weight")
 
 
 def test_a_written_directory_loads_in_transformers_and_back(tmp_path: Path) -> None:
     model = load_model(hf_dir("qwen3"))
     named = {n: p.detach() * 1.5 for n, p in model.named_parameters()}
-    out = write_model_dir(tmp_path / "pub", arch=model.arch, tensors=named, source=hf_dir("qwen3"),
-                          metadata={"gyre_policy_version": "7"})
+    out = write_model_dir(
+        tmp_path / "pub",
+        arch=model.arch,
+        tensors=named,
+        source=hf_dir("qwen3"),
+        metadata={"gyre_policy_version": "7"},
+    )
     info = check_model_dir(out)
-    assert info.policy_version == 7 and (out / "tokenizer.json").is_file() and (out / "generation_config.json").is_file()
+    assert (
+        info.policy_version == 7
+        and (out / "tokenizer.json").is_file()
+        and (out / "generation_config.json").is_file()
+    )
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     reloaded = load_model(out)
     ids = torch.randint(0, model.arch.vocab_size, (40,))
     with torch.no_grad():
         assert (reloaded(ids, torch.arange(40), [0, 40]) - hf(ids[None]).logits[0]).abs().max() <= 1e-5
     tok = transformers.AutoTokenizer.from_pretrained(out)
-    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith("<|im_start|>user")
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith(
+        "<|im_start|>user"
+    )
 
 
 def test_sharded_directories_round_trip(tmp_path: Path) -> None:
     model = load_model(small_dir())
-    out = write_model_dir(tmp_path / "sharded", arch=model.arch, tensors=dict(model.named_parameters()),
-                          source=small_dir(), max_shard_bytes=20_000)
+    out = write_model_dir(
+        tmp_path / "sharded",
+        arch=model.arch,
+        tensors=dict(model.named_parameters()),
+        source=small_dir(),
+        max_shard_bytes=20_000,
+    )
     assert (out / INDEX_FILE).is_file() and not (out / WEIGHTS_FILE).exists()
     assert len({p.name for p in out.glob("model-*.safetensors")}) > 2
     reloaded = dict(load_model(out).named_parameters())
@@ -94,8 +117,13 @@ def test_sharded_directories_round_trip(tmp_path: Path) -> None:
 
 def test_bf16_checkpoints_load_upcast(tmp_path: Path) -> None:
     model = load_model(small_dir())
-    out = write_model_dir(tmp_path / "bf16", arch=model.arch, tensors=dict(model.named_parameters()),
-                          source=small_dir(), dtype="bfloat16")
+    out = write_model_dir(
+        tmp_path / "bf16",
+        arch=model.arch,
+        tensors=dict(model.named_parameters()),
+        source=small_dir(),
+        dtype="bfloat16",
+    )
     info = check_model_dir(out)
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert {e.dtype for e in info.tensors.values()} == {"bfloat16"}

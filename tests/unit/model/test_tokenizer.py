@@ -49,7 +49,12 @@ def test_incremental_decoding_never_splits_characters(text: str, chunk: int) -> 
 
 
 def test_skip_special_tokens() -> None:
-    ids = [*byte.encode("a"), byte.special_id("<tool_call>"), *byte.encode("é"), byte.special_id("<|endoftext|>")]
+    ids = [
+        *byte.encode("a"),
+        byte.special_id("<tool_call>"),
+        *byte.encode("é"),
+        byte.special_id("<|endoftext|>"),
+    ]
     assert byte.decode(ids) == "a<tool_call>é<|endoftext|>"
     assert byte.decode(ids, skip_special_tokens=True) == "aé"
 

@@ -156,5 +156,7 @@ def test_a_parser_without_a_streamer_is_buffered_and_still_exact() -> None:
 @pytest.mark.parametrize("parser_name", sorted(STREAMERS))
 def test_every_registered_streamer_belongs_to_a_registered_parser(parser_name: str) -> None:
     assert parser_name in PARSERS
-    template = HFChatTemplate(family_tokenizer("chatml"), end_of_turn="<|im_end|>", tool_call_parser=parser_name)
+    template = HFChatTemplate(
+        family_tokenizer("chatml"), end_of_turn="<|im_end|>", tool_call_parser=parser_name
+    )
     assert type(make_streamer(template, SEED, PREFIX)) is STREAMERS[parser_name]

@@ -19,8 +19,11 @@ def _row(execution_id: str, length: int, rng: np.random.Generator, index: int = 
     mask = rng.random(length) < 0.5
     mask[0] = False
     return TrajectoryRow(
-        execution_id=execution_id, trajectory_index=index, leaf_class="main",
-        token_ids=rng.integers(0, 256, length).astype(np.int32), target_mask=mask,
+        execution_id=execution_id,
+        trajectory_index=index,
+        leaf_class="main",
+        token_ids=rng.integers(0, 256, length).astype(np.int32),
+        target_mask=mask,
         behaviour_logprobs=np.where(mask, -1.0, 0.0).astype(np.float32),
         policy_versions=np.zeros(length, dtype=np.int32),
     )

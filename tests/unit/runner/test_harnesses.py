@@ -12,8 +12,14 @@ from gyre.sandbox import SandboxLimits
 from gyre.tasks import Task
 from services.runner.harnesses import HARNESSES, CommandHarness, Launch, make_harness
 
-LAUNCH = Launch(Task("add/3+5", "3+5=? Write the answer to answer.txt."), "3+5=? Write the answer to answer.txt.", "e1", "http://127.0.0.1:8123", "key-e1",
-                Path("/sandbox/home"))
+LAUNCH = Launch(
+    Task("add/3+5", "3+5=? Write the answer to answer.txt."),
+    "3+5=? Write the answer to answer.txt.",
+    "e1",
+    "http://127.0.0.1:8123",
+    "key-e1",
+    Path("/sandbox/home"),
+)
 
 
 def build(name: str) -> object:
@@ -36,7 +42,10 @@ def test_every_harness_builds_a_command_and_a_closed_environment(name: str) -> N
 def test_demo_harness_reaches_the_model_only_through_the_proxy() -> None:
     harness = HARNESSES["demo"]()
     argv, env = harness.command(LAUNCH), harness.env(LAUNCH)
-    assert argv[:3] == [sys.executable, "-m", "harness"] and argv[argv.index("--prompt") + 1] == LAUNCH.task.prompt
+    assert (
+        argv[:3] == [sys.executable, "-m", "harness"]
+        and argv[argv.index("--prompt") + 1] == LAUNCH.task.prompt
+    )
     assert (env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"]) == (LAUNCH.base_url, LAUNCH.api_key)
 
 
@@ -67,10 +76,17 @@ def test_runner_config_validates_and_names_the_fix() -> None:
 
 
 def test_harness_env_adds_the_users_settings_but_never_the_routing() -> None:
-    config = load_config(None, environ={}, overrides={"runner": {
-        "harness": "claude_code", "harness_args": ["--tools", "Bash"],
-        "harness_env": {"CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "0.6", "DISABLE_TELEMETRY": "0"},
-    }})
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            "runner": {
+                "harness": "claude_code",
+                "harness_args": ["--tools", "Bash"],
+                "harness_env": {"CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "0.6", "DISABLE_TELEMETRY": "0"},
+            }
+        },
+    )
     harness = make_harness(config.runner)
     env = harness.environment(LAUNCH)
     assert env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "0.6"

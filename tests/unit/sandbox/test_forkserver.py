@@ -22,7 +22,7 @@ from gyre.sandbox.forkclient import ForkedProcess, ForkServer
 SUPPORTED = ["process", "isolated"] if os.geteuid() == 0 else ["process"]
 UID_BASE = 176000
 
-PROBE = '''
+PROBE = """
 import json, os, resource, signal, socket, sys, time
 
 def network():
@@ -50,7 +50,7 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 @pytest.fixture
@@ -74,9 +74,14 @@ def spec(tmp_path: Path, probe: Path, name: str, *args: str, argv: list[str] | N
     workspace = tmp_path / f"ws-{name}"
     workspace.mkdir()
     return SandboxSpec(
-        name=name, argv=argv or [sys.executable, "-m", "gyreprobe", *args], cwd=workspace,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(probe), "ONLY": "1"}, root=tmp_path / f"box-{name}",
-        limits=SandboxLimits(cpu_s=77, file_size_mb=5), network=NetworkPolicy("none"), reveal=(probe,),
+        name=name,
+        argv=argv or [sys.executable, "-m", "gyreprobe", *args],
+        cwd=workspace,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(probe), "ONLY": "1"},
+        root=tmp_path / f"box-{name}",
+        limits=SandboxLimits(cpu_s=77, file_size_mb=5),
+        network=NetworkPolicy("none"),
+        reveal=(probe,),
         writable=(workspace,),
     )
 
@@ -110,7 +115,11 @@ async def test_a_forked_start_sees_exactly_what_a_plain_start_sees(
     assert plain["rlimits"]["RLIMIT_CPU"] == [77, 77] and plain["own_group"] and not plain["session_leader"]
     assert set(plain["env"]) <= {"PATH", "PYTHONPATH", "ONLY", "HOME", "TMPDIR", "LC_CTYPE"}
     if name == "isolated":
-        assert plain["uid"] == ["UID"] * 3 and plain["groups"] == [] and plain["network"].startswith("unreachable")
+        assert (
+            plain["uid"] == ["UID"] * 3
+            and plain["groups"] == []
+            and plain["network"].startswith("unreachable")
+        )
 
 
 @pytest.mark.parametrize("name", SUPPORTED)
@@ -133,9 +142,7 @@ async def test_a_forked_sandbox_is_stopped_and_swept_like_any_other(
         assert procs.pids_of_uid(handle.state.uid) == []
 
 
-async def test_a_sandbox_outlives_its_fork_server_and_is_then_polled(
-    probe: Path, tmp_path: Path
-) -> None:
+async def test_a_sandbox_outlives_its_fork_server_and_is_then_polled(probe: Path, tmp_path: Path) -> None:
     server = ForkServer.start("gyreprobe", paths=(str(probe),), log_path=tmp_path / "forkserver.log")
     launcher = make_launcher(SUPPORTED[-1], UID_BASE, 2)
     launcher.fork_server = server

@@ -33,8 +33,15 @@ def launcher(name: str) -> SandboxLauncher:
 def spec(tmp_path: Path, script: str, **kw: object) -> SandboxSpec:
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
-    return SandboxSpec(name="t", argv=["bash", "-c", script], cwd=workspace, env={"PATH": "/usr/bin:/bin", "ONLY": "1"},
-                       root=tmp_path / "box", writable=(workspace,), **kw)  # type: ignore[arg-type]
+    return SandboxSpec(
+        name="t",
+        argv=["bash", "-c", script],
+        cwd=workspace,
+        env={"PATH": "/usr/bin:/bin", "ONLY": "1"},
+        root=tmp_path / "box",
+        writable=(workspace,),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_registry_lists_both_launchers() -> None:
@@ -104,8 +111,10 @@ async def test_a_restarted_owner_can_attach_and_wait(name: str, tmp_path: Path) 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the isolated launcher needs root")
 async def test_isolated_sandbox_has_its_own_uid_no_network_and_is_swept(tmp_path: Path) -> None:
     sandbox = launcher("isolated")
-    script = (f"id -u > uid.txt; {sys.executable} -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), 2)' "
-              "2> net.txt; setsid sleep 600 & exit 0")
+    script = (
+        f"id -u > uid.txt; {sys.executable} -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), 2)' "
+        "2> net.txt; setsid sleep 600 & exit 0"
+    )
     handle = await sandbox.launch(spec(tmp_path, script, network=NetworkPolicy("none")))
     outcome = await handle.wait()
     uid = handle.state.uid

@@ -16,13 +16,18 @@ SUPPORTED = ["process", "isolated"] if os.geteuid() == 0 else ["process"]
 
 
 def test_rewrite_replaces_whole_paths_only_longest_first(tmp_path: Path) -> None:
-    paths = PathMap([(tmp_path / "ws", "/app"), (tmp_path / "logs", "/logs/verifier"), (tmp_path / "t", "/tests")],
-                    bind=False)
-    text = ("cd /app && python3 /tests/t.py > /logs/verifier/reward.txt; cat /app/x.py '/app'\n"
-            "/application /usr/app /app.d /tests2 ./app x/tests")
+    paths = PathMap(
+        [(tmp_path / "ws", "/app"), (tmp_path / "logs", "/logs/verifier"), (tmp_path / "t", "/tests")],
+        bind=False,
+    )
+    text = (
+        "cd /app && python3 /tests/t.py > /logs/verifier/reward.txt; cat /app/x.py '/app'\n"
+        "/application /usr/app /app.d /tests2 ./app x/tests"
+    )
     assert paths.rewrite(text) == (
         f"cd {tmp_path}/ws && python3 {tmp_path}/t/t.py > {tmp_path}/logs/reward.txt; cat {tmp_path}/ws/x.py "
-        f"'{tmp_path}/ws'\n/application /usr/app /app.d /tests2 ./app x/tests")
+        f"'{tmp_path}/ws'\n/application /usr/app /app.d /tests2 ./app x/tests"
+    )
     assert paths.cwd("/app") == tmp_path / "ws" and paths.binds() == ()
     bound = PathMap([(tmp_path / "ws", "/app")], bind=True)
     assert bound.rewrite("cd /app") == "cd /app" and bound.cwd("/app") == Path("/app")
@@ -43,12 +48,21 @@ def test_rewrite_tree_rewrites_text_files_and_leaves_binaries_and_links(tmp_path
 
 
 def _spec(tmp_path: Path, script: str, binds: tuple[tuple[Path, str], ...], cwd: Path) -> SandboxSpec:
-    return SandboxSpec(name="t", argv=["bash", "-c", script], cwd=cwd, env={"PATH": "/usr/bin:/bin"},
-                       root=tmp_path / "box", writable=tuple(s for s, _ in binds), binds=binds)
+    return SandboxSpec(
+        name="t",
+        argv=["bash", "-c", script],
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin"},
+        root=tmp_path / "box",
+        writable=tuple(s for s, _ in binds),
+        binds=binds,
+    )
 
 
 @pytest.mark.parametrize("name", SUPPORTED)
-async def test_binds_are_seen_at_their_paths_or_refused_and_the_host_is_untouched(name: str, tmp_path: Path) -> None:
+async def test_binds_are_seen_at_their_paths_or_refused_and_the_host_is_untouched(
+    name: str, tmp_path: Path
+) -> None:
     ws, logs = tmp_path / "ws", tmp_path / "logs"
     ws.mkdir()
     logs.mkdir()
@@ -77,11 +91,27 @@ def test_harness_layout_of_a_plain_and_of_a_harbor_task(tmp_path: Path) -> None:
 
     ws = tmp_path / "ws"
     plain = harness_layout(Task("s/p", "edit /app/x"), ws, bind=True)
-    assert (plain.prompt, plain.cwd, plain.writable, plain.binds, plain.agent_logs) == ("edit /app/x", ws, (ws,), (), None)
-    harbor = Task("s/h", "Fix /app/calc.py; logs go to /logs/agent.", environment=TaskEnvironment(workdir="/app"))
+    assert (plain.prompt, plain.cwd, plain.writable, plain.binds, plain.agent_logs) == (
+        "edit /app/x",
+        ws,
+        (ws,),
+        (),
+        None,
+    )
+    harbor = Task(
+        "s/h", "Fix /app/calc.py; logs go to /logs/agent.", environment=TaskEnvironment(workdir="/app")
+    )
     logs = tmp_path / "ws.agent-logs"
     mounted = harness_layout(harbor, ws, bind=True)
-    assert (mounted.prompt, mounted.cwd, mounted.binds) == (harbor.prompt, Path("/app"), ((ws, "/app"), (logs, "/logs/agent")))
+    assert (mounted.prompt, mounted.cwd, mounted.binds) == (
+        harbor.prompt,
+        Path("/app"),
+        ((ws, "/app"), (logs, "/logs/agent")),
+    )
     rewritten = harness_layout(harbor, ws, bind=False)
-    assert (rewritten.prompt, rewritten.cwd, rewritten.binds) == (f"Fix {ws}/calc.py; logs go to {logs}.", ws, ())
+    assert (rewritten.prompt, rewritten.cwd, rewritten.binds) == (
+        f"Fix {ws}/calc.py; logs go to {logs}.",
+        ws,
+        (),
+    )
     assert rewritten.writable == (ws, logs) == mounted.writable

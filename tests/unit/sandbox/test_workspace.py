@@ -16,8 +16,16 @@ def test_workspace_holds_sources_in_order_then_files(tmp_path: Path) -> None:
     (template / "src" / "keep.py").write_text("K")
     single = tmp_path / "calc.py"
     single.write_text("calc")
-    task = Task("s/t", "p", files={"src/a.py": "override", "b/c.txt": "C"}, workspace=(
-        WorkspaceSource(template), WorkspaceSource(single, "src"), WorkspaceSource(single, "lib/renamed.py")))
+    task = Task(
+        "s/t",
+        "p",
+        files={"src/a.py": "override", "b/c.txt": "C"},
+        workspace=(
+            WorkspaceSource(template),
+            WorkspaceSource(single, "src"),
+            WorkspaceSource(single, "lib/renamed.py"),
+        ),
+    )
     ws = create_workspace(task, tmp_path / "ws")
     assert (ws / "src" / "a.py").read_text() == "override" and (ws / "b" / "c.txt").read_text() == "C"
     assert (ws / "src" / "keep.py").read_text() == "K"

@@ -48,19 +48,34 @@ async def _nothing() -> None:
 
 def _executor(num_cells: int, roles: list[Role]) -> tuple[ActionExecutor, FakeProxy]:
     proxy = FakeProxy()
-    engines = [common_pb2.EngineEndpoint(engine_id=f"cell-{c}", url=f"http://127.0.0.1:{9000 + c}")
-               for c in range(num_cells)]
-    peers = Peers(channels=[], cells=[FakeCell() for _ in range(num_cells)], proxy=proxy,  # type: ignore[arg-type]
-                  packer=None, runner=None, engines=engines)  # type: ignore[arg-type]
+    engines = [
+        common_pb2.EngineEndpoint(engine_id=f"cell-{c}", url=f"http://127.0.0.1:{9000 + c}")
+        for c in range(num_cells)
+    ]
+    peers = Peers(
+        channels=[],
+        cells=[FakeCell() for _ in range(num_cells)],
+        proxy=proxy,  # type: ignore[arg-type]
+        packer=None,
+        runner=None,
+        engines=engines,
+    )  # type: ignore[arg-type]
 
     async def handle(make: Any, seq: int | None = None) -> None:
         return None
 
-    driver = SimpleNamespace(policy=SimpleNamespace(state=SimpleNamespace(roles=roles, version=1)),
-                             now=lambda: 0.0, handle=handle)
-    executor = ActionExecutor(driver=lambda: driver, peers=peers, dispatcher=None,  # type: ignore[arg-type]
-                              supervisor=Supervisor("test"), facts=RunFacts(max_steps=0, shell=ShellState()),
-                              separate_pool_capacity=0, persist=_nothing)
+    driver = SimpleNamespace(
+        policy=SimpleNamespace(state=SimpleNamespace(roles=roles, version=1)), now=lambda: 0.0, handle=handle
+    )
+    executor = ActionExecutor(
+        driver=lambda: driver,
+        peers=peers,
+        dispatcher=None,  # type: ignore[arg-type]
+        supervisor=Supervisor("test"),
+        facts=RunFacts(max_steps=0, shell=ShellState()),
+        separate_pool_capacity=0,
+        persist=_nothing,
+    )
     return executor, proxy
 
 

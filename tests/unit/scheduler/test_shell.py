@@ -41,6 +41,7 @@ async def test_driver_applies_follow_ups_before_queued_events_and_persists() -> 
     policy = Policy(PolicyParams(num_cells=2, group_size=2, batch_groups=1, phi=0.0, mu=1, cell_capacity=4))
     seen: list[str] = []
     persisted: list[int] = []
+
     async def execute(action: Action) -> list[MakeEvent]:
         seen.append(type(action).__name__)
         if isinstance(action, DispatchGroups):

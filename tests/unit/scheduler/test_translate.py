@@ -29,8 +29,9 @@ def test_a_start_reported_before_the_command_is_recorded_is_not_counted_twice() 
     commanded["g1-e0"] = 2  # ... which then records the command; the driver applies the event after.
     assert _apply(started) == [ExecutionStarted(1.0, "g1-e0", 2)]
     assert commanded == {}
-    ended = t.translate(ev.ExecutionTerminated(execution=_ref("g1-e0"),
-                                               reason=common_pb2.TERMINATION_REASON_COMPLETED))
+    ended = t.translate(
+        ev.ExecutionTerminated(execution=_ref("g1-e0"), reason=common_pb2.TERMINATION_REASON_COMPLETED)
+    )
     assert _apply(ended) == [ExecutionTerminated(1.0, "g1-e0", "TERMINATION_REASON_COMPLETED")]
 
 
@@ -44,8 +45,9 @@ def test_a_start_is_placed_on_the_engine_the_policy_commanded() -> None:
 def test_a_termination_without_a_reported_start_confirms_the_commanded_start_first() -> None:
     commanded = {"g1-e1": 0}
     t = EventTranslator(ShellState(commanded=commanded))
-    ended = t.translate(ev.ExecutionTerminated(execution=_ref("g1-e1"),
-                                               reason=common_pb2.TERMINATION_REASON_INFRA_FAILURE))
+    ended = t.translate(
+        ev.ExecutionTerminated(execution=_ref("g1-e1"), reason=common_pb2.TERMINATION_REASON_INFRA_FAILURE)
+    )
     assert _apply(ended) == [
         ExecutionStarted(1.0, "g1-e1", 0),
         ExecutionTerminated(1.0, "g1-e1", "TERMINATION_REASON_INFRA_FAILURE"),

@@ -64,8 +64,15 @@ def test_sim_ablation_json_has_every_row_with_the_papers_ratio():
     assert sources["training.node_tokens_per_s"]["source"] == "assumed"
     assert "Table 2" in sources["training.node_tokens_per_s"]["note"]
     assert out["regime"].startswith("cluster scale") and out["validation"] is None
-    swept = _last_json(runner.invoke(app, ["sim", "ablation", "--steps", "1", "--json", "--node-tokens-per-s", "9000"]).output)
-    assert swept["calibration"]["training.node_tokens_per_s"] == {"value": 9000.0, "source": "--node-tokens-per-s"}
+    swept = _last_json(
+        runner.invoke(
+            app, ["sim", "ablation", "--steps", "1", "--json", "--node-tokens-per-s", "9000"]
+        ).output
+    )
+    assert swept["calibration"]["training.node_tokens_per_s"] == {
+        "value": 9000.0,
+        "source": "--node-tokens-per-s",
+    }
 
 
 def test_sim_presets_lists_every_preset():

@@ -14,10 +14,18 @@ from sim.simulation import Simulation
 
 def calibration(start_s: float = 0.0, **kw: object) -> CellCalibration:
     fields: dict[str, object] = dict(
-        source_runs=("runs/a",), tool_sleep=ToolSleep(20.0, 1.5, 120.0),
-        busy={"add": ((4.0, 1),), "parts": ((9.0, 2),)}, evaluation_s=(1.0,), tokens_per_execution=400.0,
-        cell_tokens_per_s=2000.0, step_overhead_s=0.05, to_training_s=0.01, to_rollout_s=0.01, publish_s=0.2,
-        model_calls_per_execution=2.0, start_s=start_s,
+        source_runs=("runs/a",),
+        tool_sleep=ToolSleep(20.0, 1.5, 120.0),
+        busy={"add": ((4.0, 1),), "parts": ((9.0, 2),)},
+        evaluation_s=(1.0,),
+        tokens_per_execution=400.0,
+        cell_tokens_per_s=2000.0,
+        step_overhead_s=0.05,
+        to_training_s=0.01,
+        to_rollout_s=0.01,
+        publish_s=0.2,
+        model_calls_per_execution=2.0,
+        start_s=start_s,
     )
     fields.update(kw)
     return CellCalibration(**fields)  # type: ignore[arg-type]
@@ -47,7 +55,8 @@ def test_groups_follow_the_query_order_with_measured_executions_and_their_harnes
     sleep = calibration().tool_sleep
     # The second group (g00002, `parts`: two tool calls) sleeps what its executions' harnesses draw.
     assert slept.run_h[1] * 3600.0 == pytest.approx(
-        [9.0 + sleep.harness_sleep_s("g00002-e00", 2), 9.0 + sleep.harness_sleep_s("g00002-e01", 2)])
+        [9.0 + sleep.harness_sleep_s("g00002-e00", 2), 9.0 + sleep.harness_sleep_s("g00002-e01", 2)]
+    )
     with pytest.raises(ValueError, match="query order covers"):
         workload.sample_block(np.random.default_rng(1), 4, 3, first_group=len(ORDER))
 
@@ -62,8 +71,18 @@ def test_harness_sleeps_repeat_per_execution_and_follow_the_distribution() -> No
 
 @pytest.mark.parametrize("start_s", [0.0, 0.5])
 def test_the_runner_starts_one_execution_at_a_time(start_s: float) -> None:
-    preset = local_preset(calibration(start_s), num_cells=3, cell_capacity=12, group_size=8, batch_groups=4,
-                          rho_min=0.5, tau_s=1.0, microstep_tokens=8192, steps=2, query_order=ORDER)
+    preset = local_preset(
+        calibration(start_s),
+        num_cells=3,
+        cell_capacity=12,
+        group_size=8,
+        batch_groups=4,
+        rho_min=0.5,
+        tau_s=1.0,
+        microstep_tokens=8192,
+        steps=2,
+        query_order=ORDER,
+    )
     layout = Layout(Mode.ELASTIC, num_cells=3, cell_nodes=1, phi=0.5, mu=2)
     sim = Simulation(preset, layout, steps=2, seed=0)
     result = sim.run()
@@ -75,8 +94,18 @@ def test_the_runner_starts_one_execution_at_a_time(start_s: float) -> None:
 
 def test_serial_starts_lengthen_the_run() -> None:
     def total(start_s: float) -> float:
-        preset = local_preset(calibration(start_s), num_cells=3, cell_capacity=12, group_size=8, batch_groups=4,
-                              rho_min=0.5, tau_s=1.0, microstep_tokens=8192, steps=2, query_order=ORDER)
+        preset = local_preset(
+            calibration(start_s),
+            num_cells=3,
+            cell_capacity=12,
+            group_size=8,
+            batch_groups=4,
+            rho_min=0.5,
+            tau_s=1.0,
+            microstep_tokens=8192,
+            steps=2,
+            query_order=ORDER,
+        )
         layout = Layout(Mode.COLOCATE, num_cells=3, cell_nodes=1, phi=0.0, mu=2)
         return Simulation(preset, layout, steps=2, seed=3).run().total_s
 

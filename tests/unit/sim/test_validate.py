@@ -34,7 +34,10 @@ def test_a_run_is_read_as_the_stack_recorded_it() -> None:
     first = next(e for e in run.executions if e.execution_id == reports[0].parent.parent.name)
     report = json.loads(reports[0].read_text())
     assert (first.tool_sleep_s, first.model_calls, first.tool_calls) == (
-        report["tool_sleep_s"], report["calls"], report["tool_calls"])
+        report["tool_sleep_s"],
+        report["calls"],
+        report["tool_calls"],
+    )
     assert first.busy_s == pytest.approx(max(0.0, first.duration_s - first.tool_sleep_s))
     assert run.microstep_tokens_per_s == pytest.approx(sum(run.microstep_tokens) / sum(run.microstep_s))
     assert run.scheduled_s(2) == run.step_end_s[1] and run.scheduled_s(99) is None
@@ -73,7 +76,10 @@ def test_the_calibration_is_the_runs_own_figures(tmp_path: Path) -> None:
     assert figures["cell_train_tokens_per_s"] == pytest.approx(tokens / seconds, abs=0.1)
     busy = [e.busy_s for r in others for e in r.executions if e.suite == "add"]
     assert figures["busy_s_mean"]["add"] == pytest.approx(statistics.fmean(busy), abs=0.01)
-    assert figures["tool_sleep"]["median_s"] == json.loads((FIXTURE / "bench.json").read_text())["tool_latency"]["median_s"]
+    assert (
+        figures["tool_sleep"]["median_s"]
+        == json.loads((FIXTURE / "bench.json").read_text())["tool_latency"]["median_s"]
+    )
 
 
 def test_a_single_mode_is_calibrated_in_sample_and_says_so(tmp_path: Path) -> None:
@@ -93,7 +99,9 @@ def test_the_command_prints_one_json_object_and_refuses_what_is_not_a_bench_resu
 
     validation = tmp_path / "validation.json"
     validation.write_text(result.output)
-    ablation = runner.invoke(app, ["sim", "ablation", "--steps", "2", "--json", "--validation", str(validation)])
+    ablation = runner.invoke(
+        app, ["sim", "ablation", "--steps", "2", "--json", "--validation", str(validation)]
+    )
     assert ablation.exit_code == 0, ablation.output
     disclosed = json.loads(ablation.output.strip().splitlines()[-1])["validation"]
     assert disclosed["errors"] == {m: v["error"] for m, v in out["modes"].items()}

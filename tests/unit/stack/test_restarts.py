@@ -10,8 +10,9 @@ from gyre.config import ConfigError, load_config
 from gyre.config.supervisor import SupervisorSection
 from gyre.stack.restarts import RestartHistory
 
-POLICY = SupervisorSection(max_restarts=4, restart_window_s=100.0, backoff_initial_s=0.5, backoff_factor=2.0,
-                           backoff_max_s=3.0)
+POLICY = SupervisorSection(
+    max_restarts=4, restart_window_s=100.0, backoff_initial_s=0.5, backoff_factor=2.0, backoff_max_s=3.0
+)
 
 
 def test_delays_double_up_to_the_cap_and_the_budget_gives_up() -> None:

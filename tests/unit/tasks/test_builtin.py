@@ -65,7 +65,11 @@ def test_verifier_scores_right_written_and_missing_parts(tmp_path: Path) -> None
     (tmp_path / "b.txt").write_text("five")
     done = subprocess.run(
         [sys.executable, "-m", "gyre.tasks.builtin.verify", "a.txt=8", "b.txt=5", "c.txt=1"],
-        cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["parts"] == {"a.txt": RIGHT, "b.txt": WRITTEN, "c.txt": MISSING}

@@ -61,12 +61,19 @@ def test_one_broken_task_checked_on_its_own_and_a_clean_one(tmp_path: Path) -> N
 def test_check_reads_a_dataset_and_names_bad_lines(tmp_path: Path) -> None:
     shutil.copytree(EXAMPLE, tmp_path / "fix-add")
     data = tmp_path / "train.jsonl"
-    data.write_text('{"task": "fix-add", "weight": 2}\n\n{"task": "add/3+5", "wieght": 1}\n{"weight": 1}\nnot json\n'
-                    '{"task": "./nope"}\n{"task": "add/1+1", "weight": -1}\n')
+    data.write_text(
+        '{"task": "fix-add", "weight": 2}\n\n{"task": "add/3+5", "wieght": 1}\n{"weight": 1}\nnot json\n'
+        '{"task": "./nope"}\n{"task": "add/1+1", "weight": -1}\n'
+    )
     code, lines = _check(data)
     assert code == 1
     assert [ln.split(": ", 2)[1] for ln in lines if ln.startswith("error")] == [
-        f"{data}:3", f"{data}:4", f"{data}:5", f"{data}:6", f"{data}:7"]
+        f"{data}:3",
+        f"{data}:4",
+        f"{data}:5",
+        f"{data}:6",
+        f"{data}:7",
+    ]
     text = "\n".join(lines)
     assert "wieght: unknown key" in text and "task: required" in text and "not a JSON object" in text
     assert "'./nope' is not a task directory" in text and "weight: must be a number >= 0; got -1" in text
@@ -79,7 +86,9 @@ def test_list_shows_suite_id_weight_share_format_and_source(tmp_path: Path) -> N
     (tasks / "echo").mkdir()
     (tasks / "echo" / "task.yaml").write_text('prompt: "echo ok > out.txt"\nverifier: ["true"]\n')
     config = tmp_path / "gyre.yaml"
-    config.write_text(f"tasks:\n  dirs: [{tasks}]\n  queries: [mytasks, add/3+5]\n  weights: {{mytasks/fix-add: 2}}\n")
+    config.write_text(
+        f"tasks:\n  dirs: [{tasks}]\n  queries: [mytasks, add/3+5]\n  weights: {{mytasks/fix-add: 2}}\n"
+    )
     result = CliRunner().invoke(app, ["tasks", "list", "--config", str(config), "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)["queries"]
@@ -102,6 +111,11 @@ def test_list_and_check_name_the_file_and_key_of_a_malformed_task_toml(tmp_path:
     config.write_text(f"tasks:\n  dirs: [{tmp_path / 'tasks'}]\n")
     result = CliRunner().invoke(app, ["tasks", "list", "--config", str(config)])
     assert result.exit_code == 1
-    assert f"{toml.resolve()}: [agent] timeout_sec: must be a positive number of seconds; got 0" in result.output
+    assert (
+        f"{toml.resolve()}: [agent] timeout_sec: must be a positive number of seconds; got 0" in result.output
+    )
     code, lines = _check(tmp_path / "tasks")
-    assert code == 1 and f"error: {tmp_path / 'tasks' / 'fix-add' / 'task.toml'}: [agent] timeout_sec" in lines[0]
+    assert (
+        code == 1
+        and f"error: {tmp_path / 'tasks' / 'fix-add' / 'task.toml'}: [agent] timeout_sec" in lines[0]
+    )

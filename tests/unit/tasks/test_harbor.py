@@ -25,10 +25,17 @@ def test_the_example_task_maps_every_harbor_file() -> None:
     assert task.verifier.tests_dir == EXAMPLE.resolve() / "tests"
     env = task.environment
     assert (env.workdir, env.dockerfile, env.build_timeout_s, env.cpus, env.memory_mb) == (
-        "/app", EXAMPLE.resolve() / "environment" / "Dockerfile", 300.0, 1, 1024)
+        "/app",
+        EXAMPLE.resolve() / "environment" / "Dockerfile",
+        300.0,
+        1,
+        1024,
+    )
     context = EXAMPLE.resolve() / "environment"
-    assert task.workspace == (WorkspaceSource(context / "calc.py", "calc.py"),
-                              WorkspaceSource(context / "test_calc.py", "test_calc.py"))
+    assert task.workspace == (
+        WorkspaceSource(context / "calc.py", "calc.py"),
+        WorkspaceSource(context / "test_calc.py", "test_calc.py"),
+    )
     assert task.metadata["difficulty"] == "easy"
     assert all("solution" not in str(s.source) for s in task.workspace)
 
@@ -46,7 +53,8 @@ def test_defaults_follow_harbor_when_task_toml_is_minimal(tmp_path: Path) -> Non
     assert task.metadata["task"] == {"name": "org/t"}
     assert [w.message for w in problems.warnings] == [
         "no environment/Dockerfile and no [environment] docker_image: a container sandbox has no image; the local "
-        "workspace at /app starts empty"]
+        "workspace at /app starts empty"
+    ]
 
 
 def test_dockerfile_workdir_and_copies_of_the_final_stage(tmp_path: Path) -> None:
@@ -59,22 +67,28 @@ def test_dockerfile_workdir_and_copies_of_the_final_stage(tmp_path: Path) -> Non
     (ctx / "Dockerfile").write_text(
         "FROM golang AS build\nWORKDIR /build\nCOPY a.py .\n"
         "# the final stage\nFROM python:3.11-slim AS final\nWORKDIR /srv\nWORKDIR app\n"
-        "COPY --chown=1000:1000 src/ ./src/\nCOPY [\"a.py\", \"b.py\", \"/srv/app/lib/\"]\nCOPY *.py \\\n  extra/\n"
+        'COPY --chown=1000:1000 src/ ./src/\nCOPY ["a.py", "b.py", "/srv/app/lib/"]\nCOPY *.py \\\n  extra/\n'
         "ADD a.py renamed.py\nCOPY tool.sh /usr/local/bin/tool\nCOPY --from=build /build/a.py /srv/app/\n"
-        "RUN apt-get update && \\\n    apt-get install -y git\n")
+        "RUN apt-get update && \\\n    apt-get install -y git\n"
+    )
     problems = Problems()
     facts = read_dockerfile(ctx / "Dockerfile", problems)
     assert facts.base_image == "python:3.11-slim" and facts.workdir == "/srv/app" and facts.num_run_steps == 1
     assert facts.workspace == (
         WorkspaceSource(ctx / "src", "src"),
-        WorkspaceSource(ctx / "a.py", "lib/a.py"), WorkspaceSource(ctx / "b.py", "lib/b.py"),
-        WorkspaceSource(ctx / "a.py", "extra/a.py"), WorkspaceSource(ctx / "b.py", "extra/b.py"),
+        WorkspaceSource(ctx / "a.py", "lib/a.py"),
+        WorkspaceSource(ctx / "b.py", "lib/b.py"),
+        WorkspaceSource(ctx / "a.py", "extra/a.py"),
+        WorkspaceSource(ctx / "b.py", "extra/b.py"),
         WorkspaceSource(ctx / "a.py", "renamed.py"),
     )
     assert not problems.errors
     text = "\n".join(w.message for w in problems.warnings)
     assert "line 14: COPY --from=build" in text and "1 RUN step(s)" in text
-    assert "copies outside the working directory are not reproduced in the local workspace: line 13 → /usr/local/bin/tool" in text
+    assert (
+        "copies outside the working directory are not reproduced in the local workspace: line 13 → /usr/local/bin/tool"
+        in text
+    )
     assert instructions("RUN a \\\n # comment\n  b\n")[0] == (1, "RUN", "a  b")
 
 
@@ -99,7 +113,9 @@ def test_a_dockerfile_without_workdir_or_with_workdir_root(tmp_path: Path) -> No
 def test_a_malformed_task_toml_is_refused_naming_file_and_key(tmp_path: Path) -> None:
     shutil.copytree(EXAMPLE, tmp_path / "set" / "fix-add")
     toml = tmp_path / "set" / "fix-add" / "task.toml"
-    toml.write_text(toml.read_text().replace('[environment]\n', '[environment]\ngpus = -1\nallow_internet = "yes"\n'))
+    toml.write_text(
+        toml.read_text().replace("[environment]\n", '[environment]\ngpus = -1\nallow_internet = "yes"\n')
+    )
     registry = TaskRegistry([tmp_path / "set"])
     with pytest.raises(TaskError) as e:
         registry.get("set/fix-add")

@@ -43,8 +43,12 @@ def test_nothing_configured_dispatches_the_builtin_arithmetic_suites() -> None:
 def test_dirs_alone_dispatch_every_task_of_them(dirs: tuple[Path, Path]) -> None:
     mine, harbor = dirs
     task_set = TaskSet.from_section(TasksSection(dirs=[mine, harbor]))
-    assert ids(task_set) == [("mine/copy", 1.0), ("mine/echo", 1.0), ("harbor/fix-add", 1.0),
-                             ("harbor/fix-add-2", 1.0)]
+    assert ids(task_set) == [
+        ("mine/copy", 1.0),
+        ("mine/echo", 1.0),
+        ("harbor/fix-add", 1.0),
+        ("harbor/fix-add-2", 1.0),
+    ]
     assert task_set.queries[0].source == f"dir {mine}"
     assert task_set.registry.get("add/3+5").task_id == "add/3+5"  # built-ins stay resolvable
 
@@ -55,15 +59,28 @@ def test_queries_datasets_and_weights(dirs: tuple[Path, Path], tmp_path: Path) -
     data.parent.mkdir()
     (data.parent / "extra").mkdir()
     shutil.copytree(EXAMPLE, data.parent / "extra" / "fix-extra")
-    data.write_text('# a comment\n{"task": "harbor/fix-add", "weight": 3}\n{"task": "extra/fix-extra"}\n'
-                    '{"task": "mine/echo"}\n')
-    section = TasksSection(dirs=[mine, harbor], datasets=[data], queries=["add/3+5", "mine"],
-                           weights={"mine": 0.5, "mine/copy": 4.0, "extra/fix-extra": 0})
+    data.write_text(
+        '# a comment\n{"task": "harbor/fix-add", "weight": 3}\n{"task": "extra/fix-extra"}\n'
+        '{"task": "mine/echo"}\n'
+    )
+    section = TasksSection(
+        dirs=[mine, harbor],
+        datasets=[data],
+        queries=["add/3+5", "mine"],
+        weights={"mine": 0.5, "mine/copy": 4.0, "extra/fix-extra": 0},
+    )
     task_set = TaskSet.from_section(section)
-    assert ids(task_set) == [("harbor/fix-add", 3.0), ("extra/fix-extra", 0.0), ("mine/echo", 1.0),
-                             ("add/3+5", 1.0), ("mine/copy", 4.0)]
+    assert ids(task_set) == [
+        ("harbor/fix-add", 3.0),
+        ("extra/fix-extra", 0.0),
+        ("mine/echo", 1.0),
+        ("add/3+5", 1.0),
+        ("mine/copy", 4.0),
+    ]
     echo = next(q for q in task_set.queries if q.task_id == "mine/echo")
-    assert echo.source == f"{data}:4, tasks.queries"  # listed twice: weights add up (0.5 from the line's suite + 0.5)
+    assert (
+        echo.source == f"{data}:4, tasks.queries"
+    )  # listed twice: weights add up (0.5 from the line's suite + 0.5)
     assert task_set.registry.get("extra/fix-extra").source == "harbor"  # a path line registers its directory
     cycle = task_set.cycle(seed=3)
     draws = Counter(cycle.next() for _ in range(90))
@@ -76,8 +93,12 @@ def test_every_defect_is_named_with_its_file(dirs: tuple[Path, Path], tmp_path: 
     toml.write_text(toml.read_text().replace("timeout_sec = 60.0", 'timeout_sec = "60"'))
     data = tmp_path / "d.jsonl"
     data.write_text('{"task": "nosuch/x"}\n{"task": "mine/echo", "weight": "heavy"}\n')
-    section = TasksSection(dirs=[mine, harbor, tmp_path / "absent"], datasets=[data], queries=["mine/nope", "zzz", "harbor"],
-                           weights={"ghost": 1.0})
+    section = TasksSection(
+        dirs=[mine, harbor, tmp_path / "absent"],
+        datasets=[data],
+        queries=["mine/nope", "zzz", "harbor"],
+        weights={"ghost": 1.0},
+    )
     with pytest.raises(TaskError) as e:
         TaskSet.from_section(section)
     message = str(e.value)
@@ -96,7 +117,9 @@ def test_every_defect_is_named_with_its_file(dirs: tuple[Path, Path], tmp_path: 
 def test_suite_names_must_not_collide(tmp_path: Path) -> None:
     (tmp_path / "add" / "t").mkdir(parents=True)
     (tmp_path / "add" / "t" / "task.yaml").write_text('prompt: "x"\n')
-    with pytest.raises(TaskError, match="suite name 'add' is taken by a built-in suite; rename the directory"):
+    with pytest.raises(
+        TaskError, match="suite name 'add' is taken by a built-in suite; rename the directory"
+    ):
         TaskSet.from_section(TasksSection(dirs=[tmp_path / "add"]))
 
 
@@ -120,7 +143,9 @@ def test_weighted_cycle_is_exact_interleaved_and_seeded() -> None:
     cycle = WeightedCycle([("a", 2.5), ("b", 0.5), ("z", 0.0)], seed=1)
     draws = [cycle.next() for _ in range(60)]
     assert Counter(draws) == {"a": 50, "b": 10}
-    assert all(Counter(draws[:n])["a"] - n * 2.5 / 3 < 1.01 for n in range(1, 61))  # never ahead by more than one
+    assert all(
+        Counter(draws[:n])["a"] - n * 2.5 / 3 < 1.01 for n in range(1, 61)
+    )  # never ahead by more than one
     with pytest.raises(ValueError, match="positive weight"):
         WeightedCycle([("a", 0.0)], seed=0)
 
@@ -130,8 +155,14 @@ def test_the_moved_keys_name_their_new_place() -> None:
         ({"scheduler": {"tasks": ["add"]}}, "scheduler.tasks moved to tasks.queries"),
         ({"runner": {"task_dirs": ["x"]}}, "runner.task_dirs moved to tasks.dirs"),
         ({"evaluator": {"task_dirs": ["x"]}}, "evaluator.task_dirs moved to tasks.dirs"),
-        ({"tasks": {"weights": {"add": -1}}}, "tasks.weights: weight of 'add' must be a number >= 0; got -1.0"),
-        ({"tasks": {"queries": ["add 3"]}}, "tasks.queries: a query is a task id or suite name without whitespace"),
+        (
+            {"tasks": {"weights": {"add": -1}}},
+            "tasks.weights: weight of 'add' must be a number >= 0; got -1.0",
+        ),
+        (
+            {"tasks": {"queries": ["add 3"]}},
+            "tasks.queries: a query is a task id or suite name without whitespace",
+        ),
     ):
         with pytest.raises(ConfigError, match=want.replace(".", r"\.").replace("(", r"\(")):
             load_config(None, environ={}, overrides=overrides)

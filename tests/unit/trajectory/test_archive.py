@@ -29,7 +29,9 @@ def _tree() -> TrajectoryTree:
     for prompt in ("1+2", "1+3"):
         prepared = tree.prepare(ModelRequest(Api.ANTHROPIC, ("Add.",), (ChatMessage.text("user", prompt),)))
         ids = [*b"sum", 258]
-        tree.commit(prepared, ids, [-0.5, -0.25, -0.125, -0.0625], CallMeta(request_id=prompt, policy_version=3))
+        tree.commit(
+            prepared, ids, [-0.5, -0.25, -0.125, -0.0625], CallMeta(request_id=prompt, policy_version=3)
+        )
     return tree
 
 

@@ -74,9 +74,13 @@ class PackedCoreAttention(MegatronModule):
             raise ValueError("PackedCoreAttention does not implement context parallelism")
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout:
-            raise ValueError("PackedCoreAttention has no attention dropout (training needs a deterministic model)")
+            raise ValueError(
+                "PackedCoreAttention has no attention dropout (training needs a deterministic model)"
+            )
         self.layer_number = layer_number
-        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.softmax_scale = (
+            softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        )
 
     def forward(
         self,

@@ -134,7 +134,11 @@ def layer_spec(arch: ModelArch, *, use_te: bool) -> ModuleSpec:
 
 def process_groups(tp_group: dist.ProcessGroup) -> ProcessGroupCollection:
     """The model's groups: `tp_group` for tensor parallelism, a group of this process alone for the rest."""
-    alone = tp_group if tp_group.size() == 1 else dist.new_group([dist.get_rank()], use_local_synchronization=True)
+    alone = (
+        tp_group
+        if tp_group.size() == 1
+        else dist.new_group([dist.get_rank()], use_local_synchronization=True)
+    )
     groups = ProcessGroupCollection()
     groups.tp = tp_group
     for name in ("pp", "cp", "embd", "pos_embd", "dp", "dp_cp"):
@@ -148,7 +152,11 @@ class GyreGPTModel(GPTModel):
     """GPTModel without RoPE of its own (`PackedCoreAttention` applies it), plus the HF rotary of `arch`."""
 
     def __init__(
-        self, arch: ModelArch, config: TransformerConfig, spec: ModuleSpec, pg_collection: ProcessGroupCollection
+        self,
+        arch: ModelArch,
+        config: TransformerConfig,
+        spec: ModuleSpec,
+        pg_collection: ProcessGroupCollection,
     ) -> None:
         super().__init__(
             config=config,
@@ -171,7 +179,9 @@ def build_gpt_model(
     use_te = uses_transformer_engine(device)
     config = transformer_config(arch, tp_size=tp_group.size(), params_dtype=params_dtype, use_te=use_te)
     model = GyreGPTModel(arch, config, layer_spec(arch, use_te=use_te), process_groups(tp_group))
-    model = model.to(device=device, dtype=params_dtype)  # the local spec builds its norms in the default dtype
+    model = model.to(
+        device=device, dtype=params_dtype
+    )  # the local spec builds its norms in the default dtype
     for name, p in model.named_parameters():
         # Megatron sets these only when it initializes weights itself (perform_initialization), yet its
         # optimizer's norm and the clip here read them.

@@ -109,9 +109,13 @@ class MegatronTrainer(TrainerBackend):
         if self.device.type == "cuda":  # untested: no GPU where this was built
             from gyre.trainer.backends.megatron.distributed_optimizer import DistributedShard
 
-            self.store = DistributedShard(self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer)
+            self.store = DistributedShard(
+                self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer
+            )
         else:
-            self.store = FlatShard(self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer)
+            self.store = FlatShard(
+                self.model, self.tp_group, spec.section, with_optimizer=spec.with_optimizer
+            )
         self.store.load_named(self._shard_of(hf_tensors))
         self.version = version
 
@@ -241,7 +245,9 @@ class MegatronTrainer(TrainerBackend):
             )
         arch, tensors, _, version = read_trainer_checkpoint(path, params_dtype(self.spec))
         if arch.fingerprint() != self._arch.fingerprint():
-            raise ValueError(f"checkpoint {path} has a different architecture than model.path ({self._arch.architecture})")
+            raise ValueError(
+                f"checkpoint {path} has a different architecture than model.path ({self._arch.architecture})"
+            )
         optimizer_path = Path(path) / optimizer_filename(self.tp_rank, self.tp_size)
         if self.store.optimizer is not None and not optimizer_path.is_file():
             raise ValueError(

@@ -73,10 +73,14 @@ class ModelBackend(EngineBackend):
     @classmethod
     def create(cls, ctx: BackendContext) -> ModelBackend:
         """Serve `ctx.model` if given (updated in place by weight updates), else the model directory."""
-        model = ctx.model if ctx.model is not None else load_model(ctx.model_dir, torch_dtype(ctx.section.dtype))
+        model = (
+            ctx.model if ctx.model is not None else load_model(ctx.model_dir, torch_dtype(ctx.section.dtype))
+        )
         if not isinstance(model, CausalLM):
             raise ValueError(f"the model backend serves a CausalLM; got {type(model).__name__}")
-        return cls(section=ctx.section, model=model, weight_version=ctx.weight_version, model_path=str(ctx.model_dir))
+        return cls(
+            section=ctx.section, model=model, weight_version=ctx.weight_version, model_path=str(ctx.model_dir)
+        )
 
     # ---- properties --------------------------------------------------------------------------
 
@@ -198,7 +202,9 @@ class ModelBackend(EngineBackend):
             raise BackendError("model weights are released; resume_memory_occupation(tags=['weights']) first")
         params = dict(self._model.named_parameters())
         named_tensors = {
-            n: t for n, t in named_tensors.items() if not (n == "lm_head.weight" and self._arch.tie_word_embeddings)
+            n: t
+            for n, t in named_tensors.items()
+            if not (n == "lm_head.weight" and self._arch.tie_word_embeddings)
         }
         for name, tensor in named_tensors.items():
             if name not in params:

@@ -90,5 +90,3 @@ class ScoredScriptBackend(ScriptedBackend):
 
     def model_info(self) -> dict[str, Any]:
         return {"model_path": None, "model_fingerprint": self._model.arch.fingerprint()}
-
-

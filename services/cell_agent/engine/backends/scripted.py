@@ -108,7 +108,9 @@ class ScriptEntry:
             except re.error as e:
                 raise RequestRefused(f"script entry 'when' is not a regex: {e}") from e
         if data.get("finish", "stop") not in ("stop", "length"):
-            raise RequestRefused(f"script entry finish must be 'stop' or 'length'; got {data.get('finish')!r}")
+            raise RequestRefused(
+                f"script entry finish must be 'stop' or 'length'; got {data.get('finish')!r}"
+            )
         if data.get("finish") == "length" and not (data.get("text") or data.get("output_ids")):
             raise RequestRefused("a script entry with finish 'length' needs at least one token")
         ids = data.get("output_ids")
@@ -221,7 +223,9 @@ class ScriptedBackend(EngineBackend):
         if self._repeat:  # the configured script starts over (`engine.script_repeat`)
             self._queue.extend(self._repeat)
             return self._take(rid, prompt)
-        raise RequestRefused(f"no scripted output is queued for request {rid!r}; POST entries to /gyre/script")
+        raise RequestRefused(
+            f"no scripted output is queued for request {rid!r}; POST entries to /gyre/script"
+        )
 
     # ---- properties --------------------------------------------------------------------------
 
@@ -269,7 +273,9 @@ class ScriptedBackend(EngineBackend):
                 elif self._default_stop is not None:
                     terminator = self._default_stop
                 else:
-                    raise RequestRefused("the scripted entry needs stop_token_id: the model declares no stop ids")
+                    raise RequestRefused(
+                        "the scripted entry needs stop_token_id: the model declares no stop ids"
+                    )
                 tokens.append(terminator)
             logprobs = list(entry.logprobs) if entry.logprobs is not None else []
             logprobs += [scripted_logprob(i) for i in range(len(logprobs), len(tokens))]
