@@ -103,4 +103,6 @@ def test_colocate_switches_every_cell_together(tmp_path: Path, script: Path) -> 
     # The burst of μ = 2 steps ended with the run: every cell went back to rollout together.
     assert [w[0][2] for w in waves][:2] == ["CELL_ROLE_TRAINING", "CELL_ROLE_ROLLOUT"]
     steps = [e for e in events if e["type"] == "gyre.v1.StepCompleted"]
-    assert len(steps) >= 2 and all(sorted(s["event"].get("cells", [])) == [0, 1, 2] for s in steps), steps
+    # A step's `cells` are the cells that claimed one of its micro-steps: a batch of one micro-step (the
+    # scripted outputs are short) is trained by one cell while the others wait in training.
+    assert len(steps) >= 2 and all(set(s["event"].get("cells", [])) <= {0, 1, 2} for s in steps), steps
