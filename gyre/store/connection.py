@@ -18,7 +18,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+from redis.exceptions import AuthenticationError, BusyLoadingError, ConnectionError, TimeoutError
 
 from gyre.config.infra import ClientLogin
 
@@ -30,6 +30,21 @@ POOL_WAIT_S = 30.0
 """Seconds a command waits for a free connection before it fails."""
 
 
+class _RetryUnlessRefused(Retry):
+    """Retry over broken connections, but not a refused login: redis-py's `AuthenticationError` is a
+    `ConnectionError`, and a client with wrong credentials must fail at once, not after a minute."""
+
+    async def call_with_retry(  # type: ignore[no-untyped-def]
+        self, do, fail, is_retryable=None, with_failure_count: bool = False
+    ):
+        def retryable(error: Exception) -> bool:
+            return not isinstance(error, AuthenticationError) and (
+                is_retryable is None or is_retryable(error)
+            )
+
+        return await super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
 async def connect_redis(url: str, login: ClientLogin | None = None) -> aioredis.Redis:
     """Connect as `login`'s ACL user (None: the URL's, or none) and verify with PING; bytes in, bytes out."""
     auth = {"username": login.user, "password": login.password} if login is not None else {}
@@ -39,7 +54,7 @@ async def connect_redis(url: str, login: ClientLogin | None = None) -> aioredis.
         health_check_interval=30,
         max_connections=MAX_CONNECTIONS,
         timeout=POOL_WAIT_S,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), RETRIES),
+        retry=_RetryUnlessRefused(ExponentialBackoff(cap=2.0, base=0.05), RETRIES),
         retry_on_error=[ConnectionError, TimeoutError, BusyLoadingError],
         **auth,
     )
