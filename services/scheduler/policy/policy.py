@@ -213,9 +213,10 @@ class Policy:
             self._order = destination_order(s.roles, self.params.separate_pool_capacity)
         s.transitions_completed += 1
         s.supply.restart(s.now_s, self._supply_holds())
-        if e.role is Role.TRAINING and any(r is not Role.TRAINING for r in s.roles[: e.cell]):
+        if e.role is Role.TRAINING and any(r in (Role.ROLLOUT, Role.RETURNING) for r in s.roles[: e.cell]):
             # It drained while its burst ended (a slow drain: the cell restarted under it) and the cells
-            # before it returned: it returns too, so that the training cells stay a prefix.
+            # before it returned: it returns too, so that the training cells stay a prefix. (Cells before
+            # it still draining to training are not returning: drains complete in any order.)
             self._begin_transition(e.cell, Role.ROLLOUT, out)
 
     def _on_weights_published(self, e: WeightsPublished, out: list[Action]) -> None:

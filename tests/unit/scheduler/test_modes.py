@@ -82,6 +82,27 @@ def test_colocate_moves_every_cell_at_once_when_the_pool_covers_the_waterlevel()
     assert transitions(actions) == [(0, Role.ROLLOUT), (1, Role.ROLLOUT), (2, Role.ROLLOUT)]
 
 
+def test_colocate_drains_complete_in_any_order_and_no_cell_returns_early():
+    # The same unit; the satellites' drains complete before the core's (they had less to drain): each
+    # stays in training (a cell that completes a drain returns at once only when the cells before it
+    # went back to rollout, not while they are still draining).
+    sc = Scenario(
+        mode=Mode.COLOCATE,
+        num_cells=3,
+        cell_capacity=2,
+        separate_pool_capacity=2,
+        group_size=1,
+        batch_groups=2,
+        phi=0.0,
+        mu=1,
+    )
+    sc.start()
+    assert transitions(sc.finish_group("g0")) == [(0, Role.TRAINING), (1, Role.TRAINING), (2, Role.TRAINING)]
+    for cell in (2, 1, 0):
+        assert transitions(sc.transitioned(cell, Role.TRAINING)) == []
+    assert sc.policy.state.roles == [Role.TRAINING] * 3
+
+
 def test_colocate_without_a_pool_waits_for_every_execution():
     sc = Scenario(
         mode=Mode.COLOCATE, num_cells=2, cell_capacity=2, group_size=1, batch_groups=1, phi=1.0, mu=1
