@@ -94,7 +94,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     children at exit), and CI would wait on it until its own limit; each one is named, then killed."""
     leftovers = [*multiprocessing.active_children()]
     leftover_pids = {p.pid for p in leftovers}
-    others = [c for c in psutil.Process().children(recursive=True) if c.pid not in leftover_pids]
+    others = [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if c.pid not in leftover_pids and not _is_resource_tracker(c)
+    ]
     for child in others:
         try:
             sys.stderr.write(
@@ -107,3 +111,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sys.stderr.write(f"\nconftest: killing leftover worker {p.name} (pid {p.pid})\n")
         p.kill()
         p.join(5)
+
+
+def _is_resource_tracker(process: psutil.Process) -> bool:
+    """multiprocessing's own helper of this process (it exits with it)."""
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
