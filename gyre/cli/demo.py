@@ -46,7 +46,8 @@ def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
         (yaml.safe_load(file.read_text()) or {}).get("tasks") if file is not None else None,
         overrides.get("tasks"),
     ]
-    if any(isinstance(t, dict) and t for t in user_tasks):
+    sources = ("dirs", "datasets", "queries")
+    if any(isinstance(t, dict) and any(k in t for k in sources) for t in user_tasks):
         base["tasks"].pop("held_out", None)
     return load_config(file, overrides=overrides, base=base)
 
