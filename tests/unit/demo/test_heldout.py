@@ -66,3 +66,10 @@ def test_kept_publications_are_scored_with_the_same_draws(tmp_path: Path) -> Non
     )  # same weights, same seed: the same draws
     assert not (run_dir / "heldout" / "v00000002" / "optimizer.pt").exists()
     assert missing["mean_reward"] is None and "never seen" in missing["error"]
+
+
+def test_a_run_naming_its_own_tasks_does_not_inherit_the_demo_pool() -> None:
+    assert demo_config(None, {"tasks": {"held_out_every_steps": 2}}).tasks.held_out  # settings only: kept
+    assert demo_config(None, {"tasks": {"queries": ["add"]}}).tasks.held_out == []
+    own = demo_config(None, {"tasks": {"queries": ["add"], "held_out": ["add/2+2"]}})
+    assert own.tasks.held_out == ["add/2+2"]
