@@ -213,7 +213,12 @@ class EngineClient:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     return
-                event = orjson.loads(data)
+                try:
+                    event = orjson.loads(data)
+                except orjson.JSONDecodeError as e:  # the connection was cut mid-event (a drained engine)
+                    raise EngineUnavailable(
+                        f"{response.url}: stream broke mid-event: {e}", url=str(response.url)
+                    ) from e
                 if "error" in event:
                     raise error_for_status(400, error_message(event, "stream error"), str(response.url))
                 yield acc.accept(event)
