@@ -125,6 +125,21 @@ def up(
     config = resolve_ports(config)
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return launch_supervisor(config, config_path, run_dir, servers, wait_s, attached=attached, stop=stop)
+
+
+def launch_supervisor(
+    config: GyreConfig,
+    config_path: Path,
+    run_dir: Path,
+    servers: list[str],
+    wait_s: float,
+    *,
+    attached: bool,
+    stop: threading.Event | None,
+) -> StackState:
+    """Start the run's supervisor on `config_path` and wait until it serves (stopped again on failure);
+    `gyre up` and `gyre resume` both start a run this way."""
     argv = [
         sys.executable,
         "-m",

@@ -15,15 +15,12 @@ supervisor still lives is refused.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 from gyre.config import load_config
-from gyre.stack.launcher import StackError, _stop_supervisor, _wait_serving
-from gyre.stack.procs import die_with_parent, stop_processes
+from gyre.stack.launcher import StackError, launch_supervisor
+from gyre.stack.procs import stop_processes
 from gyre.stack.state import StackState
 
 _SERVERS = ("nats", "redis")
@@ -54,29 +51,4 @@ def resume_stack(
         stop_processes([p.process_id for p in left if p.name in _SERVERS], grace_s=3.0)
     servers = _servers(run_dir, previous)
     StackState.path(run_dir).unlink(missing_ok=True)
-    argv = [
-        sys.executable,
-        "-m",
-        "gyre.stack.supervisor",
-        "--config",
-        str(config_path),
-        "--servers",
-        ",".join(servers),
-        "--wait-s",
-        str(wait_s),
-    ]
-    with open(run_dir / "logs" / "supervisor.log", "ab") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=die_with_parent() if attached else None,
-        )
-    try:
-        return _wait_serving(proc, run_dir, wait_s + 30.0, stop or threading.Event())
-    except BaseException:
-        _stop_supervisor(proc.pid, config.run.supervisor.stop_bound_s)
-        raise
+    return launch_supervisor(config, config_path, run_dir, servers, wait_s, attached=attached, stop=stop)
