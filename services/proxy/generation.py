@@ -128,7 +128,11 @@ class Generation:
                 raise ExecutionClosedError("the execution was closed during the call")
             engine = self.router.acquire(self)
             if self._max_new_tokens is None:
-                self._max_new_tokens = await self._budget(engine)
+                try:
+                    self._max_new_tokens = await self._budget(engine)
+                except BaseException:  # refused (prompt too long) or cancelled: the engine holds nothing
+                    self.router.release(self, engine)
+                    raise
             remaining = self._max_new_tokens - len(self.output_ids)
             if self.output_ids and self.output_ids[-1] in self.stop_token_ids:
                 self.router.release(self, engine)

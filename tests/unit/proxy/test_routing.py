@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.proxy.errors import EngineUnavailableError
+from services.proxy.errors import EngineUnavailableError, PromptTooLongError
+from services.proxy.generation import Generation
+from services.proxy.metrics import OverheadClock
 from services.proxy.routing import EngineSpec, NoDestinationError, Router, UnknownEngineError
 
 
@@ -91,4 +93,32 @@ async def test_a_table_update_reuses_clients_of_unchanged_engines() -> None:
     r.update([CELLS[0], EngineSpec("cell-1", "http://127.0.0.1:9", 1)], {}, "")
     assert r.engines["cell-0"].client is client
     assert r.engines["cell-1"].spec.url == "http://127.0.0.1:9"
+    await r.aclose()
+
+
+async def test_a_call_refused_before_its_first_attempt_leaves_nothing_in_flight() -> None:
+    """A prompt longer than the engine's context is refused after the engine was acquired; the engine must
+    not keep the call as in flight, or the drain of the last serving engine is refused forever (seen as a
+    scheduler crash-loop in a run whose every call was refused)."""
+    r = router(*CELLS, default="cell-0")
+    r.engines["cell-0"].context_len, r.engines["cell-0"].context_known = 8, True
+    call = Generation(
+        r,
+        execution_id="e1",
+        call_id="c1",
+        prompt_ids=list(range(20)),
+        sampling={},
+        max_new_tokens=4,
+        stop_token_ids=frozenset(),
+        stream=False,
+        clock=OverheadClock(),
+        max_attempts=1,
+        backoff_s=0.0,
+    )
+    with pytest.raises(PromptTooLongError):
+        async for _ in call.run():
+            pass
+    assert not r.in_flight.get("cell-0")
+    await r.drain("cell-1", [], migrate_kv=False)
+    assert (await r.drain("cell-0", [], migrate_kv=False)).destinations == []  # the last one leaves
     await r.aclose()
