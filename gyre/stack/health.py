@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import grpc
@@ -41,3 +43,34 @@ def tail(path: str, lines: int = 15) -> str:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def last_error(path: str) -> str:
+    """The last error a service logged (its structured `level: error` line: event, task, error), in one line;
+    "" when its log has none. What a user needs first when a process exits again and again."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()[-400:]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or record.get("level") not in ("error", "critical"):
+            continue
+        what = " ".join(str(record[k]) for k in ("event", "task") if record.get(k))
+        detail = str(record.get("error") or _exception_message(str(record.get("exception", ""))))
+        detail = " ".join(detail.split())
+        return f"{what}: {detail[:400]}" if detail else what
+    return ""
+
+
+def _exception_message(traceback: str) -> str:
+    """`Type: message` and what follows it, from the end of a formatted traceback."""
+    lines = traceback.splitlines()
+    starts = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
+    return "\n".join(lines[starts[-1] :]) if starts else (lines[-1] if lines else "")
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")

@@ -37,7 +37,7 @@ from grpc_health.v1 import health_pb2
 from gyre.config import GyreConfig, load_config
 from gyre.log import configure_logging, get_logger
 from gyre.stack.events import ExitPublisher
-from gyre.stack.health import grpc_health_async, tail
+from gyre.stack.health import grpc_health_async, last_error, tail
 from gyre.stack.procs import ProcessId, become_subreaper, describe_exit, die_with_parent, stop_processes
 from gyre.stack.restarts import RestartHistory
 from gyre.stack.servers import ServerSpec, launch, nats_spec, redis_spec, wait_ready
@@ -277,6 +277,8 @@ class StackSupervisor:
                 f"{m.entry.name} {reason}; restart budget spent ({self.policy.max_restarts} restarts "
                 f"within {self.policy.restart_window_s:g} s): the run was stopped"
             )
+            if error := last_error(m.entry.log):
+                self.gave_up += f"; its last error: {error}"
             log.error("process_gave_up", process=m.entry.name, pid=m.entry.pid, reason=reason)
         self.publisher.add(m.entry.name, m.entry.pid, exit_code, sig, reason, decision)
         self._save()
