@@ -45,12 +45,16 @@ from gyre.engine.errors import (
     error_for_status,
     error_message,
 )
+from gyre.engine.shards import HttpShards, Shard
 from gyre.engine.types import GenerateChunk, GenerateResult, KVPinInfo, StreamAccumulator
 
 if TYPE_CHECKING:
     import torch
 
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)
+_CONNECTIONS_PER_SHARD = 16
+_MAX_SHARDS = 128
+"""Up to 2,048 connections per engine before requests queue (HttpShards: why not one big pool)."""
 
 
 class EngineClient:
@@ -68,17 +72,35 @@ class EngineClient:
         self.timeout_s = timeout_s
         self.max_connect_retries = max_connect_retries
         self.retry_backoff_s = retry_backoff_s
-        self._own_http = http is None
-        self._http = http or httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        self._own_shards = http is None
+        self._connect_timeout_s = connect_timeout_s
+        self._shards = (
+            HttpShards.of(http)
+            if http is not None
+            else HttpShards(
+                lambda verify: httpx.AsyncClient(
+                    base_url=self.base_url,
+                    timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+                    limits=httpx.Limits(
+                        max_connections=_CONNECTIONS_PER_SHARD,
+                        max_keepalive_connections=_CONNECTIONS_PER_SHARD,
+                    ),
+                    verify=verify,
+                ),
+                per_shard=_CONNECTIONS_PER_SHARD,
+                max_shards=_MAX_SHARDS,
+            )
         )
         self._server_kind: str | None = None
 
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """An httpx client on the engine's base URL, for a raw request outside this API."""
+        return self._shards.first
+
     async def aclose(self) -> None:
-        if self._own_http:
-            await self._http.aclose()
+        if self._own_shards:
+            await self._shards.aclose()
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -90,11 +112,18 @@ class EngineClient:
 
     # ---- transport ---------------------------------------------------------------------------
 
-    async def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        shard = self._shards.acquire()
+        try:
+            return await self._send_on(shard, request, stream=False)
+        finally:
+            self._shards.release(shard)
+
+    async def _send_on(self, shard: Shard, request: httpx.Request, *, stream: bool) -> httpx.Response:
         attempt = 0
         while True:
             try:
-                return await self._http.send(request, stream=stream)
+                return await shard.client.send(request, stream=stream)
             except _RETRYABLE as e:
                 if attempt >= self.max_connect_retries:
                     raise EngineUnavailable(
@@ -126,8 +155,8 @@ class EngineClient:
             kwargs["content"] = content
             kwargs["headers"] = {"content-type": "application/octet-stream"}
         if timeout_s is not None:
-            kwargs["timeout"] = httpx.Timeout(timeout_s, connect=self._http.timeout.connect)
-        return self._http.build_request(method, path, **kwargs)
+            kwargs["timeout"] = httpx.Timeout(timeout_s, connect=self._connect_timeout_s)
+        return self._shards.first.build_request(method, path, **kwargs)
 
     async def _call(
         self,
@@ -199,9 +228,14 @@ class EngineClient:
         body = self._generate_body(
             input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, True
         )
-        response = await self._send(
-            self._build("POST", "/generate", json=body, timeout_s=timeout_s), stream=True
-        )
+        shard = self._shards.acquire()
+        try:
+            response = await self._send_on(
+                shard, self._build("POST", "/generate", json=body, timeout_s=timeout_s), stream=True
+            )
+        except BaseException:
+            self._shards.release(shard)
+            raise
         try:
             if response.status_code >= 400:
                 await response.aread()
@@ -228,6 +262,7 @@ class EngineClient:
             raise EngineUnavailable(f"{response.url}: stream broke: {e!r}", url=str(response.url)) from e
         finally:
             await response.aclose()
+            self._shards.release(shard)
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
         if rid is None and not abort_all:
