@@ -20,6 +20,7 @@ and `report` says where the two part.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,8 @@ from gyre.trajectory.messages import (
 from gyre.trajectory.templates.base import AppendOnlyReport, ChatTemplate, TemplateError
 
 _STUB = "S"
+_ROOTS_KEPT = 16
+"""Rendered root segments (system prompt + tools) whose ids `render_system` keeps."""
 
 
 class HFChatTemplate(ChatTemplate):
@@ -54,6 +57,7 @@ class HFChatTemplate(ChatTemplate):
     ) -> None:
         super().__init__(tool_call_parser)
         self.tokenizer = tokenizer
+        self._roots: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         template = chat_template or tokenizer.chat_template
         if not template:
             raise TemplateError(f"{tokenizer.source or 'the tokenizer'} has no chat template")
@@ -84,7 +88,18 @@ class HFChatTemplate(ChatTemplate):
         return self._stop
 
     def render_system(self, system: str, tools: Sequence[ToolSpec]) -> list[int]:
-        return self._encode(self._text([{"role": "system", "content": system}], tools, False))
+        """The root segment. A harness sends the same system prompt and tools to every execution it runs
+        (Claude Code's are tens of KB), so the ids of the last few rendered roots are kept: tokenizing
+        them again was a quarter of the proxy's CPU under load (`gyre bench load`)."""
+        text = self._text([{"role": "system", "content": system}], tools, False)
+        ids = self._roots.get(text)
+        if ids is None:
+            ids = self._roots[text] = tuple(self._encode(text))
+            while len(self._roots) > _ROOTS_KEPT:
+                del self._roots[next(iter(self._roots))]
+        else:
+            self._roots.move_to_end(text)
+        return list(ids)
 
     def render_message(self, message: Message, previous: Message | None = None) -> list[int]:
         return self._encode(self._segment_text(message, previous))

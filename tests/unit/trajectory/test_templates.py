@@ -166,6 +166,22 @@ def test_hf_segments_concatenate_to_transformers_apply_chat_template() -> None:
     assert t.tokenizer.decode(t.close_output(out[:-1])) == "<|im_end|>\n"
 
 
+def test_hf_root_segments_are_kept_per_rendered_text_and_handed_out_as_copies() -> None:
+    t = _hf_template(CHATML)
+    encoded: list[str] = []
+    encode = t.tokenizer.encode
+    t.tokenizer.encode = lambda text: encoded.append(text) or encode(text)  # type: ignore[method-assign]
+    first = t.render_system("You are helpful.", TOOLS)
+    first.append(-1)  # a caller's list is its own
+    assert t.render_system("You are helpful.", TOOLS) == first[:-1] and len(encoded) == 1
+    assert t.render_system("You are helpful. Run a command.", TOOLS) != first[:-1] and len(encoded) == 2
+    for i in range(40):  # bounded: the oldest roots leave
+        t.render_system(f"system {i}", [])
+    assert len(t._roots) <= 16
+    t.render_system("You are helpful.", TOOLS)
+    assert len(encoded) == 43
+
+
 def test_hf_template_that_strips_earlier_thinking_is_refused() -> None:
     with pytest.raises(TemplateError, match="not append-only"):
         _hf_template(CHATML, strip_old=True)
