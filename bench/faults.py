@@ -9,6 +9,8 @@ settle its execution). tests/faults runs a reduced matrix with the same code (gy
 Last line: {"faults": {NAME: {"completed", "lost", "double_trained", "double_applied", "harness_errors",
 "recovery_s", "injected"}}, "run": {the whole run's invariants}, "wall_s", ...}. A violation or harness error
 belongs to the fault injected last before it; `recovery_s` is injection → the process serves again.
+`redis_used_memory_by_step` / `redis_used_memory_ratio_last_vs_4`: Redis memory after each step and the
+bounded-state ratio (goal ≤ 1.1; gyre/demo/memory.py). `--steps 12` for the 12-step figure.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ def main(argv: list[str]) -> None:
                 "wall_s": round(time.monotonic() - t0, 1),
                 "steps": args.steps,
                 "executions": summary["executions"],
+                "redis_used_memory_by_step": summary.get("redis_used_memory_by_step", {}),
+                "redis_used_memory_ratio_last_vs_4": summary.get("redis_used_memory_ratio_last_vs_4"),
                 "run_dir": str(Path(summary["run_dir"]).resolve()),
             }
         )

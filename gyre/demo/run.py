@@ -27,6 +27,7 @@ from gyre.bus import login_url
 from gyre.config import GyreConfig, load_config
 from gyre.demo.events import read_events
 from gyre.demo.heldout import HeldOut
+from gyre.demo.memory import RedisMemory
 from gyre.demo.report import RunFacts, plot_reward_staleness, summarize, timeline
 from gyre.stack.launcher import StackError, StackState, down_state, up
 from gyre.stack.resume import resume_stack
@@ -49,6 +50,7 @@ class DemoRun:
         self.resume = resume
         self._stop = StopSignals()
         self.held_out = HeldOut(self.config, steps, self.config.run.path)
+        self._memory: RedisMemory | None = None
 
     @classmethod
     def resuming(cls, run_dir: Path, drain_timeout_s: float = 120.0) -> DemoRun:
@@ -101,7 +103,11 @@ class DemoRun:
         ):
             scheduler = scheduler_pb2_grpc.SchedulerStub(sch_ch)
             proxy = proxy_pb2_grpc.ProxyStub(proxy_ch)
-            self._train(scheduler, state, progress, t0)
+            self._memory = RedisMemory(resolved.redis.url or "", resolved.redis.login_for("cli"))
+            try:
+                self._train(scheduler, state, progress, t0)
+            finally:
+                self._memory.close()
             self._retrying(
                 lambda: scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120),
                 state,
@@ -126,6 +132,8 @@ class DemoRun:
             if progress is not None:
                 progress(st, time.monotonic() - t0)
             self.held_out.keep(st.published_version)
+            if self._memory is not None:
+                self._memory.sample(st.steps)
             if st.steps >= self.steps:
                 return
             self._pause(1.0)
@@ -215,6 +223,9 @@ class DemoRun:
         summary["reward_staleness_png"] = str(
             plot_reward_staleness(summary, self.run_dir / "reward_staleness.png")
         )
+        if self._memory is not None:
+            summary["redis_used_memory_by_step"] = dict(sorted(self._memory.by_step.items()))
+            summary["redis_used_memory_ratio_last_vs_4"] = self._memory.ratio(summary["steps"])
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 

@@ -1,0 +1,44 @@
+"""Redis memory from step to step of a run: the bounded-state check on a real run (`gyre demo`, `gyre bench
+faults`), next to `gyre bench load`'s synthetic one.
+
+    memory = RedisMemory(config.redis.url, config.redis.login_for("cli"))
+    memory.sample(step=4)                     # once per committed step, as the demo sees it
+    memory.by_step, memory.ratio(last=12, base=4)
+
+A step's groups leave Redis once it committed (archived first; gyre/store/archive.py), so `used_memory`
+after step 12 should be within 1.1× of after step 4. A sample is taken when the demo first sees the step
+count reach `step` (it polls every second): executions of the next step are then in flight, as they are at
+every other sample.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from gyre.config.infra import ClientLogin
+
+
+class RedisMemory:
+    def __init__(self, url: str, login: ClientLogin | None) -> None:
+        auth = {"username": login.user, "password": login.password} if login is not None else {}
+        self._client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, **auth)
+        self.by_step: dict[int, int] = {}
+        """`used_memory` in bytes after each sampled step count."""
+
+    def sample(self, step: int) -> None:
+        """Record `used_memory` for `step` (once); a Redis that does not answer (restarting) is skipped."""
+        if step in self.by_step:
+            return
+        try:
+            self.by_step[step] = int(self._client.info("memory")["used_memory"])  # type: ignore[index]
+        except redis.RedisError:
+            return
+
+    def ratio(self, last: int, base: int = 4) -> float | None:
+        """used_memory after `last` / after `base` (None when either was not sampled or `last` <= `base`)."""
+        if last <= base or last not in self.by_step or not self.by_step.get(base):
+            return None
+        return round(self.by_step[last] / self.by_step[base], 3)
+
+    def close(self) -> None:
+        self._client.close()
