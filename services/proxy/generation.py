@@ -11,7 +11,9 @@ failed) is continued by the next one and the caller sees one unbroken sequence o
 is repeated, nothing is lost. A drain (`Router.drain`) marks the call as moving before it aborts
 it; the call then waits until the KV has been migrated and continues on the destination, which
 does not count against `max_attempts`. Other failures are retried with exponential backoff on
-the execution's route at that moment; an engine's refusal of the request itself (HTTP 400) is
+the execution's route at that moment; an engine that cannot be reached (killed, restarting) first
+moves the execution to another serving engine (`Router.fail_over`), so a dead satellite costs its
+calls one attempt, not all of them. An engine's refusal of the request itself (HTTP 400) is
 the harness's error and is not retried.
 """
 
@@ -23,8 +25,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gyre.engine import EngineError, EngineRequestError
+from gyre.engine import EngineError, EngineRequestError, EngineUnavailable
 from gyre.engine.types import FinishReason
+from gyre.log import get_logger
 from services.proxy.errors import (
     EngineRefusedError,
     EngineUnavailableError,
@@ -35,6 +38,8 @@ from services.proxy.metrics import OverheadClock
 
 if TYPE_CHECKING:
     from services.proxy.routing import Engine, Router
+
+log = get_logger("gyre.proxy.generation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +177,17 @@ class Generation:
                 raise EngineRefusedError(f"the engine refused the request: {error.message}")
             last_error = error
             failures += 1
+            if isinstance(error, EngineUnavailable):  # the engine is gone: the next attempt goes elsewhere
+                moved_to = self.router.fail_over(self.execution_id, engine.engine_id)
+                if moved_to is not None:
+                    log.warning(
+                        "call_failed_over",
+                        execution=self.execution_id,
+                        call=self.call_id,
+                        engine=engine.engine_id,
+                        to=moved_to,
+                        error=error.message,
+                    )
             if failures >= self.max_attempts:
                 reason = last_error.message if last_error is not None else "the engine aborted the call"
                 raise EngineUnavailableError(

@@ -145,6 +145,22 @@ class Router:
         self.routes[execution_id] = default.engine_id
         return default
 
+    def fail_over(self, execution_id: str, failed_engine_id: str) -> str | None:
+        """The execution's engine could not be reached (killed, restarting): route it to another serving
+        engine — the default if that is another one, else the first in destination order — and return
+        its id; None (route kept) when no other engine serves. The failed engine stays in the table: the
+        scheduler owns it, and a restarted one serves again on the same URL."""
+        default = self.engines.get(self.default_engine_id)
+        if default is not None and default.serving and default.engine_id != failed_engine_id:
+            target = default.engine_id
+        else:
+            order = self.destination_order(exclude=failed_engine_id)
+            if not order:
+                return None
+            target = order[0]
+        self.routes[execution_id] = target
+        return target
+
     def acquire(self, generation: Generation) -> Engine:
         engine = self.engine_for(generation.execution_id)
         self.in_flight[engine.engine_id].add(generation)

@@ -122,3 +122,43 @@ async def test_a_call_refused_before_its_first_attempt_leaves_nothing_in_flight(
     await r.drain("cell-1", [], migrate_kv=False)
     assert (await r.drain("cell-0", [], migrate_kv=False)).destinations == []  # the last one leaves
     await r.aclose()
+
+
+async def test_fail_over_prefers_the_default_then_the_destination_order_and_needs_another_engine() -> None:
+    r = router(*CELLS, POOL, default="cell-0")
+    r.set_route("e1", "cell-1")
+    assert r.fail_over("e1", "cell-1") == "cell-0" and r.routes["e1"] == "cell-0"
+    assert r.fail_over("e1", "cell-0") == "pool-0"  # the default failed: the destination order
+    assert "cell-0" in r.engines and r.engines["cell-0"].serving  # the table is the scheduler's
+    alone = router(CELLS[0], default="cell-0")
+    alone.set_route("e1", "cell-0")
+    assert alone.fail_over("e1", "cell-0") is None and alone.routes["e1"] == "cell-0"
+    await r.aclose()
+    await alone.aclose()
+
+
+async def test_a_call_whose_engine_cannot_be_reached_tries_another_engine_next() -> None:
+    """Nothing listens on either engine's port: each failed attempt moves the execution to the other one."""
+    r = router(*CELLS, default="cell-0")
+    r.set_route("e1", "cell-1")
+    call = Generation(
+        r,
+        execution_id="e1",
+        call_id="c1",
+        prompt_ids=[1, 2, 3],
+        sampling={},
+        max_new_tokens=4,
+        stop_token_ids=frozenset(),
+        stream=False,
+        clock=OverheadClock(),
+        max_attempts=3,
+        backoff_s=0.0,
+    )
+    for engine in r.engines.values():
+        engine.context_len, engine.context_known = 64, True
+    with pytest.raises(EngineUnavailableError, match="after 3 attempts"):
+        async for _ in call.run():
+            pass
+    assert call.engine_ids == ["cell-1", "cell-0", "cell-1"]
+    assert not any(r.in_flight.values())
+    await r.aclose()
