@@ -42,6 +42,10 @@ class ProxySection(Section):
     moves ordered by a drain do not count. After the last one the harness gets an error."""
     retry_backoff_s: NonNegativeFloat = 0.25
     """Delay before the second attempt; doubles with each further attempt."""
+    unreachable_wait_s: NonNegativeFloat = 30.0
+    """While no serving engine can be reached at all (the last one was killed and is being restarted), a
+    call keeps trying for this long (backoff capped at 2 s) before its attempts count against
+    `max_engine_attempts`: a cell agent's engine is back within seconds, and the harness would rather wait."""
     engine_timeout_s: NonNegativeFloat = 900.0
     """Longest a call may wait on an engine (covers long generations)."""
     replay_unanswered_calls: bool = True

@@ -75,6 +75,8 @@ class CallSettings:
     default_max_tokens: int
     max_engine_attempts: int
     retry_backoff_s: float
+    unreachable_wait_s: float = 0.0
+    """How long a call waits for an engine while none can be reached (ProxySection.unreachable_wait_s)."""
     replay_unanswered_calls: bool = True
     """Answer a retried call from the output already recorded for it (services/proxy/replay.py)."""
 
@@ -257,6 +259,7 @@ def begin_call(
             clock=clock,
             max_attempts=settings.max_engine_attempts,
             backoff_s=settings.retry_backoff_s,
+            unreachable_wait_s=settings.unreachable_wait_s,
         )
     return ModelCall(
         state=state,

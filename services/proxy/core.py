@@ -75,6 +75,7 @@ class ProxyCore:
             default_max_tokens=section.default_max_tokens,
             max_engine_attempts=section.max_engine_attempts,
             retry_backoff_s=section.retry_backoff_s,
+            unreachable_wait_s=section.unreachable_wait_s,
             replay_unanswered_calls=section.replay_unanswered_calls,
         )
         self.base_url = ""

@@ -13,7 +13,8 @@ it; the call then waits until the KV has been migrated and continues on the dest
 does not count against `max_attempts`. Other failures are retried with exponential backoff on
 the execution's route at that moment; an engine that cannot be reached (killed, restarting) first
 moves the execution to another serving engine (`Router.fail_over`), so a dead satellite costs its
-calls one attempt, not all of them. An engine's refusal of the request itself (HTTP 400) is
+calls one attempt, not all of them; when no other engine serves, the call waits for one (a restarted
+engine) up to `unreachable_wait_s` before its attempts count. An engine's refusal of the request itself (HTTP 400) is
 the harness's error and is not retried.
 """
 
@@ -65,6 +66,7 @@ class Generation:
         clock: OverheadClock,
         max_attempts: int,
         backoff_s: float,
+        unreachable_wait_s: float = 0.0,
     ) -> None:
         self.router = router
         self.execution_id = execution_id
@@ -77,6 +79,7 @@ class Generation:
         self.clock = clock
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
+        self.unreachable_wait_s = unreachable_wait_s
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.finish: Finish | None = None
@@ -127,6 +130,8 @@ class Generation:
     async def run(self) -> AsyncIterator[list[int]]:
         failures = 0
         attempt = 0
+        waits = 0
+        unreachable_since: float | None = None
         last_error: EngineError | None = None
         while True:
             if self.cancelled:
@@ -176,7 +181,6 @@ class Generation:
             if isinstance(error, EngineRequestError):
                 raise EngineRefusedError(f"the engine refused the request: {error.message}")
             last_error = error
-            failures += 1
             if isinstance(error, EngineUnavailable):  # the engine is gone: the next attempt goes elsewhere
                 moved_to = self.router.fail_over(self.execution_id, engine.engine_id)
                 if moved_to is not None:
@@ -188,6 +192,15 @@ class Generation:
                         to=moved_to,
                         error=error.message,
                     )
+                else:  # nowhere else to go: wait for an engine (a restarted one) before counting attempts
+                    now = time.monotonic()
+                    unreachable_since = now if unreachable_since is None else unreachable_since
+                    if now - unreachable_since < self.unreachable_wait_s:
+                        waits += 1
+                        with self.clock.outside():
+                            await asyncio.sleep(min(2.0, max(0.05, self.backoff_s * 2 ** min(waits - 1, 8))))
+                        continue
+            failures += 1
             if failures >= self.max_attempts:
                 reason = last_error.message if last_error is not None else "the engine aborted the call"
                 raise EngineUnavailableError(

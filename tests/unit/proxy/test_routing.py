@@ -3,6 +3,8 @@ bookkeeping and its refusals (calls in flight are moved in tests/integration/tes
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from services.proxy.errors import EngineUnavailableError, PromptTooLongError
@@ -161,4 +163,29 @@ async def test_a_call_whose_engine_cannot_be_reached_tries_another_engine_next()
             pass
     assert call.engine_ids == ["cell-1", "cell-0", "cell-1"]
     assert not any(r.in_flight.values())
+    await r.aclose()
+
+
+async def test_with_no_other_engine_a_call_waits_for_its_engine_before_counting_attempts() -> None:
+    r = router(CELLS[0], default="cell-0")  # nothing listens on its port; no engine to fail over to
+    r.engines["cell-0"].context_len, r.engines["cell-0"].context_known = 64, True
+    call = Generation(
+        r,
+        execution_id="e1",
+        call_id="c1",
+        prompt_ids=[1, 2, 3],
+        sampling={},
+        max_new_tokens=4,
+        stop_token_ids=frozenset(),
+        stream=False,
+        clock=OverheadClock(),
+        max_attempts=2,
+        backoff_s=0.0,
+        unreachable_wait_s=1.0,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(EngineUnavailableError, match="after 2 attempts"):
+        async for _ in call.run():
+            pass
+    assert time.monotonic() - t0 >= 1.0 and len(call.engine_ids) > 2  # it kept trying for the whole wait
     await r.aclose()
