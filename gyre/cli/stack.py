@@ -52,6 +52,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"error: {e}", err=True)
                 raise typer.Exit(2) from None
             except StackError as e:
+                if stop.event.is_set():  # Ctrl-C while the start finished: a stop, not a failure
+                    typer.echo("stack stopped")
+                    raise typer.Exit(stop.exit_code) from None
                 typer.echo(f"error: {e}", err=True)
                 raise typer.Exit(1) from None
             typer.echo(f"run {state.run_id} up: {len(state.processes)} processes; config {state.config_path}")
