@@ -23,6 +23,31 @@ CELLS = (EngineSpec("cell-0", "http://127.0.0.1:1", 0), EngineSpec("cell-1", "ht
 POOL = EngineSpec("pool-0", "http://127.0.0.1:3", -1)
 
 
+def call_on(
+    r: Router, prompt_ids: list[int], *, max_attempts: int, unreachable_wait_s: float = 0.0
+) -> Generation:
+    """A non-streamed call of execution e1 on `r`, with no backoff between attempts."""
+    return Generation(
+        r,
+        execution_id="e1",
+        call_id="c1",
+        prompt_ids=prompt_ids,
+        sampling={},
+        max_new_tokens=4,
+        stop_token_ids=frozenset(),
+        stream=False,
+        clock=OverheadClock(),
+        max_attempts=max_attempts,
+        backoff_s=0.0,
+        unreachable_wait_s=unreachable_wait_s,
+    )
+
+
+async def run_to_end(call: Generation) -> None:
+    async for _ in call.run():
+        pass
+
+
 async def test_destination_order_is_pool_first_then_cells_from_the_highest_index() -> None:
     r = router(*CELLS, EngineSpec("cell-2", "http://127.0.0.1:4", 2), POOL)
     assert r.destination_order() == ["pool-0", "cell-2", "cell-1", "cell-0"]
@@ -104,22 +129,9 @@ async def test_a_call_refused_before_its_first_attempt_leaves_nothing_in_flight(
     scheduler crash-loop in a run whose every call was refused)."""
     r = router(*CELLS, default="cell-0")
     r.engines["cell-0"].context_len, r.engines["cell-0"].context_known = 8, True
-    call = Generation(
-        r,
-        execution_id="e1",
-        call_id="c1",
-        prompt_ids=list(range(20)),
-        sampling={},
-        max_new_tokens=4,
-        stop_token_ids=frozenset(),
-        stream=False,
-        clock=OverheadClock(),
-        max_attempts=1,
-        backoff_s=0.0,
-    )
+    call = call_on(r, list(range(20)), max_attempts=1)
     with pytest.raises(PromptTooLongError):
-        async for _ in call.run():
-            pass
+        await run_to_end(call)
     assert not r.in_flight.get("cell-0")
     await r.drain("cell-1", [], migrate_kv=False)
     assert (await r.drain("cell-0", [], migrate_kv=False)).destinations == []  # the last one leaves
@@ -143,24 +155,11 @@ async def test_a_call_whose_engine_cannot_be_reached_tries_another_engine_next()
     """Nothing listens on either engine's port: each failed attempt moves the execution to the other one."""
     r = router(*CELLS, default="cell-0")
     r.set_route("e1", "cell-1")
-    call = Generation(
-        r,
-        execution_id="e1",
-        call_id="c1",
-        prompt_ids=[1, 2, 3],
-        sampling={},
-        max_new_tokens=4,
-        stop_token_ids=frozenset(),
-        stream=False,
-        clock=OverheadClock(),
-        max_attempts=3,
-        backoff_s=0.0,
-    )
+    call = call_on(r, [1, 2, 3], max_attempts=3)
     for engine in r.engines.values():
         engine.context_len, engine.context_known = 64, True
     with pytest.raises(EngineUnavailableError, match="after 3 attempts"):
-        async for _ in call.run():
-            pass
+        await run_to_end(call)
     assert call.engine_ids == ["cell-1", "cell-0", "cell-1"]
     assert not any(r.in_flight.values())
     await r.aclose()
@@ -169,23 +168,9 @@ async def test_a_call_whose_engine_cannot_be_reached_tries_another_engine_next()
 async def test_with_no_other_engine_a_call_waits_for_its_engine_before_counting_attempts() -> None:
     r = router(CELLS[0], default="cell-0")  # nothing listens on its port; no engine to fail over to
     r.engines["cell-0"].context_len, r.engines["cell-0"].context_known = 64, True
-    call = Generation(
-        r,
-        execution_id="e1",
-        call_id="c1",
-        prompt_ids=[1, 2, 3],
-        sampling={},
-        max_new_tokens=4,
-        stop_token_ids=frozenset(),
-        stream=False,
-        clock=OverheadClock(),
-        max_attempts=2,
-        backoff_s=0.0,
-        unreachable_wait_s=1.0,
-    )
+    call = call_on(r, [1, 2, 3], max_attempts=2, unreachable_wait_s=1.0)
     t0 = time.monotonic()
     with pytest.raises(EngineUnavailableError, match="after 2 attempts"):
-        async for _ in call.run():
-            pass
+        await run_to_end(call)
     assert time.monotonic() - t0 >= 1.0 and len(call.engine_ids) > 2  # it kept trying for the whole wait
     await r.aclose()
