@@ -9,16 +9,30 @@ attends s iff s is on t's own root-to-leaf path and s <= t, so every token sees 
 sees in its path row, and each shared prefix is computed once.
 
 How a tree row is computed, exactly and without a [L, L] mask: the row splits into one chain per
-leaf (contiguous in tree order); the queries of a chain attend the chain's context (the tokens of
+leaf (contiguous in tree order); the queries of a chain attend the chain's *context* (the tokens of
 its ancestors, gathered) plus the chain causally. The first chain of a row has no context: one
-causal SDPA. Each other chain runs in query blocks of `_QUERY_BLOCK` tokens, each block one SDPA
-over context + chain-so-far with a boolean mask that is all-true but for its last, lower-triangular
-block. The work is the number of (query, ancestor) pairs plus a sliver per block; the CPU SDPA
-kernel computes masked entries too, so the blocks are what keeps it from growing to
-L_chain × (context + L_chain). Measured on an Appendix-C-shaped row (5,494 tokens, 5 chains, 4 heads
-of 32, forward + backward, CPU seconds, one thread): 0.5-0.57 s with blocks of 256 (128-1024 within
-~25% of it, one SDPA per chain 0.88 s), 2.6 s with one dense boolean mask over the row, and 2.3 s
-for the causal attention of its five path rows (10,759 tokens).
+causal SDPA. Every other chain is two SDPAs merged by their log-sum-exps, the way split-KV flash
+attention merges key blocks: the chain's queries over the context (no mask: every query sees all of
+it) and over the chain itself (causal, whose kernel skips the masked half). With o_c, lse_c and
+o_s, lse_s the two outputs and row log-sum-exps, lse = logaddexp(lse_c, lse_s) and
+o = e^(lse_c - lse) o_c + e^(lse_s - lse) o_s is exactly the softmax over the union. The backward is
+exact too, and needs no gradient of an lse: the flash backward of each part, run with the merged
+output and the merged lse, gives that part's share of dq and its own dk, dv (the softmax
+probabilities of a part are e^(s - lse) with the merged lse, and D = rowsum(do * o) is the merged
+one). So the work is the number of (query, visible key) pairs, nothing computed and masked away.
+
+Measured on the bench's Appendix-C-shaped step (`gyre bench tree-train`, 2 executions, 4 layers of
+4 heads x 32, forward + backward, one thread, torch profiler): the attention kernels of the tree step
+take time in proportion to its (query, key) pairs, 17.6 M against 27.4 M for the same trajectories'
+path rows (1.4 s against 2.3 s). The former kernel (chains in masked query blocks of 256) spent 0.76 s
+beside its kernels on zero-filled gradients, one [H, T, D] per block and input in the backward of
+its slices, and on masks; merged, that is 0.16 s, and the step went from 1.27x to 1.75x faster than
+path rows.
+
+On CPU the two parts are `aten::_scaled_dot_product_flash_attention_for_cpu` (the kernel SDPA
+dispatches to there, which also returns the lse) and its backward. On other devices the chain
+falls back to one SDPA over context + chain with a boolean mask (exact; no lse merge; untested: no
+GPU where this was built).
 
 SDPA is always called on 4-D [1, H, L, D] views: given 3-D inputs, torch 2.13's CPU dispatch takes
 the unfused math path (the [L, L] scores materialized), 18x slower forward and 5.6x slower forward +
@@ -45,9 +59,6 @@ import torch
 import torch.nn.functional as F
 
 from gyre.model.tree_layout import Chain, TreeLayout
-
-_QUERY_BLOCK = 256
-"""Queries per SDPA call in a chain with context (see the module docstring)."""
 
 
 def _bounds(cu_seqlens: Sequence[int] | torch.Tensor, num_tokens: int) -> list[int]:
@@ -110,42 +121,97 @@ def packed_attention(
         v = v.repeat_interleave(groups, dim=1)
     if num_tokens == 0:
         return q.new_empty(0, num_heads, v.shape[2])
-    # [H, T, D]: SDPA's layout; slices along T are views.
+    # [H, T, D]: SDPA's layout. Rows and chains are contiguous spans of T: split (one cat in the
+    # backward) rather than slice (a zero-filled [H, T, D] gradient per slice).
     qh, kh, vh = (x.transpose(0, 1) for x in (q, k, v))
-    parts: list[torch.Tensor] = []
     if tree is None or tree.is_paths:
-        for a, b in itertools.pairwise(bounds):
-            parts.append(_sdpa(qh[:, a:b], kh[:, a:b], vh[:, a:b], is_causal=True, scale=scale))
+        lengths = [b - a for a, b in itertools.pairwise(bounds)]
+        spans = zip(*(x.split(lengths, dim=1) for x in (qh, kh, vh)), strict=True)
+        parts = [_sdpa(qs, ks, vs, is_causal=True, scale=scale) for qs, ks, vs in spans]
     else:
-        for chain in tree.chains():
-            parts.extend(_chain_attention(qh, kh, vh, chain, scale))
+        chains = tree.chains()
+        lengths = [c.end - c.start for c in chains]
+        spans = zip(chains, *(x.split(lengths, dim=1) for x in (qh, kh, vh)), strict=True)
+        parts = [_chain_attention(qs, ks, vs, kh, vh, chain, scale) for chain, qs, ks, vs in spans]
     return torch.cat(parts, dim=1).transpose(0, 1)
 
 
 def _chain_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chain: Chain, scale: float | None
-) -> list[torch.Tensor]:
-    """Outputs [H, n, D] for the chain's queries, in query blocks (see the module docstring)."""
-    a, b = chain.start, chain.end
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    all_k: torch.Tensor,
+    all_v: torch.Tensor,
+    chain: Chain,
+    scale: float | None,
+) -> torch.Tensor:
+    """Output [H, n, D] of a chain's queries `q` (its own keys `k`, values `v`; the context is
+    gathered from `all_k`, `all_v`, [H, T, D])."""
     if len(chain.context) == 0:
-        return [_sdpa(q[:, a:b], k[:, a:b], v[:, a:b], is_causal=True, scale=scale)]
+        return _sdpa(q, k, v, is_causal=True, scale=scale)
     context = torch.from_numpy(np.ascontiguousarray(chain.context)).to(q.device)
-    keys = torch.cat([k.index_select(1, context), k[:, a:b]], dim=1)
-    values = torch.cat([v.index_select(1, context), v[:, a:b]], dim=1)
-    num_context = len(chain.context)
-    out: list[torch.Tensor] = []
-    for i0 in range(0, b - a, _QUERY_BLOCK):
-        i1 = min(i0 + _QUERY_BLOCK, b - a)
-        num_keys = num_context + i1
-        columns = torch.arange(num_keys, device=q.device)
-        rows = torch.arange(i0, i1, device=q.device) + num_context
-        mask = columns[None, :] <= rows[:, None]
-        out.append(
-            _sdpa(
-                q[:, a + i0 : a + i1], keys[:, :num_keys], values[:, :num_keys], attn_mask=mask, scale=scale
-            )
+    context_k, context_v = all_k.index_select(1, context), all_v.index_select(1, context)
+    if q.device.type == "cpu":
+        return _ContextThenCausal.apply(q[None], context_k[None], context_v[None], k[None], v[None], scale)[0]
+    return _masked_context_attention(q, context_k, context_v, k, v, scale)
+
+
+def _masked_context_attention(
+    q: torch.Tensor,
+    context_k: torch.Tensor,
+    context_v: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    """`_ContextThenCausal` of [H, n, D] inputs as one SDPA with a boolean mask, for devices other
+    than the CPU (computes the masked half of the chain's own block too)."""
+    num_context, n = context_k.shape[1], q.shape[1]
+    columns = torch.arange(num_context + n, device=q.device)
+    mask = columns[None, :] <= torch.arange(n, device=q.device)[:, None] + num_context
+    keys, values = torch.cat([context_k, k], dim=1), torch.cat([context_v, v], dim=1)
+    return _sdpa(q, keys, values, attn_mask=mask, scale=scale)
+
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class _ContextThenCausal(torch.autograd.Function):
+    """Softmax attention of queries [1, H, n, D] over context keys (all visible) then their own n
+    keys (causal), as two flash kernels merged by log-sum-exp (see the module docstring). CPU only."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        q: torch.Tensor,
+        context_k: torch.Tensor,
+        context_v: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None,
+    ) -> torch.Tensor:
+        out_c, lse_c = _flash(q, context_k, context_v, 0.0, False, scale=scale)
+        out_s, lse_s = _flash(q, k, v, 0.0, True, scale=scale)
+        lse = torch.logaddexp(lse_c, lse_s)
+        out = out_c * torch.exp(lse_c - lse)[..., None] + out_s * torch.exp(lse_s - lse)[..., None]
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, context_k, context_v, k, v, out, lse)
+        ctx.scale = scale  # type: ignore[attr-defined]
+        return out
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        q, context_k, context_v, k, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+        grad_out = grad_out.contiguous()
+        scale = ctx.scale  # type: ignore[attr-defined]
+        dq_c, dk_c, dv_c = _flash_backward(
+            grad_out, q, context_k, context_v, out, lse, 0.0, False, scale=scale
         )
-    return out
+        dq_s, dk_s, dv_s = _flash_backward(grad_out, q, k, v, out, lse, 0.0, True, scale=scale)
+        return dq_c + dq_s, dk_c, dv_c, dk_s, dv_s, None
 
 
 def _sdpa(

@@ -99,10 +99,8 @@ TREE = TreeLayout.concat(
 TREE_CU = TREE.cu_seqlens().tolist()
 
 
-@pytest.mark.parametrize("query_block", [2, 3, 512])
 @pytest.mark.parametrize("kv_heads", [4, 2])
-def test_tree_attention_equals_masked_softmax_with_the_ancestor_mask(monkeypatch, query_block, kv_heads):
-    monkeypatch.setattr(attention, "_QUERY_BLOCK", query_block)
+def test_tree_attention_equals_masked_softmax_with_the_ancestor_mask(kv_heads):
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(26, 4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     k, v = (
@@ -137,19 +135,48 @@ def test_a_layout_of_other_rows_is_rejected():
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    trees=st.lists(random_tree(), min_size=1, max_size=3),
-    query_block=st.integers(1, 8),
-    seed=st.integers(0, 99),
-)
-def test_tree_attention_equals_the_dense_mask_on_random_trees(trees, query_block, seed):
-    attention._QUERY_BLOCK, before = query_block, attention._QUERY_BLOCK
-    try:
-        layout = TreeLayout.concat([TreeLayout.single_row(lengths, parents) for lengths, parents in trees])
-        cu = layout.cu_seqlens().tolist()
-        gen = torch.Generator().manual_seed(seed)
-        q, k, v = (torch.randn(layout.num_tokens, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-        out = packed_attention(q, k, v, cu, layout)
-        assert torch.allclose(out, naive_attention(q, k, v, packed_attention_mask(cu, layout)), atol=1e-12)
-    finally:
-        attention._QUERY_BLOCK = before
+@given(trees=st.lists(random_tree(), min_size=1, max_size=3), seed=st.integers(0, 99))
+def test_tree_attention_and_its_gradient_equal_the_dense_mask_on_random_trees(trees, seed):
+    layout = TreeLayout.concat([TreeLayout.single_row(lengths, parents) for lengths, parents in trees])
+    cu = layout.cu_seqlens().tolist()
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (
+        torch.randn(layout.num_tokens, 2, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
+    out = packed_attention(q, k, v, cu, layout)
+    full = naive_attention(q, k, v, packed_attention_mask(cu, layout))
+    assert torch.allclose(out, full, atol=1e-12)
+    weights = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    expected = torch.autograd.grad((full * weights).sum(), (q, k, v))
+    for got, want in zip(grads, expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-12)
+
+
+def test_tree_attention_in_bfloat16_stays_within_its_rounding_of_float32():
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(26, 4, 8, generator=gen) for _ in range(3))
+    want = packed_attention(q, k, v, TREE_CU, TREE)
+    got = packed_attention(*(x.bfloat16() for x in (q, k, v)), TREE_CU, TREE)
+    assert got.dtype == torch.bfloat16
+    assert torch.allclose(got.float(), want, atol=2e-2)
+
+
+def test_the_masked_fallback_for_other_devices_equals_the_merged_cpu_kernel():
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(4, 7, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    context_k, context_v = (
+        torch.randn(4, 5, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)
+    )
+    inputs = (q, context_k, context_v, k, v)
+    merged = attention._ContextThenCausal.apply(*(x[None] for x in inputs), None)[0]
+    masked = attention._masked_context_attention(*inputs, None)
+    assert torch.allclose(merged, masked, atol=1e-12)
+    weights = torch.randn(merged.shape, generator=gen, dtype=torch.float64)
+    for got, want in zip(
+        torch.autograd.grad((merged * weights).sum(), inputs),
+        torch.autograd.grad((masked * weights).sum(), inputs),
+        strict=True,
+    ):
+        assert torch.allclose(got, want, atol=1e-12)
