@@ -1,7 +1,7 @@
 """Load benchmark: many concurrent synthetic executions against the real proxy, the run's bus and Redis,
 with each step's groups archived out of Redis as the packer does once a step committed.
 
-    gyre bench load [--concurrency 64,256,1152] [--turns 4] [--steps 12] [--group-size 8] [--json]
+    gyre bench load [--concurrency 64,256,1152] [--turns 4] [--steps 12] [--tool-s 10.9] [--json]
 
 Processes: nats-server, redis-server (no AOF), an embedded engine with scripted outputs and the real
 proxy service (`python -m services.proxy`); this process plays the scheduler's records, the runners'
@@ -9,18 +9,31 @@ harnesses and the evaluator. One *step* = `concurrency` executions in groups of 
 records are written (as the scheduler does), each is opened on the proxy, calls it `turns` times with a
 Claude-Code-shaped history that grows by a tool exchange per turn, is closed, gets an outcome (as the
 evaluator does), its group is claimed for the step's batch and `StepArchiver.archive_step` archives
-and deletes the batch (as the packer does on `StepCompleted`). `--steps` steps run at `--flat-concurrency`
-(the flatness measure; default: the first level, which then counts them), then one step at each other level.
+and deletes the batch (as the packer does on `StepCompleted`).
+
+Two kinds of step. `--steps` *saturated* steps at `--flat-concurrency` (default: the first level) call back
+to back, with no tool time: the proxy's throughput, and the flatness of Redis memory over steps. Then one
+*paced* step at each level: before each call a harness runs a tool for an exponentially distributed time
+of mean `--tool-s` — 10.9 s by default, the paper's rate (1.93 h per execution, 636 calls in its Appendix C
+execution), so 1,152 executions send ~105 calls/s: the latency a harness sees at the paper's load.
+The harnesses speak HTTP/1.1 over bare asyncio streams (one keep-alive connection each), and the proxy
+runs alone on the first CPU, every other process of the bench on the rest (`--no-pin`: no affinity), so
+that on this machine's two cores the engine and the harnesses do not take the proxy's CPU.
 
 Per execution, `ExecutionStarted` and `ExecutionTerminated` are published on the run's JetStream bus
 and read by a durable consumer over the scheduler's subjects; `events_per_s` is that consumer's rate.
 The scheduler's policy itself is not run here (it needs cells); this measures the bus path its events take.
 
 Prints one JSON object (last line):
-    by_concurrency.{C}.proxy_overhead_ms_p50/p99   time in the proxy excluding engine and client waits,
-                                                   from the proxy's own histogram (interpolated in buckets)
+    by_concurrency.{C}.proxy_overhead_ms_p50/p99   paced: time in the proxy excluding engine and client
+                                                   waits, from the proxy's own histogram (interpolated in
+                                                   buckets); p99 is the highest of the level's steps
     by_concurrency.{C}.client_ms_p50/p99           harness-seen latency of a call (includes the engine)
     by_concurrency.{C}.errors, .calls, .calls_per_s
+    by_concurrency.{C}.cpu_ms_per_call.{proxy,engine,harnesses}   CPU of each process per answered call
+                                                   (opening, closing and archiving included)
+    by_concurrency.{C}.proxy_cpu_busy              the proxy's CPU seconds per wall second
+    saturated                                      the same for the saturated steps
     errors, lost                                   non-200 answers; executions whose tree (Redis, then the
                                                    archive) does not hold every answered call
     events_per_s, redis_bytes_per_execution        Redis growth of one step before archiving / executions
@@ -31,8 +44,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -40,9 +55,12 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 import httpx
+import orjson
+import psutil
 import structlog
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -62,14 +80,74 @@ from gyre.v1 import events_pb2 as ev
 RUN_ID = "benchload"
 OUTPUT = "Reading the module now.<|im_end|>"
 OVERHEAD = "gyre_proxy_overhead_seconds"
+TOOL_S = round(1.93 * 3600 / 636, 1)
+"""Mean seconds between an execution's calls in the paper: 1.93 h per NL2RepoBench execution (122B) and
+636 proxy requests in its Appendix C execution; the scripted engine answers at once, so all of it is tool
+time here."""
 
 
 def _tool_output(execution: int, turn: int, lines: int) -> str:
     return "".join(f"{i:>6}\tdef f_{execution}_{turn}_{i}(value):  # the old API\n" for i in range(lines))
 
 
+class Connection:
+    """One keep-alive HTTP/1.1 connection of a synthetic harness: a bare request writer and response reader
+    over asyncio streams. The harnesses share this machine's two cores with the proxy they measure; httpx
+    spent ~17 ms of CPU per call here (its pool, its request model, stdlib json), more than the proxy itself."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        if self.reader is not None and self.reader.at_eof():  # the server closed it while idle (keep-alive)
+            await self.close()
+        if self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n{head}\r\n".encode()
+            + body
+        )
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("the proxy closed the connection")
+        status = int(status_line.split(b" ", 2)[1])
+        length, chunked, close = 0, False, False
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "transfer-encoding" and "chunked" in value:
+                chunked = True
+            elif name == "connection" and value == "close":
+                close = True
+        if chunked:
+            parts = []
+            while (size := int((await self.reader.readline()).strip(), 16)) > 0:
+                parts.append(await self.reader.readexactly(size))
+                await self.reader.readline()
+            await self.reader.readline()
+            data = b"".join(parts)
+        else:
+            data = await self.reader.readexactly(length)
+        if close:
+            await self.close()
+        return status, data
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
 class Harness:
-    """One synthetic execution: a Claude-Code-shaped conversation that grows by one exchange per call."""
+    """One synthetic execution: a Claude-Code-shaped conversation that grows by one exchange per call, with
+    an exponentially distributed tool time (mean `tool_s`; 0: none) before each call."""
 
     def __init__(
         self, execution_id: str, key: str, body: dict[str, Any], index: int, lines_per_turn: int
@@ -85,33 +163,62 @@ class Harness:
         self.in_flight = False
         """A call was under way when the step's time ran out (the proxy may have recorded it)."""
 
-    async def run(self, http: httpx.AsyncClient, base_url: str, turns: int) -> None:
-        for turn in range(turns):
-            start = time.perf_counter()
-            self.in_flight = True
-            try:
-                response = await http.post(
-                    f"{base_url}/v1/messages", json=self.body, headers={"x-api-key": self.key}
-                )
-            except httpx.HTTPError as e:
-                self.errors.append(f"{type(e).__name__}: {e}")
-                return
-            self.in_flight = False
-            self.latencies_s.append(time.perf_counter() - start)
-            if response.status_code != 200:
-                self.errors.append(f"{response.status_code}: {response.text[:200]}")
-                return
-            self.num_answered += 1
-            content = response.json()["content"]
-            user = f"Tool output {turn}:\n{_tool_output(self.index, turn, self.lines_per_turn)}"
-            self.body = {
-                **self.body,
-                "messages": [
-                    *self.body["messages"],
-                    {"role": "assistant", "content": content},
-                    {"role": "user", "content": user},
-                ],
-            }
+    async def run(self, connection: Connection, turns: int, tool_s: float, rng: random.Random) -> None:
+        try:
+            for turn in range(turns):
+                if tool_s > 0:
+                    await asyncio.sleep(rng.expovariate(1.0 / tool_s))
+                payload = orjson.dumps(self.body)
+                start = time.perf_counter()
+                self.in_flight = True
+                try:
+                    status, data = await connection.post("/v1/messages", payload, {"x-api-key": self.key})
+                except (OSError, ValueError, asyncio.IncompleteReadError) as e:
+                    self.errors.append(f"{type(e).__name__}: {e}")
+                    return
+                self.in_flight = False
+                self.latencies_s.append(time.perf_counter() - start)
+                if status != 200:
+                    self.errors.append(f"{status}: {data[:200].decode(errors='replace')}")
+                    return
+                self.num_answered += 1
+                content = orjson.loads(data)["content"]
+                user = f"Tool output {turn}:\n{_tool_output(self.index, turn, self.lines_per_turn)}"
+                self.body = {
+                    **self.body,
+                    "messages": [
+                        *self.body["messages"],
+                        {"role": "assistant", "content": content},
+                        {"role": "user", "content": user},
+                    ],
+                }
+        finally:
+            await connection.close()
+
+
+def _pin(pin: bool, proxy: int, others: list[int]) -> dict[str, list[int]] | None:
+    """With `pin` and two CPUs or more: the proxy alone on the first, every other process of the bench
+    (engine, brokers, this one with its harnesses) on the rest — the proxy's own core, as where it runs
+    beside GPU engines, rather than a share of the engine's."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return None
+    for pid in (*others, os.getpid()):
+        _set_affinity(pid, cpus[1:])
+    _set_affinity(proxy, cpus[:1])
+    return {"proxy": cpus[:1], "engine_brokers_harnesses": cpus[1:]}
+
+
+def _set_affinity(pid: int, cpus: list[int]) -> None:
+    """Every thread of the process (sched_setaffinity sets one thread; threads started later inherit)."""
+    for thread in psutil.Process(pid).threads():
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+            os.sched_setaffinity(thread.id, cpus)
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def _overhead_buckets(text: str) -> dict[float, float]:
@@ -162,7 +269,7 @@ class Load:
         step: int,
         concurrency: int,
         stub: proxy_pb2_grpc.ProxyStub,
-        http: httpx.AsyncClient,
+        tool_s: float,
         base_url: str,
         bus: EventBus,
         redis: Any,
@@ -207,7 +314,11 @@ class Load:
                     ev.ExecutionStarted(execution=ref, runner_id="load", engine_id="cell-0"),
                     event_id=f"started:{eid}",
                 )
-        tasks = [asyncio.create_task(h.run(http, base_url, self.args.turns)) for h in opened]
+        host, port = urlsplit(base_url).hostname or "127.0.0.1", urlsplit(base_url).port or 80
+        rng = random.Random(step)
+        tasks = [
+            asyncio.create_task(h.run(Connection(host, port), self.args.turns, tool_s, rng)) for h in opened
+        ]
         _, pending = await asyncio.wait(tasks, timeout=self.args.step_timeout_s or None)
         for task in pending:  # out of time: the step is reported as cut, its unfinished executions counted
             task.cancel()
@@ -307,10 +418,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         memory: dict[int, int] = {}
         num_keys: dict[int, int] = {}
         grown_per_execution: list[float] = []
-        limits = httpx.Limits(max_connections=max(levels) + 16, max_keepalive_connections=max(levels) + 16)
         async with (
             grpc.aio.insecure_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
-            httpx.AsyncClient(timeout=600, limits=limits) as http,
+            httpx.AsyncClient(timeout=600) as http,
         ):
             stub = proxy_pb2_grpc.ProxyStub(channel)
             await stub.UpdateRoutes(
@@ -320,16 +430,26 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 )
             )
             flat = args.flat_concurrency or levels[0]
-            plan = [flat] * args.steps + (levels[1:] if flat == levels[0] and args.steps > 0 else levels)
-            for step, concurrency in enumerate(plan):
+            # (concurrency, tool time, entry): the flatness steps run back to back (the proxy saturated),
+            # then each level once at the paced call rate.
+            plan = [(flat, 0.0, "saturated")] * args.steps + [(c, args.tool_s, str(c)) for c in levels]
+            affinity = _pin(args.pin, proxy_proc.pid, [engine_proc.pid, nats.proc.pid, redis_server.proc.pid])
+            cpu = {
+                "proxy": psutil.Process(proxy_proc.pid),
+                "engine": psutil.Process(engine_proc.pid),
+                "harnesses": psutil.Process(),
+            }
+            for step, (concurrency, tool_s, key) in enumerate(plan):
                 body = {"entries": [{"text": OUTPUT}] * (concurrency * args.turns), "replace": True}
                 (await http.post(f"{engine_url}/gyre/script", json=body)).raise_for_status()
                 scrape = _overhead_buckets((await http.get(metrics_url)).text)
+                cpu_before = {name: _cpu_s(proc) for name, proc in cpu.items()}
                 start = time.perf_counter()
                 harnesses, grown = await load.step(
-                    step, concurrency, stub, http, endpoint["base_url"], bus, redis
+                    step, concurrency, stub, tool_s, endpoint["base_url"], bus, redis
                 )
                 wall_s = time.perf_counter() - start
+                cpu_used = {name: _cpu_s(proc) - cpu_before[name] for name, proc in cpu.items()}
                 after = _overhead_buckets((await http.get(metrics_url)).text)
                 memory[step + 1] = int((await redis.info("memory"))["used_memory"])
                 num_keys[step + 1] = len(
@@ -337,8 +457,18 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 )
                 grown_per_execution.append(grown / concurrency)
                 entry = results.setdefault(
-                    str(concurrency),
-                    {"latencies": [], "errors": 0, "calls": 0, "wall_s": 0.0, "p50": [], "p99": []},
+                    key,
+                    {
+                        "concurrency": concurrency,
+                        "tool_s": tool_s,
+                        "latencies": [],
+                        "errors": 0,
+                        "calls": 0,
+                        "wall_s": 0.0,
+                        "p50": [],
+                        "p99": [],
+                        "cpu_s": dict.fromkeys(cpu, 0.0),
+                    },
                 )
                 entry["latencies"] += [x for h in harnesses for x in h.latencies_s]
                 entry["errors"] += sum(len(h.errors) for h in harnesses)
@@ -350,11 +480,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 entry["wall_s"] += wall_s
                 entry["p50"].append(_histogram_quantile(scrape, after, 0.5))
                 entry["p99"].append(_histogram_quantile(scrape, after, 0.99))
+                for name, used in cpu_used.items():
+                    entry["cpu_s"][name] += used
                 print(
                     json.dumps(
                         {
                             "step": step + 1,
                             "concurrency": concurrency,
+                            "tool_s": tool_s,
                             "wall_s": round(wall_s, 2),
                             "used_memory": memory[step + 1],
                             "keys": num_keys[step + 1],
@@ -387,21 +520,32 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     def level(entry: dict[str, Any]) -> dict[str, Any]:
         p50s = [p for p in entry["p50"] if p is not None]
         p99s = [p for p in entry["p99"] if p is not None]
+        calls = entry["calls"]
         return {
+            "concurrency": entry["concurrency"],
+            "tool_s": entry["tool_s"],
             "proxy_overhead_ms_p50": _ms(statistics.median(p50s)) if p50s else None,
             "proxy_overhead_ms_p99": _ms(max(p99s)) if p99s else None,
             "client_ms_p50": _ms(statistics.median(entry["latencies"])) if entry["latencies"] else None,
             "client_ms_p99": _ms(_percentile(entry["latencies"], 0.99)) if entry["latencies"] else None,
             "errors": entry["errors"],
             "error_samples": entry.get("error_samples", []),
-            "calls": entry["calls"],
-            "calls_per_s": round(entry["calls"] / entry["wall_s"], 1) if entry["wall_s"] else None,
+            "calls": calls,
+            "calls_per_s": round(calls / entry["wall_s"], 1) if entry["wall_s"] else None,
+            "cpu_ms_per_call": {
+                name: round(1000 * used / calls, 2) if calls else None
+                for name, used in entry["cpu_s"].items()
+            },
+            "proxy_cpu_busy": round(entry["cpu_s"]["proxy"] / entry["wall_s"], 3)
+            if entry["wall_s"]
+            else None,
         }
 
     span_s = first_last[1] - first_last[0]
     last = max(memory)
     return {
-        "by_concurrency": {c: level(e) for c, e in results.items()},
+        "by_concurrency": {k: level(e) for k, e in results.items() if k != "saturated"},
+        "saturated": level(results["saturated"]) if "saturated" in results else None,
         "errors": sum(e["errors"] for e in results.values()),
         "lost": len(load.lost),
         "unfinished_at_step_timeout": load.num_cut,
@@ -416,7 +560,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "used_memory_ratio_last_vs_4": round(memory[min(last, args.steps)] / memory[4], 3)
         if 4 in memory
         else None,
+        "cpu_affinity": affinity,
         "turns": args.turns,
+        "tool_s": args.tool_s,
         "initial_kb": args.initial_kb,
         "group_size": args.group_size,
         "flatness_steps": args.steps,
@@ -438,6 +584,12 @@ def main(argv: list[str]) -> None:
         help="executions per flatness step (0 = the first --concurrency level)",
     )
     parser.add_argument("--group-size", type=int, default=8, help="executions per group")
+    parser.add_argument(
+        "--tool-s",
+        type=float,
+        default=TOOL_S,
+        help="mean tool time before each call at the paced levels (exponential; 0 = back to back)",
+    )
     parser.add_argument("--initial-kb", type=int, default=4, help="size of the first request's JSON")
     parser.add_argument(
         "--lines-per-turn", type=int, default=30, help="tool-output lines added per turn (~60 B each)"
@@ -453,6 +605,12 @@ def main(argv: list[str]) -> None:
         type=float,
         default=0.0,
         help="cut a step's harnesses after this long (0 = never); reported as unfinished_at_step_timeout",
+    )
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave every process on every CPU (default: the proxy on a CPU of its own)",
     )
     parser.add_argument("--json", action="store_true", help="accepted: the last line is always JSON")
     args = parser.parse_args(argv)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +90,17 @@ class GenerateRequest:
     return_logprob: bool = False
     return_text_in_logprobs: bool = False
     stream: bool = False
+
+
+def check_token_ids(ids: Sequence[Any], vocab_size: int) -> None:
+    """Refuse anything but ints in [0, vocab_size) (bools too). Checked at C speed — `map(type)` and
+    `min`/`max` over the list — since a prompt is tens of thousands of ids and a per-id Python test
+    was a third of the engine's CPU per request; the slow scan only finds the culprit to name it."""
+    if set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab_size:
+        return
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise RequestRefused(f"input_ids must be token ids in [0, {vocab_size}); got {t!r}")
 
 
 def _typed(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
@@ -186,9 +197,7 @@ def parse_generate(body: Any, tokenizer: Tokenizer, vocab_size: int, max_seq_len
             raise RequestRefused(
                 "batched input_ids (a list of lists) are not supported; send one request per call"
             )
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-                raise RequestRefused(f"input_ids must be token ids in [0, {vocab_size}); got {t!r}")
+        check_token_ids(ids, vocab_size)
     else:
         if not isinstance(text, str):
             raise RequestRefused("batched text (a list) is not supported; send one request per call")

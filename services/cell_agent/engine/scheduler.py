@@ -88,11 +88,10 @@ class EngineCore:
             raise RequestRefused(
                 f"Duplicate request ID {request.rid!r}: a request with this rid is in flight"
             )
-        for t in request.input_ids:
-            if t >= self.backend.vocab_size:
-                raise RequestRefused(
-                    f"input_ids must be token ids in [0, {self.backend.vocab_size}); got {t}"
-                )
+        vocab_size = self.backend.vocab_size
+        if request.input_ids and max(request.input_ids) >= vocab_size:  # max: C speed, no per-id test
+            culprit = next(t for t in request.input_ids if t >= vocab_size)
+            raise RequestRefused(f"input_ids must be token ids in [0, {vocab_size}); got {culprit}")
         gen = request_generator(self.seed, request.rid, request.sampling.sampling_seed)
         state = RequestState(request=request, generator=gen, notify=notify)
         self._by_rid[request.rid] = state
