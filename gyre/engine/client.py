@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     import torch
 
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)
-_CONNECTIONS_PER_SHARD = 16
-_MAX_SHARDS = 128
+_CONNECTIONS_PER_SHARD = 4
+_MAX_SHARDS = 512
 """Up to 2,048 connections per engine before requests queue (HttpShards: why not one big pool)."""
 
 
@@ -186,7 +186,7 @@ class EngineClient:
         stream: bool,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "input_ids": list(input_ids),
+            "input_ids": input_ids if isinstance(input_ids, list) else list(input_ids),
             "sampling_params": dict(sampling_params or {}),
             "return_logprob": return_logprob,
             "stream": stream,

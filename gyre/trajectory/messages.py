@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias
 
+import orjson
+
 JSONValue: TypeAlias = Any
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool"))
@@ -212,9 +214,11 @@ def canonical_form(message: Message) -> list[Any]:
 
 def root_digest(system: str, tools: tuple[ToolSpec, ...]) -> bytes:
     """Key of a root child: the (volatile-free) system prompt and the tool definitions."""
-    tools_json = json.dumps(
-        [t.canonical() for t in tools], ensure_ascii=False, sort_keys=True, separators=(",", ":")
-    )
+    canonical = [t.canonical() for t in tools]
+    try:  # orjson: ~10x faster than json on a harness's tool schemas (tens of KB, every call)
+        tools_json = orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # what orjson refuses (ints beyond 64 bits): the same value always lands here
+        tools_json = json.dumps(canonical, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return _digest_form(["root", system, tools_json])
 
 

@@ -33,6 +33,7 @@ from gyre.trajectory.messages import (
     ToolResultBlock,
     ToolSpec,
     ToolUseBlock,
+    root_digest,
 )
 from gyre.trajectory.templates.base import AppendOnlyReport, ChatTemplate, TemplateError
 
@@ -57,7 +58,7 @@ class HFChatTemplate(ChatTemplate):
     ) -> None:
         super().__init__(tool_call_parser)
         self.tokenizer = tokenizer
-        self._roots: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._roots: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
         template = chat_template or tokenizer.chat_template
         if not template:
             raise TemplateError(f"{tokenizer.source or 'the tokenizer'} has no chat template")
@@ -90,15 +91,17 @@ class HFChatTemplate(ChatTemplate):
     def render_system(self, system: str, tools: Sequence[ToolSpec]) -> list[int]:
         """The root segment. A harness sends the same system prompt and tools to every execution it runs
         (Claude Code's are tens of KB), so the ids of the last few rendered roots are kept: tokenizing
-        them again was a quarter of the proxy's CPU under load (`gyre bench load`)."""
-        text = self._text([{"role": "system", "content": system}], tools, False)
-        ids = self._roots.get(text)
+        them again was a quarter of the proxy's CPU under load (`gyre bench load`). Kept by the root's digest
+        (the rendering is a function of system and tools), so a root seen before is not rendered either."""
+        key = root_digest(system, tuple(tools))
+        ids = self._roots.get(key)
         if ids is None:
-            ids = self._roots[text] = tuple(self._encode(text))
+            text = self._text([{"role": "system", "content": system}], tools, False)
+            ids = self._roots[key] = tuple(self._encode(text))
             while len(self._roots) > _ROOTS_KEPT:
                 del self._roots[next(iter(self._roots))]
         else:
-            self._roots.move_to_end(text)
+            self._roots.move_to_end(key)
         return list(ids)
 
     def render_message(self, message: Message, previous: Message | None = None) -> list[int]:
