@@ -4,7 +4,9 @@ with each step's groups archived out of Redis as the packer does once a step com
     gyre bench load [--concurrency 64,256,1152] [--turns 4] [--steps 12] [--tool-s 10.9] [--json]
 
 Processes: nats-server, redis-server (no AOF), an embedded engine with scripted outputs and the real
-proxy service (`python -m services.proxy`); this process plays the scheduler's records, the runners'
+proxy service (`python -m services.proxy`), on a model with the BPE tokenizer of `gyre model init` (8,192
+ids; ~3.9 bytes per token on the harness's prompt, ~2.2 on tool output — a real model's density, where
+the demo's byte tokenizer makes every byte a token); this process plays the scheduler's records, the runners'
 harnesses and the evaluator. One *step* = `concurrency` executions in groups of `group-size`: their
 records are written (as the scheduler does), each is opened on the proxy, calls it `turns` times with a
 Claude-Code-shaped history that grows by a tool exchange per turn, is closed, gets an outcome (as the
@@ -29,6 +31,7 @@ Prints one JSON object (last line):
                                                    waits, from the proxy's own histogram (interpolated in
                                                    buckets); p99 is the highest of the level's steps
     by_concurrency.{C}.client_ms_p50/p99           harness-seen latency of a call (includes the engine)
+    by_concurrency.{C}.client_ms_p99_by_turn       the same p99 per turn (turn 0: each execution's first call)
     by_concurrency.{C}.errors, .calls, .calls_per_s
     by_concurrency.{C}.cpu_ms_per_call.{proxy,engine,harnesses}   CPU of each process per answered call
                                                    (opening, closing and archiving included)
@@ -369,7 +372,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "nats": {"url": nats.url},
             "redis": {"url": redis_server.url},
             "log": {"level": "warning", "format": "json"},
-            "model": {"path": str(_bench_model(workdir / "model"))},
+            "model": {"path": str(_bench_model(workdir / "model", tokenizer="bpe"))},
             "cell_agent": {
                 "engine": {
                     "output_source": "scripted",
@@ -462,6 +465,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         "concurrency": concurrency,
                         "tool_s": tool_s,
                         "latencies": [],
+                        "by_turn": {},
                         "errors": 0,
                         "calls": 0,
                         "wall_s": 0.0,
@@ -471,6 +475,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     },
                 )
                 entry["latencies"] += [x for h in harnesses for x in h.latencies_s]
+                for h in harnesses:
+                    for turn, x in enumerate(h.latencies_s):
+                        entry["by_turn"].setdefault(turn, []).append(x)
                 entry["errors"] += sum(len(h.errors) for h in harnesses)
                 samples = entry.setdefault("error_samples", [])
                 samples += [e for h in harnesses for e in h.errors if e not in samples][
@@ -528,6 +535,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "proxy_overhead_ms_p99": _ms(max(p99s)) if p99s else None,
             "client_ms_p50": _ms(statistics.median(entry["latencies"])) if entry["latencies"] else None,
             "client_ms_p99": _ms(_percentile(entry["latencies"], 0.99)) if entry["latencies"] else None,
+            "client_ms_p99_by_turn": [
+                _ms(_percentile(xs, 0.99)) for _, xs in sorted(entry["by_turn"].items())
+            ],
             "errors": entry["errors"],
             "error_samples": entry.get("error_samples", []),
             "calls": calls,

@@ -266,9 +266,9 @@ async def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float
     return dict(json.loads(path.read_text()))
 
 
-def _bench_model(out: Path) -> Path:
-    """The demo model's format (byte tokenizer, compact ChatML) with a context that holds 800 KB
-    histories; the engine's outputs are scripted, so the weights never run."""
+def _bench_model(out: Path, tokenizer: str = "byte") -> Path:
+    """The demo model's format (byte tokenizer unless told, compact ChatML) with a context that holds
+    800 KB histories; the engine's outputs are scripted, so the weights never run."""
     dims = {
         "hidden_size": 32,
         "num_hidden_layers": 1,
@@ -278,7 +278,7 @@ def _bench_model(out: Path) -> Path:
         "intermediate_size": 64,
         "max_position_embeddings": 4_000_000,
     }
-    return init_model_dir(out, arch="llama", tokenizer="byte", family="chatml", overrides=dims)
+    return init_model_dir(out, arch="llama", tokenizer=tokenizer, family="chatml", overrides=dims)
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
