@@ -119,25 +119,17 @@ class Connection:
         if not status_line:
             raise ConnectionError("the proxy closed the connection")
         status = int(status_line.split(b" ", 2)[1])
-        length, chunked, close = 0, False, False
+        length, close = 0, False
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode("latin-1").partition(":")
             name, value = name.strip().lower(), value.strip().lower()
             if name == "content-length":
                 length = int(value)
-            elif name == "transfer-encoding" and "chunked" in value:
-                chunked = True
+            elif name == "transfer-encoding":  # the proxy's JSON answers (and errors) carry a length
+                raise ValueError(f"unexpected transfer-encoding {value!r} from the proxy")
             elif name == "connection" and value == "close":
                 close = True
-        if chunked:
-            parts = []
-            while (size := int((await self.reader.readline()).strip(), 16)) > 0:
-                parts.append(await self.reader.readexactly(size))
-                await self.reader.readline()
-            await self.reader.readline()
-            data = b"".join(parts)
-        else:
-            data = await self.reader.readexactly(length)
+        data = await self.reader.readexactly(length)
         if close:
             await self.close()
         return status, data
@@ -317,7 +309,8 @@ class Load:
                     ev.ExecutionStarted(execution=ref, runner_id="load", engine_id="cell-0"),
                     event_id=f"started:{eid}",
                 )
-        host, port = urlsplit(base_url).hostname or "127.0.0.1", urlsplit(base_url).port or 80
+        url = urlsplit(base_url)
+        host, port = url.hostname or "127.0.0.1", url.port or 80
         rng = random.Random(step)
         tasks = [
             asyncio.create_task(h.run(Connection(host, port), self.args.turns, tool_s, rng)) for h in opened
@@ -464,7 +457,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     {
                         "concurrency": concurrency,
                         "tool_s": tool_s,
-                        "latencies": [],
                         "by_turn": {},
                         "errors": 0,
                         "calls": 0,
@@ -474,7 +466,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         "cpu_s": dict.fromkeys(cpu, 0.0),
                     },
                 )
-                entry["latencies"] += [x for h in harnesses for x in h.latencies_s]
                 for h in harnesses:
                     for turn, x in enumerate(h.latencies_s):
                         entry["by_turn"].setdefault(turn, []).append(x)
@@ -528,13 +519,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         p50s = [p for p in entry["p50"] if p is not None]
         p99s = [p for p in entry["p99"] if p is not None]
         calls = entry["calls"]
+        latencies = [x for xs in entry["by_turn"].values() for x in xs]
         return {
             "concurrency": entry["concurrency"],
             "tool_s": entry["tool_s"],
             "proxy_overhead_ms_p50": _ms(statistics.median(p50s)) if p50s else None,
             "proxy_overhead_ms_p99": _ms(max(p99s)) if p99s else None,
-            "client_ms_p50": _ms(statistics.median(entry["latencies"])) if entry["latencies"] else None,
-            "client_ms_p99": _ms(_percentile(entry["latencies"], 0.99)) if entry["latencies"] else None,
+            "client_ms_p50": _ms(statistics.median(latencies)) if latencies else None,
+            "client_ms_p99": _ms(_percentile(latencies, 0.99)) if latencies else None,
             "client_ms_p99_by_turn": [
                 _ms(_percentile(xs, 0.99)) for _, xs in sorted(entry["by_turn"].items())
             ],

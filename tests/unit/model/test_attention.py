@@ -38,6 +38,16 @@ def naive_attention(q, k, v, mask):
     return torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), v)
 
 
+def assert_same_values_and_gradients(out, full, inputs, gen):
+    """`out` equals `full` (1e-12), and so do their gradients w.r.t. `inputs` under random weights."""
+    assert torch.allclose(out, full, atol=1e-12)
+    weights = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    expected = torch.autograd.grad((full * weights).sum(), inputs)
+    for got, want in zip(grads, expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-12)
+
+
 def test_attention_equals_masked_softmax_over_the_whole_pack():
     gen = torch.Generator().manual_seed(0)
     cu = torch.tensor([0, 3, 4, 9, 16], dtype=torch.int32)
@@ -110,12 +120,7 @@ def test_tree_attention_equals_masked_softmax_with_the_ancestor_mask(kv_heads):
     groups = 4 // kv_heads
     mask = packed_attention_mask(TREE_CU, TREE)
     full = naive_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), mask)
-    assert torch.allclose(out, full, atol=1e-12)
-    weights = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
-    expected = torch.autograd.grad((full * weights).sum(), (q, k, v))
-    for got, want in zip(grads, expected, strict=True):
-        assert torch.allclose(got, want, atol=1e-12)
+    assert_same_values_and_gradients(out, full, (q, k, v), gen)
 
 
 def test_each_path_of_a_tree_row_is_computed_as_if_alone():
@@ -146,12 +151,7 @@ def test_tree_attention_and_its_gradient_equal_the_dense_mask_on_random_trees(tr
     )
     out = packed_attention(q, k, v, cu, layout)
     full = naive_attention(q, k, v, packed_attention_mask(cu, layout))
-    assert torch.allclose(out, full, atol=1e-12)
-    weights = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
-    expected = torch.autograd.grad((full * weights).sum(), (q, k, v))
-    for got, want in zip(grads, expected, strict=True):
-        assert torch.allclose(got, want, atol=1e-12)
+    assert_same_values_and_gradients(out, full, (q, k, v), gen)
 
 
 def test_tree_attention_in_bfloat16_stays_within_its_rounding_of_float32():
@@ -172,11 +172,4 @@ def test_the_masked_fallback_for_other_devices_equals_the_merged_cpu_kernel():
     inputs = (q, context_k, context_v, k, v)
     merged = attention._ContextThenCausal.apply(*(x[None] for x in inputs), None)[0]
     masked = attention._masked_context_attention(*inputs, None)
-    assert torch.allclose(merged, masked, atol=1e-12)
-    weights = torch.randn(merged.shape, generator=gen, dtype=torch.float64)
-    for got, want in zip(
-        torch.autograd.grad((merged * weights).sum(), inputs),
-        torch.autograd.grad((masked * weights).sum(), inputs),
-        strict=True,
-    ):
-        assert torch.allclose(got, want, atol=1e-12)
+    assert_same_values_and_gradients(merged, masked, inputs, gen)
