@@ -1,7 +1,8 @@
 """Service lifecycle helpers: a supervisor for background tasks and signal handling.
 
 Background tasks are supervised: the first crash is raised from `wait()` (never swallowed), and
-`stop()` cancels the rest within a time cap. Signal handlers only set an event.
+`stop()` cancels the rest within a time cap. Signal handlers only set an event. `hold_grpc_aio` keeps
+gRPC AsyncIO's poller alive for the life of a process (why: its docstring).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import asyncio
 import signal
 from collections.abc import Coroutine
 from typing import Any
+
+import grpc.aio
 
 from gyre.log import get_logger
 
@@ -54,6 +57,27 @@ class Supervisor:
             self._failed.cancel()
         elif not self._failed.cancelled():
             self._failed.exception()  # mark retrieved; it was raised from wait() or logged
+
+
+_grpc_aio_held = False
+
+
+def hold_grpc_aio() -> None:
+    """Start gRPC AsyncIO's process-wide completion-queue poller once and never shut it down.
+
+    grpc.aio starts its poller thread with the first aio object (server, channel) and shuts it down when
+    the last one is freed, joining the thread. That join can hang forever (grpc 1.85; grpc/grpc#40989):
+    the poller wakes event loops by writing one byte per event to a socket pair that only a *running*
+    bound loop reads, so events that arrive after the loops stopped fill the socket's buffer, the poller
+    blocks in `write`, and never sees the shutdown. A process that opens and frees channels from loop
+    after loop meets it: the supervisor's health checks, and a pytest session with a loop per test (CI
+    once hung 300 s in the last test's teardown there). Holding one reference from the start keeps the
+    poller up until the process exits, where grpc skips the shutdown. Call it at a process's start,
+    from the main thread; a second call does nothing."""
+    global _grpc_aio_held
+    if not _grpc_aio_held:
+        grpc.aio.init_grpc_aio()
+        _grpc_aio_held = True
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

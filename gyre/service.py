@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from gyre.bus import EventBus
 from gyre.config import ConfigError, GyreConfig, load_config
-from gyre.lifecycle import Supervisor, install_signal_handlers
+from gyre.lifecycle import Supervisor, hold_grpc_aio, install_signal_handlers
 from gyre.log import bind_context, configure_logging, get_logger
 from gyre.metrics import CombinedRegistry, MetricsListener, process_registry
 from gyre.model.arch import ModelError
@@ -201,6 +201,7 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     configure_logging(config.log.format, config.log.level)
+    hold_grpc_aio()
 
     stop_timeout_s = config.run.supervisor.service_stop_timeout_s
 

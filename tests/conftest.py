@@ -15,8 +15,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from gyre.bus import EventBus
+from gyre.lifecycle import hold_grpc_aio
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.store import Keys, connect_redis
+
+# Tests create and free gRPC aio servers and channels on a fresh event loop each: without this, the
+# last free shuts grpc's poller down and that can hang the session (gyre/lifecycle.py, hold_grpc_aio).
+hold_grpc_aio()
 
 
 @pytest.fixture(scope="session")

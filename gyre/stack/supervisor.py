@@ -35,6 +35,7 @@ import psutil
 from grpc_health.v1 import health_pb2
 
 from gyre.config import GyreConfig, load_config
+from gyre.lifecycle import hold_grpc_aio
 from gyre.log import configure_logging, get_logger
 from gyre.stack.events import ExitPublisher
 from gyre.stack.health import grpc_health_async, last_error, tail
@@ -346,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config = load_config(args.config)
     configure_logging(config.log.format, config.log.level)
+    hold_grpc_aio()  # health checks open and free a channel each: see its docstring
     servers = {s for s in args.servers.split(",") if s}
     supervisor = StackSupervisor(config, args.config.resolve(), servers, args.wait_s)
     raise SystemExit(asyncio.run(supervisor.run()))
