@@ -73,11 +73,26 @@ def hold_grpc_aio() -> None:
     after loop meets it: the supervisor's health checks, and a pytest session with a loop per test (CI
     once hung 300 s in the last test's teardown there). Holding one reference from the start keeps the
     poller up until the process exits, where grpc skips the shutdown. Call it at a process's start,
-    from the main thread; a second call does nothing."""
+    from the main thread, inside its event loop or before it has one (a loop of its own then lends grpc
+    one to bind: uvloop's policy has no default loop); a second call does nothing."""
     global _grpc_aio_held
-    if not _grpc_aio_held:
+    if _grpc_aio_held:
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(_init_grpc_aio())
+        finally:
+            loop.close()
+    else:
         grpc.aio.init_grpc_aio()
-        _grpc_aio_held = True
+    _grpc_aio_held = True
+
+
+async def _init_grpc_aio() -> None:
+    grpc.aio.init_grpc_aio()
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

@@ -201,11 +201,11 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     configure_logging(config.log.format, config.log.level)
-    hold_grpc_aio()
 
     stop_timeout_s = config.run.supervisor.service_stop_timeout_s
 
     async def main() -> None:
+        hold_grpc_aio()
         stop = asyncio.Event()
         install_signal_handlers(stop)
         service = cls(config, args.instance)
