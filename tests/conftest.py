@@ -3,6 +3,7 @@ never the machine's default ports), with per-test isolation through unique run i
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import redis.asyncio as aioredis
+import structlog
 
 from gyre.bus import EventBus
 from gyre.lifecycle import hold_grpc_aio
@@ -22,6 +24,21 @@ from gyre.store import Keys, connect_redis
 # Tests create and free gRPC aio servers and channels on a fresh event loop each: without this, the
 # last free shuts grpc's poller down and that can hang the session (gyre/lifecycle.py, hold_grpc_aio).
 hold_grpc_aio()
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Each test ends with the logging configuration it started with. A test that runs a `gyre` command in
+    process (typer's CliRunner) lets it configure structlog and the root handler on the runner's captured
+    stderr, which is closed when the command returns; without this every later log line of the session
+    failed ("I/O operation on closed file") and took the services of later tests down with it."""
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**config)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
