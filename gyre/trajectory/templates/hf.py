@@ -80,6 +80,10 @@ class HFChatTemplate(ChatTemplate):
             raise TemplateError("the generation prompt rewrites the conversation before it")
         self._generation_text = with_prompt[len(without) :]
         self._generation_prompt = self._encode(self._generation_text)
+        _, tail = self._split_assistant(Message("assistant", (TextBlock(_STUB),)))
+        self._close_stopped = self._encode(tail)
+        """What the template supplies after an output that ended on a stop token (every call's commit)."""
+        self._close_open = self._encode(self.end_of_turn + tail)
         self.report = self.check_append_only(*probe_conversation())
         if strict:
             self.report.raise_if_violated(self.name)
@@ -115,10 +119,7 @@ class HFChatTemplate(ChatTemplate):
         return self._encode(body)
 
     def close_output(self, output_ids: Sequence[int]) -> list[int]:
-        _, tail = self._split_assistant(Message("assistant", (TextBlock(_STUB),)))
-        if output_ids and output_ids[-1] in self._stop:
-            return self._encode(tail)
-        return self._encode(self.end_of_turn + tail)
+        return list(self._close_stopped if output_ids and output_ids[-1] in self._stop else self._close_open)
 
     def decode_output(self, output_ids: Sequence[int]) -> str:
         ids = list(output_ids)

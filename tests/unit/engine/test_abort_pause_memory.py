@@ -120,7 +120,7 @@ async def test_pause_retract_frees_kv_and_recomputes_exactly_on_continue() -> No
 
 async def test_pause_rejects_an_unknown_mode() -> None:
     async with serve() as (_, client):
-        response = await client.http.post("/pause_generation", json={"mode": "sideways"})
+        response = await client.request("POST", "/pause_generation", json={"mode": "sideways"})
         assert response.status_code == 400 and "Invalid mode" in response.json()["error"]["message"]
 
 

@@ -32,8 +32,8 @@ class Engine:
         """Make the next request produce `num_tokens` tokens (queues a script for `scripted`)."""
         if self.name in ("scripted", "scored_script"):
             ids = [65 + i % 26 for i in range(num_tokens)]
-            response = await self.client.http.post(
-                "/gyre/script", json={"entries": [{"output_ids": ids, "finish": "length", **entry}]}
+            response = await self.client.request(
+                "POST", "/gyre/script", json={"entries": [{"output_ids": ids, "finish": "length", **entry}]}
             )
             assert response.status_code == 200
 
@@ -155,8 +155,8 @@ async def test_kv_migration_between_two_engines(engine: Engine) -> None:
         assert first.finish_reason is not None and first.finish_reason.aborted
         assert moved.num_tokens == moved.pinned_tokens >= len(ids)
         if engine.name in ("scripted", "scored_script"):
-            await destination.http.post(
-                "/gyre/script", json={"entries": [{"output_ids": [66], "finish": "length"}]}
+            await destination.request(
+                "POST", "/gyre/script", json={"entries": [{"output_ids": [66], "finish": "length"}]}
             )
         again = await destination.generate(
             [*ids, *first.output_ids], {"max_new_tokens": 1, "ignore_eos": True}

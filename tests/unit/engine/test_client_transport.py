@@ -1,13 +1,17 @@
-"""Client transport rules without a server: retries on failed connects only, HTTP → exception
-mapping, and normalization of cumulative and incremental streams."""
+"""Client transport rules against a real HTTP server on loopback (aiohttp.web, answering as scripted): retries
+on failed connects only, HTTP → exception mapping, and normalization of cumulative and incremental streams."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import httpx
 import orjson
 import pytest
+from aiohttp import web
 
 from gyre.engine import (
     EngineClient,
@@ -21,53 +25,116 @@ from gyre.engine import (
 from gyre.engine.types import StreamAccumulator
 
 OK_BODY = {"text": "hi", "output_ids": [104, 105], "meta_info": {"id": "r", "completion_tokens": 2}}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def client_with(handler: Any, **kwargs: Any) -> EngineClient:
-    http = httpx.AsyncClient(base_url="http://engine", transport=httpx.MockTransport(handler))
-    return EngineClient("http://engine", http=http, retry_backoff_s=0.0, **kwargs)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-async def test_failed_connects_are_retried_then_succeed() -> None:
-    attempts = 0
+class Scripted:
+    """An HTTP server on 127.0.0.1 whose every request `handler` answers; it counts the requests."""
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal attempts
-        attempts += 1
-        if attempts < 3:
-            raise httpx.ConnectError("refused", request=request)
-        return httpx.Response(200, json=OK_BODY)
+    def __init__(self, handler: Handler, port: int | None = None) -> None:
+        self.handler, self.port, self.requests = handler, port or _free_port(), 0
+        self._runner: web.AppRunner | None = None
 
-    result = await client_with(handler, max_connect_retries=3).generate([1])
-    assert attempts == 3 and result.output_ids == [104, 105]
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        return await self.handler(request)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def client(self, **kwargs: Any) -> EngineClient:
+        return EngineClient(f"http://127.0.0.1:{self.port}", retry_backoff_s=0.0, **kwargs)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Scripted]]]:
+    servers: list[Scripted] = []
+
+    async def start(handler: Handler) -> Scripted:
+        server = Scripted(handler)
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+def _json(body: Any, status: int = 200) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        if body is None:
+            return web.Response(status=status, text="Internal Server Error")
+        return web.json_response(body, status=status)
+
+    return handler
+
+
+async def test_failed_connects_are_retried_until_the_server_listens() -> None:
+    server = Scripted(_json(OK_BODY))
+    client = EngineClient(f"http://127.0.0.1:{server.port}", max_connect_retries=6, retry_backoff_s=0.05)
+    try:
+        request = asyncio.create_task(client.generate([1]))
+        await asyncio.sleep(0.3)  # refused at first: nothing listens yet
+        assert not request.done()
+        await server.start()
+        result = await request
+        assert result.output_ids == [104, 105] and server.requests == 1
+    finally:
+        await client.aclose()
+        await server.stop()
 
 
 async def test_connects_give_up_after_the_retry_budget() -> None:
-    attempts = 0
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal attempts
-        attempts += 1
-        raise httpx.ConnectError("refused", request=request)
-
-    with pytest.raises(EngineUnavailable, match="cannot connect"):
-        await client_with(handler, max_connect_retries=2).generate([1])
-    assert attempts == 3
-    assert not await client_with(handler, max_connect_retries=0).health()
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens
+    async with EngineClient(url, max_connect_retries=2, retry_backoff_s=0.1) as client:
+        start = time.monotonic()
+        with pytest.raises(EngineUnavailable, match="cannot connect"):
+            await client.generate([1])
+        assert time.monotonic() - start >= 0.1 + 0.2  # two retries, with their backoff
+    async with EngineClient(url, max_connect_retries=0) as client:
+        assert not await client.health()
 
 
-@pytest.mark.parametrize("error", [httpx.ReadTimeout, httpx.ReadError])
-async def test_errors_after_the_request_was_sent_are_not_retried(error: type[Exception]) -> None:
-    attempts = 0
+async def test_a_read_timeout_is_not_retried(serve: Any) -> None:
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(5)
+        return web.json_response(OK_BODY)
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal attempts
-        attempts += 1
-        raise error("lost", request=request)  # type: ignore[call-arg]
+    server = await serve(slow)
+    async with server.client(max_connect_retries=5) as client:
+        with pytest.raises(EngineTimeout):
+            await client.generate([1], timeout_s=0.3)
+    assert server.requests == 1
 
-    with pytest.raises(EngineTimeout if error is httpx.ReadTimeout else EngineUnavailable):
-        await client_with(handler, max_connect_retries=5).generate([1])
-    assert attempts == 1
+
+async def test_a_connection_lost_after_the_request_was_sent_is_not_retried(serve: Any) -> None:
+    async def hang_up(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        request.transport.abort()
+        await asyncio.sleep(1)
+        return web.Response()
+
+    server = await serve(hang_up)
+    async with server.client(max_connect_retries=5) as client:
+        with pytest.raises(EngineUnavailable, match="connection failed"):
+            await client.generate([1])
+    assert server.requests == 1
 
 
 @pytest.mark.parametrize(
@@ -87,31 +154,67 @@ async def test_errors_after_the_request_was_sent_are_not_retried(error: type[Exc
     ],
 )
 async def test_http_errors_map_to_one_class_each(
-    status: int, body: Any, cls: type[Exception], message: str
+    serve: Any, status: int, body: Any, cls: type[Exception], message: str
 ) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if body is None:
-            return httpx.Response(status, text="Internal Server Error")
-        return httpx.Response(status, json=body)
-
-    with pytest.raises(cls, match=message) as info:
-        await client_with(handler).generate([1])
-    assert info.value.status_code == status  # type: ignore[attr-defined]
-
-
-async def test_flush_cache_reports_a_refusal_as_false() -> None:
-    assert not await client_with(lambda r: httpx.Response(400, text="Cache flushed.")).flush_cache()
-    assert await client_with(lambda r: httpx.Response(200, text="Cache flushed.")).flush_cache()
+    server = await serve(_json(body, status))
+    async with server.client() as client:
+        with pytest.raises(cls, match=message) as info:
+            await client.generate([1])
+        assert info.value.status_code == status  # type: ignore[attr-defined]
+        with pytest.raises(cls, match=message):  # a streamed request maps the same
+            async for _ in client.generate_stream([1]):
+                pass
 
 
-async def test_stream_error_events_raise() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        events = b'data: {"error": {"message": "bad input"}}\n\ndata: [DONE]\n\n'
-        return httpx.Response(200, content=events, headers={"content-type": "text/event-stream"})
+async def test_flush_cache_reports_a_refusal_as_false(serve: Any) -> None:
+    async def flush(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=400 if server.requests == 1 else 200, text="Cache flushed.")
 
-    with pytest.raises(EngineRequestError, match="bad input"):
-        async for _ in client_with(handler).generate_stream([1]):
-            pass
+    server = await serve(flush)
+    async with server.client() as client:
+        assert not await client.flush_cache()
+        assert await client.flush_cache()
+
+
+def _sse(*events: bytes) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(event)
+        await response.write_eof()
+        return response
+
+    return handler
+
+
+async def test_stream_error_events_raise(serve: Any) -> None:
+    server = await serve(_sse(b'data: {"error": {"message": "bad input"}}\n\n', b"data: [DONE]\n\n"))
+    async with server.client() as client:
+        with pytest.raises(EngineRequestError, match="bad input"):
+            async for _ in client.generate_stream([1]):
+                pass
+
+
+async def test_a_stream_cut_mid_event_is_a_broken_stream(serve: Any) -> None:
+    first = orjson.dumps(_event("a", [10], 1, [-0.1]))
+    server = await serve(_sse(b"data: " + first + b"\n\n", b'data: {"text": "b", "outp'))
+    async with server.client() as client:
+        seen = []
+        with pytest.raises(EngineUnavailable, match="mid-event"):
+            async for chunk in client.generate_stream([1]):
+                seen.append(chunk.new_output_ids)
+        assert seen == [[10]]
+
+
+async def test_a_long_event_line_is_read_whole(serve: Any) -> None:
+    ids = list(range(60_000))  # ~0.5 MB of one data line: SGLang's cumulative events grow with the output
+    event = orjson.dumps(_event("x" * 60_000, ids, len(ids), [-0.5] * len(ids), done=True))
+    server = await serve(_sse(b"data: " + event + b"\n\n", b"data: [DONE]\n\n"))
+    async with server.client() as client:
+        chunks = [c async for c in client.generate_stream([1])]
+    assert chunks[-1].finished and chunks[-1].to_result().output_ids == ids
 
 
 def _event(

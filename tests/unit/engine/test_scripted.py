@@ -66,7 +66,7 @@ async def test_rules_answer_by_the_prompt_and_are_never_used_up() -> None:
             assert (await client.generate(prompt_b, {}, rid=rid)).text == want
         with pytest.raises(EngineRequestError, match="no scripted output"):
             await client.generate(TOK.encode("nothing matches"), {}, rid="r4")
-        assert (await client.http.get("/gyre/script")).json() == {"queued": 0, "rules": 2, "served": 7}
+        assert (await client.request("GET", "/gyre/script")).json() == {"queued": 0, "rules": 2, "served": 7}
 
 
 @pytest.mark.parametrize(
@@ -110,19 +110,19 @@ async def test_finish_length_logprobs_and_request_stop_rules() -> None:
 async def test_script_endpoint_appends_and_replaces() -> None:
     async with serve(SCRIPTED) as (_, client):
         status = (
-            await client.http.post("/gyre/script", json={"entries": [{"text": "a"}, {"text": "b"}]})
+            await client.request("POST", "/gyre/script", json={"entries": [{"text": "a"}, {"text": "b"}]})
         ).json()
         assert status == {"queued": 2, "rules": 0, "served": 0}
         status = (
-            await client.http.post("/gyre/script", json={"entries": [{"text": "c"}], "replace": True})
+            await client.request("POST", "/gyre/script", json={"entries": [{"text": "c"}], "replace": True})
         ).json()
         assert status["queued"] == 1
         assert (await client.generate([1], {})).text == "c"
-        assert (await client.http.get("/gyre/script")).json() == {"queued": 0, "rules": 0, "served": 1}
-        bad = await client.http.post("/gyre/script", json={"entries": [{"txt": "typo"}]})
+        assert (await client.request("GET", "/gyre/script")).json() == {"queued": 0, "rules": 0, "served": 1}
+        bad = await client.request("POST", "/gyre/script", json={"entries": [{"txt": "typo"}]})
         assert bad.status_code == 400 and "txt" in bad.json()["error"]["message"]
     async with serve() as (_, model_client):
-        assert (await model_client.http.get("/gyre/script")).status_code == 404
+        assert (await model_client.request("GET", "/gyre/script")).status_code == 404
 
 
 @pytest.mark.parametrize(
