@@ -132,7 +132,9 @@ class Tokenizer:
     # ---- text ----------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return list(self._backend.encode(text, add_special_tokens=False).ids)
+        """The ids of `text`, without offsets (`encode_batch_fast`: the same ids, ~15% less CPU than
+        `encode`; the proxy encodes every new message of every harness call)."""
+        return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids`; `ValueError` for an id outside the vocabulary (a padded row of the embedding,
