@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import numpy as np
 import orjson
 
 from gyre.engine.errors import (
@@ -144,7 +145,7 @@ class EngineClient:
         """The engine's answer, its body not read yet (the caller releases it)."""
         url = self.base_url + path
         data, headers = (
-            (orjson.dumps(json), _JSON)
+            (orjson.dumps(json, option=orjson.OPT_SERIALIZE_NUMPY), _JSON)
             if json is not None
             else (content, _BYTES if content is not None else None)
         )
@@ -212,7 +213,9 @@ class EngineClient:
         stream: bool,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "input_ids": input_ids if isinstance(input_ids, list) else list(input_ids),
+            # an integer array is written to JSON as is (orjson's numpy support): a prompt of thousands of
+            # ids then costs no list of Python ints on the way (the proxy's prompts are arrays)
+            "input_ids": input_ids if isinstance(input_ids, list | np.ndarray) else list(input_ids),
             "sampling_params": dict(sampling_params or {}),
             "return_logprob": return_logprob,
             "stream": stream,

@@ -245,13 +245,13 @@ def begin_call(
     if recorded is not None:  # a retry of a call whose answer never reached the harness
         metrics.replayed.inc()
         log.info("call_replayed", execution=state.execution_id, node=recorded.node_id)
-        generation = ReplayedGeneration(recorded, prepared.input_ids.tolist(), template.stop_token_ids)
+        generation = ReplayedGeneration(recorded, prepared.input_ids, template.stop_token_ids)
     else:
         generation = Generation(
             router,
             execution_id=state.execution_id,
             call_id=f"{state.execution_id}-{request_id}",
-            prompt_ids=prepared.input_ids.tolist(),
+            prompt_ids=prepared.input_ids,
             sampling=sampling,
             max_new_tokens=max_new_tokens,
             stop_token_ids=template.stop_token_ids,

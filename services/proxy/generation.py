@@ -1,6 +1,6 @@
 """One model call on the rollout engines: generate, and continue elsewhere when the engine leaves.
 
-    generation = Generation(router, execution_id=..., call_id=..., prompt_ids=ids, ...)
+    generation = Generation(router, execution_id=..., call_id=..., prompt_ids=ids, ...)   # ids: an array
     async for new_ids in generation.run():      # ids as the engines produce them
         ...
     generation.output_ids, generation.logprobs, generation.finish   # one output, whatever moved
@@ -25,6 +25,9 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
 
 from gyre.engine import EngineError, EngineRequestError, EngineUnavailable
 from gyre.engine.types import FinishReason
@@ -58,7 +61,7 @@ class Generation:
         *,
         execution_id: str,
         call_id: str,
-        prompt_ids: list[int],
+        prompt_ids: npt.NDArray[np.int32],
         sampling: Mapping[str, Any],
         max_new_tokens: int,
         stop_token_ids: frozenset[int],
@@ -72,6 +75,7 @@ class Generation:
         self.execution_id = execution_id
         self.call_id = call_id
         self.prompt_ids = prompt_ids
+        """Kept as the array the tree built: it goes to the engine's JSON as is (no list of Python ints)."""
         self.sampling = dict(sampling)
         self.requested_max_new_tokens = max_new_tokens
         self.stop_token_ids = stop_token_ids
@@ -224,7 +228,11 @@ class Generation:
         self, engine: Engine, remaining: int
     ) -> AsyncIterator[tuple[list[int], FinishReason | None]]:
         """One request to one engine: (new ids, finish reason when it ended)."""
-        input_ids = self.prompt_ids + self.output_ids if self.output_ids else self.prompt_ids
+        input_ids = (
+            np.concatenate([self.prompt_ids, np.asarray(self.output_ids, dtype=self.prompt_ids.dtype)])
+            if self.output_ids
+            else self.prompt_ids
+        )
         params = {**self.sampling, "max_new_tokens": remaining}
         self.engine_ids.append(engine.engine_id)
         first = len(self.engine_ids) == 1

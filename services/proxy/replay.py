@@ -29,6 +29,9 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
+import numpy as np
+import numpy.typing as npt
+
 from gyre.trajectory import Node, PreparedCall
 from gyre.trajectory.node import NodeKind
 from services.proxy.generation import Finish
@@ -57,7 +60,7 @@ class ReplayedGeneration:
     """The recorded output of `node` as if an engine produced it now (the interface of `Generation`
     that a `ModelCall` uses)."""
 
-    def __init__(self, node: Node, prompt_ids: list[int], stop_token_ids: frozenset[int]) -> None:
+    def __init__(self, node: Node, prompt_ids: npt.NDArray[np.int32], stop_token_ids: frozenset[int]) -> None:
         assert node.sampled is not None
         self.node = node
         self.prompt_ids = prompt_ids

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 from services.proxy.errors import EngineUnavailableError, PromptTooLongError
@@ -31,7 +32,7 @@ def call_on(
         r,
         execution_id="e1",
         call_id="c1",
-        prompt_ids=prompt_ids,
+        prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
         sampling={},
         max_new_tokens=4,
         stop_token_ids=frozenset(),
