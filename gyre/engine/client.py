@@ -38,7 +38,8 @@ that records TITO needs them. Importing this module does not import torch (the p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -151,18 +152,17 @@ class EngineClient:
         )
         timeout = self._timeout(timeout_s) if timeout_s is not None else None
         attempt = 0
-        while True:
-            try:
-                return await self.session.request(method, url, data=data, headers=headers, timeout=timeout)
-            except _RETRYABLE as e:
-                if attempt >= self.max_connect_retries:
-                    raise EngineUnavailable(f"{url}: cannot connect: {e!r}", url=url) from e
-                await asyncio.sleep(self.retry_backoff_s * 2**attempt)
-                attempt += 1
-            except TimeoutError as e:
-                raise EngineTimeout(f"{url}: timed out: {e!r}", url=url) from e
-            except aiohttp.ClientError as e:
-                raise EngineUnavailable(f"{url}: connection failed: {e!r}", url=url) from e
+        with _transport_errors(url):
+            while True:
+                try:
+                    return await self.session.request(
+                        method, url, data=data, headers=headers, timeout=timeout
+                    )
+                except _RETRYABLE as e:
+                    if attempt >= self.max_connect_retries:
+                        raise EngineUnavailable(f"{url}: cannot connect: {e!r}", url=url) from e
+                    await asyncio.sleep(self.retry_backoff_s * 2**attempt)
+                    attempt += 1
 
     async def request(
         self,
@@ -176,27 +176,15 @@ class EngineClient:
         """One request on the engine's base URL and its whole answer, whatever the status (a raw request
         outside this API, such as the embedded engine's `/gyre/script`)."""
         response = await self._open(method, path, json=json, content=content, timeout_s=timeout_s)
-        url = str(response.url)
         try:
-            body = await response.read()
-        except TimeoutError as e:
-            raise EngineTimeout(f"{url}: timed out: {e!r}", url=url) from e
-        except aiohttp.ClientError as e:
-            raise EngineUnavailable(f"{url}: connection failed: {e!r}", url=url) from e
+            with _transport_errors(str(response.url)):
+                return await _read(response)
         finally:
             response.release()
-        return Reply(response.status, body, url, response.reason or "")
 
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        content: bytes | None = None,
-        timeout_s: float | None = None,
-    ) -> Reply:
-        reply = await self.request(method, path, json=json, content=content, timeout_s=timeout_s)
+    async def _call(self, method: str, path: str, **request: Any) -> Reply:
+        """`request`, raising the engine's error for a status of 400 and above."""
+        reply = await self.request(method, path, **request)
         if reply.status_code >= 400:
             raise _error_from(reply)
         return reply
@@ -240,7 +228,7 @@ class EngineClient:
             input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, False
         )
         response = await self._call("POST", "/generate", json=body, timeout_s=timeout_s)
-        return GenerateResult.from_json(orjson.loads(response.content))
+        return GenerateResult.from_json(response.json())
 
     async def generate_stream(
         self,
@@ -261,29 +249,26 @@ class EngineClient:
         url = str(response.url)
         finished = False
         try:
-            if response.status >= 400:
-                raise _error_from(Reply(response.status, await response.read(), url, response.reason or ""))
-            acc = StreamAccumulator()
-            while line := await response.content.readuntil(b"\n", max_size=_MAX_EVENT_BYTES):
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    finished = True
-                    return
-                try:
-                    event = orjson.loads(data)
-                except orjson.JSONDecodeError as e:  # the connection was cut mid-event (a drained engine)
-                    raise EngineUnavailable(f"{url}: stream broke mid-event: {e}", url=url) from e
-                if "error" in event:
-                    raise error_for_status(400, error_message(event, "stream error"), url)
-                chunk = acc.accept(event)
-                finished = chunk.finished
-                yield chunk
-        except TimeoutError as e:
-            raise EngineTimeout(f"{url}: stream timed out: {e!r}", url=url) from e
-        except aiohttp.ClientError as e:
-            raise EngineUnavailable(f"{url}: stream broke: {e!r}", url=url) from e
+            with _transport_errors(url, timed_out="stream timed out", broken="stream broke"):
+                if response.status >= 400:
+                    raise _error_from(await _read(response))
+                acc = StreamAccumulator()
+                while line := await response.content.readuntil(b"\n", max_size=_MAX_EVENT_BYTES):
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        finished = True
+                        return
+                    try:
+                        event = orjson.loads(data)
+                    except orjson.JSONDecodeError as e:  # the connection was cut mid-event (a drained engine)
+                        raise EngineUnavailable(f"{url}: stream broke mid-event: {e}", url=url) from e
+                    if "error" in event:
+                        raise error_for_status(400, error_message(event, "stream error"), url)
+                    chunk = acc.accept(event)
+                    finished = chunk.finished
+                    yield chunk
         finally:
             if finished:
                 response.release()  # the connection goes back to the pool
@@ -356,7 +341,7 @@ class EngineClient:
             abort_all_requests=abort_all_requests,
         )
         response = await self._call("POST", "/update_weights_from_tensor", json=payload)
-        return str(orjson.loads(response.content).get("message", ""))
+        return str(response.json().get("message", ""))
 
     async def update_weights_from_disk(
         self,
@@ -373,7 +358,7 @@ class EngineClient:
             "abort_all_requests": abort_all_requests,
         }
         response = await self._call("POST", "/update_weights_from_disk", json=body)
-        return str(orjson.loads(response.content).get("message", ""))
+        return str(response.json().get("message", ""))
 
     async def init_weights_update_group(
         self,
@@ -397,7 +382,7 @@ class EngineClient:
             "backend": backend,
         }
         response = await self._call("POST", "/init_weights_update_group", json=body, timeout_s=timeout_s)
-        return str(orjson.loads(response.content).get("message", ""))
+        return str(response.json().get("message", ""))
 
     async def update_weights_from_distributed(
         self,
@@ -427,11 +412,11 @@ class EngineClient:
         response = await self._call(
             "POST", "/update_weights_from_distributed", json=body, timeout_s=timeout_s
         )
-        return str(orjson.loads(response.content).get("message", ""))
+        return str(response.json().get("message", ""))
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> str:
         response = await self._call("POST", "/destroy_weights_update_group", json={"group_name": group_name})
-        return str(orjson.loads(response.content).get("message", ""))
+        return str(response.json().get("message", ""))
 
     # ---- health and info ---------------------------------------------------------------------
 
@@ -458,20 +443,20 @@ class EngineClient:
             await asyncio.sleep(poll_s)
 
     async def get_model_info(self) -> dict[str, Any]:
-        return dict(orjson.loads((await self._call("GET", "/get_model_info")).content))
+        return dict((await self._call("GET", "/get_model_info")).json())
 
     async def get_server_info(self) -> dict[str, Any]:
-        return dict(orjson.loads((await self._call("GET", "/get_server_info")).content))
+        return dict((await self._call("GET", "/get_server_info")).json())
 
     async def get_weight_version(self) -> str | None:
-        info = orjson.loads((await self._call("GET", "/get_weight_version")).content)
+        info = (await self._call("GET", "/get_weight_version")).json()
         version = info.get("weight_version")
         return None if version is None else str(version)
 
     # ---- KV migration (embedded engine only) -------------------------------------------------
 
     async def pin_kv(self, rid: str) -> KVPinInfo:
-        data = orjson.loads((await self._call("POST", "/gyre/kv/pin", json={"rid": rid})).content)
+        data = (await self._call("POST", "/gyre/kv/pin", json={"rid": rid})).json()
         return KVPinInfo(
             handle=data["handle"],
             rid=data["rid"],
@@ -483,16 +468,34 @@ class EngineClient:
         return (await self._call("POST", "/gyre/kv/export", json={"handle": handle})).content
 
     async def import_kv(self, payload: bytes) -> int:
-        data = orjson.loads((await self._call("POST", "/gyre/kv/import", content=payload)).content)
+        data = (await self._call("POST", "/gyre/kv/import", content=payload)).json()
         return int(data["num_tokens"])
 
     async def release_kv(self, handle: str) -> None:
         await self._call("POST", "/gyre/kv/release", json={"handle": handle})
 
 
+async def _read(response: aiohttp.ClientResponse) -> Reply:
+    """The whole answer (the caller releases the response)."""
+    return Reply(response.status, await response.read(), str(response.url), response.reason or "")
+
+
+@contextlib.contextmanager
+def _transport_errors(
+    url: str, *, timed_out: str = "timed out", broken: str = "connection failed"
+) -> Iterator[None]:
+    """aiohttp's timeouts and connection failures as the engine errors every caller handles."""
+    try:
+        yield
+    except TimeoutError as e:
+        raise EngineTimeout(f"{url}: {timed_out}: {e!r}", url=url) from e
+    except aiohttp.ClientError as e:
+        raise EngineUnavailable(f"{url}: {broken}: {e!r}", url=url) from e
+
+
 def _error_from(reply: Reply) -> EngineError:
     try:
-        body: Any = orjson.loads(reply.content)
+        body: Any = reply.json()
     except orjson.JSONDecodeError:
         body = None
     fallback = reply.content.decode(errors="replace").strip() or reply.reason
