@@ -12,6 +12,7 @@ The proxy is the writer, the packer the reader:
 
 from gyre.trajectory.admission import AdmittedTrajectory, admit
 from gyre.trajectory.anthropic import anthropic_stop_reason, from_anthropic, to_anthropic_content
+from gyre.trajectory.api_common import MessageMemo
 from gyre.trajectory.codec import decode_node, encode_node
 from gyre.trajectory.materialize import materialize
 from gyre.trajectory.messages import (
@@ -56,6 +57,7 @@ __all__ = [
     "HarnessProfile",
     "LeafClass",
     "Message",
+    "MessageMemo",
     "ModelRequest",
     "Node",
     "NodeKind",

@@ -11,11 +11,13 @@ shape of an engine output; the proxy frames them as SSE.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 from gyre.trajectory.api_common import (
+    MessageMemo,
     expect_dict,
     expect_list,
     get_int,
@@ -23,6 +25,7 @@ from gyre.trajectory.api_common import (
     get_stop,
     get_str,
     lower_headers,
+    memoized,
     reject_media,
 )
 from gyre.trajectory.messages import (
@@ -43,11 +46,19 @@ from gyre.trajectory.output import AssistantOutput
 _MEDIA = frozenset(("image", "document", "file", "container_upload"))
 
 
-def from_anthropic(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> ModelRequest:
-    """Convert an Anthropic Messages request body; raises `RequestError` on malformed input."""
+def from_anthropic(
+    body: Mapping[str, Any], headers: Mapping[str, str] | None = None, memo: MessageMemo | None = None
+) -> ModelRequest:
+    """Convert an Anthropic Messages request body; raises `RequestError` on malformed input. With the
+    execution's `memo`, messages seen in its recent requests are not converted again."""
     body = expect_dict(body, "body")
     raw_messages = expect_list(body.get("messages"), "messages")
-    messages = tuple(_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages))
+    messages = tuple(
+        memoized(memo, m, functools.partial(_message, m, f"messages[{i}]"))
+        for i, m in enumerate(raw_messages)
+    )
+    if memo is not None:
+        memo.end_request()
     tools = tuple(
         _tool(t, f"tools[{i}]") for i, t in enumerate(expect_list(body.get("tools") or [], "tools"))
     )

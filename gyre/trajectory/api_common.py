@@ -7,11 +7,56 @@ looked at, so harnesses may add new ones freely.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from gyre.trajectory.messages import JSONValue, RequestError
+import orjson
+
+from gyre.trajectory.messages import JSONValue, Message, RequestError
+
+
+class MessageMemo:
+    """The messages of an execution's last two requests, by a digest of the raw JSON they came from.
+
+    A harness resends its whole history on every call. Converting it again (a `Message` per item,
+    each hashed) made the proxy's parsing grow with the history: ~9 ms of an 800 KB Claude Code
+    request of 13 ms in all. With a memo a converter builds only what it has not seen: a raw item is
+    serialized (orjson) and hashed, ~2 µs per KB, and what it converted to last time is reused.
+    Conversion is a function of the raw item alone, so a hit is exactly what converting would give.
+
+    An entry stays while one of the last two requests used it: memory is about one history's
+    messages per execution, and two interleaved conversations (a subagent's calls between the main
+    agent's) keep each other's entries. Not shared between executions: their histories differ."""
+
+    __slots__ = ("_before_last", "_current", "_last")
+
+    def __init__(self) -> None:
+        self._current: dict[bytes, Message] = {}
+        self._last: dict[bytes, Message] = {}
+        self._before_last: dict[bytes, Message] = {}
+
+    def __len__(self) -> int:
+        return len(self._current.keys() | self._last.keys() | self._before_last.keys())
+
+    def convert(self, raw: Any, convert: Callable[[], Message]) -> Message:
+        """What `convert()` gives for `raw` (JSON-decoded items), from the memo when seen recently."""
+        try:
+            key = hashlib.sha256(orjson.dumps(raw)).digest()  # SHA-NI: ~3x blake2b's speed here
+        except TypeError:  # what orjson refuses (integers beyond 64 bits): converted every time
+            return convert()
+        message = self._current.get(key) or self._last.get(key) or self._before_last.get(key) or convert()
+        self._current[key] = message
+        return message
+
+    def end_request(self) -> None:
+        """One request's conversion is done: entries none of the last two requests used go."""
+        self._before_last, self._last, self._current = self._last, self._current, {}
+
+
+def memoized(memo: MessageMemo | None, raw: Any, convert: Callable[[], Message]) -> Message:
+    return convert() if memo is None else memo.convert(raw, convert)
 
 
 def expect_dict(value: Any, field: str) -> dict[str, Any]:

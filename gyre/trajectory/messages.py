@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias
@@ -175,16 +175,13 @@ class ModelRequest:
         )
 
 
-def append_tool_result(messages: list[Message], result: ToolResultBlock) -> None:
-    """Add a tool result: consecutive results form ONE `tool` message, as Anthropic's API sends them.
+def tool_results(results: Sequence[ToolResultBlock]) -> Message:
+    """A run of consecutive tool results as ONE `tool` message, as Anthropic's API sends them.
 
     OpenAI's APIs send one message (or item) per result; chat templates that group a run of results
     into one turn (Qwen's) then render each result only once the run is complete, so a message per
     result would not be append-only."""
-    if messages and messages[-1].role == "tool":
-        messages[-1] = Message("tool", (*messages[-1].blocks, result))
-    else:
-        messages.append(Message("tool", (result,)))
+    return Message("tool", tuple(results))
 
 
 def canonical_json(value: JSONValue) -> str:

@@ -11,11 +11,13 @@ a string or text parts; image/audio/file parts raise `RequestError`. Unknown fie
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from gyre.trajectory.api_common import (
+    MessageMemo,
     expect_dict,
     expect_list,
     get_int,
@@ -23,6 +25,7 @@ from gyre.trajectory.api_common import (
     get_stop,
     get_str,
     lower_headers,
+    memoized,
     parse_arguments,
     reject_media,
 )
@@ -32,45 +35,60 @@ from gyre.trajectory.messages import (
     Message,
     ModelRequest,
     RequestError,
+    Role,
     SamplingParams,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolSpec,
     ToolUseBlock,
-    append_tool_result,
+    tool_results,
 )
 from gyre.trajectory.output import AssistantOutput
 
 _MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "file": "file"}
 
 
-def from_openai_chat(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> ModelRequest:
-    """Convert an OpenAI Chat Completions body; raises `RequestError` on malformed input."""
+def from_openai_chat(
+    body: Mapping[str, Any], headers: Mapping[str, str] | None = None, memo: MessageMemo | None = None
+) -> ModelRequest:
+    """Convert an OpenAI Chat Completions body; raises `RequestError` on malformed input. With the
+    execution's `memo`, messages seen in its recent requests are not converted again."""
     body = expect_dict(body, "body")
     raw = expect_list(body.get("messages"), "messages")
     system: list[str] = []
     messages: list[Message] = []
+    results: list[tuple[int, dict[str, Any]]] = []
+    """The run of tool results not added yet: consecutive results are one `tool` message."""
+
+    def add_results() -> None:
+        if results:
+            run = list(results)
+            messages.append(memoized(memo, [item for _, item in run], functools.partial(_tool_results, run)))
+            results.clear()
+
     for i, item in enumerate(raw):
         field = f"messages[{i}]"
         item = expect_dict(item, field)
         role = get_str(item, "role", field)
+        if role in ("tool", "function"):
+            results.append((i, item))
+            continue
+        add_results()
         if role in ("system", "developer"):
-            text = _content_text(item.get("content"), f"{field}.content")
             if not messages:
-                system.append(text)
+                system.append(_content_text(item.get("content"), f"{field}.content"))
             else:
-                messages.append(Message.text("system", text))
+                messages.append(memoized(memo, item, functools.partial(_text_message, "system", item, field)))
         elif role == "user":
-            messages.append(Message.text("user", _content_text(item.get("content"), f"{field}.content")))
+            messages.append(memoized(memo, item, functools.partial(_text_message, "user", item, field)))
         elif role == "assistant":
-            messages.append(_assistant(item, field))
-        elif role in ("tool", "function"):
-            call_id = get_str(item, "tool_call_id" if role == "tool" else "name", field)
-            result = ToolResultBlock(call_id, _content_text(item.get("content"), f"{field}.content"))
-            append_tool_result(messages, result)
+            messages.append(memoized(memo, item, functools.partial(_assistant, item, field)))
         else:
             raise RequestError(f"unknown role {role!r}", f"{field}.role")
+    add_results()
+    if memo is not None:
+        memo.end_request()
     tools = tuple(
         _tool(t, f"tools[{i}]") for i, t in enumerate(expect_list(body.get("tools") or [], "tools"))
     )
@@ -114,6 +132,20 @@ def to_openai_chat_message(output: AssistantOutput) -> dict[str, Any]:
 def openai_finish_reason(output: AssistantOutput) -> str:
     """`tool_calls`, `stop` or `length`."""
     return output.finish_reason
+
+
+def _text_message(role: Role, item: dict[str, Any], field: str) -> Message:
+    return Message.text(role, _content_text(item.get("content"), f"{field}.content"))
+
+
+def _tool_results(run: list[tuple[int, dict[str, Any]]]) -> Message:
+    """One `tool` message from a run of tool (or legacy function) results (`tool_results`)."""
+    blocks: list[ToolResultBlock] = []
+    for i, item in run:
+        field = f"messages[{i}]"
+        call_id = get_str(item, "tool_call_id" if item.get("role") == "tool" else "name", field)
+        blocks.append(ToolResultBlock(call_id, _content_text(item.get("content"), f"{field}.content")))
+    return tool_results(blocks)
 
 
 def _assistant(item: dict[str, Any], field: str) -> Message:

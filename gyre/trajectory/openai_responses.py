@@ -12,18 +12,21 @@ output is one tool message. Images and files raise `RequestError`; unknown items
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from gyre.trajectory.api_common import (
+    MessageMemo,
     expect_dict,
     expect_list,
     get_int,
     get_number,
     get_str,
     lower_headers,
+    memoized,
     parse_arguments,
     reject_media,
 )
@@ -33,13 +36,14 @@ from gyre.trajectory.messages import (
     Message,
     ModelRequest,
     RequestError,
+    Role,
     SamplingParams,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolSpec,
     ToolUseBlock,
-    append_tool_result,
+    tool_results,
 )
 from gyre.trajectory.output import AssistantOutput
 
@@ -48,8 +52,11 @@ _ASSISTANT_ITEMS = frozenset(("reasoning", "function_call", "custom_tool_call"))
 _OUTPUT_ITEMS = frozenset(("function_call_output", "custom_tool_call_output"))
 
 
-def from_openai_responses(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> ModelRequest:
-    """Convert an OpenAI Responses body; raises `RequestError` on malformed input."""
+def from_openai_responses(
+    body: Mapping[str, Any], headers: Mapping[str, str] | None = None, memo: MessageMemo | None = None
+) -> ModelRequest:
+    """Convert an OpenAI Responses body; raises `RequestError` on malformed input. With the execution's
+    `memo`, messages seen in its recent requests are not converted again."""
     body = expect_dict(body, "body")
     system: list[str] = []
     instructions = body.get("instructions")
@@ -62,37 +69,56 @@ def from_openai_responses(body: Mapping[str, Any], headers: Mapping[str, str] | 
         else raw_input
     )
     messages: list[Message] = []
-    turn: list[Block] = []
+    turn: list[tuple[int, dict[str, Any], str]] = []
+    """The assistant items not added yet: consecutive ones are one assistant message."""
+    results: list[tuple[int, dict[str, Any]]] = []
+    """The run of tool outputs not added yet: consecutive ones are one `tool` message."""
+
+    def add_turn() -> None:
+        if turn:
+            run = list(turn)
+            messages.append(
+                memoized(memo, [item for _, item, _ in run], functools.partial(_assistant_turn, run))
+            )
+            turn.clear()
+
+    def add_results() -> None:
+        if results:
+            run = list(results)
+            messages.append(memoized(memo, [item for _, item in run], functools.partial(_tool_outputs, run)))
+            results.clear()
+
     for i, item in enumerate(expect_list(items, "input")):
         field = f"input[{i}]"
         item = expect_dict(item, field)
         kind = item.get("type", "message" if "role" in item else None)
         if kind in _ASSISTANT_ITEMS or (kind == "message" and item.get("role") == "assistant"):
-            turn.extend(_assistant_blocks(item, str(kind), field))
+            add_results()
+            turn.append((i, item, str(kind)))
             continue
-        if turn:
-            messages.append(Message("assistant", tuple(turn)))
-            turn = []
+        add_turn()
         if kind == "message":
+            add_results()
             role = get_str(item, "role", field)
-            text = _content_text(item.get("content"), f"{field}.content")
             if role in ("system", "developer"):
                 if messages:
-                    messages.append(Message.text("system", text))
+                    messages.append(
+                        memoized(memo, item, functools.partial(_text_message, "system", item, field))
+                    )
                 else:
-                    system.append(text)
+                    system.append(_content_text(item.get("content"), f"{field}.content"))
             elif role == "user":
-                messages.append(Message.text("user", text))
+                messages.append(memoized(memo, item, functools.partial(_text_message, "user", item, field)))
             else:
                 raise RequestError(f"unknown role {role!r}", f"{field}.role")
         elif kind in _OUTPUT_ITEMS:
-            output = item.get("output", "")
-            text = output if isinstance(output, str) else _content_text(output, f"{field}.output")
-            append_tool_result(messages, ToolResultBlock(get_str(item, "call_id", field), text))
+            results.append((i, item))
         elif kind is None:
             raise RequestError("input item has no type", field)
-    if turn:
-        messages.append(Message("assistant", tuple(turn)))
+    add_turn()
+    add_results()
+    if memo is not None:
+        memo.end_request()
     tools = tuple(
         _tool(t, f"tools[{i}]") for i, t in enumerate(expect_list(body.get("tools") or [], "tools"))
     )
@@ -155,6 +181,27 @@ def to_responses_output(output: AssistantOutput) -> list[dict[str, Any]]:
 
 def _short(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+def _text_message(role: Role, item: dict[str, Any], field: str) -> Message:
+    return Message.text(role, _content_text(item.get("content"), f"{field}.content"))
+
+
+def _assistant_turn(run: list[tuple[int, dict[str, Any], str]]) -> Message:
+    return Message(
+        "assistant", tuple(b for i, item, kind in run for b in _assistant_blocks(item, kind, f"input[{i}]"))
+    )
+
+
+def _tool_outputs(run: list[tuple[int, dict[str, Any]]]) -> Message:
+    """One `tool` message from a run of tool outputs (`tool_results`)."""
+    blocks: list[ToolResultBlock] = []
+    for i, item in run:
+        field = f"input[{i}]"
+        output = item.get("output", "")
+        text = output if isinstance(output, str) else _content_text(output, f"{field}.output")
+        blocks.append(ToolResultBlock(get_str(item, "call_id", field), text))
+    return tool_results(blocks)
 
 
 def _assistant_blocks(item: dict[str, Any], kind: str, field: str) -> list[Block]:

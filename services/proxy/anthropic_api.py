@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gyre.log import bind_context, get_logger
-from gyre.trajectory import Api, ModelRequest, from_anthropic, to_anthropic_content
+from gyre.trajectory import Api, MessageMemo, ModelRequest, from_anthropic, to_anthropic_content
 from services.proxy.anthropic_sse import AnthropicStream, stop_reason, usage
 from services.proxy.api import (
     ApiAdapter,
@@ -51,8 +51,8 @@ class AnthropicAdapter(ApiAdapter):
     api = Api.ANTHROPIC
     request_id_header = "request-id"
 
-    def parse(self, body: Any, headers: Mapping[str, str]) -> ModelRequest:
-        return from_anthropic(body, headers)
+    def parse(self, body: Any, headers: Mapping[str, str], memo: MessageMemo | None = None) -> ModelRequest:
+        return from_anthropic(body, headers, memo)
 
     def answer(self, call: ModelCall, result: CallResult) -> dict[str, Any]:
         return {

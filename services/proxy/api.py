@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gyre.log import bind_context, get_logger
-from gyre.trajectory import Api, ModelRequest, RequestError
+from gyre.trajectory import Api, MessageMemo, ModelRequest, RequestError
 from services.proxy.calls import CallResult, ModelCall
 from services.proxy.errors import BodyTooLargeError, InternalError, InvalidRequestError, ProxyError
 from services.proxy.metrics import OverheadClock
@@ -67,8 +67,9 @@ class ApiAdapter(ABC):
     request_id_header: ClassVar[str] = "x-request-id"
 
     @abstractmethod
-    def parse(self, body: Any, headers: Mapping[str, str]) -> ModelRequest:
-        """The request in the internal model; raises `RequestError` on malformed input."""
+    def parse(self, body: Any, headers: Mapping[str, str], memo: MessageMemo | None = None) -> ModelRequest:
+        """The request in the internal model; raises `RequestError` on malformed input. `memo`: the
+        execution's converted messages (a harness resends its history on every call)."""
 
     def options(self, body: Any) -> dict[str, Any]:
         """API-specific request options the internal model does not carry (kept as `call.options`)."""
@@ -138,13 +139,17 @@ async def read_json(request: Request, max_bytes: int, clock: OverheadClock) -> A
 
 
 def parse_request(
-    core: ProxyCore, adapter: ApiAdapter, body: Any, headers: Mapping[str, str]
+    core: ProxyCore,
+    adapter: ApiAdapter,
+    body: Any,
+    headers: Mapping[str, str],
+    memo: MessageMemo | None = None,
 ) -> ModelRequest:
     """The body in the internal model. A converter that fails on malformed input with anything but
     `RequestError` has a bug: it is logged and counted (`gyre_proxy_conversion_bugs`), and the
     harness still gets the 400 its malformed request deserves."""
     try:
-        return adapter.parse(body, headers)
+        return adapter.parse(body, headers, memo)
     except RequestError as e:
         raise InvalidRequestError(str(e), e.field) from e
     except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
@@ -163,7 +168,7 @@ async def handle_model_call(core: ProxyCore, adapter: ApiAdapter, request: Reque
         state = await core.executions.for_key(api_key_of(request.headers))
         bind_context(execution=state.execution_id)
         body = await read_json(request, core.section.max_body_bytes, clock)
-        model_request = parse_request(core, adapter, body, request.headers)
+        model_request = parse_request(core, adapter, body, request.headers, state.memo)
         call = core.begin(state, model_request, request_id, clock)
         call.options = adapter.options(body)
         if model_request.stream:

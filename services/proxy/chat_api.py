@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gyre.trajectory import Api, ModelRequest, from_openai_chat, to_openai_chat_message
+from gyre.trajectory import Api, MessageMemo, ModelRequest, from_openai_chat, to_openai_chat_message
 from services.proxy.api import ApiAdapter
 from services.proxy.calls import CallResult, ModelCall
 from services.proxy.chat_sse import ChatStream, chat_usage
@@ -36,8 +36,8 @@ def openai_error_body(error: ProxyError) -> dict[str, Any]:
 class ChatAdapter(ApiAdapter):
     api = Api.OPENAI_CHAT
 
-    def parse(self, body: Any, headers: Mapping[str, str]) -> ModelRequest:
-        return from_openai_chat(body, headers)
+    def parse(self, body: Any, headers: Mapping[str, str], memo: MessageMemo | None = None) -> ModelRequest:
+        return from_openai_chat(body, headers, memo)
 
     def options(self, body: Any) -> dict[str, Any]:
         stream_options = body.get("stream_options") if isinstance(body, dict) else None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from gyre.engine import EngineError
 from gyre.log import get_logger
 from gyre.store.trees import TreeMeta, TreeStore
-from gyre.trajectory import ChatTemplate, Node, TrajectoryTree, get_profile
+from gyre.trajectory import ChatTemplate, MessageMemo, Node, TrajectoryTree, get_profile
 from services.proxy.credentials import Credentials
 from services.proxy.errors import AuthenticationError, ExecutionClosedError
 from services.proxy.generation import Generation
@@ -41,6 +41,8 @@ class ExecutionState:
     """Generations in flight."""
     pending_writes: int = 0
     writes_idle: asyncio.Event = field(default_factory=asyncio.Event)
+    memo: MessageMemo = field(default_factory=MessageMemo)
+    """The messages of the harness's last requests, converted (see `MessageMemo`)."""
 
     def __post_init__(self) -> None:
         self.writes_idle.set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gyre.trajectory import Api, ModelRequest, from_openai_responses, to_responses_output
+from gyre.trajectory import Api, MessageMemo, ModelRequest, from_openai_responses, to_responses_output
 from services.proxy.api import ApiAdapter
 from services.proxy.calls import CallResult, ModelCall
 from services.proxy.chat_api import openai_error_body
@@ -22,8 +22,8 @@ from services.proxy.responses_sse import ResponsesStream, response_object, respo
 class ResponsesAdapter(ApiAdapter):
     api = Api.OPENAI_RESPONSES
 
-    def parse(self, body: Any, headers: Mapping[str, str]) -> ModelRequest:
-        return from_openai_responses(body, headers)
+    def parse(self, body: Any, headers: Mapping[str, str], memo: MessageMemo | None = None) -> ModelRequest:
+        return from_openai_responses(body, headers, memo)
 
     def answer(self, call: ModelCall, result: CallResult) -> dict[str, Any]:
         status = "incomplete" if result.finish_reason == "length" else "completed"
