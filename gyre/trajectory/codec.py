@@ -2,13 +2,16 @@
 
 The proxy writes `encode_node(n)` for every node a commit returns (`CommitResult.new_nodes` and
 `.changed_nodes`) under the node's id, and rebuilds a tree after a restart with
-`TrajectoryTree.from_nodes(execution_id, template, profile, blobs)`. Token ids are packed varints
-(1-2 bytes per byte-level token), log-probs packed float32, provenance a list of sampled spans.
+`TrajectoryTree.from_nodes(execution_id, template, profile, blobs)`. Token ids are the array's own
+bytes, 2 per id when the node's ids fit (every vocabulary under 65,536 ids), else 4; log-probs float32
+bytes; provenance a list of sampled spans. Nodes written before (ids and log-probs as repeated fields)
+decode as they did.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 
@@ -25,10 +28,14 @@ _REQUEST = {
     RequestKind.SIDE: pb.TREE_REQUEST_KIND_SIDE,
 }
 _REQUEST_BACK = {v: k for k, v in _REQUEST.items()}
+_WIDTHS: dict[int, np.dtype[Any]] = {2: np.dtype("<u2"), 4: np.dtype("<i4")}
+"""Bytes per token id → the little-endian dtype they are stored as."""
 
 
 def encode_node(node: Node) -> bytes:
     """Serialize one node (its parent by id; children are implied by their parents)."""
+    ids = node.token_ids
+    width = 2 if len(ids) == 0 or (int(ids.min()) >= 0 and int(ids.max()) < 1 << 16) else 4
     msg = pb.TreeNode(
         node_id=node.node_id,
         parent_id=node.parent_id,
@@ -36,9 +43,10 @@ def encode_node(node: Node) -> bytes:
         role=node.role,
         digest=node.digest,
         aliases=node.aliases,
-        token_ids=node.token_ids.tolist(),
+        token_id_width=width,
+        token_ids_le=node.token_ids.astype(_WIDTHS[width]).tobytes(),
         sampled_spans=_spans(node),
-        logprobs=node.logprobs.tolist(),
+        logprobs_le=node.logprobs.astype("<f4").tobytes(),
         agent_kind=_AGENT[node.agent_kind],
         request_kind=_REQUEST[node.request_kind],
     )
@@ -70,14 +78,29 @@ def decode_node(data: bytes) -> tuple[Node, int]:
     msg = pb.TreeNode.FromString(data)
     if msg.kind not in (1, 2, 3):
         raise ValueError(f"tree node {msg.node_id} has no kind")
-    tokens = np.asarray(msg.token_ids, dtype=np.int32)
+    if msg.token_id_width:
+        if msg.token_id_width not in _WIDTHS or len(msg.token_ids_le) % msg.token_id_width:
+            raise ValueError(
+                f"tree node {msg.node_id}: {len(msg.token_ids_le)} bytes of token ids of width "
+                f"{msg.token_id_width}"
+            )
+        tokens = np.frombuffer(msg.token_ids_le, dtype=_WIDTHS[msg.token_id_width]).astype(np.int32)
+    else:
+        tokens = np.asarray(msg.token_ids, dtype=np.int32)
     sampled = None
     if msg.sampled_spans:
         sampled = np.zeros(len(tokens), dtype=np.bool_)
         spans = list(msg.sampled_spans)
         for start, end in zip(spans[::2], spans[1::2], strict=True):
             sampled[start:end] = True
-    logprobs = np.asarray(msg.logprobs, dtype=np.float32) if len(msg.logprobs) else EMPTY_LOGPROBS
+    if len(msg.logprobs_le) % 4:
+        raise ValueError(f"tree node {msg.node_id}: {len(msg.logprobs_le)} bytes of float32 log-probs")
+    if msg.logprobs_le:
+        logprobs = np.frombuffer(msg.logprobs_le, dtype="<f4").astype(np.float32)
+    elif len(msg.logprobs):
+        logprobs = np.asarray(msg.logprobs, dtype=np.float32)
+    else:
+        logprobs = EMPTY_LOGPROBS
     num_sampled = int(sampled.sum()) if sampled is not None else 0
     if len(logprobs) != num_sampled:
         raise ValueError(

@@ -46,7 +46,7 @@ class TreeClosedError(RuntimeError):
 @dataclass(slots=True)
 class NewMessage:
     message: Message
-    token_ids: list[int]
+    token_ids: npt.NDArray[np.int32]
     path_digest: bytes
     key: bytes
     """The digest the message is matched by (its profile-normalized form; `Message.digest` if strict)."""
@@ -62,8 +62,8 @@ class PreparedCall:
     root_key: bytes
     root: Node | None
     """The existing ROOT node, or None when this call opens a new root."""
-    root_tokens: list[int] | None
-    """Encoded system turn when `root` is None."""
+    root_tokens: npt.NDArray[np.int32] | None
+    """Encoded system turn when `root` is None (the template's read-only array, shared by trees)."""
     matched: list[Node]
     """Matched message/output nodes below the root, in order."""
     new_messages: list[NewMessage]
@@ -97,18 +97,19 @@ class PreparedCall:
     @property
     def num_new_tokens(self) -> int:
         """Tokens encoded for this call (new root and new messages; not the generation prompt)."""
-        return sum(len(m.token_ids) for m in self.new_messages) + len(self.root_tokens or ())
+        root = len(self.root_tokens) if self.root_tokens is not None else 0
+        return sum(len(m.token_ids) for m in self.new_messages) + root
 
     @property
     def input_ids(self) -> npt.NDArray[np.int32]:
         """The full prompt: root, matched nodes, new messages, generation prompt (built on first use)."""
         if self._input_ids is None:
-            parts: list[npt.NDArray[np.int32] | list[int]] = []
-            parts.append(self.root.token_ids if self.root is not None else (self.root_tokens or []))
+            root = self.root.token_ids if self.root is not None else self.root_tokens
+            parts = [root] if root is not None else []
             parts.extend(n.token_ids for n in self.matched)
             parts.extend(m.token_ids for m in self.new_messages)
-            parts.append(self.tree.template.render_generation_prompt())
-            self._input_ids = np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
+            parts.append(np.asarray(self.tree.template.render_generation_prompt(), dtype=np.int32))
+            self._input_ids = np.concatenate(parts)
         return self._input_ids
 
     @property
@@ -191,12 +192,13 @@ class TrajectoryTree:
             message = self.tool_calls.restore(message)
             digest = match(message).digest
             path = chain_digest(path, digest)
-            new.append(NewMessage(message, self.template.render_message(message, previous), path, digest))
+            ids = np.asarray(self.template.render_message(message, previous), dtype=np.int32)
+            new.append(NewMessage(message, ids, path, digest))
             previous = message
         root_tokens = (
             None
             if root is not None
-            else self.template.render_system(classification.rendered_system, request.tools)
+            else self.template.root_ids(classification.rendered_system, request.tools)
         )
         mismatch = any(m.message.role == "assistant" for m in new)
         return PreparedCall(

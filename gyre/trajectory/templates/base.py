@@ -18,6 +18,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from gyre.trajectory.messages import Message, ToolSpec
 from gyre.trajectory.output import PARSERS, AssistantOutput, ToolCallParser, assemble_output
 
@@ -64,6 +67,13 @@ class ChatTemplate(ABC):
     @abstractmethod
     def render_system(self, system: str, tools: Sequence[ToolSpec]) -> list[int]:
         """The root segment: the system turn with the tool definitions."""
+
+    def root_ids(self, system: str, tools: Sequence[ToolSpec]) -> npt.NDArray[np.int32]:
+        """`render_system` as a read-only int32 array, which a template may keep: every execution of a
+        harness opens its tree with the same system prompt and tools."""
+        ids = np.asarray(self.render_system(system, tools), dtype=np.int32)
+        ids.flags.writeable = False
+        return ids
 
     @abstractmethod
     def render_message(self, message: Message, previous: Message | None = None) -> list[int]:

@@ -24,6 +24,9 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from gyre.model.chat import render_chat
 from gyre.model.tokenizer import Tokenizer
 from gyre.trajectory.messages import (
@@ -58,7 +61,7 @@ class HFChatTemplate(ChatTemplate):
     ) -> None:
         super().__init__(tool_call_parser)
         self.tokenizer = tokenizer
-        self._roots: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self._roots: OrderedDict[bytes, npt.NDArray[np.int32]] = OrderedDict()
         template = chat_template or tokenizer.chat_template
         if not template:
             raise TemplateError(f"{tokenizer.source or 'the tokenizer'} has no chat template")
@@ -93,20 +96,27 @@ class HFChatTemplate(ChatTemplate):
         return self._stop
 
     def render_system(self, system: str, tools: Sequence[ToolSpec]) -> list[int]:
+        ids: list[int] = self.root_ids(system, tools).tolist()
+        return ids
+
+    def root_ids(self, system: str, tools: Sequence[ToolSpec]) -> npt.NDArray[np.int32]:
         """The root segment. A harness sends the same system prompt and tools to every execution it runs
         (Claude Code's are tens of KB), so the ids of the last few rendered roots are kept: tokenizing
         them again was a quarter of the proxy's CPU under load (`gyre bench load`). Kept by the root's digest
-        (the rendering is a function of system and tools), so a root seen before is not rendered either."""
+        (the rendering is a function of system and tools), so a root seen before is not rendered either,
+        as read-only arrays the trees' root nodes share."""
         key = root_digest(system, tuple(tools))
         ids = self._roots.get(key)
         if ids is None:
             text = self._text([{"role": "system", "content": system}], tools, False)
-            ids = self._roots[key] = tuple(self._encode(text))
+            ids = np.asarray(self._encode(text), dtype=np.int32)
+            ids.flags.writeable = False
+            self._roots[key] = ids
             while len(self._roots) > _ROOTS_KEPT:
                 del self._roots[next(iter(self._roots))]
         else:
             self._roots.move_to_end(key)
-        return list(ids)
+        return ids
 
     def render_message(self, message: Message, previous: Message | None = None) -> list[int]:
         return self._encode(self._segment_text(message, previous))

@@ -21,9 +21,11 @@ from gyre.trajectory import (
     template_for_family,
 )
 from gyre.trajectory.anthropic import to_anthropic_content
-from gyre.trajectory.node import NodeKind
+from gyre.trajectory.codec import decode_node
+from gyre.trajectory.node import Node, NodeKind
 from gyre.trajectory.stats import tree_stats
 from gyre.trajectory.tree import _common_prefix
+from gyre.v1 import trajectory_pb2
 
 from .harness_sim import CALL_END, CALL_START, IM_END, TOOLS, run_script
 
@@ -313,6 +315,49 @@ def test_codec_round_trip_rebuilds_an_equivalent_tree() -> None:
     sim.tree = rebuilt  # the rebuilt tree keeps restoring and matching: no new branch
     sim.step()
     assert len(rebuilt.nodes) == sim.expected_nodes()
+
+
+def _node(ids: list[int], logprobs: list[float] | None = None) -> Node:
+    tokens = np.asarray(ids, dtype=np.int32)
+    node = Node(7, None, NodeKind.OUTPUT, "assistant", b"d" * 16, b"", tokens)
+    if logprobs is not None:
+        node.sampled = np.ones(len(tokens), dtype=np.bool_)
+        node.logprobs = np.asarray(logprobs, dtype=np.float32)
+        node.num_sampled = len(tokens)
+    return node
+
+
+@pytest.mark.parametrize(
+    ("ids", "width"), [([], 2), ([0, 5, 65_535], 2), ([3, 65_536], 4), ([151_642, 7], 4)]
+)
+def test_codec_stores_ids_in_two_bytes_when_they_fit_else_four(ids: list[int], width: int) -> None:
+    node = _node(ids, [-0.5] * len(ids) if ids else None)
+    blob = encode_node(node)
+    msg = trajectory_pb2.TreeNode.FromString(blob)
+    assert msg.token_id_width == width and len(msg.token_ids_le) == width * len(ids)
+    assert not msg.token_ids and not msg.logprobs  # the repeated fields are for older trees only
+    back, parent_id = decode_node(blob)
+    assert back.token_ids.dtype == np.int32 and back.token_ids.tolist() == ids and parent_id == 0
+    assert back.logprobs.tolist() == ([-0.5] * len(ids) if ids else [])
+    assert back.token_ids.flags.writeable  # a copy, not a view of the blob
+
+
+def test_codec_reads_nodes_written_with_repeated_fields() -> None:
+    """Trees recorded before the packed fields (in Redis over an upgrade, or archived) still load."""
+    old = trajectory_pb2.TreeNode(
+        node_id=7, kind=3, role="assistant", digest=b"d" * 16, token_ids=[4, 70_000, 9],
+        sampled_spans=[0, 3], logprobs=[-0.25, -1.0, -2.0],
+    )  # fmt: skip
+    node, _ = decode_node(old.SerializeToString())
+    assert node.token_ids.tolist() == [4, 70_000, 9] and node.logprobs.tolist() == [-0.25, -1.0, -2.0]
+    assert node.num_sampled == 3
+
+
+def test_codec_refuses_a_token_array_cut_mid_id() -> None:
+    msg = trajectory_pb2.TreeNode.FromString(encode_node(_node([1, 2, 3])))
+    msg.token_ids_le = msg.token_ids_le[:-1]
+    with pytest.raises(ValueError, match="bytes of token ids of width 2"):
+        decode_node(msg.SerializeToString())
 
 
 @given(
