@@ -96,8 +96,13 @@ class Executions:
             policy_version=policy_version,
             extra=extra,
         )
-        await self.get(execution_id)
-        if not created:
+        if created:  # its tree is empty: built here, not read back from Redis
+            tree = TrajectoryTree(
+                execution_id, self.template, get_profile(profile).with_matching(self.strict_matching)
+            )
+            self._open.setdefault(execution_id, ExecutionState(execution_id, profile, policy_version, tree))
+        else:
+            await self.get(execution_id)
             log.info("execution_reopened", execution=execution_id)
         return await self.credentials.issue(execution_id)
 
@@ -131,8 +136,7 @@ class Executions:
             finally:
                 del self._loading[execution_id]
         state = await asyncio.shield(pending)
-        self._open[execution_id] = state
-        return state
+        return self._open.setdefault(execution_id, state)  # an `open` that created it meanwhile wins
 
     async def _load(self, execution_id: str) -> ExecutionState:
         meta = await self.store.meta(execution_id)

@@ -3,6 +3,7 @@ serving the same keys, extends the reloaded trees and routes as before."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import anthropic
@@ -15,6 +16,9 @@ from gyre.store.trees import TreeStore, UnknownTreeError
 from gyre.trajectory import CallMeta, Message, TrajectoryTree, encode_node, get_profile, template_for_family
 from gyre.trajectory.messages import Api, ModelRequest
 from services.cell_agent.engine import EngineServer
+from services.proxy.credentials import Credentials
+from services.proxy.errors import ExecutionClosedError
+from services.proxy.executions import Executions
 from tests.support.proxy_stack import proxy_stack, scripted_engine
 
 
@@ -88,3 +92,23 @@ async def test_a_restarted_proxy_keeps_keys_trees_and_routes(
             assert set(before) < set(tree.nodes) and len(tree.leaves()) == 1  # extended, not branched
             stored = await second.stored_tree("e1")
             assert sorted(stored.nodes) == sorted(tree.nodes)
+
+
+async def test_concurrent_opens_of_one_execution_share_one_tree(redis: aioredis.Redis, keys: Keys) -> None:
+    """The opener that creates the tree builds it in memory (nothing to read back); an `open` racing it
+    (a retried OpenExecution) finds it there or loads it — either way every key reaches the state the
+    first caller's calls already use, or a call through one key would be recorded in a tree the
+    other's calls never see."""
+    executions = Executions(
+        TreeStore(redis, keys), Credentials(redis, keys), template_for_family("chatml"), "generic"
+    )
+    first, second = (asyncio.create_task(executions.open("e1", "generic", 0)) for _ in range(2))
+    key_a = await first
+    created = executions.in_memory("e1")  # what calls through the first key use from now on
+    key_b = await second
+    state_a, state_b = await executions.for_key(key_a), await executions.for_key(key_b)
+    assert state_a is state_b is created is executions.in_memory("e1")
+    assert not state_a.tree.nodes and executions.num_open == 1
+    await executions.close("e1")
+    with pytest.raises(ExecutionClosedError):
+        await executions.open("e1", "generic", 0)
