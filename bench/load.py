@@ -41,6 +41,8 @@ Prints one JSON object (last line):
                                                    archive) does not hold every answered call
     events_per_s, redis_bytes_per_execution        Redis growth of one step before archiving / executions
     redis_used_memory_after_step, redis_keys_after_step, used_memory_ratio_last_vs_4   flatness (goal: <= 1.1)
+    redis_clients_memory_after_step, used_memory_less_clients_ratio_last_vs_4   the same without the clients'
+                                                   buffers (`mem_clients_normal`), which vary with the pools
 """
 
 from __future__ import annotations
@@ -425,6 +427,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         )
         results: dict[str, Any] = {}
         memory: dict[int, int] = {}
+        clients_memory: dict[int, int] = {}
+        """Of `memory`: the connected clients' buffers (how many connections the pools hold, and the
+        query buffers of the largest recent commands; Redis shrinks them lazily): noise, not state."""
         num_keys: dict[int, int] = {}
         grown_per_execution: list[float] = []
         async with (
@@ -462,7 +467,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 wall_s = time.perf_counter() - start
                 cpu_used = {name: _cpu_s(proc) - cpu_before[name] for name, proc in cpu.items()}
                 after = _overhead_buckets((await http.get(metrics_url)).text)
-                memory[step + 1] = int((await redis.info("memory"))["used_memory"])
+                info = await redis.info("memory")
+                memory[step + 1] = int(info["used_memory"])
+                clients_memory[step + 1] = int(info["mem_clients_normal"])
                 num_keys[step + 1] = len(
                     [k async for k in redis.scan_iter(match=load.keys.pattern(), count=1000)]
                 )
@@ -575,6 +582,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "redis_used_memory_after_step": memory,
         "redis_keys_after_step": num_keys,
         "used_memory_ratio_last_vs_4": round(memory[min(last, args.steps)] / memory[4], 3)
+        if 4 in memory
+        else None,
+        "redis_clients_memory_after_step": clients_memory,
+        "used_memory_less_clients_ratio_last_vs_4": round(
+            (memory[min(last, args.steps)] - clients_memory[min(last, args.steps)])
+            / (memory[4] - clients_memory[4]),
+            3,
+        )
         if 4 in memory
         else None,
         "cpu_affinity": affinity,

@@ -29,5 +29,8 @@ def test_bench_load_answers_every_call_and_reports_its_fields():
         assert level["cpu_ms_per_call"]["proxy"] > 0 and level["cpu_ms_per_call"]["engine"] > 0
         assert len(level["client_ms_p99_by_turn"]) == 2
     assert report["used_memory_ratio_last_vs_4"] is not None
+    clients, used = report["redis_clients_memory_after_step"], report["redis_used_memory_after_step"]
+    assert set(clients) == set(used) and all(0 < clients[k] < used[k] for k in used)
+    assert report["used_memory_less_clients_ratio_last_vs_4"] > 0
     assert report["events_consumed"] == report["events"] == 2 * 8 * 5
     assert report["redis_bytes_per_execution"] > 0
