@@ -54,7 +54,7 @@ def from_anthropic(
     body = expect_dict(body, "body")
     raw_messages = expect_list(body.get("messages"), "messages")
     messages = tuple(
-        memoized(memo, m, functools.partial(_message, m, f"messages[{i}]"))
+        memoized(memo, Api.ANTHROPIC, m, functools.partial(_message, m, f"messages[{i}]"))
         for i, m in enumerate(raw_messages)
     )
     if memo is not None:

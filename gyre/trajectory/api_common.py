@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gyre.trajectory.messages import JSONValue, Message, RequestError
+from gyre.trajectory.messages import Api, JSONValue, Message, RequestError
 
 
 class MessageMemo:
@@ -40,10 +40,12 @@ class MessageMemo:
     def __len__(self) -> int:
         return len(self._current.keys() | self._last.keys() | self._before_last.keys())
 
-    def convert(self, raw: Any, convert: Callable[[], Message]) -> Message:
-        """What `convert()` gives for `raw` (JSON-decoded items), from the memo when seen recently."""
+    def convert(self, api: Api, raw: Any, convert: Callable[[], Message]) -> Message:
+        """What `convert()` gives for `raw` (JSON-decoded items of `api`'s requests), from the memo when
+        seen recently. Keyed by the API too: the same JSON converts differently under another API."""
         try:
-            key = hashlib.sha256(orjson.dumps(raw)).digest()  # SHA-NI: ~3x blake2b's speed here
+            # SHA-NI: ~3x blake2b's speed here
+            key = hashlib.sha256(api.value.encode() + b"\0" + orjson.dumps(raw)).digest()
         except TypeError:  # what orjson refuses (integers beyond 64 bits): converted every time
             return convert()
         message = self._current.get(key) or self._last.get(key) or self._before_last.get(key) or convert()
@@ -55,8 +57,8 @@ class MessageMemo:
         self._before_last, self._last, self._current = self._last, self._current, {}
 
 
-def memoized(memo: MessageMemo | None, raw: Any, convert: Callable[[], Message]) -> Message:
-    return convert() if memo is None else memo.convert(raw, convert)
+def memoized(memo: MessageMemo | None, api: Api, raw: Any, convert: Callable[[], Message]) -> Message:
+    return convert() if memo is None else memo.convert(api, raw, convert)
 
 
 def expect_dict(value: Any, field: str) -> dict[str, Any]:

@@ -64,7 +64,11 @@ def from_openai_chat(
     def add_results() -> None:
         if results:
             run = list(results)
-            messages.append(memoized(memo, [item for _, item in run], functools.partial(_tool_results, run)))
+            messages.append(
+                memoized(
+                    memo, Api.OPENAI_CHAT, [item for _, item in run], functools.partial(_tool_results, run)
+                )
+            )
             results.clear()
 
     for i, item in enumerate(raw):
@@ -79,11 +83,17 @@ def from_openai_chat(
             if not messages:
                 system.append(_content_text(item.get("content"), f"{field}.content"))
             else:
-                messages.append(memoized(memo, item, functools.partial(_text_message, "system", item, field)))
+                messages.append(
+                    memoized(
+                        memo, Api.OPENAI_CHAT, item, functools.partial(_text_message, "system", item, field)
+                    )
+                )
         elif role == "user":
-            messages.append(memoized(memo, item, functools.partial(_text_message, "user", item, field)))
+            messages.append(
+                memoized(memo, Api.OPENAI_CHAT, item, functools.partial(_text_message, "user", item, field))
+            )
         elif role == "assistant":
-            messages.append(memoized(memo, item, functools.partial(_assistant, item, field)))
+            messages.append(memoized(memo, Api.OPENAI_CHAT, item, functools.partial(_assistant, item, field)))
         else:
             raise RequestError(f"unknown role {role!r}", f"{field}.role")
     add_results()

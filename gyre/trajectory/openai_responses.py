@@ -78,14 +78,26 @@ def from_openai_responses(
         if turn:
             run = list(turn)
             messages.append(
-                memoized(memo, [item for _, item, _ in run], functools.partial(_assistant_turn, run))
+                memoized(
+                    memo,
+                    Api.OPENAI_RESPONSES,
+                    [item for _, item, _ in run],
+                    functools.partial(_assistant_turn, run),
+                )
             )
             turn.clear()
 
     def add_results() -> None:
         if results:
             run = list(results)
-            messages.append(memoized(memo, [item for _, item in run], functools.partial(_tool_outputs, run)))
+            messages.append(
+                memoized(
+                    memo,
+                    Api.OPENAI_RESPONSES,
+                    [item for _, item in run],
+                    functools.partial(_tool_outputs, run),
+                )
+            )
             results.clear()
 
     for i, item in enumerate(expect_list(items, "input")):
@@ -103,12 +115,24 @@ def from_openai_responses(
             if role in ("system", "developer"):
                 if messages:
                     messages.append(
-                        memoized(memo, item, functools.partial(_text_message, "system", item, field))
+                        memoized(
+                            memo,
+                            Api.OPENAI_RESPONSES,
+                            item,
+                            functools.partial(_text_message, "system", item, field),
+                        )
                     )
                 else:
                     system.append(_content_text(item.get("content"), f"{field}.content"))
             elif role == "user":
-                messages.append(memoized(memo, item, functools.partial(_text_message, "user", item, field)))
+                messages.append(
+                    memoized(
+                        memo,
+                        Api.OPENAI_RESPONSES,
+                        item,
+                        functools.partial(_text_message, "user", item, field),
+                    )
+                )
             else:
                 raise RequestError(f"unknown role {role!r}", f"{field}.role")
         elif kind in _OUTPUT_ITEMS:

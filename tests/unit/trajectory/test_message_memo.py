@@ -149,3 +149,15 @@ def test_items_orjson_cannot_serialize_are_converted_without_the_memo() -> None:
     }
     assert from_anthropic(copy.deepcopy(body), None, memo) == from_anthropic(copy.deepcopy(body))
     assert len(memo) == 1
+
+
+def test_the_same_json_under_another_api_is_converted_for_that_api() -> None:
+    """Anthropic keeps a user turn's text parts as blocks; OpenAI Chat reads them as one text. A harness
+    that calls one execution through both APIs must get each API's own conversion from the memo."""
+    item = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    memo = MessageMemo()
+    anthropic = from_anthropic({"messages": [copy.deepcopy(item)]}, None, memo).messages[0]
+    chat = from_openai_chat({"messages": [copy.deepcopy(item)]}, None, memo).messages[0]
+    assert anthropic == from_anthropic({"messages": [copy.deepcopy(item)]}).messages[0]
+    assert chat == from_openai_chat({"messages": [copy.deepcopy(item)]}).messages[0]
+    assert anthropic.digest != chat.digest
