@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gyre.trajectory.api_common import (
+    Memoizer,
     MessageMemo,
     expect_dict,
     expect_list,
@@ -25,7 +26,6 @@ from gyre.trajectory.api_common import (
     get_stop,
     get_str,
     lower_headers,
-    memoized,
     reject_media,
 )
 from gyre.trajectory.messages import (
@@ -53,12 +53,11 @@ def from_anthropic(
     execution's `memo`, messages seen in its recent requests are not converted again."""
     body = expect_dict(body, "body")
     raw_messages = expect_list(body.get("messages"), "messages")
+    memoize = Memoizer(memo, Api.ANTHROPIC)
     messages = tuple(
-        memoized(memo, Api.ANTHROPIC, m, functools.partial(_message, m, f"messages[{i}]"))
-        for i, m in enumerate(raw_messages)
+        memoize(m, functools.partial(_message, m, f"messages[{i}]")) for i, m in enumerate(raw_messages)
     )
-    if memo is not None:
-        memo.end_request()
+    memoize.done()
     tools = tuple(
         _tool(t, f"tools[{i}]") for i, t in enumerate(expect_list(body.get("tools") or [], "tools"))
     )

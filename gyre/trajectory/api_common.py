@@ -7,6 +7,7 @@ looked at, so harnesses may add new ones freely.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -58,8 +59,52 @@ class MessageMemo:
         self._before_last, self._last, self._current = self._last, self._current, {}
 
 
-def memoized(memo: MessageMemo | None, api: Api, raw: Any, convert: Callable[[], Message]) -> Message:
-    return convert() if memo is None else memo.convert(api, raw, convert)
+class Memoizer:
+    """One request's conversion through its execution's memo (None: everything converted):
+    `memoize(raw, convert)` per message, `memoize.done()` once the request converted."""
+
+    __slots__ = ("_api", "_memo")
+
+    def __init__(self, memo: MessageMemo | None, api: Api) -> None:
+        self._memo = memo
+        self._api = api
+
+    def __call__(self, raw: Any, convert: Callable[[], Message]) -> Message:
+        return convert() if self._memo is None else self._memo.convert(self._api, raw, convert)
+
+    def done(self) -> None:
+        if self._memo is not None:
+            self._memo.end_request()
+
+
+Items = list[tuple[int, dict[str, Any]]]
+"""Items of a request with their index (for the field paths of errors)."""
+
+
+class ItemRun:
+    """Consecutive items of a request that are ONE message — a run of tool results (`tool_results`), a
+    model turn of several items — converted (and memoized) by the run's items when it ends."""
+
+    __slots__ = ("_convert", "_items", "_memoize", "_messages")
+
+    def __init__(
+        self, messages: list[Message], memoize: Memoizer, convert: Callable[[Items], Message]
+    ) -> None:
+        self._messages = messages
+        self._memoize = memoize
+        self._convert = convert
+        self._items: Items = []
+
+    def add(self, index: int, item: dict[str, Any]) -> None:
+        self._items.append((index, item))
+
+    def end(self) -> None:
+        """Add the run's message, if it has items, and start the next run."""
+        if self._items:
+            run, self._items = self._items, []
+            self._messages.append(
+                self._memoize([item for _, item in run], functools.partial(self._convert, run))
+            )
 
 
 def expect_dict(value: Any, field: str) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def encode_node(node: Node) -> bytes:
         digest=node.digest,
         aliases=node.aliases,
         token_id_width=width,
-        token_ids_le=node.token_ids.astype(_WIDTHS[width]).tobytes(),
+        token_ids_le=ids.astype(_WIDTHS[width]).tobytes(),
         sampled_spans=_spans(node),
         logprobs_le=node.logprobs.astype("<f4").tobytes(),
         agent_kind=_AGENT[node.agent_kind],

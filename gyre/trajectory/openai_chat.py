@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gyre.trajectory.api_common import (
+    ItemRun,
+    Items,
+    Memoizer,
     MessageMemo,
     expect_dict,
     expect_list,
@@ -25,7 +28,6 @@ from gyre.trajectory.api_common import (
     get_stop,
     get_str,
     lower_headers,
-    memoized,
     parse_arguments,
     reject_media,
 )
@@ -58,47 +60,29 @@ def from_openai_chat(
     raw = expect_list(body.get("messages"), "messages")
     system: list[str] = []
     messages: list[Message] = []
-    results: list[tuple[int, dict[str, Any]]] = []
-    """The run of tool results not added yet: consecutive results are one `tool` message."""
-
-    def add_results() -> None:
-        if results:
-            run = list(results)
-            messages.append(
-                memoized(
-                    memo, Api.OPENAI_CHAT, [item for _, item in run], functools.partial(_tool_results, run)
-                )
-            )
-            results.clear()
-
+    memoize = Memoizer(memo, Api.OPENAI_CHAT)
+    results = ItemRun(messages, memoize, _tool_results)
     for i, item in enumerate(raw):
         field = f"messages[{i}]"
         item = expect_dict(item, field)
         role = get_str(item, "role", field)
         if role in ("tool", "function"):
-            results.append((i, item))
+            results.add(i, item)
             continue
-        add_results()
+        results.end()
         if role in ("system", "developer"):
             if not messages:
                 system.append(_content_text(item.get("content"), f"{field}.content"))
             else:
-                messages.append(
-                    memoized(
-                        memo, Api.OPENAI_CHAT, item, functools.partial(_text_message, "system", item, field)
-                    )
-                )
+                messages.append(memoize(item, functools.partial(_text_message, "system", item, field)))
         elif role == "user":
-            messages.append(
-                memoized(memo, Api.OPENAI_CHAT, item, functools.partial(_text_message, "user", item, field))
-            )
+            messages.append(memoize(item, functools.partial(_text_message, "user", item, field)))
         elif role == "assistant":
-            messages.append(memoized(memo, Api.OPENAI_CHAT, item, functools.partial(_assistant, item, field)))
+            messages.append(memoize(item, functools.partial(_assistant, item, field)))
         else:
             raise RequestError(f"unknown role {role!r}", f"{field}.role")
-    add_results()
-    if memo is not None:
-        memo.end_request()
+    results.end()
+    memoize.done()
     tools = tuple(
         _tool(t, f"tools[{i}]") for i, t in enumerate(expect_list(body.get("tools") or [], "tools"))
     )
@@ -148,7 +132,7 @@ def _text_message(role: Role, item: dict[str, Any], field: str) -> Message:
     return Message.text(role, _content_text(item.get("content"), f"{field}.content"))
 
 
-def _tool_results(run: list[tuple[int, dict[str, Any]]]) -> Message:
+def _tool_results(run: Items) -> Message:
     """One `tool` message from a run of tool (or legacy function) results (`tool_results`)."""
     blocks: list[ToolResultBlock] = []
     for i, item in run:

@@ -19,6 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gyre.trajectory.api_common import (
+    ItemRun,
+    Items,
+    Memoizer,
     MessageMemo,
     expect_dict,
     expect_list,
@@ -26,7 +29,6 @@ from gyre.trajectory.api_common import (
     get_number,
     get_str,
     lower_headers,
-    memoized,
     parse_arguments,
     reject_media,
 )
@@ -69,80 +71,37 @@ def from_openai_responses(
         else raw_input
     )
     messages: list[Message] = []
-    turn: list[tuple[int, dict[str, Any], str]] = []
-    """The assistant items not added yet: consecutive ones are one assistant message."""
-    results: list[tuple[int, dict[str, Any]]] = []
-    """The run of tool outputs not added yet: consecutive ones are one `tool` message."""
-
-    def add_turn() -> None:
-        if turn:
-            run = list(turn)
-            messages.append(
-                memoized(
-                    memo,
-                    Api.OPENAI_RESPONSES,
-                    [item for _, item, _ in run],
-                    functools.partial(_assistant_turn, run),
-                )
-            )
-            turn.clear()
-
-    def add_results() -> None:
-        if results:
-            run = list(results)
-            messages.append(
-                memoized(
-                    memo,
-                    Api.OPENAI_RESPONSES,
-                    [item for _, item in run],
-                    functools.partial(_tool_outputs, run),
-                )
-            )
-            results.clear()
-
+    memoize = Memoizer(memo, Api.OPENAI_RESPONSES)
+    turn = ItemRun(messages, memoize, _assistant_turn)
+    results = ItemRun(messages, memoize, _tool_outputs)
     for i, item in enumerate(expect_list(items, "input")):
         field = f"input[{i}]"
         item = expect_dict(item, field)
-        kind = item.get("type", "message" if "role" in item else None)
+        kind = _kind(item)
         if kind in _ASSISTANT_ITEMS or (kind == "message" and item.get("role") == "assistant"):
-            add_results()
-            turn.append((i, item, str(kind)))
+            results.end()
+            turn.add(i, item)
             continue
-        add_turn()
+        turn.end()
         if kind == "message":
-            add_results()
+            results.end()
             role = get_str(item, "role", field)
             if role in ("system", "developer"):
                 if messages:
-                    messages.append(
-                        memoized(
-                            memo,
-                            Api.OPENAI_RESPONSES,
-                            item,
-                            functools.partial(_text_message, "system", item, field),
-                        )
-                    )
+                    messages.append(memoize(item, functools.partial(_text_message, "system", item, field)))
                 else:
                     system.append(_content_text(item.get("content"), f"{field}.content"))
             elif role == "user":
-                messages.append(
-                    memoized(
-                        memo,
-                        Api.OPENAI_RESPONSES,
-                        item,
-                        functools.partial(_text_message, "user", item, field),
-                    )
-                )
+                messages.append(memoize(item, functools.partial(_text_message, "user", item, field)))
             else:
                 raise RequestError(f"unknown role {role!r}", f"{field}.role")
         elif kind in _OUTPUT_ITEMS:
-            results.append((i, item))
+            results.add(i, item)
         elif kind is None:
             raise RequestError("input item has no type", field)
-    add_turn()
-    add_results()
-    if memo is not None:
-        memo.end_request()
+    turn.end()
+    results.end()
+    memoize.done()
     tools = tuple(
         _tool(t, f"tools[{i}]") for i, t in enumerate(expect_list(body.get("tools") or [], "tools"))
     )
@@ -211,13 +170,20 @@ def _text_message(role: Role, item: dict[str, Any], field: str) -> Message:
     return Message.text(role, _content_text(item.get("content"), f"{field}.content"))
 
 
-def _assistant_turn(run: list[tuple[int, dict[str, Any], str]]) -> Message:
+def _kind(item: dict[str, Any]) -> str | None:
+    """An input item's type (an item with a role and no type is a message)."""
+    kind = item.get("type", "message" if "role" in item else None)
+    return None if kind is None else str(kind)
+
+
+def _assistant_turn(run: Items) -> Message:
     return Message(
-        "assistant", tuple(b for i, item, kind in run for b in _assistant_blocks(item, kind, f"input[{i}]"))
+        "assistant",
+        tuple(b for i, item in run for b in _assistant_blocks(item, str(_kind(item)), f"input[{i}]")),
     )
 
 
-def _tool_outputs(run: list[tuple[int, dict[str, Any]]]) -> Message:
+def _tool_outputs(run: Items) -> Message:
     """One `tool` message from a run of tool outputs (`tool_results`)."""
     blocks: list[ToolResultBlock] = []
     for i, item in run:

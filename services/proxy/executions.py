@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from gyre.engine import EngineError
 from gyre.log import get_logger
 from gyre.store.trees import TreeMeta, TreeStore
-from gyre.trajectory import ChatTemplate, MessageMemo, Node, TrajectoryTree, get_profile
+from gyre.trajectory import ChatTemplate, HarnessProfile, MessageMemo, Node, TrajectoryTree, get_profile
 from services.proxy.credentials import Credentials
 from services.proxy.errors import AuthenticationError, ExecutionClosedError
 from services.proxy.generation import Generation
@@ -97,9 +97,7 @@ class Executions:
             extra=extra,
         )
         if created:  # its tree is empty: built here, not read back from Redis
-            tree = TrajectoryTree(
-                execution_id, self.template, get_profile(profile).with_matching(self.strict_matching)
-            )
+            tree = TrajectoryTree(execution_id, self.template, self._profile(profile))
             self._open.setdefault(execution_id, ExecutionState(execution_id, profile, policy_version, tree))
         else:
             await self.get(execution_id)
@@ -150,11 +148,13 @@ class Executions:
         if meta.closed:
             self._closed.add(execution_id)
             raise ExecutionClosedError(f"execution {execution_id} is closed; its key takes no more calls")
-        profile = get_profile(meta.profile).with_matching(self.strict_matching)
-        tree = await self.store.load(execution_id, self.template, profile)
+        tree = await self.store.load(execution_id, self.template, self._profile(meta.profile))
         if tree.nodes:
             log.info("tree_reloaded", execution=execution_id, num_nodes=len(tree.nodes))
         return ExecutionState(execution_id, meta.profile, meta.policy_version, tree)
+
+    def _profile(self, name: str) -> HarnessProfile:
+        return get_profile(name).with_matching(self.strict_matching)
 
     async def persist(self, state: ExecutionState, nodes: Iterable[Node], num_sampled: int) -> None:
         """Write a commit's nodes (call right after `tree.commit`, before any await). Shielded, so a
