@@ -14,8 +14,10 @@ must log in as one of the run's users; without them (the test fixtures) anyone o
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -33,11 +35,42 @@ from gyre.config.infra import ClientLogin
 LOOPBACK = "127.0.0.1"
 
 
+_PORTS_GIVEN: set[int] = set()
+_LOWEST_PORT = 20000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port free on `host` right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on `host` right now, below the kernel's ephemeral range, not given before by
+    this process.
+
+    A port is picked now and bound later by another process (a service of the stack), so it must not
+    be one the kernel can hand out meanwhile as the local port of an outgoing connection — every client
+    of Redis or NATS opens some. The OS's own pick (bind to port 0) comes from exactly that range, and
+    CI once lost an engine's start to it (EADDRINUSE). Ports below the range are taken only by an
+    explicit bind; they are tried from a random one on until one binds.
+    """
+    ephemeral_lo, _ = _ephemeral_range()
+    low = _LOWEST_PORT if ephemeral_lo - _LOWEST_PORT > 1000 else 1024
+    start = random.SystemRandom().randrange(low, ephemeral_lo)
+    for port in itertools.chain(range(start, ephemeral_lo), range(low, start)):
+        if port in _PORTS_GIVEN:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
+    raise OSError(f"no free TCP port on {host} in [{low}, {ephemeral_lo})")
 
 
 def wait_for_port(host: str, port: int, timeout_s: float) -> None:
