@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gyre.config.base import AtLeastOne, NonNegativeFloat, Port, Section
+from gyre.config.base import AtLeastOne, NonNegativeFloat, NonNegativeInt, Port, Section
 
 
 class ProxySection(Section):
@@ -35,6 +35,12 @@ class ProxySection(Section):
     turn as sampled, which the template would have rendered differently."""
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra variables for the chat template (e.g. `enable_thinking: false` for Qwen3)."""
+    encode_threads: NonNegativeInt = 2
+    """Threads that tokenize a call's new segments off the event loop (the tokenizer releases the GIL);
+    0 = on the loop, where a large tool result stalls every other call while it encodes."""
+    encode_inline_chars: NonNegativeInt = 1024
+    """A call whose new text is shorter than this is encoded on the loop: a hop to a thread and back
+    costs more than encoding a short segment."""
     default_max_tokens: AtLeastOne = 4096
     """Output budget of a call whose request names none (capped by the engine's context length)."""
     max_engine_attempts: AtLeastOne = 4

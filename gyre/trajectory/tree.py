@@ -2,6 +2,7 @@
 
     tree = TrajectoryTree(execution_id, template=template_for_model(model_dir), profile=get_profile("claude_code"))
     prepared = tree.prepare(request)        # pure: classify, restore tool calls, match, encode new messages
+                                            # (= tree.match(request).encoded(ids of its .texts))
     engine.generate(prepared.input_ids)     # the exact prompt: stored ids of the matched path + new ids
     result = tree.commit(prepared, output_ids, output_logprobs, CallMeta(...))   # append; persist result.new_nodes
 
@@ -121,6 +122,56 @@ class PreparedCall:
         return self.tree.template.parse_output(output_ids, self.id_seed, self.id_prefix)
 
 
+@dataclass(slots=True, eq=False)
+class MatchedCall:
+    """A request matched against the tree, its new segments rendered but not encoded (`TrajectoryTree.match`)."""
+
+    tree: TrajectoryTree
+    request: ModelRequest
+    classification: Classification
+    root_key: bytes
+    root: Node | None
+    root_tokens: npt.NDArray[np.int32] | None
+    """The template's kept ids of a new root; None when `texts` starts with the root's text."""
+    matched: list[Node]
+    new: list[tuple[Message, bytes, bytes]]
+    """(message, path digest, match key) of each message that did not match."""
+    aliases: list[tuple[Node, bytes, Node]]
+    id_seed: bytes
+    digests: list[bytes]
+    texts: list[str]
+    """What to encode: a new root's text (when the template kept no ids for it), then each new message's
+    segment."""
+
+    def encoded(self, ids: Sequence[Sequence[int]]) -> PreparedCall:
+        """The prepared call, given the ids of each of `texts` (`ChatTemplate.encode`)."""
+        if len(ids) != len(self.texts):
+            raise ValueError(f"{len(ids)} encodings for {len(self.texts)} texts")
+        segments = iter(ids)
+        root_tokens = self.root_tokens
+        if self.root is None and root_tokens is None:
+            rendered = self.classification.rendered_system
+            root_tokens = self.tree.template.keep_root_ids(rendered, self.request.tools, next(segments))
+        new = [
+            NewMessage(message, np.asarray(segment, dtype=np.int32), path, key)
+            for (message, path, key), segment in zip(self.new, segments, strict=True)
+        ]
+        return PreparedCall(
+            self.tree,
+            self.request,
+            self.classification,
+            self.root_key,
+            self.root,
+            root_tokens,
+            self.matched,
+            new,
+            self.aliases,
+            self.id_seed,
+            self.digests,
+            any(m.message.role == "assistant" for m in new),
+        )
+
+
 @dataclass(slots=True)
 class CommitResult:
     output_node: Node
@@ -159,6 +210,13 @@ class TrajectoryTree:
 
     def prepare(self, request: ModelRequest) -> PreparedCall:
         """Classify, restore tool calls, match and encode; changes nothing in the tree."""
+        matched = self.match(request)
+        return matched.encoded([self.template.encode(text) for text in matched.texts])
+
+    def match(self, request: ModelRequest) -> MatchedCall:
+        """`prepare` up to the encoding: classified, restored and matched, the new segments rendered as
+        text (`MatchedCall.texts`) for the caller to encode where it likes (the proxy: off its event loop
+        when they are large), then `MatchedCall.encoded(ids)`. Changes nothing in the tree."""
         self._check_open()
         messages = request.messages
         if messages and messages[-1].role == "assistant":
@@ -187,33 +245,22 @@ class TrajectoryTree:
                 node = child
         path = matched[-1].path_digest if matched else (root.path_digest if root is not None else key)
         previous = messages[len(matched) - 1] if matched else None
-        new: list[NewMessage] = []
+        new: list[tuple[Message, bytes, bytes]] = []
+        texts: list[str] = []
         for message in messages[len(matched) :]:
             message = self.tool_calls.restore(message)
             digest = match(message).digest
             path = chain_digest(path, digest)
-            ids = np.asarray(self.template.render_message(message, previous), dtype=np.int32)
-            new.append(NewMessage(message, ids, path, digest))
+            texts.append(self.template.message_text(message, previous))
+            new.append((message, path, digest))
             previous = message
-        root_tokens = (
-            None
-            if root is not None
-            else self.template.root_ids(classification.rendered_system, request.tools)
-        )
-        mismatch = any(m.message.role == "assistant" for m in new)
-        return PreparedCall(
-            self,
-            request,
-            classification,
-            key,
-            root,
-            root_tokens,
-            matched,
-            new,
-            aliases,
-            path,
-            digests,
-            mismatch,
+        root_tokens = None
+        if root is None:
+            root_tokens = self.template.kept_root_ids(classification.rendered_system, request.tools)
+            if root_tokens is None:
+                texts.insert(0, self.template.system_text(classification.rendered_system, request.tools))
+        return MatchedCall(
+            self, request, classification, key, root, root_tokens, matched, new, aliases, path, digests, texts
         )
 
     def commit(

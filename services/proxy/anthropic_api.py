@@ -85,7 +85,7 @@ async def count_tokens(core: ProxyCore, adapter: AnthropicAdapter, request: Requ
         state = await core.executions.for_key(api_key_of(request.headers))
         body = await read_json(request, core.section.max_body_bytes, OverheadClock())
         model_request = parse_request(core, adapter, body, request.headers)
-        num_tokens = core.count_tokens(state, model_request)
+        num_tokens = await core.count_tokens(state, model_request)
     except ProxyError as e:
         core.metrics.answered("anthropic_count_tokens", adapter.error_status(e))
         core.metrics.failed("anthropic_count_tokens", e, False, model_call=False)

@@ -169,7 +169,7 @@ async def handle_model_call(core: ProxyCore, adapter: ApiAdapter, request: Reque
         bind_context(execution=state.execution_id)
         body = await read_json(request, core.section.max_body_bytes, clock)
         model_request = parse_request(core, adapter, body, request.headers, state.memo)
-        call = core.begin(state, model_request, request_id, clock)
+        call = await core.begin(state, model_request, request_id, clock)
         call.options = adapter.options(body)
         if model_request.stream:
             return await _stream(core, adapter, call, clock)

@@ -1,6 +1,6 @@
 """The TITO path of one harness request, independent of the API it came in through.
 
-    call = core.begin(state, request, request_id, clock)        # classify, restore, match, encode
+    call = await core.begin(state, request, request_id, clock)  # classify, restore, match, encode
     result = await call.complete()                              # or: async for events in call.stream()
 
 `begin` runs the tree's `prepare` (profile classification, tool-call restoration, matching, and
@@ -31,6 +31,7 @@ from gyre.trajectory import (
     RequestError,
     TreeClosedError,
 )
+from services.proxy.encoding import SegmentEncoder
 from services.proxy.errors import (
     EngineOutputError,
     EngineUnavailableError,
@@ -213,24 +214,26 @@ def _decoded(text: Detokenizer, ids: list[int]) -> str:
         raise EngineOutputError(f"the engine output cannot be decoded: {e}") from e
 
 
-def prepare(state: ExecutionState, request: ModelRequest) -> PreparedCall:
-    """The tree's `prepare` of a request (nothing stored), its failures as proxy errors."""
+async def prepare(state: ExecutionState, request: ModelRequest, encoder: SegmentEncoder) -> PreparedCall:
+    """The tree's `prepare` of a request (nothing stored), encoded by `encoder`; failures as proxy errors."""
     try:
-        return state.tree.prepare(request)
+        matched = state.tree.match(request)
     except TreeClosedError as e:
         raise ExecutionClosedError(str(e)) from e
     except RequestError as e:
         raise InvalidRequestError(str(e), e.field) from e
     except ValueError as e:  # a template that cannot render this request (TemplateError)
         raise InvalidRequestError(str(e)) from e
+    return matched.encoded(await encoder.encode(matched.texts))
 
 
-def begin_call(
+async def begin_call(
     *,
     state: ExecutionState,
     request: ModelRequest,
     router: Router,
     template: ChatTemplate,
+    encoder: SegmentEncoder,
     executions: Executions,
     metrics: ProxyMetrics,
     settings: CallSettings,
@@ -239,7 +242,7 @@ def begin_call(
 ) -> ModelCall:
     """Prepare one call: validate sampling, match and encode against the execution's tree."""
     sampling, max_new_tokens = engine_sampling(request, template, settings.default_max_tokens)
-    prepared = prepare(state, request)
+    prepared = await prepare(state, request, encoder)
     recorded = unanswered_output(prepared) if settings.replay_unanswered_calls else None
     generation: Generation | ReplayedGeneration
     if recorded is not None:  # a retry of a call whose answer never reached the harness

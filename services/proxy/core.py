@@ -25,6 +25,7 @@ from gyre.store.trees import TreeStore
 from gyre.trajectory import ChatTemplate, ModelRequest, get_profile, template_for_model
 from services.proxy.calls import CallSettings, ModelCall, begin_call, prepare
 from services.proxy.credentials import Credentials
+from services.proxy.encoding import SegmentEncoder
 from services.proxy.executions import Executions, ExecutionState
 from services.proxy.metrics import OverheadClock, ProxyMetrics
 from services.proxy.route_store import RouteStore
@@ -71,6 +72,9 @@ class ProxyCore:
             engine_timeout_s=section.engine_timeout_s, drain_timeout_s=section.drain_timeout_s
         )
         self.route_store = RouteStore(redis, keys)
+        self.encoder = SegmentEncoder(
+            template, threads=section.encode_threads, inline_chars=section.encode_inline_chars
+        )
         self.settings = CallSettings(
             default_max_tokens=section.default_max_tokens,
             max_engine_attempts=section.max_engine_attempts,
@@ -88,17 +92,19 @@ class ProxyCore:
 
     async def aclose(self) -> None:
         await self.router.aclose()
+        self.encoder.close()
 
     # -- harness calls -----------------------------------------------------------------------
 
-    def begin(
+    async def begin(
         self, state: ExecutionState, request: ModelRequest, request_id: str, clock: OverheadClock
     ) -> ModelCall:
-        return begin_call(
+        return await begin_call(
             state=state,
             request=request,
             router=self.router,
             template=self.template,
+            encoder=self.encoder,
             executions=self.executions,
             metrics=self.metrics,
             settings=self.settings,
@@ -106,9 +112,9 @@ class ProxyCore:
             clock=clock,
         )
 
-    def count_tokens(self, state: ExecutionState, request: ModelRequest) -> int:
+    async def count_tokens(self, state: ExecutionState, request: ModelRequest) -> int:
         """Prompt tokens of a call (matched ids reused; nothing stored)."""
-        return len(prepare(state, request).input_ids)
+        return len((await prepare(state, request, self.encoder)).input_ids)
 
     def in_transition(self, call: ModelCall | None) -> bool:
         """Whether an error now counts as one seen during a role transition."""

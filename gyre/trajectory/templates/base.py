@@ -65,19 +65,46 @@ class ChatTemplate(ABC):
         """Ids that end an assistant turn (the engine stops on them)."""
 
     @abstractmethod
-    def render_system(self, system: str, tools: Sequence[ToolSpec]) -> list[int]:
-        """The root segment: the system turn with the tool definitions."""
-
-    def root_ids(self, system: str, tools: Sequence[ToolSpec]) -> npt.NDArray[np.int32]:
-        """`render_system` as a read-only int32 array, which a template may keep: every execution of a
-        harness opens its tree with the same system prompt and tools."""
-        ids = np.asarray(self.render_system(system, tools), dtype=np.int32)
-        ids.flags.writeable = False
-        return ids
+    def encode(self, text: str) -> list[int]:
+        """The ids of rendered text (special tokens in it included). Safe to call from other threads:
+        the proxy encodes large segments off its event loop."""
 
     @abstractmethod
+    def system_text(self, system: str, tools: Sequence[ToolSpec]) -> str:
+        """The root segment's text: the system turn with the tool definitions."""
+
+    @abstractmethod
+    def message_text(self, message: Message, previous: Message | None = None) -> str:
+        """One message's segment text; `previous` is the message before it (None after the system turn)."""
+
+    def kept_root_ids(self, system: str, tools: Sequence[ToolSpec]) -> npt.NDArray[np.int32] | None:
+        """The root ids this template kept from an earlier `keep_root_ids`, if it keeps any."""
+        return None
+
+    def keep_root_ids(
+        self, system: str, tools: Sequence[ToolSpec], ids: Sequence[int]
+    ) -> npt.NDArray[np.int32]:
+        """The encoded `system_text` as a read-only int32 array, which a template may keep: every
+        execution of a harness opens its tree with the same system prompt and tools."""
+        array = np.asarray(ids, dtype=np.int32)
+        array.flags.writeable = False
+        return array
+
+    def root_ids(self, system: str, tools: Sequence[ToolSpec]) -> npt.NDArray[np.int32]:
+        """The root segment's ids, read-only (kept ones, else encoded now)."""
+        kept = self.kept_root_ids(system, tools)
+        if kept is not None:
+            return kept
+        return self.keep_root_ids(system, tools, self.encode(self.system_text(system, tools)))
+
+    def render_system(self, system: str, tools: Sequence[ToolSpec]) -> list[int]:
+        """The root segment: the system turn with the tool definitions."""
+        ids: list[int] = self.root_ids(system, tools).tolist()
+        return ids
+
     def render_message(self, message: Message, previous: Message | None = None) -> list[int]:
         """One message's segment; `previous` is the message before it (None after the system turn)."""
+        return self.encode(self.message_text(message, previous))
 
     @abstractmethod
     def render_generation_prompt(self) -> list[int]:

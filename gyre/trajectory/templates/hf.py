@@ -82,11 +82,11 @@ class HFChatTemplate(ChatTemplate):
         if not with_prompt.startswith(without):
             raise TemplateError("the generation prompt rewrites the conversation before it")
         self._generation_text = with_prompt[len(without) :]
-        self._generation_prompt = self._encode(self._generation_text)
+        self._generation_prompt = self.encode(self._generation_text)
         _, tail = self._split_assistant(Message("assistant", (TextBlock(_STUB),)))
-        self._close_stopped = self._encode(tail)
+        self._close_stopped = self.encode(tail)
         """What the template supplies after an output that ended on a stop token (every call's commit)."""
-        self._close_open = self._encode(self.end_of_turn + tail)
+        self._close_open = self.encode(self.end_of_turn + tail)
         self.report = self.check_append_only(*probe_conversation())
         if strict:
             self.report.raise_if_violated(self.name)
@@ -95,38 +95,41 @@ class HFChatTemplate(ChatTemplate):
     def stop_token_ids(self) -> frozenset[int]:
         return self._stop
 
-    def render_system(self, system: str, tools: Sequence[ToolSpec]) -> list[int]:
-        ids: list[int] = self.root_ids(system, tools).tolist()
-        return ids
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
 
-    def root_ids(self, system: str, tools: Sequence[ToolSpec]) -> npt.NDArray[np.int32]:
-        """The root segment. A harness sends the same system prompt and tools to every execution it runs
-        (Claude Code's are tens of KB), so the ids of the last few rendered roots are kept: tokenizing
-        them again was a quarter of the proxy's CPU under load (`gyre bench load`). Kept by the root's digest
-        (the rendering is a function of system and tools), so a root seen before is not rendered either,
-        as read-only arrays the trees' root nodes share."""
+    def system_text(self, system: str, tools: Sequence[ToolSpec]) -> str:
+        return self._text([{"role": "system", "content": system}], tools, False)
+
+    def message_text(self, message: Message, previous: Message | None = None) -> str:
+        return self._segment_text(message, previous)
+
+    def kept_root_ids(self, system: str, tools: Sequence[ToolSpec]) -> npt.NDArray[np.int32] | None:
+        """A harness sends the same system prompt and tools to every execution it runs (Claude Code's
+        are tens of KB), so the ids of the last few roots are kept: tokenizing them again was a quarter
+        of the proxy's CPU under load (`gyre bench load`). Kept by the root's digest (the rendering is a
+        function of system and tools), as read-only arrays the trees' root nodes share."""
         key = root_digest(system, tuple(tools))
         ids = self._roots.get(key)
-        if ids is None:
-            text = self._text([{"role": "system", "content": system}], tools, False)
-            ids = np.asarray(self._encode(text), dtype=np.int32)
-            ids.flags.writeable = False
-            self._roots[key] = ids
-            while len(self._roots) > _ROOTS_KEPT:
-                del self._roots[next(iter(self._roots))]
-        else:
+        if ids is not None:
             self._roots.move_to_end(key)
         return ids
 
-    def render_message(self, message: Message, previous: Message | None = None) -> list[int]:
-        return self._encode(self._segment_text(message, previous))
+    def keep_root_ids(
+        self, system: str, tools: Sequence[ToolSpec], ids: Sequence[int]
+    ) -> npt.NDArray[np.int32]:
+        array = super().keep_root_ids(system, tools, ids)
+        self._roots[root_digest(system, tuple(tools))] = array
+        while len(self._roots) > _ROOTS_KEPT:
+            del self._roots[next(iter(self._roots))]
+        return array
 
     def render_generation_prompt(self) -> list[int]:
         return list(self._generation_prompt)
 
     def encode_output(self, message: Message) -> list[int]:
         body, _ = self._split_assistant(message)
-        return self._encode(body)
+        return self.encode(body)
 
     def close_output(self, output_ids: Sequence[int]) -> list[int]:
         return list(self._close_stopped if output_ids and output_ids[-1] in self._stop else self._close_open)
@@ -141,7 +144,7 @@ class HFChatTemplate(ChatTemplate):
         self, system: str, tools: Sequence[ToolSpec], messages: Sequence[Message], add_generation_prompt: bool
     ) -> list[int]:
         dicts = [{"role": "system", "content": system}] + [d for m in messages for d in _to_dicts(m)]
-        return self._encode(self._text(dicts, tools, add_generation_prompt))
+        return self.encode(self._text(dicts, tools, add_generation_prompt))
 
     def _segment_text(self, message: Message, previous: Message | None) -> str:
         context = [{"role": "system", "content": _STUB}] + (_to_dicts(previous) if previous else [])
@@ -187,9 +190,6 @@ class HFChatTemplate(ChatTemplate):
             )
         except Exception as e:  # Jinja raises its own error types (and the template's raise_exception)
             raise TemplateError(f"the chat template failed to render: {e}") from e
-
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
 
 
 def _to_dicts(message: Message) -> list[dict[str, Any]]:

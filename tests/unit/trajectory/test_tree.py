@@ -369,3 +369,39 @@ def test_common_prefix_of_hot_paths(a: list[bytes], b: list[bytes], floor: int) 
     true = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     got = _common_prefix(a, b, floor)
     assert got == true if true > floor else got <= floor
+
+
+def test_match_then_encoded_is_prepare_and_renders_only_what_is_new() -> None:
+    """The proxy's split of `prepare` (match on the loop, encode elsewhere): the same call, and `texts`
+    holds the new root (only while the template keeps no ids for it) and the new messages."""
+    body = _body([{"role": "user", "content": "hi"}])
+    fresh = _tree()
+    fresh.template._roots.clear()  # type: ignore[attr-defined]  # the family template is shared
+    matched = fresh.match(from_anthropic(body))
+    assert len(matched.texts) == 2 and matched.root_tokens is None
+    prepared = matched.encoded([fresh.template.encode(t) for t in matched.texts])
+    assert prepared.input_ids.tolist() == _tree().prepare(from_anthropic(body)).input_ids.tolist()
+    again = _tree().match(from_anthropic(body))  # the template kept the root's ids
+    assert len(again.texts) == 1 and again.root_tokens is not None
+    with pytest.raises(ValueError, match="2 encodings for 1 texts"):
+        again.encoded([[1], [2]])
+
+    tree = _tree()
+    ids = _out("Looking.")
+    _commit(tree, body, ids)
+    longer = _body(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Looking."},
+            {"role": "user", "content": "and now?"},
+        ]
+    )
+    matched = tree.match(from_anthropic(longer))
+    assert len(matched.texts) == 1 and "and now?" in matched.texts[0]
+    split = matched.encoded([tree.template.encode(t) for t in matched.texts])
+    assert split.input_ids.tolist() == tree.prepare(from_anthropic(longer)).input_ids.tolist()
+    assert split.num_matched_messages == 2 and tree.nodes.keys() == _ids_of(tree)
+
+
+def _ids_of(tree: TrajectoryTree) -> set[int]:
+    return {n.node_id for n in tree.nodes.values()}
