@@ -1,13 +1,14 @@
 """Tokenizing a call's new segments, off the proxy's event loop when they are large.
 
-    encoder = SegmentEncoder(template, threads=2, inline_chars=1024)
+    encoder = SegmentEncoder(template, threads=2, inline_chars=16384)
     ids = await encoder.encode(matched.texts)          # TrajectoryTree.match → MatchedCall.encoded(ids)
 
 Encoding the new messages is the largest piece of the proxy's CPU per call (about a fifth under
 `gyre bench load`), and on the event loop it holds every other call for as long as it takes: a
 133 KB tool result, ~130 ms on this machine. The tokenizer runs in Rust with the GIL released, so a
-few threads encode while the loop goes on serving the calls in flight; short texts stay on the loop,
-where encoding them costs less than the hop to a thread and back. Matching, rendering and committing
+few threads encode while the loop goes on serving the calls in flight. Short texts stay on the loop:
+the thread hands its ids back under the GIL, which a busy loop releases only at the interpreter's
+switch interval (5 ms), so the hop pays only for segments that take longer than that to encode. Matching, rendering and committing
 stay on the loop: the trees are only ever touched there.
 """
 
