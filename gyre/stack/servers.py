@@ -14,6 +14,7 @@ must log in as one of the run's users; without them (the test fixtures) anyone o
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -39,6 +40,7 @@ _PORTS_GIVEN: set[int] = set()
 _LOWEST_PORT = 20000
 
 
+@functools.cache
 def _ephemeral_range() -> tuple[int, int]:
     try:
         lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()

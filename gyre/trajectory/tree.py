@@ -54,8 +54,8 @@ class NewMessage:
 
 
 @dataclass(slots=True, eq=False)
-class PreparedCall:
-    """A matched and encoded request, not yet part of the tree (see the module docstring)."""
+class _Match:
+    """Where a request stands against the tree: what `match` found, shared by both halves of `prepare`."""
 
     tree: TrajectoryTree
     request: ModelRequest
@@ -63,17 +63,23 @@ class PreparedCall:
     root_key: bytes
     root: Node | None
     """The existing ROOT node, or None when this call opens a new root."""
-    root_tokens: npt.NDArray[np.int32] | None
-    """Encoded system turn when `root` is None (the template's read-only array, shared by trees)."""
     matched: list[Node]
     """Matched message/output nodes below the root, in order."""
-    new_messages: list[NewMessage]
     aliases: list[tuple[Node, bytes, Node]]
     """(parent, echoed digest, matched child) learned by restoration, added on commit."""
     id_seed: bytes
     """Path digest of the output's parent: seeds the output's tool-call ids."""
-    digests: list[bytes] = field(default_factory=list, repr=False)
+    digests: list[bytes] = field(repr=False)
     """Match digests of the request's messages (the hot-path key)."""
+
+
+@dataclass(slots=True, eq=False)
+class PreparedCall(_Match):
+    """A matched and encoded request, not yet part of the tree (see the module docstring)."""
+
+    root_tokens: npt.NDArray[np.int32] | None
+    """Encoded system turn when `root` is None (the template's read-only array, shared by trees)."""
+    new_messages: list[NewMessage]
     history_mismatch: bool = False
     """The history diverged from every recorded path: an assistant message the tree did not record
     (re-serialized or edited by the harness, or retokenization drift) had to be encoded anew."""
@@ -123,22 +129,13 @@ class PreparedCall:
 
 
 @dataclass(slots=True, eq=False)
-class MatchedCall:
+class MatchedCall(_Match):
     """A request matched against the tree, its new segments rendered but not encoded (`TrajectoryTree.match`)."""
 
-    tree: TrajectoryTree
-    request: ModelRequest
-    classification: Classification
-    root_key: bytes
-    root: Node | None
     root_tokens: npt.NDArray[np.int32] | None
     """The template's kept ids of a new root; None when `texts` starts with the root's text."""
-    matched: list[Node]
     new: list[tuple[Message, bytes, bytes]]
     """(message, path digest, match key) of each message that did not match."""
-    aliases: list[tuple[Node, bytes, Node]]
-    id_seed: bytes
-    digests: list[bytes]
     texts: list[str]
     """What to encode: a new root's text (when the template kept no ids for it), then each new message's
     segment."""
@@ -162,12 +159,12 @@ class MatchedCall:
             self.classification,
             self.root_key,
             self.root,
-            root_tokens,
             self.matched,
-            new,
             self.aliases,
             self.id_seed,
             self.digests,
+            root_tokens,
+            new,
             any(m.message.role == "assistant" for m in new),
         )
 
@@ -260,7 +257,7 @@ class TrajectoryTree:
             if root_tokens is None:
                 texts.insert(0, self.template.system_text(classification.rendered_system, request.tools))
         return MatchedCall(
-            self, request, classification, key, root, root_tokens, matched, new, aliases, path, digests, texts
+            self, request, classification, key, root, matched, aliases, path, digests, root_tokens, new, texts
         )
 
     def commit(
