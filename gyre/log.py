@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import structlog
@@ -38,7 +39,7 @@ def _shared_processors() -> list[Any]:
     ]
 
 
-def _drop_noise(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+def _drop_noise(logger: Any, name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """stdlib records already interpolated their arguments into `event`, and uvicorn's `color_message` repeats
     the message with terminal colours."""
     event.pop("positional_args", None)

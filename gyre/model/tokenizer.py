@@ -26,6 +26,7 @@ from typing import Any
 from tokenizers import Tokenizer as _Backend
 
 from gyre.model.arch import ModelError
+from gyre.model.fast_bpe import FastBpe
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -73,6 +74,9 @@ class Tokenizer:
             tok.content for _, tok in sorted(added.items()) if tok.special
         )
         self._to_id = {tok.content: int(i) for i, tok in added.items()}
+        self._fast: FastBpe | None = None
+        self._fast_built = False
+        """`_fast` is built on the first `encode` (None where it cannot give the backend's ids)."""
 
     @classmethod
     def from_dir(cls, directory: Path) -> Tokenizer:
@@ -132,9 +136,22 @@ class Tokenizer:
     # ---- text ----------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """The ids of `text`, without offsets (`encode_batch_fast`: the same ids, ~15% less CPU than
-        `encode`; the proxy encodes every new message of every harness call)."""
+        """The ids of `text`: by `FastBpe` where it gives the same ids (byte-level BPE), else by the
+        `tokenizers` backend without offsets. The proxy encodes every new message of every harness call."""
+        if not self._fast_built:
+            self._fast, self._fast_built = FastBpe.build(self._backend), True
+        if self._fast is not None:
+            return self._fast.encode(text)
+        return self.backend_encode(text)
+
+    def backend_encode(self, text: str) -> list[int]:
+        """The ids of `text` by the `tokenizers` backend (`encode_batch_fast`: no offsets, ~15% less CPU)."""
         return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+
+    @property
+    def uses_fast_bpe(self) -> bool:
+        """Whether `encode` runs on `FastBpe` (known after the first `encode`)."""
+        return self._fast is not None
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids`; `ValueError` for an id outside the vocabulary (a padded row of the embedding,

@@ -17,26 +17,10 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gyre.model.families import FAMILIES, ChatFamily
+from gyre.model.fast_bpe import bytes_to_unicode
 from gyre.model.tokenizer import Tokenizer as GyreTokenizer
 
 TOKENIZER_KINDS = ("bpe", "byte")
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """The byte-level alphabet: every byte as one printable character (GPT-2's mapping)."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
 
 
 def corpus_files() -> list[Path]:
