@@ -22,12 +22,14 @@ Used by the proxy (generation, abort, KV migration) and the cell agent (pause, m
 speaks SGLang's native API with SGLang's field names; `/gyre/kv/*` exists only on the embedded
 engine (a real SGLang answers 404 → `EngineNotFound`, and the proxy recomputes instead).
 
-Transport: one aiohttp session per client (created on first use, inside the caller's loop), whose
-connector keeps up to 2,048 keep-alive connections to the engine. aiohttp and not httpx: on the proxy's
-hot path (a `/generate` per harness call, a prompt of thousands of ids) httpx cost ~2.2 ms of CPU per
-request against ~0.35 ms (its pure-Python h11 parser and request model; measured here with one
-client process against one uvicorn server, 2,000 requests of a 5,000-id prompt), and its pool rescans
-every connection per event, so a large pool grows quadratically.
+Transport: whole exchanges (`generate`, abort, pause, weights, ...) over plain HTTP go through
+`gyre.engine.http1.Http1Pool`, keep-alive connections over asyncio streams: the proxy sends one
+`/generate` per harness call, and aiohttp's request machinery was ~10% of its CPU under `gyre bench
+load`. Streams (`generate_stream`) and HTTPS use one aiohttp session per client (created on first use,
+inside the caller's loop), whose connector keeps up to 2,048 keep-alive connections. Neither is httpx: on
+that hot path httpx cost ~2.2 ms of CPU per request against ~0.35 ms for aiohttp (its pure-Python h11
+parser and request model; one client process against one uvicorn server, 2,000 requests of a 5,000-id
+prompt), and its pool rescans every connection per event, so a large pool grows quadratically.
 
 Retries: only when the connection could not be made (refused, connect timeout), with exponential
 backoff: such a request never reached the server, so a retry cannot duplicate work. Everything else
@@ -39,10 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -55,6 +58,7 @@ from gyre.engine.errors import (
     error_for_status,
     error_message,
 )
+from gyre.engine.http1 import Http1BrokenError, Http1ConnectError, Http1Pool
 from gyre.engine.types import GenerateChunk, GenerateResult, KVPinInfo, StreamAccumulator
 
 if TYPE_CHECKING:
@@ -65,8 +69,7 @@ _MAX_CONNECTIONS = 2048
 """Connections to one engine before requests queue (the proxy sends every call of its executions there)."""
 _MAX_EVENT_BYTES = 64 << 20
 """Longest line of a streamed answer (SGLang's non-incremental events repeat every output id so far)."""
-_JSON = {"content-type": "application/json"}
-_BYTES = {"content-type": "application/octet-stream"}
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,14 @@ class EngineClient:
         self.max_connect_retries = max_connect_retries
         self.retry_backoff_s = retry_backoff_s
         self._connect_timeout_s = connect_timeout_s
+        url = urlsplit(self.base_url)
+        self._path_prefix = url.path
+        self._pool = (
+            Http1Pool(url.hostname, url.port or 80, connect_timeout_s=connect_timeout_s)
+            if url.scheme == "http" and url.hostname
+            else None
+        )
+        """Whole exchanges over plain HTTP (`gyre.engine.http1`); streams and HTTPS go through aiohttp."""
         self._session: aiohttp.ClientSession | None = None
         self._server_kind: str | None = None
 
@@ -120,6 +131,8 @@ class EngineClient:
         return self._session
 
     async def aclose(self) -> None:
+        if self._pool is not None:
+            await self._pool.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -145,24 +158,30 @@ class EngineClient:
     ) -> aiohttp.ClientResponse:
         """The engine's answer, its body not read yet (the caller releases it)."""
         url = self.base_url + path
-        data, headers = (
-            (orjson.dumps(json, option=orjson.OPT_SERIALIZE_NUMPY), _JSON)
-            if json is not None
-            else (content, _BYTES if content is not None else None)
-        )
+        data, content_type = _payload(json, content)
+        headers = None if content_type is None else {"content-type": content_type}
         timeout = self._timeout(timeout_s) if timeout_s is not None else None
-        attempt = 0
         with _transport_errors(url):
-            while True:
-                try:
-                    return await self.session.request(
-                        method, url, data=data, headers=headers, timeout=timeout
-                    )
-                except _RETRYABLE as e:
-                    if attempt >= self.max_connect_retries:
-                        raise EngineUnavailable(f"{url}: cannot connect: {e!r}", url=url) from e
-                    await asyncio.sleep(self.retry_backoff_s * 2**attempt)
-                    attempt += 1
+            return await self._connecting(
+                url,
+                lambda: self.session.request(method, url, data=data, headers=headers, timeout=timeout),
+                _RETRYABLE,
+            )
+
+    async def _connecting(
+        self, url: str, send: Callable[[], Awaitable[_T]], retryable: tuple[type[Exception], ...]
+    ) -> _T:
+        """`send()`, again with exponential backoff while it fails to connect (`retryable`): such a request
+        never reached the server, so a retry cannot duplicate work."""
+        attempt = 0
+        while True:
+            try:
+                return await send()
+            except retryable as e:
+                if attempt >= self.max_connect_retries:
+                    raise EngineUnavailable(f"{url}: cannot connect: {e!r}", url=url) from e
+                await asyncio.sleep(self.retry_backoff_s * 2**attempt)
+                attempt += 1
 
     async def request(
         self,
@@ -175,6 +194,20 @@ class EngineClient:
     ) -> Reply:
         """One request on the engine's base URL and its whole answer, whatever the status (a raw request
         outside this API, such as the embedded engine's `/gyre/script`)."""
+        pool = self._pool
+        if pool is not None:
+            url = self.base_url + path
+            data, content_type = _payload(json, content)
+            read_s = self.timeout_s if timeout_s is None else timeout_s
+            with _transport_errors(url):
+                status, reason, body = await self._connecting(
+                    url,
+                    lambda: pool.request(
+                        method, self._path_prefix + path, data, content_type, timeout_s=read_s
+                    ),
+                    (Http1ConnectError,),
+                )
+            return Reply(status, body, url, reason)
         response = await self._open(method, path, json=json, content=content, timeout_s=timeout_s)
         try:
             with _transport_errors(str(response.url)):
@@ -489,8 +522,15 @@ def _transport_errors(
         yield
     except TimeoutError as e:
         raise EngineTimeout(f"{url}: {timed_out}: {e!r}", url=url) from e
-    except aiohttp.ClientError as e:
+    except (aiohttp.ClientError, Http1BrokenError) as e:
         raise EngineUnavailable(f"{url}: {broken}: {e!r}", url=url) from e
+
+
+def _payload(json: Any, content: bytes | None) -> tuple[bytes | None, str | None]:
+    """A request's body and content type: `json` serialized (numpy arrays included), or raw `content`."""
+    if json is not None:
+        return orjson.dumps(json, option=orjson.OPT_SERIALIZE_NUMPY), "application/json"
+    return content, None if content is None else "application/octet-stream"
 
 
 def _error_from(reply: Reply) -> EngineError:
