@@ -24,6 +24,8 @@ import time
 
 MAX_HEAD_BYTES = 64 << 10
 """Longest status line and headers of an answer."""
+LARGE_BODY_BYTES = 1 << 20
+"""Bodies above this size (weight updates) are written after the head, not joined to it, and drained."""
 
 
 class Http1ConnectError(OSError):
@@ -63,8 +65,16 @@ class Http1Pool:
             head = f"{method} {path} HTTP/1.1\r\n{self._host_header}content-length: {len(body or b'')}\r\n"
             if content_type is not None:
                 head += f"content-type: {content_type}\r\n"
-            connection.writer.write(head.encode() + b"\r\n" + (body or b""))
+            writer = connection.writer
             async with asyncio.timeout(timeout_s):
+                if (
+                    body is not None and len(body) > LARGE_BODY_BYTES
+                ):  # weights: not joined to the head (a copy)
+                    writer.write(head.encode() + b"\r\n")
+                    writer.write(body)
+                    await writer.drain()
+                else:  # one write, one segment
+                    writer.write(head.encode() + b"\r\n" + (body or b""))
                 status, reason, headers = await _read_head(connection.reader)
                 content = await _read_body(connection.reader, headers)
             framed = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()

@@ -88,6 +88,18 @@ async def test_the_request_is_written_whole_and_the_connection_kept(pools: Calla
         assert body == b'{"a": 1}'
 
 
+async def test_a_large_body_arrives_whole(pools: Callable[..., Http1Pool]) -> None:
+    body = bytes(range(256)) * (3 << 12)  # 3 MB: written after the head and drained
+    async with RawServer(lambda request: _ok(str(len(request.split(b"\r\n\r\n", 1)[1])).encode())) as server:
+        pool = pools(server.port)
+        assert await pool.request("POST", "/update", body, None, timeout_s=10) == (
+            200,
+            "OK",
+            str(len(body)).encode(),
+        )
+        assert server.requests[0].endswith(body)
+
+
 async def test_chunked_and_close_delimited_bodies(pools: Callable[..., Http1Pool]) -> None:
     chunked = b"HTTP/1.1 503 Service Unavailable\r\ntransfer-encoding: chunked\r\n\r\n5;x=1\r\nhello\r\n1\r\n!\r\n0\r\n\r\n"
     async with RawServer(lambda request: chunked) as server:
