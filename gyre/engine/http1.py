@@ -65,16 +65,15 @@ class Http1Pool:
             head = f"{method} {path} HTTP/1.1\r\n{self._host_header}content-length: {len(body or b'')}\r\n"
             if content_type is not None:
                 head += f"content-type: {content_type}\r\n"
+            head_bytes = (head + "\r\n").encode()
             writer = connection.writer
             async with asyncio.timeout(timeout_s):
-                if (
-                    body is not None and len(body) > LARGE_BODY_BYTES
-                ):  # weights: not joined to the head (a copy)
-                    writer.write(head.encode() + b"\r\n")
+                if body is not None and len(body) > LARGE_BODY_BYTES:  # not joined to the head: no copy
+                    writer.write(head_bytes)  # two writes: Python 3.11's writelines joins its buffers
                     writer.write(body)
                     await writer.drain()
                 else:  # one write, one segment
-                    writer.write(head.encode() + b"\r\n" + (body or b""))
+                    writer.write(head_bytes + (body or b""))
                 status, reason, headers = await _read_head(connection.reader)
                 content = await _read_body(connection.reader, headers)
             framed = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()

@@ -73,8 +73,7 @@ class FastBpe:
             log.debug("fast_bpe_unused", reason=str(e))
             return None
         for text in probe:
-            expected = backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
-            if fast.encode(text) != expected:
+            if fast.encode(text) != backend_ids(backend, text):
                 log.warning("fast_bpe_unused", reason="it encodes the probe text differently", text=text)
                 return None
         return fast
@@ -111,6 +110,11 @@ class FastBpe:
 
 class _Unsupported(ValueError):
     pass
+
+
+def backend_ids(backend: Backend, text: str) -> list[int]:
+    """The ids `backend` gives `text` (`encode_batch_fast`: no offsets, ~15% less CPU than `encode`)."""
+    return list(backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
 
 def _pattern(pre: dict[str, Any] | None) -> str:

@@ -49,8 +49,7 @@ def _qwen2_style() -> Backend:
 
 QWEN2_STYLE = _qwen2_style()
 FAST = {
-    "gpt2-regex": (SPEC_BACKEND := _backend(), FastBpe.build(SPEC_BACKEND)),
-    "qwen2-split": (QWEN2_STYLE, FastBpe.build(QWEN2_STYLE)),
+    kind: (b, FastBpe.build(b)) for kind, b in {"gpt2-regex": _backend(), "qwen2-split": QWEN2_STYLE}.items()
 }
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<think>", "<tool_call>"]
 texts = st.lists(
