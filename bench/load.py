@@ -3,7 +3,7 @@ with each step's groups archived out of Redis as the packer does once a step com
 
     gyre bench load [--concurrency 64,256,1152] [--turns 4] [--steps 12] [--tool-s 10.9] [--json]
 
-Processes: nats-server, redis-server (no AOF), an embedded engine with scripted outputs and the real
+Processes: nats-server, redis-server (AOF, `appendfsync always` as a run has; `--aof` to change), an embedded engine with scripted outputs and the real
 proxy service (`python -m services.proxy`), on a model with the BPE tokenizer of `gyre model init` (8,192
 ids; ~3.9 bytes per token on the harness's prompt, ~2.2 on tool output — a real model's density, where
 the demo's byte tokenizer makes every byte a token); this process plays the scheduler's records, the runners'
@@ -371,7 +371,9 @@ class Load:
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     nats: ServerProcess = start_nats(workdir / "nats")
-    redis_server: ServerProcess = start_redis(workdir / "redis", appendonly=False)
+    redis_server: ServerProcess = start_redis(
+        workdir / "redis", appendonly=args.aof != "off", appendfsync=args.aof if args.aof != "off" else "no"
+    )
     processes: list[subprocess.Popen[bytes]] = []
     levels = [int(c) for c in args.concurrency.split(",")]
     try:
@@ -643,6 +645,12 @@ def main(argv: list[str]) -> None:
         dest="pin",
         action="store_false",
         help="leave every process on every CPU (default: the proxy on a CPU of its own)",
+    )
+    parser.add_argument(
+        "--aof",
+        choices=["off", "no", "everysec", "always"],
+        default="always",
+        help="Redis's append-only file: off, or its appendfsync policy (default: the embedded default's)",
     )
     parser.add_argument("--json", action="store_true", help="accepted: the last line is always JSON")
     args = parser.parse_args(argv)

@@ -146,10 +146,13 @@ class RedisSection(Section):
     """Port when the stack starts the server; 0 picks a free port."""
     appendonly: bool = True
     """Turn on AOF persistence for a started server."""
-    appendfsync: Literal["always", "everysec", "no"] = "everysec"
-    """AOF fsync policy of a started server. `everysec`: a redis-server crash loses nothing acknowledged (the AOF
-    is written before the reply), a machine crash loses at most ~1 s (2 s while the disk stalls an fsync);
-    `always` loses nothing even then, at one fsync per write batch."""
+    appendfsync: Literal["always", "everysec", "no"] = "always"
+    """AOF fsync policy of a started server. `always`: every write batch (one event-loop turn) is written and
+    fsynced before its replies go out, so nothing acknowledged is lost, by a redis-server kill or a machine
+    crash. `everysec` fsyncs in the background once a second and, while that fsync is still running, holds
+    new writes in Redis's memory for up to 2 s after acknowledging them: a SIGKILL then loses them (seen on
+    a loaded CI machine). `no` writes before replying but leaves fsync to the kernel (~30 s at risk on a
+    machine crash)."""
     credentials_file: str | None = None
     """Path of each client's Redis ACL user, `{service}` standing for the client (as `nats.credentials_file`);
     None = connect without credentials. `gyre up` sets it to `runs/<run>/credentials/redis/{service}.json`."""

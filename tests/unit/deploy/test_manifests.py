@@ -360,7 +360,7 @@ def test_broker_configs_enable_jetstream_monitoring_and_aof() -> None:
         for line in (DEPLOY / "redis" / "redis.conf").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
-    assert redis["appendonly"] == "yes" and redis["appendfsync"] == "everysec"
+    assert redis["appendonly"] == "yes" and redis["appendfsync"] == "always"
     assert redis["maxmemory-policy"] == "noeviction" and redis["dir"] == "/data"
 
 
