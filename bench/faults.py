@@ -10,7 +10,8 @@ Last line: {"faults": {NAME: {"completed", "lost", "double_trained", "double_app
 "recovery_s", "injected"}}, "run": {the whole run's invariants}, "wall_s", ...}. A violation or harness error
 belongs to the fault injected last before it; `recovery_s` is injection → the process serves again.
 `redis_used_memory_by_step` / `redis_used_memory_ratio_last_vs_4`: Redis memory after each step and the
-bounded-state ratio (goal ≤ 1.1; gyre/demo/memory.py). `--steps 12` for the 12-step figure.
+bounded-state ratio (goal ≤ 1.1; gyre/demo/memory.py); `redis_dataset_bytes_by_step` / `redis_keys_by_step`:
+the keys and values alone, and their count, at the same samples. `--steps 12` for the 12-step figure.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def main(argv: list[str]) -> None:
                 "executions": summary["executions"],
                 "redis_used_memory_by_step": summary.get("redis_used_memory_by_step", {}),
                 "redis_used_memory_ratio_last_vs_4": summary.get("redis_used_memory_ratio_last_vs_4"),
+                "redis_dataset_bytes_by_step": summary.get("redis_dataset_bytes_by_step", {}),
+                "redis_keys_by_step": summary.get("redis_keys_by_step", {}),
                 "run_dir": str(Path(summary["run_dir"]).resolve()),
             }
         )

@@ -130,6 +130,7 @@ async def test_a_redis_user_reaches_only_its_runs_keys_and_the_commands_it_needs
     cli: aioredis.Redis = await connect_redis(redis_auth.url, _login(creds.redis_template, "cli"))
     try:
         assert await cli.get(keys.counters()) == b"1"
+        assert await cli.dbsize() >= 2 and "used_memory_dataset" in await cli.info("memory")  # memory figures
         with pytest.raises(redis.ResponseError, match=r"NOPERM|permission"):
             await cli.set(keys.counters(), b"2")
     finally:

@@ -20,6 +20,8 @@ def test_samples_once_per_step_and_the_ratio_needs_both_steps(redis_server: Serv
         assert memory.by_step[4] == first
         memory.sample(12)
         assert memory.by_step[12] >= first + 2_000_000
+        assert memory.dataset_by_step[12] >= memory.dataset_by_step[4] + 2_000_000
+        assert memory.keys_by_step[12] == memory.keys_by_step[4] + 1
         ratio = memory.ratio(12)
         assert ratio is not None and ratio > 1.1
         assert memory.ratio(4) is None and memory.ratio(13) is None and memory.ratio(12, base=3) is None
@@ -32,5 +34,6 @@ def test_samples_once_per_step_and_the_ratio_needs_both_steps(redis_server: Serv
 def test_a_redis_that_does_not_answer_is_skipped() -> None:
     memory = RedisMemory("redis://127.0.0.1:1", None)  # nothing listens on port 1
     memory.sample(4)
-    assert memory.by_step == {} and memory.ratio(12) is None
+    assert memory.by_step == {} and memory.dataset_by_step == {} and memory.keys_by_step == {}
+    assert memory.ratio(12) is None
     memory.close()
