@@ -7,8 +7,9 @@
 The proxy sends one `/generate` per harness call; through aiohttp's request machinery (its request and
 response models, header multidicts, cookie jar, per-read timers) that exchange was ~10% of the proxy's CPU
 under `gyre bench load`, more than the engine's answer takes to parse. This pool writes the request in one
-write and reads the status line, the headers and a `content-length` or chunked body; that is all a whole
-answer of SGLang or the embedded engine (uvicorn) needs. Streams stay on aiohttp (`EngineClient`).
+write and reads the status line, the headers and a `content-length`, chunked or close-delimited body (none
+after HEAD, 204 and 304, as HTTP/1.1 has it); that is all a whole answer of SGLang or the embedded engine
+(uvicorn) needs. Streams stay on aiohttp (`EngineClient`).
 
 Connections are reused most-recent first and dropped after `idle_s` unused, below uvicorn's default
 keep-alive of 5 s (SGLang's), so a request is not written into a connection the server is closing. A
@@ -75,8 +76,13 @@ class Http1Pool:
                 else:  # one write, one segment
                     writer.write(head_bytes + (body or b""))
                 status, reason, headers = await _read_head(connection.reader)
-                content = await _read_body(connection.reader, headers)
-            framed = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()
+                bodiless = method == "HEAD" or status in (204, 304)  # no body, whatever the headers say
+                content = b"" if bodiless else await _read_body(connection.reader, headers)
+            framed = (
+                bodiless
+                or "content-length" in headers
+                or "chunked" in headers.get("transfer-encoding", "").lower()
+            )
             reusable = framed and headers.get("connection", "").lower() != "close"
             return status, reason, content
         except (TimeoutError, Http1BrokenError):  # TimeoutError is an OSError: named first

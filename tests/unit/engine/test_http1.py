@@ -124,6 +124,20 @@ async def test_chunked_and_close_delimited_bodies(pools: Callable[..., Http1Pool
         assert server.connections == 2  # `connection: close` is not reused
 
 
+async def test_answers_without_a_body_do_not_wait_for_one(pools: Callable[..., Http1Pool]) -> None:
+    answers = {
+        b"GET /empty": b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"GET /same": b"HTTP/1.1 304 Not Modified\r\netag: x\r\n\r\n",
+        b"HEAD /": b"HTTP/1.1 200 OK\r\ncontent-length: 42\r\n\r\n",
+    }
+    async with RawServer(lambda request: answers[request.split(b" HTTP/")[0]]) as server:
+        pool = pools(server.port)
+        assert await pool.request("GET", "/empty", None, None, timeout_s=2) == (204, "No Content", b"")
+        assert await pool.request("GET", "/same", None, None, timeout_s=2) == (304, "Not Modified", b"")
+        assert await pool.request("HEAD", "/", None, None, timeout_s=2) == (200, "OK", b"")
+        assert server.connections == 1  # each left the connection reusable
+
+
 async def test_an_idle_connection_is_not_reused_past_idle_s(pools: Callable[..., Http1Pool]) -> None:
     async with RawServer(lambda request: _ok(b"x")) as server:
         pool = pools(server.port, idle_s=0.2)
