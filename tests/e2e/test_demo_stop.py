@@ -64,12 +64,19 @@ def _tree_once_harnesses_run(
     raise AssertionError(f"no harness execution started within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
 
 
+def _command(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline()[:4])
+    except psutil.Error:  # exited since it was seen alive
+        return f"pid {pid} (exited)"
+
+
 def _left_after(tree: list[ProcessId], bound_s: float) -> list[str]:
     deadline = time.monotonic() + bound_s
     while True:
         left = [p for p in tree if alive(p.pid, p.started)]
         if not left or time.monotonic() > deadline:
-            return [" ".join(psutil.Process(p.pid).cmdline()[:4]) for p in left if alive(p.pid, p.started)]
+            return [_command(p.pid) for p in left if alive(p.pid, p.started)]
         time.sleep(0.2)
 
 

@@ -25,6 +25,7 @@ from gyre.bus import login_url
 from gyre.config import load_config
 from gyre.demo.events import read_events
 from gyre.stack.health import grpc_health
+from gyre.stack.procs import alive
 from gyre.stack.state import ProcessEntry, StackState
 from tests.support.models import small_dir
 
@@ -90,9 +91,7 @@ def _restarted(config: Path, name: str, old_pid: int) -> Callable[[], bool]:
 def _all_gone(pids: set[int], timeout_s: float) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while True:
-        left = [
-            p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        ]
+        left = [p for p in pids if alive(p)]  # not pid_exists + Process: the pid may exit in between
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
