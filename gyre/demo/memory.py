@@ -5,6 +5,7 @@ faults`), next to `gyre bench load`'s synthetic one.
     memory.sample(step=4)                     # once per committed step, as the demo sees it
     memory.by_step, memory.ratio(last=12, base=4)
     memory.keys_by_step, memory.dataset_by_step   # what the total is made of
+    memory.report(last=12)                    # all of it as the summary's `redis_*` fields
 
 A step's groups leave Redis once it committed (archived first; gyre/store/archive.py), so `used_memory`
 after step 12 should be within 1.1× of after step 4. A sample is taken when the demo first sees the step
@@ -52,6 +53,15 @@ class RedisMemory:
         if last <= base or last not in self.by_step or not self.by_step.get(base):
             return None
         return round(self.by_step[last] / self.by_step[base], 3)
+
+    def report(self, last: int) -> dict[str, Any]:
+        """The `redis_*` fields of a run's summary (`gyre demo`, `gyre bench faults`) after `last` steps."""
+        return {
+            "redis_used_memory_by_step": dict(sorted(self.by_step.items())),
+            "redis_used_memory_ratio_last_vs_4": self.ratio(last),
+            "redis_dataset_bytes_by_step": dict(sorted(self.dataset_by_step.items())),
+            "redis_keys_by_step": dict(sorted(self.keys_by_step.items())),
+        }
 
     def close(self) -> None:
         self._client.close()

@@ -224,10 +224,7 @@ class DemoRun:
             plot_reward_staleness(summary, self.run_dir / "reward_staleness.png")
         )
         if self._memory is not None:
-            summary["redis_used_memory_by_step"] = dict(sorted(self._memory.by_step.items()))
-            summary["redis_used_memory_ratio_last_vs_4"] = self._memory.ratio(summary["steps"])
-            summary["redis_dataset_bytes_by_step"] = dict(sorted(self._memory.dataset_by_step.items()))
-            summary["redis_keys_by_step"] = dict(sorted(self._memory.keys_by_step.items()))
+            summary.update(self._memory.report(summary["steps"]))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 

