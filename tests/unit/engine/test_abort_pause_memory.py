@@ -73,7 +73,7 @@ async def test_pause_abort_aborts_in_flight_and_queues_new_requests_until_contin
         await running(client)
         await client.pause_generation("abort")
         assert (await first).finish_reason.type == "abort"  # type: ignore[union-attr]
-        later = asyncio.create_task(client.generate(prompt(10, 1), {"max_new_tokens": 5}))
+        later = asyncio.create_task(client.generate(prompt(10, 1), {"max_new_tokens": 5, "ignore_eos": True}))
         await until(lambda: _stat_is(client, "num_waiting_reqs", 1))
         assert not later.done()
         await client.continue_generation()
