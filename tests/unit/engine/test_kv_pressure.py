@@ -40,4 +40,6 @@ async def test_a_request_larger_than_the_pool_fails_instead_of_waiting_forever()
             await client.generate(prompt(200, seed=0), {"max_new_tokens": 4})
         with pytest.raises(EngineUnavailable, match="cannot hold"):
             await client.generate(prompt(100, seed=1), {"max_new_tokens": 100, "ignore_eos": True})
-        assert (await client.generate(prompt(10, seed=2), {"max_new_tokens": 4, "ignore_eos": True})).completion_tokens == 4
+        assert (
+            await client.generate(prompt(10, seed=2), {"max_new_tokens": 4, "ignore_eos": True})
+        ).completion_tokens == 4
