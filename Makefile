@@ -9,9 +9,16 @@ PROTO_STAMP := gyre/v1/.generated
 PROTOS := $(wildcard protos/gyre/v1/*.proto)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup test demo lint bench protos up down clean npm
+.PHONY: setup containers test demo lint bench protos up down clean npm
 
-setup: $(SYS_STAMP) $(STAMP) $(PROTO_STAMP) $(NPM_STAMP)
+setup: $(SYS_STAMP) $(STAMP) $(PROTO_STAMP) $(NPM_STAMP) containers
+
+# The container engine (rootful podman + runc, deploy/local/containers.conf), the local Debian base image
+# and podman's Docker-API service: idempotent, a fraction of a second when all are there. Needs root;
+# without root it says what is missing and the container tests say they cannot run.
+containers: $(SYS_STAMP)
+	@if [ "$$(id -u)" -eq 0 ]; then bash deploy/local/containers.sh setup; \
+	else echo "note: not root: the container engine is not set up (bash deploy/local/containers.sh setup as root)"; fi
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The container engine of the `container` sandbox launcher and the compose deployment, on a machine where
+# no image registry is reachable (run by `make setup`; needs root for podman):
+#
+#   bash deploy/local/containers.sh base      build the local Debian base image unless it exists
+#   bash deploy/local/containers.sh service   start podman's Docker-API service unless it answers
+#   bash deploy/local/containers.sh setup     both
+#
+# The base image is Debian bookworm made by debootstrap (--variant=minbase: bash, coreutils, apt; no
+# python) from Debian's own package mirror, imported as localhost/gyre/debian-base:bookworm — a local
+# image named for what it is. Tests whose task Dockerfiles say `FROM debian:bookworm-slim` tag it with that
+# name themselves (and say so). The API service listens on /run/podman/podman.sock, podman's standard
+# rootful socket, which is where Gyre's container launcher looks when DOCKER_HOST is unset.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+export CONTAINERS_CONF="${CONTAINERS_CONF:-$HERE/containers.conf}"
+BASE_IMAGE="${GYRE_BASE_IMAGE:-localhost/gyre/debian-base:bookworm}"
+MIRROR="${GYRE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+SOCKET="${GYRE_PODMAN_SOCKET:-/run/podman/podman.sock}"
+
+need_root() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: $1 needs root (rootful podman with runc; see ../shared/FACTS.md or README 'Containers')" >&2
+    exit 1
+  fi
+}
+
+base() {
+  need_root "building the base image"
+  if podman image exists "$BASE_IMAGE"; then
+    return 0
+  fi
+  local dir
+  dir="$(mktemp -d /var/tmp/gyre-base.XXXXXX)"
+  trap 'rm -rf "$dir"' RETURN
+  echo "building $BASE_IMAGE (debootstrap bookworm from $MIRROR, about a minute)"
+  debootstrap --variant=minbase bookworm "$dir/rootfs" "$MIRROR" >"$dir/debootstrap.log" 2>&1 || {
+    tail -20 "$dir/debootstrap.log" >&2
+    echo "error: debootstrap of bookworm from $MIRROR failed" >&2
+    exit 1
+  }
+  rm -rf "$dir"/rootfs/var/cache/apt/archives/*.deb "$dir"/rootfs/var/lib/apt/lists/*
+  tar -C "$dir/rootfs" -c . | podman import --quiet \
+    --change 'CMD ["/bin/bash"]' --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    - "$BASE_IMAGE" >/dev/null
+  echo "built $BASE_IMAGE"
+}
+
+answers() {
+  python3 - "$SOCKET" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(2)
+try:
+    s.connect(sys.argv[1])
+    s.sendall(b"GET /_ping HTTP/1.0\r\nHost: d\r\n\r\n")
+    sys.exit(0 if b" 200 " in s.recv(64) else 1)
+except OSError:
+    sys.exit(1)
+PY
+}
+
+service() {
+  need_root "the podman API service"
+  if answers; then
+    return 0
+  fi
+  mkdir -p "$(dirname "$SOCKET")"
+  rm -f "$SOCKET"
+  setsid nohup podman system service --time=0 "unix://$SOCKET" \
+    >"$(dirname "$SOCKET")/gyre-podman-service.log" 2>&1 </dev/null &
+  for _ in $(seq 1 100); do
+    if answers; then
+      echo "podman API service on unix://$SOCKET"
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "error: podman system service did not answer on $SOCKET within 10 s" >&2
+  exit 1
+}
+
+case "${1:-setup}" in
+  base) base ;;
+  service) service ;;
+  setup) base; service ;;
+  *) echo "usage: $0 base|service|setup" >&2; exit 2 ;;
+esac
