@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from gyre.model.arch import ModelError
+from gyre.model.architectures import ARCHITECTURES
 
 model_app = typer.Typer(help="Make, inspect and check Hugging Face model directories.", no_args_is_help=True)
 
@@ -29,7 +30,7 @@ def _fail(e: Exception) -> typer.Exit:
 @model_app.command("init")
 def init_cmd(
     out: Annotated[Path, typer.Option("--out", help="Directory to write (replaced if it exists).")],
-    arch: Annotated[str, typer.Option(help="qwen3, qwen2 or llama.")] = "qwen3",
+    arch: Annotated[str, typer.Option(help=f"One of {', '.join(ARCHITECTURES)}.")] = "qwen3",
     size: Annotated[str, typer.Option(help="tiny (~2 M parameters) or small (~10 M).")] = "tiny",
     seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
     tokenizer: Annotated[str, typer.Option(help="bpe (trained on Gyre's own text) or byte.")] = "bpe",

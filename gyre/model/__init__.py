@@ -1,11 +1,12 @@
 """Models: Hugging Face checkpoint directories in and out, and the decoder Gyre serves and trains.
 
 One model path for the whole framework: a directory with config.json (`LlamaForCausalLM`,
-`Qwen2ForCausalLM`, `Qwen3ForCausalLM`), safetensors weights under their HF names, tokenizer.json +
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM`: `architectures/`), safetensors weights under their HF names, tokenizer.json +
 tokenizer_config.json (chat template). This package file imports nothing, so light modules
 (`arch`, `tokenizer`) stay importable without torch:
 
     from gyre.model.arch import ModelArch, ModelError, read_arch        # config.json, checked
+    from gyre.model.architectures import ARCHITECTURES                   # one record per architecture
     from gyre.model.tokenizer import Tokenizer                           # tokenizer.json + chat template
     from gyre.model.files import check_model_dir
     from gyre.model.weights import load_model, write_model_dir

@@ -1,7 +1,8 @@
 """The architecture of a Hugging Face checkpoint, read from its `config.json` and checked once.
 
-Gyre serves and trains one family of decoders: `LlamaForCausalLM`, `Qwen2ForCausalLM` and
-`Qwen3ForCausalLM` (dense). They differ only in a few switches, which `ModelArch` names:
+Gyre serves and trains one shared decoder: `LlamaForCausalLM`, `Qwen2ForCausalLM` and
+`Qwen3ForCausalLM` (dense) differ only in a few switches, which `ModelArch` names and each
+architecture's record in `gyre/model/architectures/` sets from its config:
 
     GQA               num_key_value_heads divides num_attention_heads
     Qwen2             bias on q/k/v (not o)
@@ -27,21 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-CONFIG_FILE = "config.json"
+from gyre.model.architectures import HF_CLASSES, Architecture, by_hf_class
 
-#: architecture → (family, the transformers config class defaults we rely on when a key is absent)
-_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "LlamaForCausalLM": (
-        "llama",
-        {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False},
-    ),
-    "Qwen2ForCausalLM": ("qwen2", {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768}),
-    "Qwen3ForCausalLM": (
-        "qwen3",
-        {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "attention_bias": False, "head_dim": 128},
-    ),
-}
-SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
+CONFIG_FILE = "config.json"
 ROPE_KINDS = ("default", "linear", "llama3", "yarn")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -78,7 +67,7 @@ class ModelArch:
     """Shapes and switches of one checkpoint (what engine, trainer and KV migration must agree on)."""
 
     architecture: str
-    family: str
+    """config.json's class (`Qwen3ForCausalLM`); its record is `gyre.model.architectures.by_hf_class`."""
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -91,9 +80,9 @@ class ModelArch:
     rope: RopeSpec
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
-    """Bias on q/k/v projections (Qwen2; Llama's attention_bias)."""
+    """Bias on q/k/v projections (Qwen2; attention_bias elsewhere)."""
     o_bias: bool = False
-    """Bias on the output projection (Llama's attention_bias only)."""
+    """Bias on the output projection (attention_bias)."""
     mlp_bias: bool = False
     qk_norm: bool = False
     """RMSNorm over each head of q and k before rotary (Qwen3)."""
@@ -182,92 +171,110 @@ def read_arch(directory: Path) -> ModelArch:
 def arch_from_config(raw: dict[str, Any], path: Path | str = CONFIG_FILE) -> ModelArch:
     """`ModelArch` of a config dict (`path` only names the source in errors)."""
     archs = raw.get("architectures")
-    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in _FAMILIES:
+    record = by_hf_class(archs[0]) if isinstance(archs, list) and len(archs) == 1 else None
+    if record is None:
         raise ModelError(
-            path,
-            "architectures",
-            f"{archs!r} is not supported; Gyre runs one of {', '.join(SUPPORTED_ARCHITECTURES)}",
+            path, "architectures", f"{archs!r} is not supported; Gyre runs one of {', '.join(HF_CLASSES)}"
         )
-    architecture = archs[0]
-    family, defaults = _FAMILIES[architecture]
-    cfg = {**defaults, **raw}
-
-    def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
-        value = cfg.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ModelError(path, key, f"must be an integer >= {minimum}; got {value!r}")
-        return value
-
-    def flag(key: str, default: bool = False) -> bool:
-        value = cfg.get(key, default)
-        if not isinstance(value, bool):
-            raise ModelError(path, key, f"must be true or false; got {value!r}")
-        return value
-
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ModelError(
-            path, "hidden_act", f"{cfg['hidden_act']!r} is not supported (SwiGLU with silu only)"
-        )
-    if flag("use_sliding_window"):
-        raise ModelError(
-            path, "use_sliding_window", "sliding-window attention is not supported; set it false"
-        )
-    layer_types = cfg.get("layer_types")
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        raise ModelError(path, "layer_types", "only full_attention layers are supported")
-    if cfg.get("pretraining_tp", 1) not in (1, None):
-        raise ModelError(path, "pretraining_tp", f"must be 1; got {cfg['pretraining_tp']!r}")
-    if cfg.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):
-        raise ModelError(path, "partial_rotary_factor", "partial rotary embeddings are not supported")
-
-    hidden = integer("hidden_size")
-    heads = integer("num_attention_heads")
-    kv_heads = integer("num_key_value_heads", heads if family == "llama" else 32)
-    if heads % kv_heads:
-        raise ModelError(path, "num_key_value_heads", f"{kv_heads} must divide num_attention_heads={heads}")
-    head_dim_default = hidden // heads if hidden % heads == 0 else None
-    head_dim = integer("head_dim", head_dim_default) if cfg.get("head_dim") is not None else head_dim_default
-    if head_dim is None:
-        raise ModelError(path, "head_dim", f"needed: hidden_size={hidden} is not a multiple of {heads} heads")
-    if head_dim % 2:
-        raise ModelError(path, "head_dim", f"must be even for rotary embeddings; got {head_dim}")
-    attention_bias = flag("attention_bias")
-    dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+    cfg = _ConfigFields({**record.config_defaults, **raw}, path)
+    _refuse_unsupported(cfg)
+    heads, kv_heads, head_dim = _attention_shape(cfg, record)
+    dtype = str(cfg.values.get("dtype") or cfg.values.get("torch_dtype") or "float32")
     if dtype not in DTYPES:
         raise ModelError(path, "torch_dtype", f"{dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    eos = cfg.get("eos_token_id")
+    eos = cfg.values.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-    max_positions = integer("max_position_embeddings")
+    max_positions = cfg.integer("max_position_embeddings")
+    switches = record.switches(cfg.flag)
     return ModelArch(
-        architecture=architecture,
-        family=family,
-        hidden_size=hidden,
-        num_layers=integer("num_hidden_layers"),
+        architecture=record.hf_class,
+        hidden_size=cfg.integer("hidden_size"),
+        num_layers=cfg.integer("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=integer("intermediate_size"),
-        vocab_size=integer("vocab_size"),
+        intermediate_size=cfg.integer("intermediate_size"),
+        vocab_size=cfg.integer("vocab_size"),
         max_position_embeddings=max_positions,
-        rms_norm_eps=_positive(cfg, "rms_norm_eps", path),
-        rope=read_rope(cfg, max_positions, path),
-        tie_word_embeddings=flag("tie_word_embeddings"),
-        qkv_bias=family == "qwen2" or attention_bias,
-        o_bias=attention_bias,
-        mlp_bias=flag("mlp_bias") if family == "llama" else False,
-        qk_norm=family == "qwen3",
+        rms_norm_eps=cfg.positive("rms_norm_eps"),
+        rope=read_rope(cfg.values, max_positions, path),
+        tie_word_embeddings=cfg.flag("tie_word_embeddings"),
+        qkv_bias=switches.qkv_bias,
+        o_bias=switches.o_bias,
+        mlp_bias=switches.mlp_bias,
+        qk_norm=switches.qk_norm,
         dtype=dtype,
         eos_token_ids=tuple(int(t) for t in eos_ids),
-        bos_token_id=cfg.get("bos_token_id"),
+        bos_token_id=cfg.values.get("bos_token_id"),
         raw=raw,
     )
 
 
-def _positive(cfg: dict[str, Any], key: str, path: Path | str) -> float:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ModelError(path, key, f"must be a number > 0; got {value!r}")
-    return float(value)
+@dataclass(frozen=True, slots=True)
+class _ConfigFields:
+    """config.json values (the architecture's defaults under them), read with checks that name the key."""
+
+    values: dict[str, Any]
+    path: Path | str
+
+    def integer(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+        value = self.values.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ModelError(self.path, key, f"must be an integer >= {minimum}; got {value!r}")
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.values.get(key, False)
+        if not isinstance(value, bool):
+            raise ModelError(self.path, key, f"must be true or false; got {value!r}")
+        return value
+
+    def positive(self, key: str) -> float:
+        value = self.values.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ModelError(self.path, key, f"must be a number > 0; got {value!r}")
+        return float(value)
+
+
+def _refuse_unsupported(cfg: _ConfigFields) -> None:
+    """The config switches of the decoders Gyre does not implement (each refusal names its key)."""
+    values, path = cfg.values, cfg.path
+    if values.get("hidden_act", "silu") != "silu":
+        raise ModelError(
+            path, "hidden_act", f"{values['hidden_act']!r} is not supported (SwiGLU with silu only)"
+        )
+    if cfg.flag("use_sliding_window"):
+        raise ModelError(
+            path, "use_sliding_window", "sliding-window attention is not supported; set it false"
+        )
+    layer_types = values.get("layer_types")
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        raise ModelError(path, "layer_types", "only full_attention layers are supported")
+    if values.get("pretraining_tp", 1) not in (1, None):
+        raise ModelError(path, "pretraining_tp", f"must be 1; got {values['pretraining_tp']!r}")
+    if values.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):
+        raise ModelError(path, "partial_rotary_factor", "partial rotary embeddings are not supported")
+
+
+def _attention_shape(cfg: _ConfigFields, record: Architecture) -> tuple[int, int, int]:
+    """(heads, kv heads, head dim), checked: kv heads divide heads, the head dim is even."""
+    path = cfg.path
+    hidden = cfg.integer("hidden_size")
+    heads = cfg.integer("num_attention_heads")
+    kv_heads = cfg.integer("num_key_value_heads", record.default_num_kv_heads or heads)
+    if heads % kv_heads:
+        raise ModelError(path, "num_key_value_heads", f"{kv_heads} must divide num_attention_heads={heads}")
+    head_dim_default = hidden // heads if hidden % heads == 0 else None
+    head_dim = (
+        cfg.integer("head_dim", head_dim_default)
+        if cfg.values.get("head_dim") is not None
+        else head_dim_default
+    )
+    if head_dim is None:
+        raise ModelError(path, "head_dim", f"needed: hidden_size={hidden} is not a multiple of {heads} heads")
+    if head_dim % 2:
+        raise ModelError(path, "head_dim", f"must be even for rotary embeddings; got {head_dim}")
+    return heads, kv_heads, head_dim
 
 
 def read_rope(cfg: dict[str, Any], max_positions: int, path: Path | str = CONFIG_FILE) -> RopeSpec:

@@ -127,8 +127,6 @@ FAMILIES: dict[str, ChatFamily] = {
         ),
     )
 }
-ARCH_FAMILIES = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
-"""The chat family `gyre model init --arch A` gives a model of architecture family A."""
 
 
 def detect_family(tokenizer: Tokenizer) -> ChatFamily:

@@ -21,17 +21,12 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from gyre.model.arch import arch_from_config
+from gyre.model.architectures import Architecture, architecture
 from gyre.model.causal_lm import CausalLM
-from gyre.model.families import ARCH_FAMILIES, FAMILIES, ChatFamily
+from gyre.model.families import FAMILIES, ChatFamily
 from gyre.model.tokenizer import GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from gyre.model.vocab import build_tokenizer
 from gyre.model.weights import write_model_dir
-
-ARCHES = {
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-    "llama": ("LlamaForCausalLM", "llama"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +65,13 @@ family="chatml", overrides=EMBEDDED_DEFAULT)`."""
 
 
 def _config(
-    arch: str, size: Size, vocab_size: int, family: ChatFamily, tok: Tokenizer, dtype: str
+    record: Architecture, size: Size, vocab_size: int, family: ChatFamily, tok: Tokenizer, dtype: str
 ) -> dict[str, Any]:
-    architecture, model_type = ARCHES[arch]
     head_dim = size.hidden_size // size.num_heads
     eos = tok.token_to_id(family.eos_token)
     config: dict[str, Any] = {
-        "architectures": [architecture],
-        "model_type": model_type,
+        "architectures": [record.hf_class],
+        "model_type": record.model_type,
         "hidden_size": size.hidden_size,
         "intermediate_size": size.intermediate_size,
         "num_hidden_layers": size.num_layers,
@@ -87,22 +81,15 @@ def _config(
         "hidden_act": "silu",
         "max_position_embeddings": size.max_position_embeddings,
         "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0 if arch != "llama" else 500000.0,
         "vocab_size": vocab_size,
-        "tie_word_embeddings": arch != "llama",
         "initializer_range": 0.02,
         "attention_dropout": 0.0,
         "use_cache": True,
         "torch_dtype": dtype,
         "bos_token_id": tok.token_to_id(family.bos_token) if family.bos_token else None,
         "eos_token_id": eos,
+        **record.init_config(size.num_layers),
     }
-    if arch == "llama":
-        config.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-    else:
-        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=size.num_layers)
-    if arch == "qwen3":
-        config["attention_bias"] = False
     return config
 
 
@@ -135,11 +122,10 @@ def init_model_dir(
     overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write a random-init model directory (see the module docstring); returns `out`."""
-    if arch not in ARCHES:
-        raise ValueError(f"--arch must be one of {', '.join(ARCHES)}; got {arch!r}")
+    record = architecture(arch)
     if size not in SIZES:
         raise ValueError(f"--size must be one of {', '.join(SIZES)}; got {size!r}")
-    chat = FAMILIES.get(family or ARCH_FAMILIES[ARCHES[arch][1]])
+    chat = FAMILIES.get(family or record.chat_family)
     if chat is None:
         raise ValueError(f"--family must be one of {', '.join(FAMILIES)}; got {family!r}")
     preset = SIZES[size]
@@ -147,7 +133,7 @@ def init_model_dir(
         preset = replace(preset, max_position_embeddings=max_position_embeddings)
     tok = build_tokenizer(chat, tokenizer, vocab_size or preset.vocab_size)
     total_vocab = tok.get_vocab_size(with_added_tokens=True)
-    config = {**_config(arch, preset, total_vocab, chat, tok, dtype), **(overrides or {})}
+    config = {**_config(record, preset, total_vocab, chat, tok, dtype), **(overrides or {})}
     model_arch = arch_from_config(config)
     model = CausalLM(model_arch).init_weights(seed)
     with tempfile.TemporaryDirectory(prefix="gyre-init-") as scratch:

@@ -15,13 +15,14 @@ import transformers
 
 from gyre.engine import EngineClient
 from gyre.engine.migration import migrate_request_kv
+from gyre.model.architectures import ARCHITECTURES
 from gyre.model.logprobs import token_logprobs
 from services.cell_agent.engine import EngineServer
 from tests.support.models import hf_dir
 from tests.unit.engine.helpers import engine_section, engine_stats
 
 TOL = 1e-4
-ARCHES = ("llama", "qwen2", "qwen3")
+ARCHES = tuple(sorted(ARCHITECTURES))
 
 
 def _hf_error(hf: Any, ids: list[int], result: Any, temperature: float) -> float:

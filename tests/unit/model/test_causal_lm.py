@@ -11,13 +11,14 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gyre.model.architectures import ARCHITECTURES
 from gyre.model.causal_lm import CausalLM
 from gyre.model.init import init_model_dir
 from gyre.model.paged import PagedBatch, PagedKVCache
 from gyre.model.weights import load_model
 from tests.support.models import SMALL, hf_dir, load_small
 
-ARCHES = ("llama", "qwen2", "qwen3")
+ARCHES = tuple(sorted(ARCHITECTURES))
 
 
 def _hf(path: Path) -> Any:
