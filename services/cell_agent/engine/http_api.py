@@ -88,41 +88,89 @@ async def _domain_error(request: Request, exc: Exception) -> Response:
     return _error(str(exc), exc.status_code)
 
 
-def build_app(server: EngineServer) -> Starlette:
-    core = server.core
+class EngineApi:
+    """The engine's routes, one method per endpoint over the `EngineServer` that hosts
+    `EngineApi(server).app()`. To add an endpoint: a method here and its line in `routes`."""
 
-    def weight_version() -> str:
-        return core.backend.weight_version
+    def __init__(self, server: EngineServer) -> None:
+        self.server = server
+        self.core = server.core
 
-    # ---- generation --------------------------------------------------------------------------
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=self.routes(),
+            exception_handlers={
+                HTTPException: _http_error,
+                RequestRefused: _domain_error,
+                BackendError: _domain_error,
+            },
+        )
 
-    async def generate(request: Request) -> Response:
+    def routes(self) -> list[Route]:
+        return [
+            Route("/generate", self.generate, methods=["POST", "PUT"]),
+            Route("/abort_request", self.abort_request, methods=["POST"]),
+            Route("/pause_generation", self.pause_generation, methods=["POST"]),
+            Route("/continue_generation", self.continue_generation, methods=["POST"]),
+            Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
+            Route("/release_memory_occupation", self.release_memory_occupation, methods=["GET", "POST"]),
+            Route("/resume_memory_occupation", self.resume_memory_occupation, methods=["GET", "POST"]),
+            Route("/update_weights_from_tensor", self.update_weights_from_tensor, methods=["POST"]),
+            Route("/update_weights_from_disk", self.update_weights_from_disk, methods=["POST"]),
+            Route("/init_weights_update_group", self.init_weights_update_group, methods=["POST"]),
+            Route("/update_weights_from_distributed", self.update_weights_from_distributed, methods=["POST"]),
+            Route("/destroy_weights_update_group", self.destroy_weights_update_group, methods=["POST"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/health_generate", self.health_generate, methods=["GET"]),
+            Route("/get_model_info", self.get_model_info, methods=["GET"]),
+            Route("/get_weight_version", self.get_weight_version, methods=["GET"]),
+            Route("/get_server_info", self.get_server_info, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/gyre/kv/pin", self.kv_pin, methods=["POST"]),
+            Route("/gyre/kv/export", self.kv_export, methods=["POST"]),
+            Route("/gyre/kv/import", self.kv_import, methods=["POST"]),
+            Route("/gyre/kv/release", self.kv_release, methods=["POST"]),
+            Route("/gyre/script", self.script, methods=["GET", "POST"]),
+        ]
+
+    def weight_version(self) -> str:
+        return self.core.backend.weight_version
+
+    # ---- generation -------------------------------------------------------------------------------
+
+    async def generate(self, request: Request) -> Response:
         body = await _body(request)
-        req = parse_generate(body, server.tokenizer, core.backend.vocab_size, core.backend.context_len)
+        req = parse_generate(
+            body, self.server.tokenizer, self.core.backend.vocab_size, self.core.backend.context_len
+        )
         changed = asyncio.Event()
-        state = core.submit(req, changed.set)
-        builder = OutputBuilder(state, server.tokenizer, server.section.incremental_streaming_output)
+        state = self.core.submit(req, changed.set)
+        builder = OutputBuilder(
+            state, self.server.tokenizer, self.server.section.incremental_streaming_output
+        )
         if req.stream:
-            return StreamingResponse(_stream(state, builder, changed), media_type="text/event-stream")
+            return StreamingResponse(self._stream(state, builder, changed), media_type="text/event-stream")
         try:
             while not state.finished:
                 try:
                     await asyncio.wait_for(changed.wait(), timeout=1.0)
                 except TimeoutError:
                     if await request.is_disconnected():
-                        core.abort(req.rid)
+                        self.core.abort(req.rid)
                         return Response(status_code=499)
                 changed.clear()
         except asyncio.CancelledError:
-            core.abort(req.rid)
+            self.core.abort(req.rid)
             raise
         if state.error is not None:
             return _error(str(state.error), getattr(state.error, "status_code", 400))
         if state.finish is not None and state.finish.type == "abort" and state.finish.status_code:
             return _error(state.finish.message or "aborted", state.finish.status_code)
-        return _json(builder.final(weight_version()))
+        return _json(builder.final(self.weight_version()))
 
-    async def _stream(state: Any, builder: OutputBuilder, changed: asyncio.Event) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, state: Any, builder: OutputBuilder, changed: asyncio.Event
+    ) -> AsyncIterator[bytes]:
         try:
             while True:
                 await changed.wait()
@@ -130,7 +178,7 @@ def build_app(server: EngineServer) -> Starlette:
                 if state.error is not None:
                     yield b"data: " + orjson.dumps({"error": {"message": str(state.error)}}) + b"\n\n"
                     break
-                chunk = builder.chunk(weight_version())
+                chunk = builder.chunk(self.weight_version())
                 if chunk is not None:
                     yield b"data: " + orjson.dumps(chunk) + b"\n\n"
                 if state.finished:
@@ -138,53 +186,53 @@ def build_app(server: EngineServer) -> Starlette:
             yield b"data: [DONE]\n\n"
         finally:
             if not state.finished:
-                core.abort(state.rid)
+                self.core.abort(state.rid)
 
-    async def abort_request(request: Request) -> Response:
+    async def abort_request(self, request: Request) -> Response:
         body = await _body(request)
         rid, abort_all = body.get("rid", ""), bool(body.get("abort_all", False))
         if not abort_all and not rid:
             return Response(status_code=200)
-        core.abort(str(rid) if rid else None, abort_all)
+        self.core.abort(str(rid) if rid else None, abort_all)
         return Response(status_code=200)
 
-    # ---- pause, cache, memory ----------------------------------------------------------------
+    # ---- pause, cache, memory ---------------------------------------------------------------------
 
-    async def pause_generation(request: Request) -> Response:
+    async def pause_generation(self, request: Request) -> Response:
         body = await _body(request, allow_empty=True)
         mode = str(body.get("mode", "abort"))
-        await core.control(lambda: core.pause(mode))
+        await self.core.control(lambda: self.core.pause(mode))
         return _json({"message": "Generation paused successfully.", "status": "ok"})
 
-    async def continue_generation(request: Request) -> Response:
-        await core.control(core.resume)
+    async def continue_generation(self, request: Request) -> Response:
+        await self.core.control(self.core.resume)
         return _json({"message": "Generation continued successfully.", "status": "ok"})
 
-    async def flush_cache(request: Request) -> Response:
-        ok = await core.control(core.flush_cache)
+    async def flush_cache(self, request: Request) -> Response:
+        ok = await self.core.control(self.core.flush_cache)
         return Response(
             "Cache flushed.\nPlease check backend logs for more details. "
             "(When there are running or waiting requests, the operation will not be performed.)\n",
             status_code=200 if ok else 400,
         )
 
-    async def release_memory_occupation(request: Request) -> Response:
+    async def release_memory_occupation(self, request: Request) -> Response:
         tags = (await _body(request, allow_empty=True)).get("tags")
-        await core.control(lambda: core.release_memory(tags))
+        await self.core.control(lambda: self.core.release_memory(tags))
         return _json(None)
 
-    async def resume_memory_occupation(request: Request) -> Response:
+    async def resume_memory_occupation(self, request: Request) -> Response:
         tags = (await _body(request, allow_empty=True)).get("tags")
-        await core.control(lambda: core.resume_memory(tags))
+        await self.core.control(lambda: self.core.resume_memory(tags))
         return _json(None)
 
-    # ---- weights -----------------------------------------------------------------------------
+    # ---- weights ----------------------------------------------------------------------------------
 
-    async def update_weights_from_tensor(request: Request) -> Response:
+    async def update_weights_from_tensor(self, request: Request) -> Response:
         body = await _body(request)
         try:
             tensors = await asyncio.to_thread(decode_named_tensors, body)
-            message = await server.update_weights(
+            message = await self.server.update_weights(
                 tensors,
                 weight_version=body.get("weight_version"),
                 flush_cache=bool(body.get("flush_cache", True)),
@@ -194,7 +242,7 @@ def build_app(server: EngineServer) -> Starlette:
             return _json({"success": False, "message": str(e)}, 400)
         return _json({"success": True, "message": message})
 
-    async def update_weights_from_disk(request: Request) -> Response:
+    async def update_weights_from_disk(self, request: Request) -> Response:
         body = await _body(request)
         path, version = body.get("model_path"), body.get("weight_version")
         if not isinstance(path, str) or not path:
@@ -202,7 +250,7 @@ def build_app(server: EngineServer) -> Starlette:
                 {"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400
             )
         try:
-            message = await server.update_weights_from_disk(
+            message = await self.server.update_weights_from_disk(
                 Path(path),
                 weight_version=version,
                 abort_all_requests=bool(body.get("abort_all_requests", False)),
@@ -211,88 +259,88 @@ def build_app(server: EngineServer) -> Starlette:
             return _json({"success": False, "message": str(e), "num_paused_requests": 0}, 400)
         return _json({"success": True, "message": message, "num_paused_requests": 0})
 
-    async def init_weights_update_group(request: Request) -> Response:
+    async def init_weights_update_group(self, request: Request) -> Response:
         body = await _body(request)
         try:
-            message = await server.update_groups.init(body)
+            message = await self.server.update_groups.init(body)
         except (RequestRefused, BackendError) as e:
             return _json({"success": False, "message": str(e)}, 400)
         except RuntimeError as e:  # the trainer's rendezvous could not be joined in time
             return _json({"success": False, "message": f"joining the weight-update group failed: {e}"}, 400)
         return _json({"success": True, "message": message})
 
-    async def update_weights_from_distributed(request: Request) -> Response:
+    async def update_weights_from_distributed(self, request: Request) -> Response:
         body = await _body(request)
         try:
-            message = await server.update_weights_from_distributed(parse_update(body))
+            message = await self.server.update_weights_from_distributed(parse_update(body))
         except (RequestRefused, BackendError) as e:
             return _json({"success": False, "message": str(e)}, 400)
         return _json({"success": True, "message": message})
 
-    async def destroy_weights_update_group(request: Request) -> Response:
+    async def destroy_weights_update_group(self, request: Request) -> Response:
         try:
-            message = server.update_groups.destroy(await _body(request, allow_empty=True))
+            message = self.server.update_groups.destroy(await _body(request, allow_empty=True))
         except RequestRefused as e:
             return _json({"success": False, "message": str(e)}, 400)
         return _json({"success": True, "message": message})
 
-    # ---- health and info ---------------------------------------------------------------------
+    # ---- health and info --------------------------------------------------------------------------
 
-    async def health(request: Request) -> Response:
-        return Response(status_code=200 if server.healthy else 503)
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200 if self.server.healthy else 503)
 
-    async def health_generate(request: Request) -> Response:
-        if not server.healthy:
+    async def health_generate(self, request: Request) -> Response:
+        if not self.server.healthy:
             return Response(status_code=503)
-        if not core.backend.probe_by_generation:
+        if not self.core.backend.probe_by_generation:
             return Response(status_code=200)
         probe = GenerateRequest(
             rid=f"{HEALTH_CHECK_RID_PREFIX}{time.time()}",
-            input_ids=(server.eos_token_ids[0] if server.eos_token_ids else 0,),
-            sampling=server.probe_sampling,
+            input_ids=(self.server.eos_token_ids[0] if self.server.eos_token_ids else 0,),
+            sampling=self.server.probe_sampling,
         )
         changed = asyncio.Event()
-        state = core.submit(probe, changed.set)
+        state = self.core.submit(probe, changed.set)
         try:
             await asyncio.wait_for(
-                _until_finished(state, changed), timeout=server.section.health_check_timeout_s
+                _until_finished(state, changed), timeout=self.server.section.health_check_timeout_s
             )
         except TimeoutError:
-            core.abort(probe.rid)
+            self.core.abort(probe.rid)
             return Response(status_code=503)
         ok = state.finish is not None and state.finish.type != "abort"
         return Response(status_code=200 if ok else 503)
 
-    async def get_model_info(request: Request) -> Response:
-        info = core.backend.model_info()
+    async def get_model_info(self, request: Request) -> Response:
+        info = self.core.backend.model_info()
         return _json(
             {
                 "model_path": info.get("model_path"),
-                "tokenizer_path": str(server.model_dir),
+                "tokenizer_path": str(self.server.model_dir),
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": weight_version(),
+                "weight_version": self.weight_version(),
                 **{k: v for k, v in info.items() if k != "model_path"},
             }
         )
 
-    async def metrics(request: Request) -> Response:
+    async def metrics(self, request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(server.metrics_registry), media_type=content_type)
+        return Response(encoder(self.server.metrics_registry), media_type=content_type)
 
-    async def get_weight_version(request: Request) -> Response:
-        return _json({"weight_version": weight_version()})
+    async def get_weight_version(self, request: Request) -> Response:
+        return _json({"weight_version": self.weight_version()})
 
-    async def get_server_info(request: Request) -> Response:
-        section = server.section
+    async def get_server_info(self, request: Request) -> Response:
+        section = self.server.section
         return _json(
             {
                 "engine": "gyre-embedded",
                 "version": gyre.__version__,
-                "output_source": core.backend.name,
+                "output_source": self.core.backend.name,
                 "host": section.host,
-                "port": server.port,
-                "context_length": core.backend.context_len,
+                "port": self.server.port,
+                "context_length": self.core.backend.context_len,
                 "max_running_requests": section.max_batch_size,
                 "chunked_prefill_size": section.max_prefill_tokens,
                 "page_size": section.block_size,
@@ -300,18 +348,18 @@ def build_app(server: EngineServer) -> Starlette:
                 "incremental_streaming_output": section.incremental_streaming_output,
                 "random_seed": section.seed,
                 "tp_size": 1,
-                "weight_version": weight_version(),
-                "internal_states": [core.stats()],
+                "weight_version": self.weight_version(),
+                "internal_states": [self.core.stats()],
             }
         )
 
-    # ---- Gyre extensions: KV migration and the script ----------------------------------------
+    # ---- Gyre extensions: KV migration and the script ---------------------------------------------
 
-    async def kv_pin(request: Request) -> Response:
+    async def kv_pin(self, request: Request) -> Response:
         rid = (await _body(request)).get("rid")
         if not isinstance(rid, str) or not rid:
             raise RequestRefused("rid is required")
-        pin = await core.control(lambda: core.pin(rid))
+        pin = await self.core.control(lambda: self.core.pin(rid))
         return _json(
             {
                 "handle": pin.handle,
@@ -321,23 +369,23 @@ def build_app(server: EngineServer) -> Starlette:
             }
         )
 
-    async def kv_export(request: Request) -> Response:
+    async def kv_export(self, request: Request) -> Response:
         handle = str((await _body(request)).get("handle", ""))
-        blob = await core.control(lambda: core.backend.export_kv(handle))
+        blob = await self.core.control(lambda: self.core.backend.export_kv(handle))
         return Response(blob, media_type="application/octet-stream")
 
-    async def kv_import(request: Request) -> Response:
+    async def kv_import(self, request: Request) -> Response:
         blob = await request.body()
-        num_tokens = await core.control(lambda: core.backend.import_kv(blob))
+        num_tokens = await self.core.control(lambda: self.core.backend.import_kv(blob))
         return _json({"num_tokens": num_tokens})
 
-    async def kv_release(request: Request) -> Response:
+    async def kv_release(self, request: Request) -> Response:
         handle = str((await _body(request)).get("handle", ""))
-        await core.control(lambda: core.backend.unpin(handle))
+        await self.core.control(lambda: self.core.backend.unpin(handle))
         return _json({"success": True})
 
-    async def script(request: Request) -> Response:
-        backend = core.backend
+    async def script(self, request: Request) -> Response:
+        backend = self.core.backend
         if not isinstance(backend, ScriptedBackend):
             return _error(
                 f"/gyre/script needs the scripted output source; this engine runs {backend.name!r}", 404
@@ -348,42 +396,8 @@ def build_app(server: EngineServer) -> Starlette:
             if not isinstance(entries, list):
                 raise RequestRefused("entries must be a list of script entries")
             replace = bool(body.get("replace", False))
-            await core.control(lambda: backend.add_script(entries, replace=replace))
+            await self.core.control(lambda: backend.add_script(entries, replace=replace))
         return _json(backend.script_status())
-
-    routes = [
-        Route("/generate", generate, methods=["POST", "PUT"]),
-        Route("/abort_request", abort_request, methods=["POST"]),
-        Route("/pause_generation", pause_generation, methods=["POST"]),
-        Route("/continue_generation", continue_generation, methods=["POST"]),
-        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
-        Route("/release_memory_occupation", release_memory_occupation, methods=["GET", "POST"]),
-        Route("/resume_memory_occupation", resume_memory_occupation, methods=["GET", "POST"]),
-        Route("/update_weights_from_tensor", update_weights_from_tensor, methods=["POST"]),
-        Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
-        Route("/init_weights_update_group", init_weights_update_group, methods=["POST"]),
-        Route("/update_weights_from_distributed", update_weights_from_distributed, methods=["POST"]),
-        Route("/destroy_weights_update_group", destroy_weights_update_group, methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/health_generate", health_generate, methods=["GET"]),
-        Route("/get_model_info", get_model_info, methods=["GET"]),
-        Route("/get_weight_version", get_weight_version, methods=["GET"]),
-        Route("/get_server_info", get_server_info, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/gyre/kv/pin", kv_pin, methods=["POST"]),
-        Route("/gyre/kv/export", kv_export, methods=["POST"]),
-        Route("/gyre/kv/import", kv_import, methods=["POST"]),
-        Route("/gyre/kv/release", kv_release, methods=["POST"]),
-        Route("/gyre/script", script, methods=["GET", "POST"]),
-    ]
-    return Starlette(
-        routes=routes,
-        exception_handlers={
-            HTTPException: _http_error,
-            RequestRefused: _domain_error,
-            BackendError: _domain_error,
-        },
-    )
 
 
 async def _until_finished(state: Any, changed: asyncio.Event) -> None:

@@ -164,10 +164,10 @@ class EngineServer:
         sock.setblocking(False)
         self._socket = sock
         self.port = sock.getsockname()[1]
-        from services.cell_agent.engine.http_api import build_app
+        from services.cell_agent.engine.http_api import EngineApi
 
         config = uvicorn.Config(
-            build_app(self),
+            EngineApi(self).app(),
             log_level="warning",
             access_log=False,
             lifespan="off",
