@@ -21,7 +21,7 @@ SOCKET="${GYRE_PODMAN_SOCKET:-/run/podman/podman.sock}"
 
 need_root() {
   if [ "$(id -u)" -ne 0 ]; then
-    echo "error: $1 needs root (rootful podman with runc; see ../shared/FACTS.md or README 'Containers')" >&2
+    echo "error: $1 needs root (rootful podman with runc; README, 'Container sandboxes')" >&2
     exit 1
   fi
 }

@@ -18,9 +18,10 @@ from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Por
 class SandboxSection(Section):
     """How harness executions (runner) and verifier runs (evaluator) are sandboxed."""
 
-    isolation: Literal["auto", "isolated", "process"] = "auto"
-    """`isolated`: own uid per slot, rlimits, network namespace with only the proxy relayed (root
-    only); `process`: own process group, scrubbed env, rlimits; `auto`: isolated when root."""
+    isolation: str = "auto"
+    """The sandbox launcher, a name in the registry of `gyre.sandbox.launchers`: `isolated` (own uid
+    per slot, rlimits, network namespace with only the proxy relayed; root only), `process` (own process
+    group, scrubbed env, rlimits); `auto`: isolated when root, else process."""
     uid_base: int = 120000
     """First sandbox uid; slot k runs as uid_base + k (instance i of a service adds i * 1000)."""
     cpu_s: AtLeastOneOrNull = 3600
@@ -35,6 +36,16 @@ class SandboxSection(Section):
     """Open file descriptors per process."""
     kill_grace_s: NonNegativeFloat = 5.0
     """Seconds between SIGTERM and SIGKILL when a sandbox is stopped."""
+
+    @field_validator("isolation")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        # The registry imports this config module, so it is read here, when a value is checked.
+        from gyre.sandbox.launchers import launcher_names
+
+        if v not in launcher_names():
+            raise ValueError(f"{v!r} is not a sandbox launcher; choose one of {', '.join(launcher_names())}")
+        return v
 
     @field_validator("uid_base")
     @classmethod

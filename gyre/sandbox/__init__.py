@@ -1,13 +1,16 @@
-"""Sandboxes for harness executions and verifier runs (see `launcher.py` for what is enforced)."""
+"""Sandboxes for harness executions and verifier runs (see `launchers/` for the launchers and what each
+enforces)."""
 
-from gyre.sandbox.launcher import (
+from gyre.sandbox.launchers import (
     LAUNCHERS,
+    LauncherSpec,
     NetworkPolicy,
     SandboxError,
     SandboxHandle,
     SandboxLauncher,
     SandboxSpec,
     SandboxState,
+    launcher_class,
     make_launcher,
 )
 from gyre.sandbox.limits import SandboxLimits
@@ -16,6 +19,7 @@ from gyre.sandbox.uids import check_disjoint, uid_range
 
 __all__ = [
     "LAUNCHERS",
+    "LauncherSpec",
     "NetworkPolicy",
     "SandboxError",
     "SandboxHandle",
@@ -25,6 +29,7 @@ __all__ = [
     "SandboxSpec",
     "SandboxState",
     "check_disjoint",
+    "launcher_class",
     "make_launcher",
     "read_outcome",
     "uid_range",

@@ -23,7 +23,7 @@ so it starts fast and imports nothing of the repository. Three processes:
 
 The supervisor and the netns child ignore SIGTERM (a group-wide SIGTERM is meant for the
 command); they end when the command has ended. Mode `host` skips the namespace (no network
-isolation). The spec keys are written by `gyre/sandbox/launcher.py`.
+isolation). The spec keys are written by `gyre/sandbox/launchers/supervised.py`.
 """
 
 from __future__ import annotations

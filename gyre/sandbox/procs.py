@@ -21,7 +21,8 @@ def start_time(pid: int) -> int | None:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
             return None
-        return round(p.create_time() * 1000)
+        created: float = p.create_time()
+        return round(created * 1000)
     except psutil.Error:
         return None
 

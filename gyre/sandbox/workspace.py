@@ -14,10 +14,17 @@ import os
 import shutil
 from pathlib import Path
 
-from gyre.sandbox.launcher import chown_tree
 from gyre.tasks import Task, check_relative
 
 _CHUNK = 1 << 20
+
+
+def chown_tree(path: Path, uid: int, gid: int) -> None:
+    """chown -R without following symlinks."""
+    os.lchown(path, uid, gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, gid)
 
 
 def create_workspace(task: Task, path: Path) -> Path:

@@ -140,6 +140,4 @@ class VerifierRunner:
             await asyncio.to_thread(shutil.rmtree, copy, True)
         if not result.started:
             return Attempt(None, f"verifier sandbox never started: {result.error}")
-        stdout_log = handle.control_dir / "stdout.log"
-        stdout = stdout_log.read_text(errors="replace") if stdout_log.exists() else ""
-        return await asyncio.to_thread(protocol.result, root, result, stdout)
+        return await asyncio.to_thread(protocol.result, root, result, handle.stdout())

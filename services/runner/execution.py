@@ -37,7 +37,6 @@ from gyre.sandbox import (
     SandboxLimits,
     SandboxOutcome,
     SandboxSpec,
-    read_outcome,
 )
 from gyre.sandbox.task_paths import agent_logs_of, harness_layout
 from gyre.sandbox.workspace import content_hash, create_workspace, preserve
@@ -419,7 +418,7 @@ class ExecutionController:
                 log.info("execution_adopted", pid=handle.pid)
                 counts["adopted"] += 1
                 continue
-            outcome = read_outcome(handle.control_dir)
+            outcome = handle.recorded()
             if outcome is None:
                 outcome = SandboxOutcome(None, None, started=True, error="no exit status recorded")
                 reason: Reason = cm.TERMINATION_REASON_INFRA_FAILURE

@@ -23,6 +23,7 @@ from gyre.bus import Delivery, EventConsumer, watch_consumer
 from gyre.config import GyreConfig
 from gyre.sandbox.forkclient import ForkServer
 from gyre.sandbox.host import open_sandbox
+from gyre.sandbox.launchers.supervised import SupervisedLauncher
 from gyre.service import GyreService
 from gyre.store import Counters
 from gyre.tasks import TaskSet
@@ -63,7 +64,11 @@ class RunnerService(GyreService):
         self.launcher, limits = open_sandbox(self, section)
         run_dir = self.config.run.path.resolve()
         harness = make_harness(section)
-        if section.fork_server and harness.fork_module is not None:
+        if (
+            section.fork_server
+            and harness.fork_module is not None
+            and isinstance(self.launcher, SupervisedLauncher)
+        ):
             self.fork_server = ForkServer.start(
                 harness.fork_module,
                 paths=harness.fork_paths,

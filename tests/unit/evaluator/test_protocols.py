@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from gyre.sandbox import SandboxLimits, make_launcher
+from gyre.sandbox import SandboxLimits
 from gyre.sandbox.workspace import create_workspace
 from gyre.tasks import TaskRegistry
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.evaluator.protocols import PROTOCOLS, resolve_env
 from services.evaluator.verifier import VerifierRunner
+from tests.support.sandboxes import launcher_for_test
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "tasks" / "fix-add"
@@ -62,7 +63,7 @@ async def evaluate(
         calc.write_text(calc.read_text().replace("return a - b", "return a + b"))
     runner = VerifierRunner(
         registry=registry,
-        launcher=make_launcher(launcher, UID_BASE, 2),
+        launcher=launcher_for_test(launcher, UID_BASE, 2),
         work_root=tmp_path / "evaluations",
         limits=SandboxLimits(cpu_s=60, memory_mb=None),
         max_attempts=max_attempts,

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from gyre.sandbox import NetworkPolicy, SandboxLimits, SandboxSpec, make_launcher, procs
+from gyre.sandbox import NetworkPolicy, SandboxLimits, SandboxSpec, procs
 from gyre.sandbox.forkclient import ForkedProcess, ForkServer
+from tests.support.sandboxes import launcher_for_test
 
 SUPPORTED = ["process", "isolated"] if os.geteuid() == 0 else ["process"]
 UID_BASE = 176000
@@ -97,7 +98,7 @@ def normalized(report: dict[str, Any], name: str, uid: int | None) -> dict[str, 
 async def test_a_forked_start_sees_exactly_what_a_plain_start_sees(
     name: str, server: ForkServer, probe: Path, tmp_path: Path
 ) -> None:
-    launcher = make_launcher(name, UID_BASE, 2)
+    launcher = launcher_for_test(name, UID_BASE, 2)
     reports = {}
     for mode in ("plain", "forked"):
         launcher.fork_server = server if mode == "forked" else None
@@ -126,7 +127,7 @@ async def test_a_forked_start_sees_exactly_what_a_plain_start_sees(
 async def test_a_forked_sandbox_is_stopped_and_swept_like_any_other(
     name: str, server: ForkServer, probe: Path, tmp_path: Path
 ) -> None:
-    launcher = make_launcher(name, UID_BASE, 2)
+    launcher = launcher_for_test(name, UID_BASE, 2)
     launcher.fork_server = server
     box = spec(tmp_path, probe, "hang", "hang")
     handle = await launcher.launch(box)
@@ -144,7 +145,7 @@ async def test_a_forked_sandbox_is_stopped_and_swept_like_any_other(
 
 async def test_a_sandbox_outlives_its_fork_server_and_is_then_polled(probe: Path, tmp_path: Path) -> None:
     server = ForkServer.start("gyreprobe", paths=(str(probe),), log_path=tmp_path / "forkserver.log")
-    launcher = make_launcher(SUPPORTED[-1], UID_BASE, 2)
+    launcher = launcher_for_test(SUPPORTED[-1], UID_BASE, 2)
     launcher.fork_server = server
     box = spec(tmp_path, probe, "orphan", "hang")
     handle = await launcher.launch(box)
@@ -160,7 +161,7 @@ async def test_a_sandbox_outlives_its_fork_server_and_is_then_polled(probe: Path
 async def test_what_the_server_cannot_take_starts_as_a_new_interpreter(
     server: ForkServer, probe: Path, tmp_path: Path
 ) -> None:
-    launcher = make_launcher("process", UID_BASE, 2)
+    launcher = launcher_for_test("process", UID_BASE, 2)
     launcher.fork_server = server
     other = spec(tmp_path, probe, "bash", argv=["bash", "-c", "exit 4"])
     handle = await launcher.launch(other)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gyre.sandbox import SandboxError, SandboxSpec, make_launcher
+from gyre.sandbox import SandboxError, SandboxSpec
 from gyre.sandbox.task_paths import PathMap, harness_layout
+from tests.support.sandboxes import launcher_for_test
 
 UID_BASE = 175000
 SUPPORTED = ["process", "isolated"] if os.geteuid() == 0 else ["process"]
@@ -69,7 +70,7 @@ async def test_binds_are_seen_at_their_paths_or_refused_and_the_host_is_untouche
     (ws / "calc.py").write_text("x")
     binds = ((ws, "/gyre-test-app"), (logs, "/gyre-test-logs/verifier"), (ws, "/usr/share/gyre-test-nested"))
     script = "pwd > /gyre-test-logs/verifier/pwd; ls /usr/share/gyre-test-nested > /gyre-test-logs/verifier/ls; id -u"
-    launcher = make_launcher(name, UID_BASE, 1)
+    launcher = launcher_for_test(name, UID_BASE, 1)
     spec = _spec(tmp_path, script, binds, Path("/gyre-test-app"))
     if not launcher.mounts_paths:  # `process`: no mount namespace, so callers rewrite the paths instead
         with pytest.raises(SandboxError, match="cannot bind-mount paths; rewrite them instead"):
