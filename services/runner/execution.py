@@ -1,7 +1,7 @@
 """One execution's lifecycle in the runner, from start request to termination report.
 
-    start request → claim (Redis) → workspace from the task template → proxy credentials
-    (OpenExecution) → sandbox → ExecutionStarted, counter p → wait under the harness deadline
+    start request → claim (Redis) → resolve the task → workspace from the task template → proxy
+    credentials (OpenExecution) → launch the sandbox → ExecutionStarted, counter p → wait under the harness deadline
     (SIGTERM, grace, SIGKILL on timeout, cancel or overall budget) → sweep → preserve the workspace
     (root-owned, content hash) → CloseExecution → ExecutionTerminated, counter f → forget
 
@@ -38,12 +38,13 @@ from gyre.sandbox import (
     SandboxOutcome,
     SandboxSpec,
 )
-from gyre.sandbox.task_paths import agent_logs_of, harness_layout
+from gyre.sandbox.task_paths import HarnessLayout, agent_logs_of, harness_layout
 from gyre.sandbox.workspace import content_hash, create_workspace, preserve
 from gyre.store import CounterInvariantError, Counters
 from gyre.tasks import Task, TaskError, TaskRegistry
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
+from gyre.v1.proxy_pb2 import OpenExecutionResponse as Credentials
 from services.runner.harnesses import HarnessCommand, Launch
 from services.runner.metrics import RunnerMetrics, reason_label
 from services.runner.ownership import OwnedExecution, Ownership
@@ -82,6 +83,10 @@ class RunningExecution:
     owned: OwnedExecution
     handle: SandboxHandle
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class StartFailed(Exception):
+    """A step of a start failed; the message says which and why (the execution never started)."""
 
 
 def _fresh_dir(path: Path) -> None:
@@ -150,13 +155,65 @@ class ExecutionController:
             self.metrics.starting -= 1
 
     async def _start(self, request: ev.ExecutionStartRequested) -> bool:
+        """claim → resolve → workspace → credentials → launch; a step that fails reports the execution
+        as never started (INFRA_FAILURE, nothing to evaluate) with what failed."""
         began = time.monotonic()
-        ref = request.execution
-        eid = ref.execution_id
+        eid = request.execution.execution_id
         bind_context(execution=eid)
         if not eid:
             log.error("start_request_without_execution_id", task=request.task_id)
             return False
+        task, error = self._lookup(request.task_id)
+        owned = await self._claim(request, task)
+        if owned is None:
+            return False
+        if not self.accepting:
+            log.info("execution_cancelled_before_start")
+            await self._report(
+                owned,
+                cm.TERMINATION_REASON_CANCELLED,
+                0,
+                cm.WorkspaceRef(),
+                0.0,
+                "not started: the runner stopped taking executions (the run is ending)",
+            )
+            return False
+        try:
+            task = self._resolve(task, error)
+            layout = await self._workspace(owned, task)
+            owned, creds = await self._credentials(owned, request)
+            handle = await self._launch(owned, task, layout, creds)
+        except StartFailed as e:
+            await self._fail_before_start(owned, str(e))
+            return False
+        owned = owned.with_sandbox(handle.state)
+        await self.ownership.record(owned)
+        await self.bus.publish(
+            ev.ExecutionStarted(
+                execution=request.execution, runner_id=self.runner_id, engine_id=owned.engine_id
+            ),
+            event_id=f"exec.started:{eid}",
+        )
+        await self._count("started", eid)
+        self.started_total += 1
+        self.metrics.launch_seconds.observe(time.monotonic() - began)
+        log.info("execution_started", task=task.task_id, pid=handle.pid, uid=handle.state.uid)
+        self._watch(RunningExecution(owned, handle))
+        return True
+
+    def _lookup(self, task_id: str) -> tuple[Task | None, str]:
+        """The task, or None and why not (reported once the execution is claimed)."""
+        try:
+            return self.registry.get(task_id), ""
+        except TaskError as e:
+            return None, str(e)
+
+    async def _claim(self, request: ev.ExecutionStartRequested, task: Task | None) -> OwnedExecution | None:
+        """Claim the execution in Redis and record it as owned (deadlines from now, the task's timeouts
+        unless the request sets them); None when another runner holds it, or when this is a redelivery
+        of a start this runner began (reported here)."""
+        ref = request.execution
+        eid = ref.execution_id
         if not await self.ownership.claim(eid):
             holder = await self.ownership.holder(eid)
             interrupted = next((o for o in await self.ownership.owned() if o.execution_id == eid), None)
@@ -165,17 +222,12 @@ class ExecutionController:
                 await self._fail_before_start(
                     interrupted, "the start was interrupted and its request redelivered"
                 )
-                return False
+                return None
             log.info("start_request_skipped", holder=holder)
-            return False
-        now_ms = int(time.time() * 1000)
-        task: Task | None = None
-        try:
-            task = self.registry.get(request.task_id)
-        except TaskError as e:
-            error = str(e)
+            return None
         harness_s = request.harness_timeout_s or (task.harness_timeout_s if task else 0.0)
         budget_s = request.overall_budget_s or (task.overall_budget_s if task else 0.0)
+        now_ms = int(time.time() * 1000)
         owned = OwnedExecution(
             execution_id=eid,
             group_id=ref.group_id,
@@ -190,20 +242,16 @@ class ExecutionController:
             workspace=str(self.workspace_root / eid),
         )
         await self.ownership.record(owned)
-        if not self.accepting:
-            log.info("execution_cancelled_before_start")
-            await self._report(
-                owned,
-                cm.TERMINATION_REASON_CANCELLED,
-                0,
-                cm.WorkspaceRef(),
-                0.0,
-                "not started: the runner stopped taking executions (the run is ending)",
-            )
-            return False
+        return owned
+
+    def _resolve(self, task: Task | None, error: str) -> Task:
+        """The task of the request (`error` says why there is none)."""
         if task is None:
-            await self._fail_before_start(owned, error)
-            return False
+            raise StartFailed(error)
+        return task
+
+    async def _workspace(self, owned: OwnedExecution, task: Task) -> HarnessLayout:
+        """A fresh workspace from the task, and where the harness sees it."""
         workspace = Path(owned.workspace)
         layout = harness_layout(task, workspace, self.launcher.mounts_paths)
         try:
@@ -211,15 +259,26 @@ class ExecutionController:
             if layout.agent_logs is not None:
                 await asyncio.to_thread(_fresh_dir, layout.agent_logs)
         except OSError as e:
-            await self._fail_before_start(owned, f"workspace: {e}")
-            return False
+            raise StartFailed(f"workspace: {e}") from None
+        return layout
+
+    async def _credentials(
+        self, owned: OwnedExecution, request: ev.ExecutionStartRequested
+    ) -> tuple[OwnedExecution, Credentials]:
+        """The execution's proxy credentials (OpenExecution), recorded as opened."""
         try:
-            creds = await self.proxy.open(ref, owned.profile, request.engine_id)
+            creds = await self.proxy.open(request.execution, owned.profile, request.engine_id)
         except ProxyUnavailableError as e:
-            await self._fail_before_start(owned, str(e))
-            return False
+            raise StartFailed(str(e)) from None
         owned = replace(owned, proxy_opened=True)
         await self.ownership.record(owned)
+        return owned, creds
+
+    async def _launch(
+        self, owned: OwnedExecution, task: Task, layout: HarnessLayout, creds: Credentials
+    ) -> SandboxHandle:
+        """The harness in its sandbox, routed to the proxy."""
+        eid = owned.execution_id
         base_url, network = self._route(creds.base_url)
         root = self.sandbox_root / eid
         launch = Launch(task, layout.prompt, eid, base_url, creds.api_key, root / "home")
@@ -237,22 +296,9 @@ class ExecutionController:
             binds=layout.binds,
         )
         try:
-            handle = await self.launcher.launch(spec)
+            return await self.launcher.launch(spec)
         except (SandboxError, OSError) as e:
-            await self._fail_before_start(owned, f"sandbox: {e}")
-            return False
-        owned = owned.with_sandbox(handle.state)
-        await self.ownership.record(owned)
-        await self.bus.publish(
-            ev.ExecutionStarted(execution=ref, runner_id=self.runner_id, engine_id=request.engine_id),
-            event_id=f"exec.started:{eid}",
-        )
-        await self._count("started", eid)
-        self.started_total += 1
-        self.metrics.launch_seconds.observe(time.monotonic() - began)
-        log.info("execution_started", task=task.task_id, pid=handle.pid, uid=handle.state.uid)
-        self._watch(RunningExecution(owned, handle))
-        return True
+            raise StartFailed(f"sandbox: {e}") from None
 
     def _route(self, base_url: str) -> tuple[str, NetworkPolicy]:
         """The URL the harness uses and the network its sandbox gets."""
