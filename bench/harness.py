@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import yaml
 
 from bench._scripted_messages import ScriptedMessages
@@ -49,6 +48,7 @@ from gyre.bus import EventBus, decode_event
 from gyre.bus.codec import TYPE_HEADER
 from gyre.config import load_config
 from gyre.log import configure_logging
+from gyre.rpc import bind, new_server
 from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, connect_redis
 from gyre.tasks.builtin.arithmetic import VERIFY
@@ -213,11 +213,11 @@ async def run(
 ) -> dict[str, Any]:
     nats, redis_server = start_nats(work / "nats"), start_redis(work / "redis", appendonly=False)
     endpoint = ScriptedMessages()
-    proxy = grpc.aio.server()
+    proxy = new_server()
     try:
         port = await endpoint.start()
         proxy_pb2_grpc.add_ProxyServicer_to_server(CredentialsOnlyProxy(f"http://127.0.0.1:{port}"), proxy)  # type: ignore[abstract]
-        proxy_port = proxy.add_insecure_port("127.0.0.1:0")
+        proxy_port = bind(proxy, "127.0.0.1:0")
         await proxy.start()
         urls = {"nats": nats.url, "redis": redis_server.url}
         results = {

@@ -62,7 +62,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import grpc
 import httpx
 import orjson
 import psutil
@@ -74,6 +73,7 @@ from bench.proxy import _bench_model, _ms, _percentile, _wait_file, claude_code_
 from gyre.bus import EventBus
 from gyre.config.infra import DEFAULT_APPENDFSYNC
 from gyre.ids import batch_id as make_batch_id
+from gyre.rpc import aio_channel
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.store import ExecutionRecord, GroupRecord, Keys, Records
 from gyre.store.archive import StepArchiver
@@ -437,7 +437,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         num_keys: dict[int, int] = {}
         grown_per_execution: list[float] = []
         async with (
-            grpc.aio.insecure_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
+            aio_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
             httpx.AsyncClient(timeout=600) as http,
         ):
             stub = proxy_pb2_grpc.ProxyStub(channel)

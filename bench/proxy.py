@@ -36,13 +36,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
-import grpc
 import httpx
 import structlog
 import yaml
 
 from gyre.engine import EngineClient
 from gyre.model.init import init_model_dir
+from gyre.rpc import aio_channel
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profile, template_for_family
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
@@ -313,7 +313,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             workdir / "runs" / "benchproxy" / "services" / "proxy.json", proxy_proc, 60
         )
         async with (
-            grpc.aio.insecure_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
+            aio_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
             EngineClient(engine_url, timeout_s=300) as engine,
             httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=256)) as http,
         ):

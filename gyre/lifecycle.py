@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import grpc.aio
@@ -95,8 +95,11 @@ async def _init_grpc_aio() -> None:
     grpc.aio.init_grpc_aio()
 
 
-def install_signal_handlers(stop: asyncio.Event) -> None:
-    """SIGTERM and SIGINT set `stop`; nothing else happens inside a handler."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def install_signal_handlers(stop: asyncio.Event, signals: Sequence[signal.Signals] = STOP_SIGNALS) -> None:
+    """Each of `signals` (SIGTERM and SIGINT) sets `stop`; nothing else happens inside a handler."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)

@@ -26,25 +26,25 @@ from typing import Any, ClassVar
 
 import grpc
 import redis.asyncio as aioredis
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1 import health, health_pb2
 from prometheus_client import CollectorRegistry
 
 from gyre.bus import EventBus
 from gyre.config import ConfigError, GyreConfig, load_config
+from gyre.errors import StartupError
 from gyre.lifecycle import Supervisor, hold_grpc_aio, install_signal_handlers
 from gyre.log import bind_context, configure_logging, get_logger
 from gyre.metrics import CombinedRegistry, MetricsListener, process_registry
-from gyre.model.arch import ModelError
+from gyre.rpc import INVALID_ARGUMENT, ErrorStatus, add_health, bind, new_server
 from gyre.store import Keys, connect_redis
-from gyre.tasks import TaskError
-from gyre.trajectory.templates.base import TemplateError
 
 
 class GyreService:
     """Base of the six services; subclasses set `name` and override `setup`/`teardown`."""
 
     name: ClassVar[str] = "service"
+    error_statuses: ClassVar[tuple[ErrorStatus, ...]] = (INVALID_ARGUMENT,)
+    """The gRPC status of each domain error the service's handlers raise (`gyre.rpc`), first match wins."""
 
     def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
         self.config = config
@@ -55,7 +55,7 @@ class GyreService:
         self.redis: aioredis.Redis
         self.bus: EventBus
         self.server: grpc.aio.Server
-        self.health = HealthServicer()
+        self.health: health.aio.HealthServicer
         self.grpc_port = 0
         self.metrics_registry = process_registry(self.name, self.instance_name, config.run.id)
         """This process's Prometheus series; a service adds its own in `setup()`."""
@@ -107,11 +107,11 @@ class GyreService:
         self.bus = await EventBus.connect(
             self.config.nats.url, self.config.run.id, self.instance_name, login=nats_login
         )
-        self.server = grpc.aio.server()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server = new_server(self.error_statuses)
+        self.health = add_health(self.server)
+        await self.health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.setup()
-        self.grpc_port = self.server.add_insecure_port(f"{self.config.run.host}:{self.configured_port()}")
+        self.grpc_port = bind(self.server, f"{self.config.run.host}:{self.configured_port()}")
         await self.server.start()
         self._started = True
         if self.config.metrics.serve:
@@ -121,7 +121,7 @@ class GyreService:
                 port=self.config.metrics.port,
             )
             await self.metrics_listener.start()
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
         self._write_endpoint()
         self.log.info(
             "service_serving",
@@ -223,7 +223,7 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
 
     try:
         asyncio.run(main())
-    except (ConfigError, TaskError, ModelError, TemplateError) as e:  # found while starting: one line, exit 2
+    except StartupError as e:  # found while starting (config, model, tasks, template): one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except Exception:  # a crash: logged once, here, as a JSON line with its traceback (not a bare traceback)

@@ -9,6 +9,7 @@ import typer
 
 from gyre.cli._config import config_or_exit
 from gyre.config import GyreConfig
+from gyre.rpc import sync_channel
 
 _RUN_OPTION = typer.Option(
     None,
@@ -137,7 +138,7 @@ def _proxy_state(port: int) -> str:
     from gyre.stack.servers import LOOPBACK
     from gyre.v1 import proxy_pb2, proxy_pb2_grpc
 
-    with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
+    with sync_channel(f"{LOOPBACK}:{port}") as channel:
         try:
             st = proxy_pb2_grpc.ProxyStub(channel).GetStats(proxy_pb2.GetStatsRequest(), timeout=5)
         except grpc.RpcError as e:
@@ -161,7 +162,7 @@ def _run_state(port: int) -> str:
     from gyre.stack.servers import LOOPBACK
     from gyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
-    with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
+    with sync_channel(f"{LOOPBACK}:{port}") as channel:
         try:
             st = scheduler_pb2_grpc.SchedulerStub(channel).GetState(
                 scheduler_pb2.GetStateRequest(), timeout=5

@@ -38,6 +38,7 @@ from gyre.config.runner import (
 from gyre.config.scheduler import SchedulerSection
 from gyre.config.tasks import TasksSection
 from gyre.config.training import ObjectiveSection, PackerSection, TrainerSection
+from gyre.errors import StartupError
 
 __all__ = [
     "ArchiveSection",
@@ -68,7 +69,7 @@ __all__ = [
 ENV_PREFIX = "GYRE_"
 
 
-class ConfigError(ValueError):
+class ConfigError(StartupError):
     """A config file or override is invalid; the message is one line naming the field."""
 
 

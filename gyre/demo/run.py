@@ -29,6 +29,7 @@ from gyre.demo.events import read_events
 from gyre.demo.heldout import HeldOut
 from gyre.demo.memory import RedisMemory
 from gyre.demo.report import RunFacts, plot_reward_staleness, summarize, timeline
+from gyre.rpc import sync_channel
 from gyre.stack.launcher import StackError, StackState, down_state, up
 from gyre.stack.resume import resume_stack
 from gyre.stack.signals import StopSignals
@@ -98,8 +99,8 @@ class DemoRun:
         resolved = load_config(Path(state.config_path))
         host = resolved.run.peer_host("scheduler")
         with (
-            grpc.insecure_channel(f"{host}:{resolved.scheduler.port}") as sch_ch,
-            grpc.insecure_channel(f"{resolved.run.peer_host('proxy')}:{resolved.proxy.port}") as proxy_ch,
+            sync_channel(f"{host}:{resolved.scheduler.port}") as sch_ch,
+            sync_channel(f"{resolved.run.peer_host('proxy')}:{resolved.proxy.port}") as proxy_ch,
         ):
             scheduler = scheduler_pb2_grpc.SchedulerStub(sch_ch)
             proxy = proxy_pb2_grpc.ProxyStub(proxy_ch)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gyre.errors import StartupError
 from gyre.model.architectures import HF_CLASSES, Architecture, by_hf_class
 
 CONFIG_FILE = "config.json"
@@ -35,7 +36,7 @@ ROPE_KINDS = ("default", "linear", "llama3", "yarn")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-class ModelError(ValueError):
+class ModelError(StartupError):
     """A model directory Gyre cannot use; the message is one line naming the file and the field."""
 
     def __init__(self, path: Path | str, field_name: str, problem: str) -> None:

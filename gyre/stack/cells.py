@@ -23,6 +23,7 @@ import grpc
 import yaml
 
 from gyre.config import GyreConfig
+from gyre.rpc import aio_channel
 from gyre.stack.health import grpc_health
 from gyre.stack.servers import free_port
 from gyre.v1 import cell_agent_pb2 as pb
@@ -123,9 +124,7 @@ class LocalCells:
 
     def stub(self, cell: int) -> pb_grpc.CellAgentStub:
         if cell not in self._channels:
-            self._channels[cell] = grpc.aio.insecure_channel(
-                f"127.0.0.1:{self.config.cell_agent.ports[cell]}"
-            )
+            self._channels[cell] = aio_channel(f"127.0.0.1:{self.config.cell_agent.ports[cell]}")
         return pb_grpc.CellAgentStub(self._channels[cell])
 
     async def close_channels(self) -> None:

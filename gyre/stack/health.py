@@ -9,12 +9,13 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gyre.rpc import aio_channel, sync_channel
 from gyre.stack.servers import LOOPBACK
 
 
 def grpc_health(port: int, timeout_s: float = 1.0) -> str:
     """SERVING / NOT_SERVING / UNKNOWN / UNREACHABLE for a gRPC server on loopback."""
-    with grpc.insecure_channel(f"{LOOPBACK}:{port}") as channel:
+    with sync_channel(f"{LOOPBACK}:{port}") as channel:
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=timeout_s
@@ -27,7 +28,7 @@ def grpc_health(port: int, timeout_s: float = 1.0) -> str:
 async def grpc_health_async(port: int, timeout_s: float = 1.0) -> int:
     """The serving status (`HealthCheckResponse.ServingStatus`) of a gRPC server on loopback; UNKNOWN when
     it does not answer."""
-    async with grpc.aio.insecure_channel(f"{LOOPBACK}:{port}") as channel:
+    async with aio_channel(f"{LOOPBACK}:{port}") as channel:
         try:
             resp = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=timeout_s

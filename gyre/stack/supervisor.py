@@ -35,7 +35,7 @@ import psutil
 from grpc_health.v1 import health_pb2
 
 from gyre.config import GyreConfig, load_config
-from gyre.lifecycle import hold_grpc_aio
+from gyre.lifecycle import STOP_SIGNALS, hold_grpc_aio, install_signal_handlers
 from gyre.log import configure_logging, get_logger
 from gyre.stack.events import ExitPublisher
 from gyre.stack.health import grpc_health_async, last_error, tail
@@ -167,9 +167,7 @@ class StackSupervisor:
     # -- run ---------------------------------------------------------------------------------------
     async def run(self) -> int:
         become_subreaper()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, self.stop_requested.set)
+        install_signal_handlers(self.stop_requested, (*STOP_SIGNALS, signal.SIGHUP))
         self._save()
         try:
             await self._start()

@@ -29,6 +29,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from gyre.errors import StartupError
+
 DEFAULT_HARNESS_TIMEOUT_S = 120.0
 DEFAULT_OVERALL_BUDGET_S = 300.0
 DEFAULT_VERIFIER_TIMEOUT_S = 30.0
@@ -36,7 +38,7 @@ DEFAULT_VERIFIER_TIMEOUT_S = 30.0
 VerifierProtocol = Literal["score_line", "harbor"]
 
 
-class TaskError(ValueError):
+class TaskError(StartupError):
     """A task (or a task set) is malformed; the message names the file and the key."""
 
 

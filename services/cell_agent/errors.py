@@ -1,6 +1,17 @@
-"""Domain errors of the cell agent; the gRPC servicer maps them to status codes."""
+"""Domain errors of the cell agent, and the gRPC status each answers with.
+
+CellStateError, RoleError      → FAILED_PRECONDITION (wrong role, wrong step, a batch running)
+CellUnavailableError, Timeout  → UNAVAILABLE (collectives forming, weights not yet published)
+SnapshotError                  → INTERNAL (logged: corruption, not a race)
+ValueError                     → INVALID_ARGUMENT
+"""
 
 from __future__ import annotations
+
+import grpc
+
+from gyre.rpc import INVALID_ARGUMENT, ErrorStatus
+from services.cell_agent.roles import RoleError
 
 
 class CellStateError(ValueError):
@@ -14,3 +25,12 @@ class CellUnavailableError(RuntimeError):
 
 class SnapshotError(RuntimeError):
     """A pulled snapshot does not match the core's digest (corruption, not a race): INTERNAL."""
+
+
+ERROR_STATUSES = (
+    ErrorStatus((CellStateError, RoleError), grpc.StatusCode.FAILED_PRECONDITION),
+    ErrorStatus((CellUnavailableError, TimeoutError), grpc.StatusCode.UNAVAILABLE),
+    ErrorStatus(SnapshotError, grpc.StatusCode.INTERNAL, log_event="snapshot_mismatch"),
+    INVALID_ARGUMENT,
+)
+"""The status of each domain error the cell agent's gRPC handlers raise (first match wins)."""

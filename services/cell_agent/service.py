@@ -18,6 +18,7 @@ from gyre.config import GyreConfig
 from gyre.model.files import check_model_dir
 from gyre.service import GyreService
 from gyre.trainer.layout import check_trainer
+from services.cell_agent.errors import ERROR_STATUSES
 
 if TYPE_CHECKING:
     from services.cell_agent.agent import CellAgent
@@ -27,6 +28,7 @@ class CellAgentService(GyreService):
     """One cell: its role, its rollout engine, its trainer, weights and gradient collectives."""
 
     name = "cell_agent"
+    error_statuses = ERROR_STATUSES
 
     def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
         super().__init__(config, instance)

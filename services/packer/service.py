@@ -26,6 +26,7 @@ from google.protobuf import json_format
 from gyre.bus import Delivery
 from gyre.ids import batch_id as make_batch_id
 from gyre.ids import microstep_queue
+from gyre.rpc import INVALID_ARGUMENT, ErrorStatus
 from gyre.service import GyreService
 from gyre.store import WorkQueue
 from gyre.store.archive import StepArchiver
@@ -38,10 +39,15 @@ from services.packer.sources import GroupSource, TreeSource
 ARCHIVE_CONSUMER = "packer-archive"
 
 
+class UnknownBatchError(LookupError):
+    """GetBatch names a batch this packer has not opened: NOT_FOUND."""
+
+
 class PackerService(GyreService):
     """Turns ready groups into micro-steps, one batch stream at a time."""
 
     name = "packer"
+    error_statuses = (ErrorStatus(UnknownBatchError, grpc.StatusCode.NOT_FOUND), INVALID_ARGUMENT)
 
     async def setup(self) -> None:
         self.batches: dict[str, BatchProgress] = {}
@@ -143,7 +149,7 @@ class _Servicer(packer_pb2_grpc.PackerServicer):
         self, request: packer_pb2.OpenBatchRequest, context: grpc.aio.ServicerContext
     ) -> packer_pb2.OpenBatchResponse:
         if request.num_groups < 1:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_groups must be at least 1")
+            raise ValueError("num_groups must be at least 1")
         progress = await self.s.open_batch(request.step, request.num_groups, request.policy_version)
         return packer_pb2.OpenBatchResponse(batch_id=progress.batch_id)
 
@@ -152,7 +158,7 @@ class _Servicer(packer_pb2_grpc.PackerServicer):
     ) -> packer_pb2.BatchStatus:
         progress = self.s.batches.get(request.batch_id)
         if progress is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no batch {request.batch_id!r}")
+            raise UnknownBatchError(f"no batch {request.batch_id!r}")
         return packer_pb2.BatchStatus(
             batch_id=progress.batch_id,
             groups_packed=progress.groups_packed,

@@ -9,7 +9,7 @@
     await core.close_execution("e1")
 
 It holds the chat template, the executions (credentials, trees), the router, the metrics and the
-settings of a call; it owns no sockets (service.py and http_server.py do).
+settings of a call; it owns no sockets (service.py does, through gyre/http_host.py).
 """
 
 from __future__ import annotations

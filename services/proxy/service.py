@@ -13,18 +13,19 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gyre.config import GyreConfig
+from gyre.http_host import HttpHost
 from gyre.service import GyreService
 from gyre.v1 import proxy_pb2_grpc
 from services.proxy.app import build_app
 from services.proxy.core import ProxyCore, build_template
-from services.proxy.grpc_api import ProxyServicer
-from services.proxy.http_server import HttpServer
+from services.proxy.grpc_api import ERROR_STATUSES, ProxyServicer
 
 
 class ProxyService(GyreService):
     """Harness-facing APIs, per-execution credentials, TITO recording, routing and reroute."""
 
     name = "proxy"
+    error_statuses = ERROR_STATUSES
 
     def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
         super().__init__(config, instance)
@@ -34,8 +35,11 @@ class ProxyService(GyreService):
     async def setup(self) -> None:
         self.core = ProxyCore(self.config.proxy, template=self.template, redis=self.redis, keys=self.keys)
         await self.core.start()
-        self.http = HttpServer(
-            build_app(self.core), host=self.config.run.host, port=self.config.proxy.http_port
+        self.http = HttpHost(
+            build_app(self.core),
+            host=self.config.run.host,
+            port=self.config.proxy.http_port,
+            name="proxy-http",
         )
         await self.http.start()
         self.core.base_url = f"http://{self.config.run.peer_host('proxy')}:{self.http.port}"

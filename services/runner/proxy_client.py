@@ -9,6 +9,7 @@ import time
 import grpc
 
 from gyre.log import get_logger
+from gyre.rpc import aio_channel
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 
 log = get_logger("gyre.runner.proxy")
@@ -26,7 +27,7 @@ class ProxyClient:
         self.attempts = attempts
         self.retry_s = retry_s
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = aio_channel(address)
         self._stub = proxy_pb2_grpc.ProxyStub(self._channel)
 
     async def open(

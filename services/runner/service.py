@@ -180,7 +180,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServicer):
         self, request: runner_pb2.CancelExecutionRequest, context: grpc.aio.ServicerContext
     ) -> runner_pb2.CancelExecutionResponse:
         if not request.all and not request.execution_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give execution_id or all=true")
+            raise ValueError("give execution_id or all=true")
         if request.all:  # the run is ending: what is still queued must not start afterwards
             self.service.controller.close()
         cancelled = self.service.controller.cancel(None if request.all else request.execution_id)

@@ -13,6 +13,7 @@ from google.protobuf.message import Message
 
 from gyre.config import GyreConfig
 from gyre.log import get_logger
+from gyre.rpc import aio_channel
 from gyre.v1 import cell_agent_pb2_grpc, common_pb2, packer_pb2_grpc, proxy_pb2_grpc, runner_pb2_grpc
 from services.scheduler.naming import engine_id
 
@@ -36,7 +37,7 @@ class Peers:
         channels: list[grpc.aio.Channel] = []
 
         def channel(host: str, port: int) -> grpc.aio.Channel:
-            ch = grpc.aio.insecure_channel(f"{host}:{port}")
+            ch = aio_channel(f"{host}:{port}")
             channels.append(ch)
             return ch
 

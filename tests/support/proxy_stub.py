@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import grpc
 
+from gyre.rpc import bind, new_server
 from gyre.v1 import proxy_pb2, proxy_pb2_grpc
 
 
@@ -22,9 +23,9 @@ class ProxyStub(proxy_pb2_grpc.ProxyServicer):
         """Answer this many OpenExecution calls with UNAVAILABLE first (retry tests)."""
         self.opened: dict[str, proxy_pb2.OpenExecutionRequest] = {}
         self.closed: list[str] = []
-        self.server = grpc.aio.server()
+        self.server = new_server()
         proxy_pb2_grpc.add_ProxyServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = bind(self.server, "127.0.0.1:0")
 
     async def __aenter__(self) -> ProxyStub:
         await self.server.start()

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from gyre.errors import StartupError
 from gyre.trajectory.messages import Message, ToolSpec
 from gyre.trajectory.output import PARSERS, AssistantOutput, ToolCallParser, assemble_output
 
 
-class TemplateError(ValueError):
+class TemplateError(StartupError):
     """A chat template cannot be used for TITO recording (e.g. it is not append-only)."""
 
 

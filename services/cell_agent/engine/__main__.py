@@ -2,7 +2,8 @@
 
     python -m services.cell_agent.engine --config gyre.yaml [--port 0]
 
-Prints one JSON line `{"url": ...}` on stdout once it serves (port 0 picks a free port).
+Prints one JSON line `{"url": ...}` on stdout once it serves (port 0 picks a free port); logs go to
+stderr. A config or model directory it cannot use exits 2 with one line naming the field.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,26 +27,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=None, help="override cell_agent.engine.port")
     args = parser.parse_args(argv)
 
-    import structlog
-
     from gyre.config import load_config
+    from gyre.errors import StartupError
+    from gyre.log import configure_logging
 
-    # stdout carries the one machine-readable line; logs go to stderr.
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    config = load_config(args.config)
-    section = config.cell_agent.engine
-    if args.port is not None:
-        section = section.model_copy(update={"port": args.port})
-    asyncio.run(_serve(section, config.model.require_path()))
+    try:
+        config = load_config(args.config)
+        section = config.cell_agent.engine
+        if args.port is not None:
+            section = section.model_copy(update={"port": args.port})
+        configure_logging(config.log.format, config.log.level)
+        asyncio.run(_serve(section, config.model.require_path()))
+    except StartupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 async def _serve(section: EngineSection, model_dir: Path) -> None:
+    from gyre.lifecycle import install_signal_handlers
     from services.cell_agent.engine.server import EngineServer
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    install_signal_handlers(stop)
     async with EngineServer(section, model_dir=model_dir) as engine:
         sys.stdout.write(json.dumps({"url": engine.url}) + "\n")
         sys.stdout.flush()

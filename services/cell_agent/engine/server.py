@@ -20,19 +20,17 @@ crashed, `stop()` raises its error (after shutting everything down) so it is nev
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import structlog
 import torch
-import uvicorn
 
 from gyre.config.engine import EngineSection
+from gyre.http_host import HttpHost
 from gyre.model.arch import ModelArch, read_arch
 from gyre.model.tokenizer import Tokenizer, generation_eos_ids
 from services.cell_agent.engine.backends import BackendContext, create_backend
@@ -76,14 +74,6 @@ def _script_file(path: Path | None) -> list[dict[str, Any]]:
     return entries
 
 
-class _EmbeddedUvicorn(uvicorn.Server):
-    """uvicorn without signal handlers: the host process owns its signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class EngineServer:
     def __init__(
         self,
@@ -108,9 +98,7 @@ class EngineServer:
         self._script = [*_script_file(section.script_file), *script]
         self._core: EngineCore | None = None
         self._core_task: asyncio.Task[None] | None = None
-        self._http: _EmbeddedUvicorn | None = None
-        self._http_task: asyncio.Task[None] | None = None
-        self._socket: socket.socket | None = None
+        self._http: HttpHost | None = None
         self.port = 0
         self._stopped = False
         self.metrics_registry = engine_registry(lambda: self._core)
@@ -155,32 +143,18 @@ class EngineServer:
             seed=self.section.seed,
         )
         self._core_task = asyncio.create_task(self._core.run(), name="engine-core")
-        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
-        # and without it small responses wait ~40 ms on Nagle + delayed ACK.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.section.host, self.section.port))
-        sock.listen(128)
-        sock.setblocking(False)
-        self._socket = sock
-        self.port = sock.getsockname()[1]
         from services.cell_agent.engine.http_api import EngineApi
 
-        config = uvicorn.Config(
+        self._http = HttpHost(
             EngineApi(self).app(),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_keep_alive=30,
-            log_config=None,  # uvicorn's lines go through the process's logging (JSON, gyre/log.py)
+            host=self.section.host,
+            port=self.section.port,
+            name="engine-http",
+            listen_backlog=128,
+            keep_alive_s=30,
         )
-        self._http = _EmbeddedUvicorn(config)
-        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]), name="engine-http")
-        while not self._http.started:
-            if self._http_task.done():
-                self._http_task.result()
-                raise RuntimeError("the engine's HTTP server exited during startup")
-            await asyncio.sleep(0.01)
+        await self._http.start()
+        self.port = self._http.port
         log.info(
             "engine_started", url=self.url, output_source=backend.name, weight_version=backend.weight_version
         )
@@ -200,15 +174,8 @@ class EngineServer:
                 self._core_task.cancel()
             except Exception as e:  # the loop's own failure, raised below once cleanup is done
                 error = e
-        if self._http is not None and self._http_task is not None:
-            self._http.should_exit = True
-            try:
-                await asyncio.wait_for(asyncio.shield(self._http_task), timeout=timeout_s)
-            except TimeoutError:
-                self._http.force_exit = True
-                self._http_task.cancel()
-        if self._socket is not None:
-            self._socket.close()
+        if self._http is not None:
+            await self._http.stop(timeout_s)
         self.update_groups.clear()
         log.info("engine_stopped", url=self.url)
         if error is not None:

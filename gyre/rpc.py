@@ -1,0 +1,106 @@
+"""gRPC as every Gyre process uses it: servers, domain errors mapped to status codes, health, channels.
+
+    server = new_server(error_statuses)            # grpc.aio server with the domain-error interceptor
+    health = add_health(server)                    # grpc.health.v1 (the public aio servicer)
+    port = bind(server, f"{host}:{port}")          # the one place a server port is bound
+    channel = aio_channel("127.0.0.1:7001")        # the one place a client channel is made
+    with sync_channel("127.0.0.1:7001") as ch: ... # the same for blocking callers (CLI, health probes)
+
+A servicer method only translates: it raises the service's domain errors, and `DomainErrorInterceptor`
+turns each into the status code of the first `ErrorStatus` whose error types it is an instance of
+(`ValueError` → INVALID_ARGUMENT unless a service says otherwise). An error no entry names is a bug and
+reaches the client as UNKNOWN, logged by grpc. Transport security (TLS credentials) belongs in `bind`
+and the two channel functions, and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+
+from gyre.log import get_logger
+
+log = get_logger("gyre.rpc")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorStatus:
+    """Domain errors of these types answer with `code`; `detail` writes the message."""
+
+    errors: type[BaseException] | tuple[type[BaseException], ...]
+    code: grpc.StatusCode
+    detail: Callable[[BaseException], str] = str
+    log_event: str | None = None
+    """Log the error under this event name as well (errors that mean corruption, not a bad request)."""
+
+
+INVALID_ARGUMENT = ErrorStatus(ValueError, grpc.StatusCode.INVALID_ARGUMENT)
+"""The default: a request the service cannot accept."""
+
+
+class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Maps the domain errors a unary handler raises to status codes (the first matching entry wins)."""
+
+    def __init__(self, statuses: Sequence[ErrorStatus]) -> None:
+        self.statuses = tuple(statuses)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+
+        async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                return await inner(request, context)
+            except Exception as e:
+                status = self.status_of(e)
+                if status is None:
+                    raise
+                if status.log_event is not None:
+                    log.error(status.log_event, error=str(e))
+                await context.abort(status.code, status.detail(e))
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def status_of(self, error: BaseException) -> ErrorStatus | None:
+        return next((s for s in self.statuses if isinstance(error, s.errors)), None)
+
+
+def new_server(statuses: Sequence[ErrorStatus] = (INVALID_ARGUMENT,)) -> grpc.aio.Server:
+    """A grpc.aio server whose unary handlers answer domain errors with `statuses`' codes."""
+    return grpc.aio.server(interceptors=[DomainErrorInterceptor(statuses)])
+
+
+def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
+    """grpc.health.v1 on `server`; the caller sets the overall status (`health.OVERALL_HEALTH`)."""
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    return servicer
+
+
+def bind(server: grpc.aio.Server, address: str) -> int:
+    """Listen on `address` (`host:port`, port 0 picks one); returns the port."""
+    return server.add_insecure_port(address)
+
+
+def aio_channel(target: str) -> grpc.aio.Channel:
+    """A client channel for asyncio callers (services, the stack's supervisor)."""
+    return grpc.aio.insecure_channel(target)
+
+
+def sync_channel(target: str) -> grpc.Channel:
+    """A blocking client channel (the CLI, health probes outside an event loop)."""
+    return grpc.insecure_channel(target)
