@@ -87,6 +87,7 @@ def inspect_dir(path: Path) -> dict[str, object]:
         "head_dim": arch.head_dim,
         "tie_word_embeddings": arch.tie_word_embeddings,
         "rope": {k: v for k, v in asdict(arch.rope).items() if v is not None},
+        "moe": asdict(arch.moe) if arch.moe is not None else None,
         "policy_version": info.policy_version,
     }
 

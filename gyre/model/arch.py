@@ -1,12 +1,14 @@
 """The architecture of a Hugging Face checkpoint, read from its `config.json` and checked once.
 
-Gyre serves and trains one shared decoder: `LlamaForCausalLM`, `Qwen2ForCausalLM` and
-`Qwen3ForCausalLM` (dense) differ only in a few switches, which `ModelArch` names and each
-architecture's record in `gyre/model/architectures/` sets from its config:
+Gyre serves and trains one shared decoder: `LlamaForCausalLM`, `Qwen2ForCausalLM`,
+`Qwen3ForCausalLM` (dense) and `Qwen3MoeForCausalLM` differ only in a few switches, which `ModelArch`
+names and each architecture's record in `gyre/model/architectures/` sets from its config:
 
     GQA               num_key_value_heads divides num_attention_heads
     Qwen2             bias on q/k/v (not o)
     Qwen3             RMSNorm on each head of q and k (before rotary), explicit head_dim
+    Qwen3-MoE         Qwen3's attention; sparse layers route each token to `num_experts_per_tok` of
+                      `num_experts` SwiGLU experts (`MoeSpec`, read by `read_moe`)
     Llama             attention_bias (q/k/v/o) and mlp_bias switches
     all               tied or untied embeddings, RoPE with `rope_theta` and a scaling kind
                       (`default`, `linear`, `llama3`, `yarn`), RMSNorm eps, SwiGLU
@@ -64,6 +66,29 @@ class RopeSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """The sparse layers of a mixture-of-experts checkpoint, as transformers' Qwen3-MoE computes them:
+    router logits = `mlp.gate` (no bias), probabilities = softmax in float32 over all experts, the
+    `num_experts_per_tok` largest kept (renormalized to sum 1 when `norm_topk_prob`), cast back to the
+    model's dtype; the output is the weighted sum of the chosen experts' SwiGLU MLPs. No shared expert."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    """Layers that keep a dense MLP of `intermediate_size` (transformers' rule, with decoder_sparse_step)."""
+
+    def is_sparse(self, layer: int) -> bool:
+        return (
+            layer not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ModelArch:
     """Shapes and switches of one checkpoint (what engine, trainer and KV migration must agree on)."""
 
@@ -91,6 +116,8 @@ class ModelArch:
     """The weights' dtype as the checkpoint declares it (`torch_dtype` / `dtype`)."""
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    moe: MoeSpec | None = None
+    """The experts of a mixture-of-experts checkpoint (None: every layer has a dense MLP)."""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     """The config.json as read: publication writes it back unchanged but for the dtype."""
 
@@ -135,14 +162,14 @@ class ModelArch:
             if self.qk_norm:
                 shapes[p + "self_attn.q_norm.weight"] = (self.head_dim,)
                 shapes[p + "self_attn.k_norm.weight"] = (self.head_dim,)
-            for proj, shape in (
-                ("gate_proj", (inter, h)),
-                ("up_proj", (inter, h)),
-                ("down_proj", (h, inter)),
-            ):
-                shapes[p + f"mlp.{proj}.weight"] = shape
-                if self.mlp_bias:
-                    shapes[p + f"mlp.{proj}.bias"] = (shape[0],)
+            if self.moe is not None and self.moe.is_sparse(i):
+                shapes[p + "mlp.gate.weight"] = (self.moe.num_experts, h)
+                for e in range(self.moe.num_experts):
+                    shapes.update(
+                        _mlp_shapes(f"{p}mlp.experts.{e}.", h, self.moe.moe_intermediate_size, False)
+                    )
+            else:
+                shapes.update(_mlp_shapes(p + "mlp.", h, inter, self.mlp_bias))
         return shapes
 
     def num_parameters(self) -> int:
@@ -153,6 +180,19 @@ class ModelArch:
                 n *= d
             total += n
         return total
+
+
+def _mlp_shapes(prefix: str, hidden: int, inter: int, bias: bool) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for proj, shape in (
+        ("gate_proj", (inter, hidden)),
+        ("up_proj", (inter, hidden)),
+        ("down_proj", (hidden, inter)),
+    ):
+        shapes[f"{prefix}{proj}.weight"] = shape
+        if bias:
+            shapes[f"{prefix}{proj}.bias"] = (shape[0],)
+    return shapes
 
 
 def read_arch(directory: Path) -> ModelArch:
@@ -187,10 +227,11 @@ def arch_from_config(raw: dict[str, Any], path: Path | str = CONFIG_FILE) -> Mod
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     max_positions = cfg.integer("max_position_embeddings")
     switches = record.switches(cfg.flag)
+    num_layers = cfg.integer("num_hidden_layers")
     return ModelArch(
         architecture=record.hf_class,
         hidden_size=cfg.integer("hidden_size"),
-        num_layers=cfg.integer("num_hidden_layers"),
+        num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
@@ -207,6 +248,7 @@ def arch_from_config(raw: dict[str, Any], path: Path | str = CONFIG_FILE) -> Mod
         dtype=dtype,
         eos_token_ids=tuple(int(t) for t in eos_ids),
         bos_token_id=cfg.values.get("bos_token_id"),
+        moe=read_moe(cfg, num_layers) if record.experts else None,
         raw=raw,
     )
 
@@ -276,6 +318,49 @@ def _attention_shape(cfg: _ConfigFields, record: Architecture) -> tuple[int, int
     if head_dim % 2:
         raise ModelError(path, "head_dim", f"must be even for rotary embeddings; got {head_dim}")
     return heads, kv_heads, head_dim
+
+
+_MOE_UNSUPPORTED = {
+    "shared_expert_intermediate_size": "shared experts (Qwen2-MoE's) are not supported; Qwen3-MoE has none",
+    "output_router_logits": (
+        "the router's load-balancing loss is not part of Gyre's objective (transformers adds it only "
+        "with output_router_logits); set it false"
+    ),
+}
+
+
+def read_moe(cfg: _ConfigFields, num_layers: int) -> MoeSpec:
+    """The experts of a Qwen3-MoE config (`num_experts`, or transformers 5's `num_local_experts`);
+    `ModelError` names a field Gyre does not implement."""
+    values, path = cfg.values, cfg.path
+    for key, problem in _MOE_UNSUPPORTED.items():
+        if values.get(key) not in (None, 0, False):
+            raise ModelError(path, key, problem)
+    # transformers 5 writes `num_local_experts` (its attribute map); the Hub's configs say `num_experts`.
+    experts_key = (
+        "num_local_experts"
+        if "num_experts" not in values and "num_local_experts" in values
+        else "num_experts"
+    )
+    num_experts = cfg.integer(experts_key, 128, minimum=0)
+    top_k = cfg.integer("num_experts_per_tok")
+    if num_experts and top_k > num_experts:
+        raise ModelError(path, "num_experts_per_tok", f"{top_k} is more than {experts_key}={num_experts}")
+    only = values.get("mlp_only_layers") or []
+    if not isinstance(only, list) or any(
+        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers for i in only
+    ):
+        raise ModelError(
+            path, "mlp_only_layers", f"must list layer indices in [0, {num_layers}); got {only!r}"
+        )
+    return MoeSpec(
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=cfg.integer("moe_intermediate_size"),
+        norm_topk_prob=cfg.flag("norm_topk_prob"),
+        decoder_sparse_step=cfg.integer("decoder_sparse_step"),
+        mlp_only_layers=tuple(sorted(set(only))),
+    )
 
 
 def read_rope(cfg: dict[str, Any], max_positions: int, path: Path | str = CONFIG_FILE) -> RopeSpec:

@@ -1,4 +1,5 @@
-"""`CausalLM`: Llama / Qwen2 / Qwen3 (dense) in plain torch, with the Hugging Face parameter names.
+"""`CausalLM`: Llama / Qwen2 / Qwen3 (dense) and Qwen3-MoE in plain torch, with the Hugging Face
+parameter names.
 
 One module serves and trains every supported checkpoint, so the engine, the trainer and the
 published directories share one parameter set, named exactly as in the checkpoint's safetensors:
@@ -10,6 +11,8 @@ published directories share one parameter set, named exactly as in the checkpoin
     model.layers.{i}.self_attn.{q,k}_norm.weight      (Qwen3)     [hd]
     model.layers.{i}.post_attention_layernorm.weight              [d]
     model.layers.{i}.mlp.{gate,up,down}_proj.weight (+ .bias)
+    model.layers.{i}.mlp.gate.weight                  (MoE)       [E, d]       the router
+    model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight   (MoE, sparse layers)
     model.norm.weight                                             [d]
     lm_head.weight                                  (untied only) [V, d]
 
@@ -22,7 +25,12 @@ so a checkpoint loads as its own state dict (`gyre.model.weights`). Two forwards
   attend K/V held in a `PagedKVCache` (`gyre.model.paged`), keys stored after rotary.
 
 Every op follows transformers' modeling files (RMSNorm in float32 then `weight * x`, rotate-half
-rotary, q/k norm before rotary), so log-probs agree with a `transformers` forward (tested).
+rotary, q/k norm before rotary, the MoE router's float32 softmax, top-k and renormalization), so
+log-probs agree with a `transformers` forward (tested).
+
+Both forwards take an optional `lora` (`gyre.model.lora`): low-rank deltas added to the outputs of
+the targeted linear modules (q/k/v/o, gate/up/down of dense MLPs) — one adapter for the whole batch
+when training, one adapter per row when serving; the base parameters are untouched.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from torch import nn
 
 from gyre.model.arch import ModelArch
 from gyre.model.attention import packed_attention
+from gyre.model.lora import LoraDelta
 from gyre.model.paged import PagedBatch, PagedKVCache
 from gyre.model.rope import Rotary, apply_rotary
 from gyre.model.tree_layout import TreeLayout
@@ -55,8 +64,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: ModelArch) -> None:
+    def __init__(self, arch: ModelArch, index: int = 0) -> None:
         super().__init__()
+        self.index = index
         d = arch.hidden_size
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.scale = arch.head_dim**-0.5
@@ -74,7 +84,7 @@ class Attention(nn.Module):
             self._fused = _fuse((self.q_proj, self.k_proj, self.v_proj))
 
     def _qkv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lora: LoraDelta | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lead = x.shape[:-1]
         if self._fused is not None:
@@ -83,6 +93,10 @@ class Attention(nn.Module):
             q_flat, k_flat, v_flat = qkv.split((q_out, kv_out, kv_out), dim=-1)
         else:
             q_flat, k_flat, v_flat = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if lora is not None:
+            q_flat = lora.add(self.index, "q_proj", x, q_flat)
+            k_flat = lora.add(self.index, "k_proj", x, k_flat)
+            v_flat = lora.add(self.index, "v_proj", x, v_flat)
         q = q_flat.view(*lead, self.num_heads, self.head_dim)
         k = k_flat.view(*lead, self.num_kv_heads, self.head_dim)
         v = v_flat.view(*lead, self.num_kv_heads, self.head_dim)
@@ -97,13 +111,17 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         cu_seqlens: list[int],
         tree: TreeLayout | None = None,
+        lora: LoraDelta | None = None,
     ) -> torch.Tensor:
         """Packed: x [T, d]; each row of `cu_seqlens` attends causally to itself only (ancestor-only
         within a tree-packed row: `gyre.model.attention.packed_attention`)."""
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self._qkv(x, cos, sin, lora)
         out = packed_attention(q, k, v, cu_seqlens, tree, scale=self.scale)
-        projected: torch.Tensor = self.o_proj(out.reshape(*x.shape[:-1], -1))
-        return projected
+        return self._out(out.reshape(*x.shape[:-1], -1), lora)
+
+    def _out(self, x: torch.Tensor, lora: LoraDelta | None) -> torch.Tensor:
+        projected: torch.Tensor = self.o_proj(x)
+        return projected if lora is None else lora.add(self.index, "o_proj", x, projected)
 
     def forward_paged(
         self,
@@ -113,9 +131,10 @@ class Attention(nn.Module):
         cache: PagedKVCache,
         layer: int,
         batch: PagedBatch,
+        lora: LoraDelta | None = None,
     ) -> torch.Tensor:
         """Paged: x [B, Lq, d]; writes the new K/V into the pool, then attends `batch.read_slots`."""
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self._qkv(x, cos, sin, lora)
         flat_write = batch.write_slots.reshape(-1)
         cache.write(
             layer,
@@ -132,14 +151,15 @@ class Attention(nn.Module):
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
-        return projected
+        return self._out(out.transpose(1, 2).reshape(*x.shape[:-1], -1), lora)
 
 
 class MLP(nn.Module):
-    def __init__(self, arch: ModelArch) -> None:
+    """SwiGLU: `down(silu(gate(x)) * up(x))` (a dense layer's MLP, and each expert of a sparse one)."""
+
+    def __init__(self, d: int, inter: int, bias: bool = False, index: int = 0) -> None:
         super().__init__()
-        d, inter, bias = arch.hidden_size, arch.intermediate_size, arch.mlp_bias
+        self.index = index
         self.gate_proj = nn.Linear(d, inter, bias=bias)
         self.up_proj = nn.Linear(d, inter, bias=bias)
         self.down_proj = nn.Linear(inter, d, bias=bias)
@@ -150,13 +170,61 @@ class MLP(nn.Module):
         if self._fused is None:
             self._fused = _fuse((self.gate_proj, self.up_proj))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
         if self._fused is not None:
             gate, up = F.linear(x, *self._fused).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
-        return out
+        if lora is None:
+            out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+            return out
+        gate = lora.add(self.index, "gate_proj", x, gate)
+        up = lora.add(self.index, "up_proj", x, up)
+        hidden = F.silu(gate) * up
+        return lora.add(self.index, "down_proj", hidden, self.down_proj(hidden))
+
+
+class SparseMoeBlock(nn.Module):
+    """Qwen3-MoE's sparse MLP, as transformers computes it (`Qwen3MoeSparseMoeBlock`): the router
+    `gate` scores every expert, softmax in float32, the top `num_experts_per_tok` are kept (and
+    renormalized to sum 1 when `norm_topk_prob`) and cast back to the hidden dtype; each token's output
+    is the weighted sum of its chosen experts' SwiGLU MLPs, added up in expert order. Experts keep the
+    checkpoint's own names (`experts.{e}.gate_proj.weight`, ...), so a Hub checkpoint loads as is."""
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        moe = arch.moe
+        assert moe is not None
+        self.top_k = moe.num_experts_per_tok
+        self.norm_topk_prob = moe.norm_topk_prob
+        self.gate = nn.Linear(arch.hidden_size, moe.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            MLP(arch.hidden_size, moe.moe_intermediate_size) for _ in range(moe.num_experts)
+        )
+
+    def fuse(self) -> None:
+        for expert in self.experts:
+            assert isinstance(expert, MLP)
+            expert.fuse()
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, d] → (weights [N, k] in x's dtype, expert ids [N, k])."""
+        logits = F.linear(x, self.gate.weight)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(logits.dtype), experts
+
+    def forward(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, experts = self.route(flat)
+        out = torch.zeros_like(flat)
+        for e in experts.unique().tolist():  # ascending: the order transformers adds experts in
+            token, slot = torch.where(experts == e)
+            y = self.experts[e](flat[token]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out.reshape(x.shape)
 
 
 @torch.no_grad()
@@ -179,19 +247,23 @@ def _fuse(layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | N
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch) -> None:
+    def __init__(self, arch: ModelArch, index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = Attention(arch)
+        self.self_attn = Attention(arch, index)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = MLP(arch)
+        self.mlp: MLP | SparseMoeBlock = (
+            SparseMoeBlock(arch)
+            if arch.moe is not None and arch.moe.is_sparse(index)
+            else MLP(arch.hidden_size, arch.intermediate_size, arch.mlp_bias, index)
+        )
 
 
 class DecoderModel(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
 
@@ -251,10 +323,12 @@ class CausalLM(nn.Module):
         position_ids: torch.Tensor,
         cu_seqlens: torch.Tensor | list[int],
         tree: TreeLayout | None = None,
+        lora: LoraDelta | None = None,
     ) -> torch.Tensor:
         """Packed training forward: input_ids/position_ids [T], cu_seqlens [S+1] → logits [T, V];
         `tree` is the layout of tree-packed rows (None: every row is a path). Positions are taken as
-        given (in a tree row a token's position is its depth along its own path)."""
+        given (in a tree row a token's position is its depth along its own path). `lora` adds an
+        adapter's deltas (`gyre.model.lora.LoraAdapter`)."""
         if input_ids.dim() != 1 or position_ids.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and position_ids must both be 1-D [T]; got {tuple(input_ids.shape)} and "
@@ -271,8 +345,8 @@ class CausalLM(nn.Module):
         cos, sin = self.rotary.cos_sin(position_ids, self.lm_head.weight.dtype)
         h = self.model.embed_tokens(input_ids)
         for layer in self._layers():
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, bounds, tree)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, bounds, tree, lora)
+            h = h + layer.mlp(layer.post_attention_layernorm(h), lora)
         logits: torch.Tensor = self.lm_head(self.model.norm(h))
         return logits
 
@@ -282,15 +356,17 @@ class CausalLM(nn.Module):
         cache: PagedKVCache,
         batch: PagedBatch,
         last_index: torch.Tensor | None = None,
+        lora: LoraDelta | None = None,
     ) -> torch.Tensor:
         """Serving forward: input_ids [B, Lq] at `batch.positions` → logits [B, Lq, V], or [B, V] at
-        the query index `last_index[b]` of each row when given (the only position a step samples)."""
+        the query index `last_index[b]` of each row when given (the only position a step samples).
+        `lora` gives each row its adapter (`gyre.model.lora.LoraRows`)."""
         self._check_positions(batch.positions)
         cos, sin = self.rotary.cos_sin(batch.positions, self.lm_head.weight.dtype)
         h = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self._layers()):
-            h = h + layer.self_attn.forward_paged(layer.input_layernorm(h), cos, sin, cache, i, batch)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + layer.self_attn.forward_paged(layer.input_layernorm(h), cos, sin, cache, i, batch, lora)
+            h = h + layer.mlp(layer.post_attention_layernorm(h), lora)
         if last_index is not None:
             h = h[torch.arange(h.shape[0]), last_index]
         logits: torch.Tensor = self.lm_head(self.model.norm(h))

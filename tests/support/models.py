@@ -81,6 +81,19 @@ def load_small(seed: int = 0) -> CausalLM:
     return load_model(small_dir(seed))
 
 
+def written_names(hf_model: Any, out: Path) -> set[str]:
+    """The parameter names a transformers model writes with `save_pretrained` (a checkpoint's names: for
+    Qwen3-MoE the Hub's per-expert ones, not transformers 5's fused in-memory `experts.gate_up_proj`)."""
+    from safetensors import safe_open
+
+    hf_model.save_pretrained(out)
+    names: set[str] = set()
+    for path in out.glob("*.safetensors"):
+        with safe_open(str(path), framework="pt") as f:
+            names.update(f.keys())
+    return names
+
+
 def copy_dir(src: Path, dst: Path) -> Path:
     """A writable copy (tests that corrupt a directory must not touch the shared one)."""
     shutil.copytree(src, dst)

@@ -13,8 +13,11 @@ from gyre.model.architectures.base import Architecture, Flag, Switches
 from gyre.model.architectures.llama import Llama
 from gyre.model.architectures.qwen2 import Qwen2
 from gyre.model.architectures.qwen3 import Qwen3
+from gyre.model.architectures.qwen3_moe import Qwen3Moe
 
-ARCHITECTURES: dict[str, Architecture] = {record.name: record for record in (Qwen3(), Qwen2(), Llama())}
+ARCHITECTURES: dict[str, Architecture] = {
+    record.name: record for record in (Qwen3(), Qwen3Moe(), Qwen2(), Llama())
+}
 """name → record, the default of `gyre model init` first."""
 
 HF_CLASSES: tuple[str, ...] = tuple(record.hf_class for record in ARCHITECTURES.values())

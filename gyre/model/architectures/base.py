@@ -55,6 +55,8 @@ class Architecture(ABC):
     """The transformers config class defaults Gyre relies on when config.json omits a key."""
     default_num_kv_heads: ClassVar[int | None] = None
     """`num_key_value_heads` when config.json omits it; None = `num_attention_heads` (no GQA)."""
+    experts: ClassVar[bool] = False
+    """config.json describes mixture-of-experts layers (`gyre.model.arch.read_moe` reads them)."""
 
     @abstractmethod
     def switches(self, flag: Flag) -> Switches:

@@ -14,6 +14,9 @@ layer cannot express, or what a tensor-parallel split cannot divide:
   alone (`add_qkv_bias`, Qwen2) or biases on every linear (`add_bias_linear`), not these mixes;
 - `num_attention_heads`, `num_key_value_heads`, `vocab_size`, `intermediate_size` must be multiples
   of the tensor-parallel size (heads and query groups, vocab rows and FFN columns are split evenly);
+- mixture-of-experts checkpoints (Qwen3-MoE): megatron-core 0.16.1's MoE layer does not run on a
+  CPU (its `TopKRouter.gating` moves a router weight that is on the CPU to
+  `torch.cuda.current_device()` at every forward); the torch backend trains them;
 
 Pipeline parallelism is not offered at all (no config field): megatron-core 0.16's schedules and p2p
 allocate on CUDA, and the Gyre objective needs a whole micro-step's logits in one process.
@@ -26,6 +29,10 @@ from pathlib import Path
 from gyre.model.arch import CONFIG_FILE, ModelArch, ModelError
 
 TP_FIELD = "cell_agent.trainer.megatron.tensor_parallel_size"
+MOE_REFUSAL = (
+    "Qwen3MoeForCausalLM is not supported by the megatron backend (megatron-core 0.16.1's MoE router "
+    "moves its weight to CUDA at every forward, so it cannot run on a CPU); use trainer.backend torch"
+)
 
 
 class LayoutError(ModelError):
@@ -39,6 +46,8 @@ def check_megatron_layout(
     source: Path | str = CONFIG_FILE,
 ) -> None:
     """`LayoutError` naming the model's field (in `source`) and the layout field it conflicts with."""
+    if arch.moe is not None:
+        raise LayoutError(source, "architectures", MOE_REFUSAL)
     if arch.o_bias:
         raise LayoutError(
             source,
