@@ -87,7 +87,7 @@ def measure(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--config", default=None, help="YAML overlaid on the demo settings")
     args = parser.parse_args(argv)
 
-    from gyre.cli.demo import demo_config
+    from gyre.demo.config import demo_config
     from gyre.demo.run import DemoRun
 
     base = demo_config(Path(args.config) if args.config else None, {}).scheduler

@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import structlog
 import torch
 
+from bench._startup import run_bench
 from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
 from gyre.engine.migration import migrate_request_kv
@@ -205,11 +203,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--decode-tokens", type=int, default=256, help="tokens generated per request")
     parser.add_argument("--long-prompt", type=int, default=2048, help="prompt tokens of the cache/KV runs")
     args = parser.parse_args(argv)
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    with tempfile.TemporaryDirectory(prefix="gyre-bench-engine-") as tmp:
-        path = args.model or init_model_dir(Path(tmp) / "qwen3-tiny", arch="qwen3", size="tiny")
-        result = asyncio.run(run(path, args.threads, args.decode_tokens, args.long_prompt))
-    print(json.dumps(result))
+
+    async def body(work: Path) -> dict[str, Any]:
+        path = args.model or init_model_dir(work / "qwen3-tiny", arch="qwen3", size="tiny")
+        return await run(path, args.threads, args.decode_tokens, args.long_prompt)
+
+    run_bench("engine", body)
 
 
 if __name__ == "__main__":

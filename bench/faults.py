@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--only", default="", help="comma-separated fault names (default: all)")
     args = parser.parse_args(argv)
 
-    from gyre.cli.demo import demo_config
+    from gyre.demo.config import demo_config
     from gyre.demo.faults import FaultInjector, fault_report
     from gyre.demo.ledger import read_event_lines
     from gyre.demo.run import DemoRun

@@ -36,7 +36,6 @@ import json
 import os
 import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,10 +43,11 @@ from typing import Any
 import yaml
 
 from bench._scripted_messages import ScriptedMessages
+from bench._startup import run_bench
 from gyre.bus import EventBus, decode_event
 from gyre.bus.codec import TYPE_HEADER
 from gyre.config import load_config
-from gyre.log import configure_logging
+from gyre.paths import REPO_ROOT
 from gyre.rpc import bind, new_server
 from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, connect_redis
@@ -56,7 +56,7 @@ from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from gyre.v1 import proxy_pb2, proxy_pb2_grpc
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "fix-add"
+EXAMPLE = REPO_ROOT / "examples" / "tasks" / "fix-add"
 DEMO_TASK = "add/3+5"
 
 
@@ -284,9 +284,7 @@ def main(argv: list[str]) -> None:
             f"--start {args.start}: the {args.task} task's harness is not a `python -m` module; use plain"
         )
     starts = ["plain", "fork"] if args.start == "both" else [args.start]
-    configure_logging("console", "warning")
-    with tempfile.TemporaryDirectory(prefix="gyre-bench-harness-") as tmp:
-        result = asyncio.run(
-            run(args.task, starts, args.executions, args.concurrency, args.group_size, Path(tmp))
-        )
-    print(json.dumps(result))
+    run_bench(
+        "harness",
+        lambda work: run(args.task, starts, args.executions, args.concurrency, args.group_size, work),
+    )

@@ -30,7 +30,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
     args = parser.parse_args(argv)
 
-    from gyre.cli.demo import demo_config
+    from gyre.demo.config import demo_config
     from gyre.demo.run import DemoRun
 
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -56,7 +56,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -65,11 +64,10 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 import psutil
-import structlog
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.proxy import _bench_model, _ms, _percentile, _wait_file, claude_code_body
+from bench._startup import bench_model, run_bench, start_engine_and_proxy
+from bench.proxy import _ms, _percentile, claude_code_body
 from gyre.bus import EventBus
 from gyre.config.infra import DEFAULT_APPENDFSYNC
 from gyre.ids import batch_id as make_batch_id
@@ -384,7 +382,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "nats": {"url": nats.url},
             "redis": {"url": redis_server.url},
             "log": {"level": "warning", "format": "json"},
-            "model": {"path": str(_bench_model(workdir / "model", tokenizer="bpe"))},
+            "model": {"path": str(bench_model(workdir / "model", tokenizer="bpe"))},
             "cell_agent": {
                 "engine": {
                     "output_source": "scripted",
@@ -393,22 +391,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 }
             },
         }
-        config_path = workdir / "gyre.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        engine_proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cell_agent.engine", "--config", str(config_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-        processes.append(engine_proc)
-        assert engine_proc.stdout is not None
-        engine_url = json.loads(await asyncio.to_thread(engine_proc.stdout.readline))["url"]
-        proxy_proc = subprocess.Popen(
-            [sys.executable, "-m", "services.proxy", "--config", str(config_path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-        processes.append(proxy_proc)
-        endpoint = await _wait_file(workdir / "runs" / RUN_ID / "services" / "proxy.json", proxy_proc, 60)
+        engine_url, endpoint = await start_engine_and_proxy(workdir, config, processes)
+        engine_proc, proxy_proc = processes[-2:]
         metrics_url = f"http://127.0.0.1:{endpoint['metrics_port']}/metrics"
         load = Load(args, workdir, redis_server.url, nats.url)
         redis = await connect_redis(redis_server.url)
@@ -661,10 +645,7 @@ def main(argv: list[str]) -> None:
             parser.error(
                 f"--concurrency: each level must be a multiple of --group-size {args.group_size}; got {c!r}"
             )
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    with tempfile.TemporaryDirectory(prefix="gyre-bench-load-") as tmp:
-        result = asyncio.run(run(args, Path(tmp)))
-    print(json.dumps(result))
+    run_bench("load", lambda work: run(args, work))
 
 
 if __name__ == "__main__":

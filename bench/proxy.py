@@ -26,22 +26,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
-import structlog
-import yaml
 
+from bench._startup import bench_model, run_bench, start_engine_and_proxy
 from gyre.engine import EngineClient
-from gyre.model.init import init_model_dir
 from gyre.rpc import aio_channel
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profile, template_for_family
@@ -257,30 +253,6 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
 
-async def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{path} did not appear (process exited: {proc.poll()})")
-        await asyncio.sleep(0.05)
-    return dict(json.loads(path.read_text()))
-
-
-def _bench_model(out: Path, tokenizer: str = "byte") -> Path:
-    """The demo model's format (byte tokenizer unless told, compact ChatML) with a context that holds
-    800 KB histories; the engine's outputs are scripted, so the weights never run."""
-    dims = {
-        "hidden_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "intermediate_size": 64,
-        "max_position_embeddings": 4_000_000,
-    }
-    return init_model_dir(out, arch="llama", tokenizer=tokenizer, family="chatml", overrides=dims)
-
-
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     nats: ServerProcess = start_nats(workdir / "nats")
     redis: ServerProcess = start_redis(workdir / "redis", appendonly=False)
@@ -291,27 +263,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "nats": {"url": nats.url},
             "redis": {"url": redis.url},
             "log": {"level": "warning", "format": "json"},
-            "model": {"path": str(_bench_model(workdir / "model"))},
+            "model": {"path": str(bench_model(workdir / "model"))},
             "cell_agent": {"engine": {"output_source": "scripted", "max_batch_size": 128}},
         }
-        config_path = workdir / "gyre.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        engine_proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cell_agent.engine", "--config", str(config_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-        processes.append(engine_proc)
-        assert engine_proc.stdout is not None
-        engine_url = json.loads(await asyncio.to_thread(engine_proc.stdout.readline))["url"]
-        proxy_proc = subprocess.Popen(
-            [sys.executable, "-m", "services.proxy", "--config", str(config_path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-        processes.append(proxy_proc)
-        endpoint = await _wait_file(
-            workdir / "runs" / "benchproxy" / "services" / "proxy.json", proxy_proc, 60
-        )
+        engine_url, endpoint = await start_engine_and_proxy(workdir, config, processes)
         async with (
             aio_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
             EngineClient(engine_url, timeout_s=300) as engine,
@@ -386,10 +341,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="executions calling at once (throughput)")
     parser.add_argument("--duration-s", type=float, default=5.0, help="length of each throughput run")
     args = parser.parse_args(argv)
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    with tempfile.TemporaryDirectory(prefix="gyre-bench-proxy-") as tmp:
-        result = asyncio.run(run(args, Path(tmp)))
-    print(json.dumps(result))
+    run_bench("proxy", lambda work: run(args, work))
 
 
 if __name__ == "__main__":

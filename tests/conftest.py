@@ -18,6 +18,7 @@ import structlog
 
 from gyre.bus import EventBus
 from gyre.lifecycle import hold_grpc_aio
+from gyre.paths import REPO_ROOT
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.store import Keys, connect_redis
 
@@ -82,7 +83,7 @@ def keys(run_id: str) -> Keys:
 
 @pytest.fixture
 def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+    return REPO_ROOT
 
 
 def _cli_binary(name: str, package: str) -> Path:

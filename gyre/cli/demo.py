@@ -20,69 +20,16 @@ from __future__ import annotations
 import json
 import math
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 
 from gyre.cli._config import config_or_exit
-from gyre.config import ConfigError, GyreConfig, load_config
+from gyre.demo.config import mode_config
 
 TRAINED_NOTHING_EXIT = 3
 """Exit status of a run that completed its steps without training a single token."""
-
-
-def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
-    """The packaged demo settings ← the user's file ← GYRE_* ← CLI flags."""
-    base = yaml.safe_load(resources.files("gyre.demo").joinpath("demo.yaml").read_text())
-    # The packaged warm start is named relative to the installed tree, not to the caller's directory.
-    root = Path(__file__).resolve().parents[2]
-    base["model"]["path"] = str(root / base["model"]["path"])
-    # The packaged held-out pool belongs to the packaged tasks: a run that names tasks of its own
-    # evaluates the pool it names (none unless it sets `tasks.held_out`).
-    user_tasks = [
-        (yaml.safe_load(file.read_text()) or {}).get("tasks") if file is not None else None,
-        overrides.get("tasks"),
-    ]
-    sources = ("dirs", "datasets", "queries")
-    if any(isinstance(t, dict) and any(k in t for k in sources) for t in user_tasks):
-        base["tasks"].pop("held_out", None)
-    return load_config(file, overrides=overrides, base=base)
-
-
-def mode_config(file: Path | None, overrides: dict[str, Any], mode: str | None) -> GyreConfig:
-    """`demo_config`, with `mode`'s (φ, μ) matched to the target staleness of the settings it replaces.
-
-    Without `mode`, or with the mode the settings already have, φ and μ stay as configured. Switching
-    from elastic keeps its target φ + (μ − 1)/2; switching to elastic keeps the packaged demo's μ."""
-    from services.scheduler.policy import Mode
-    from services.scheduler.policy.params import matched_phi_mu
-
-    cfg = demo_config(file, overrides)
-    if mode is None or mode == cfg.scheduler.mode:
-        return cfg
-    try:
-        target = Mode(mode)
-    except ValueError:
-        raise ConfigError(f"--mode: choose elastic, async or colocate; got {mode!r}") from None
-    sched = cfg.scheduler
-    elastic_mu = sched.mu if sched.mode == Mode.ELASTIC.value else demo_config(None, {}).scheduler.mu
-    try:
-        phi, mu = matched_phi_mu(target, sched.phi + (sched.mu - 1) / 2, elastic_mu)
-    except ValueError as e:
-        raise ConfigError(f"--mode {mode}: {e}") from None
-    return demo_config(file, _merge(overrides, {"scheduler": {"mode": mode, "phi": phi, "mu": mu}}))
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = (
-            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
 
 
 def register(app: typer.Typer) -> None:

@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from gyre.config import GyreConfig
+from gyre.paths import REPO_ROOT
 from gyre.trainer.checkpoint import published_path
 
 EVAL_TIMEOUT_S = 600.0
 TRAINER_ONLY = ("optimizer.pt", "trainer.json")
 """Files of a trainer checkpoint (`checkpoints/step-N`) the evaluation does not need."""
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""Where `harness/` is importable from (as for the runner's demo harness)."""
 
 
 def eval_steps(steps: int, every: int) -> list[int]:

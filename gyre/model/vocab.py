@@ -19,13 +19,14 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from gyre.model.families import FAMILIES, ChatFamily
 from gyre.model.fast_bpe import bytes_to_unicode
 from gyre.model.tokenizer import Tokenizer as GyreTokenizer
+from gyre.paths import REPO_ROOT
 
 TOKENIZER_KINDS = ("bpe", "byte")
 
 
 def corpus_files() -> list[Path]:
     """The text Gyre ships (its sources and docs), in a stable order: the BPE training corpus."""
-    root = Path(__file__).resolve().parents[2]
+    root = REPO_ROOT
     files: list[Path] = []
     for package in ("gyre", "services", "harness", "sim", "bench", "docs"):
         base = root / package

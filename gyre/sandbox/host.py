@@ -8,7 +8,6 @@ place that turns their `sandbox:` section into a launcher, so the two cannot dri
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gyre.config import ConfigError, GyreConfig
@@ -20,8 +19,6 @@ from gyre.sandbox.uids import check_disjoint, uid_range
 if TYPE_CHECKING:
     from gyre.service import GyreService
 
-#: The repository root: revealed read-only to sandboxes that run Gyre's own code (the demo harness, verifiers).
-REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The PATH every sandbox starts from (harnesses add their own bin directories in front).
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 

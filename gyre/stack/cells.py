@@ -23,6 +23,7 @@ import grpc
 import yaml
 
 from gyre.config import GyreConfig
+from gyre.paths import REPO_ROOT
 from gyre.rpc import aio_channel
 from gyre.stack.health import grpc_health
 from gyre.stack.servers import free_port
@@ -55,8 +56,7 @@ class LocalCells:
     def __enter__(self) -> LocalCells:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False))
-        repo = Path(__file__).resolve().parents[2]
-        env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
         try:
             for k in range(self.num_cells):
                 with open(self.log_dir / f"cell-{k}.log", "wb") as log:
@@ -74,7 +74,7 @@ class LocalCells:
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
                         env=env,
-                        cwd=repo,
+                        cwd=REPO_ROOT,
                     )
             self._wait_serving()
         except BaseException:

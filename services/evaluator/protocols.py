@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from gyre.paths import REPO_ROOT
 from gyre.sandbox import SandboxOutcome
-from gyre.sandbox.host import BASE_PATH, REPO_ROOT
+from gyre.sandbox.host import BASE_PATH
 from gyre.sandbox.task_paths import agent_logs_of, verifier_view
 from gyre.tasks import Task
 from gyre.tasks.dockerfile import DEFAULT_WORKDIR

@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from gyre.config.runner import HARNESS_ROUTING_ENV, RunnerSection
+from gyre.paths import REPO_ROOT
 from gyre.sandbox import SandboxLimits
-from gyre.sandbox.host import BASE_PATH, REPO_ROOT
+from gyre.sandbox.host import BASE_PATH
 from gyre.tasks import Task
 
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 import transformers
 
-from gyre.cli.demo import demo_config
+from gyre.demo.config import demo_config
 from gyre.demo.run import DemoRun
 from gyre.metrics.steps import scalars
 from gyre.model.files import check_model_dir

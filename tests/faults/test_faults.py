@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gyre.cli.demo import demo_config
+from gyre.demo.config import demo_config
 from gyre.demo.faults import Fault, FaultInjector, fault_report
 from gyre.demo.ledger import read_event_lines
 from gyre.demo.run import DemoRun

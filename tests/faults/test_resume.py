@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gyre.cli.demo import demo_config
+from gyre.demo.config import demo_config
 from gyre.demo.faults import kill_whole_run
 from gyre.demo.ledger import check_events, read_event_lines
 from gyre.demo.run import DemoRun

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gyre.cli.demo import demo_config
 from gyre.config.tasks import TasksSection
+from gyre.demo.config import demo_config
 from gyre.demo.heldout import HeldOut, eval_steps
 from gyre.tasks.taskset import TaskSet
 from gyre.trainer.checkpoint import published_path

@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 from bench.e2e import mode_settings
 from gyre.cli import app
-from gyre.cli.demo import mode_config
 from gyre.config import ConfigError
+from gyre.demo.config import mode_config
 
 
 @pytest.mark.parametrize(
