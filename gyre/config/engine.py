@@ -20,14 +20,14 @@ class EngineSection(Section):
     """HTTP port of the engine; 0 picks a free one."""
     output_source: str = "model"
     """Embedded engine only: where outputs come from, a name in the backend registry of
-    `services.cell_agent.engine.backends` (`model` = the checkpoint's forward and sampling,
+    `services.cell_agent.engine.sources` (`model` = the checkpoint's forward and sampling,
     `scripted` = queued outputs)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Embedded engine only: compute dtype of the served weights and KV cache (float32 is exact and
     fastest on CPU; a bf16 checkpoint is upcast)."""
     script_file: Path | None = None
     """Scripted output sources only: a JSONL file of script entries queued at start (one
-    `{"text": ...}` or `{"output_ids": [...]}` object per line; see `backends/scripted.py`)."""
+    `{"text": ...}` or `{"output_ids": [...]}` object per line; see `sources/scripted.py`)."""
     script_repeat: bool = False
     """Scripted output sources only: when the queue runs dry, serve `script_file`'s entries again (a
     stand-in policy that keeps a long CI run going)."""

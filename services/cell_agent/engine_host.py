@@ -157,7 +157,7 @@ class EmbeddedEngineHost(EngineHost):
             await asyncio.sleep(0.01)
 
     async def weight_version(self) -> str:
-        return self.server.core.backend.weight_version
+        return self.server.core.source.weight_version
 
 
 class HttpEngineHost(EngineHost):

@@ -14,7 +14,7 @@ import pytest
 
 from gyre.stack.servers import ServerProcess
 from gyre.trajectory import Node
-from services.cell_agent.engine.backends.scripted import scripted_logprob
+from services.cell_agent.engine.sources.scripted import scripted_logprob
 from tests.support.proxy_stack import ProxyStack, proxy_stack, scripted_engine
 from tests.support.proxy_stack import scripted_ids as ids_of
 

@@ -15,7 +15,7 @@ A cached block whose reference count falls to zero is *evictable*: it keeps its 
 LRU, and is reclaimed only when the free list is empty. Evicting an entry evicts its evictable
 descendants too (they became unreachable). Block 0 is the scratch slot's block, never handed out.
 
-Pure Python, no torch: the model backend moves the tensors, this module only decides.
+Pure Python, no torch: the model source moves the tensors, this module only decides.
 """
 
 from __future__ import annotations

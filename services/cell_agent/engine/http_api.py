@@ -11,7 +11,7 @@ request, `{"object": "error", "message", "type", "param", "code"}` for a body th
 `{"success": false, "message": ...}` for weight updates.
 
 Gyre extensions: `/gyre/kv/{pin,export,import,release}` (KV migration, see kv_transfer.py) and
-`/gyre/script` (the scripted backend's queue).
+`/gyre/script` (the scripted output source's queue).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 import gyre
-from services.cell_agent.engine.backends.base import BackendError
-from services.cell_agent.engine.backends.scripted import ScriptedBackend
 from services.cell_agent.engine.output import OutputBuilder
 from services.cell_agent.engine.protocol import GenerateRequest, RequestRefused, parse_generate
+from services.cell_agent.engine.sources.base import OutputSourceError
+from services.cell_agent.engine.sources.scripted import ScriptedSource
 from services.cell_agent.engine.update_groups import parse_update
 from services.cell_agent.engine.weights import decode_named_tensors
 
@@ -84,7 +84,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _domain_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestRefused | BackendError)
+    assert isinstance(exc, RequestRefused | OutputSourceError)
     return _error(str(exc), exc.status_code)
 
 
@@ -102,7 +102,7 @@ class EngineApi:
             exception_handlers={
                 HTTPException: _http_error,
                 RequestRefused: _domain_error,
-                BackendError: _domain_error,
+                OutputSourceError: _domain_error,
             },
         )
 
@@ -134,14 +134,14 @@ class EngineApi:
         ]
 
     def weight_version(self) -> str:
-        return self.core.backend.weight_version
+        return self.core.source.weight_version
 
     # ---- generation -------------------------------------------------------------------------------
 
     async def generate(self, request: Request) -> Response:
         body = await _body(request)
         req = parse_generate(
-            body, self.server.tokenizer, self.core.backend.vocab_size, self.core.backend.context_len
+            body, self.server.tokenizer, self.core.source.vocab_size, self.core.source.context_len
         )
         changed = asyncio.Event()
         state = self.core.submit(req, changed.set)
@@ -238,7 +238,7 @@ class EngineApi:
                 flush_cache=bool(body.get("flush_cache", True)),
                 abort_all_requests=bool(body.get("abort_all_requests", False)),
             )
-        except (RequestRefused, BackendError) as e:
+        except (RequestRefused, OutputSourceError) as e:
             return _json({"success": False, "message": str(e)}, 400)
         return _json({"success": True, "message": message})
 
@@ -255,7 +255,7 @@ class EngineApi:
                 weight_version=version,
                 abort_all_requests=bool(body.get("abort_all_requests", False)),
             )
-        except (RequestRefused, BackendError) as e:
+        except (RequestRefused, OutputSourceError) as e:
             return _json({"success": False, "message": str(e), "num_paused_requests": 0}, 400)
         return _json({"success": True, "message": message, "num_paused_requests": 0})
 
@@ -263,7 +263,7 @@ class EngineApi:
         body = await _body(request)
         try:
             message = await self.server.update_groups.init(body)
-        except (RequestRefused, BackendError) as e:
+        except (RequestRefused, OutputSourceError) as e:
             return _json({"success": False, "message": str(e)}, 400)
         except RuntimeError as e:  # the trainer's rendezvous could not be joined in time
             return _json({"success": False, "message": f"joining the weight-update group failed: {e}"}, 400)
@@ -273,7 +273,7 @@ class EngineApi:
         body = await _body(request)
         try:
             message = await self.server.update_weights_from_distributed(parse_update(body))
-        except (RequestRefused, BackendError) as e:
+        except (RequestRefused, OutputSourceError) as e:
             return _json({"success": False, "message": str(e)}, 400)
         return _json({"success": True, "message": message})
 
@@ -292,7 +292,7 @@ class EngineApi:
     async def health_generate(self, request: Request) -> Response:
         if not self.server.healthy:
             return Response(status_code=503)
-        if not self.core.backend.probe_by_generation:
+        if not self.core.source.probe_by_generation:
             return Response(status_code=200)
         probe = GenerateRequest(
             rid=f"{HEALTH_CHECK_RID_PREFIX}{time.time()}",
@@ -312,7 +312,7 @@ class EngineApi:
         return Response(status_code=200 if ok else 503)
 
     async def get_model_info(self, request: Request) -> Response:
-        info = self.core.backend.model_info()
+        info = self.core.source.model_info()
         return _json(
             {
                 "model_path": info.get("model_path"),
@@ -337,10 +337,10 @@ class EngineApi:
             {
                 "engine": "gyre-embedded",
                 "version": gyre.__version__,
-                "output_source": self.core.backend.name,
+                "output_source": self.core.source.name,
                 "host": section.host,
                 "port": self.server.port,
-                "context_length": self.core.backend.context_len,
+                "context_length": self.core.source.context_len,
                 "max_running_requests": section.max_batch_size,
                 "chunked_prefill_size": section.max_prefill_tokens,
                 "page_size": section.block_size,
@@ -371,24 +371,24 @@ class EngineApi:
 
     async def kv_export(self, request: Request) -> Response:
         handle = str((await _body(request)).get("handle", ""))
-        blob = await self.core.control(lambda: self.core.backend.export_kv(handle))
+        blob = await self.core.control(lambda: self.core.source.export_kv(handle))
         return Response(blob, media_type="application/octet-stream")
 
     async def kv_import(self, request: Request) -> Response:
         blob = await request.body()
-        num_tokens = await self.core.control(lambda: self.core.backend.import_kv(blob))
+        num_tokens = await self.core.control(lambda: self.core.source.import_kv(blob))
         return _json({"num_tokens": num_tokens})
 
     async def kv_release(self, request: Request) -> Response:
         handle = str((await _body(request)).get("handle", ""))
-        await self.core.control(lambda: self.core.backend.unpin(handle))
+        await self.core.control(lambda: self.core.source.unpin(handle))
         return _json({"success": True})
 
     async def script(self, request: Request) -> Response:
-        backend = self.core.backend
-        if not isinstance(backend, ScriptedBackend):
+        source = self.core.source
+        if not isinstance(source, ScriptedSource):
             return _error(
-                f"/gyre/script needs the scripted output source; this engine runs {backend.name!r}", 404
+                f"/gyre/script needs the scripted output source; this engine runs {source.name!r}", 404
             )
         if request.method == "POST":
             body = await _body(request)
@@ -396,8 +396,8 @@ class EngineApi:
             if not isinstance(entries, list):
                 raise RequestRefused("entries must be a list of script entries")
             replace = bool(body.get("replace", False))
-            await self.core.control(lambda: backend.add_script(entries, replace=replace))
-        return _json(backend.script_status())
+            await self.core.control(lambda: source.add_script(entries, replace=replace))
+        return _json(source.script_status())
 
 
 async def _until_finished(state: Any, changed: asyncio.Event) -> None:

@@ -1,4 +1,4 @@
-"""The model backend's KV memory: the paged pool, block ownership per request, the prefix cache and pins.
+"""The model output source's KV memory: the paged pool, block ownership per request, the prefix cache and pins.
 
     store.admit(state, version)      prefix-cache lookup + blocks for all of the request's tokens
     store.reserve(state, n)          grow the request's blocks to hold n positions (decode)
@@ -7,7 +7,7 @@
     store.pin(state) / unpin(h)      hold a request's computed KV for migration
     store.export(h) / import_(blob)  the migration payload (see kv_transfer)
 
-Versions: the backend passes a *cache version* that changes on every weight update (the weight
+Versions: the source passes a *cache version* that changes on every weight update (the weight
 version plus an update counter, so even an update that keeps the version string invalidates). The
 root of every cache key carries it, so nothing computed under old weights is ever matched after an
 update; and a request whose KV was started under an older cache version (so it mixes weights) puts
@@ -24,10 +24,10 @@ import torch
 
 from gyre.model.arch import ModelArch
 from gyre.model.paged import PagedKVCache
-from services.cell_agent.engine.backends.base import BackendError, KVPin
 from services.cell_agent.engine.blocks import BlockManager, version_root
 from services.cell_agent.engine.kv_transfer import KVPayload, decode_kv, encode_kv
 from services.cell_agent.engine.request import RequestState
+from services.cell_agent.engine.sources.base import KVPin, OutputSourceError
 
 
 @dataclass(slots=True)
@@ -91,7 +91,7 @@ class KVStore:
 
     def _pool(self) -> PagedKVCache:
         if self.cache is None:
-            raise BackendError("KV cache memory is released; call /resume_memory_occupation first", 503)
+            raise OutputSourceError("KV cache memory is released; call /resume_memory_occupation first", 503)
         return self.cache
 
     def _fresh(self, n: int) -> list[int] | None:
@@ -124,7 +124,7 @@ class KVStore:
         needed = -(-len(tokens) // bs) - len(shared)
         if -(-len(tokens) // bs) > self.num_blocks - 1:
             self.blocks.release(held)
-            raise BackendError(
+            raise OutputSourceError(
                 f"request needs {-(-len(tokens) // bs)} KV blocks, the pool has {self.num_blocks - 1}; "
                 "raise cell_agent.engine.kv_cache_tokens",
                 507,
@@ -214,13 +214,13 @@ class KVStore:
     def unpin(self, handle: str) -> None:
         pin = self._pins.pop(handle, None)
         if pin is None:
-            raise BackendError(f"no KV pin {handle!r} (already released?)", 404)
+            raise OutputSourceError(f"no KV pin {handle!r} (already released?)", 404)
         self.blocks.release(pin.blocks)
 
     def export(self, handle: str) -> bytes:
         pin = self._pins.get(handle)
         if pin is None:
-            raise BackendError(f"no KV pin {handle!r} (already released?)", 404)
+            raise OutputSourceError(f"no KV pin {handle!r} (already released?)", 404)
         pool = self._pool()
         n = len(pin.token_ids)
         slots = torch.tensor(
@@ -241,15 +241,15 @@ class KVStore:
         recently used). Returns the number of tokens now reusable."""
         payload = decode_kv(blob)
         if payload.fingerprint != self.arch.fingerprint():
-            raise BackendError("KV payload comes from a different model architecture", 409)
+            raise OutputSourceError("KV payload comes from a different model architecture", 409)
         if payload.weight_version != weight_version:
-            raise BackendError(
+            raise OutputSourceError(
                 f"KV payload was computed under weight version {payload.weight_version!r}, this engine "
                 f"serves {weight_version!r}",
                 409,
             )
         if not self.enable_prefix_cache:
-            raise BackendError(
+            raise OutputSourceError(
                 "the prefix cache is disabled on this engine; imported KV could not be reused", 409
             )
         n = payload.num_tokens
@@ -257,11 +257,11 @@ class KVStore:
             return 0
         expected = (self.arch.num_layers, n, self.arch.num_kv_heads, self.arch.head_dim)
         if tuple(payload.k.shape) != expected:
-            raise BackendError(f"KV payload shape {tuple(payload.k.shape)} does not match {expected}")
+            raise OutputSourceError(f"KV payload shape {tuple(payload.k.shape)} does not match {expected}")
         bs = self.block_size
         blocks = self._fresh(-(-n // bs))
         if blocks is None:
-            raise BackendError("not enough free KV blocks to import; retry later", 503)
+            raise OutputSourceError("not enough free KV blocks to import; retry later", 503)
         pool = self._pool()
         slots = torch.tensor([blocks[p // bs] * bs + p % bs for p in range(n)], dtype=torch.long)
         pool.k.index_copy_(1, slots, payload.k.to(pool.k.dtype))

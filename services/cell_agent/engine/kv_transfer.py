@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from services.cell_agent.engine.backends.base import BackendError
+from services.cell_agent.engine.sources.base import OutputSourceError
 
 FORMAT = "gyre-kv/1"
 
@@ -54,32 +54,32 @@ def encode_kv(payload: KVPayload) -> bytes:
 
 def _metadata(blob: bytes) -> dict[str, str]:
     if len(blob) < 8:
-        raise BackendError("KV payload is truncated")
+        raise OutputSourceError("KV payload is truncated")
     (header_len,) = struct.unpack("<Q", blob[:8])
     if header_len > len(blob) - 8:
-        raise BackendError("KV payload header is truncated")
+        raise OutputSourceError("KV payload header is truncated")
     try:
         header = json.loads(blob[8 : 8 + header_len])
     except ValueError as e:
-        raise BackendError(f"KV payload header is not JSON: {e}") from e
+        raise OutputSourceError(f"KV payload header is not JSON: {e}") from e
     meta = header.get("__metadata__") or {}
     if not isinstance(meta, dict):
-        raise BackendError("KV payload metadata is not an object")
+        raise OutputSourceError("KV payload metadata is not an object")
     return {str(k): str(v) for k, v in meta.items()}
 
 
 def decode_kv(blob: bytes) -> KVPayload:
     meta = _metadata(blob)
     if meta.get("format") != FORMAT:
-        raise BackendError(f"KV payload format is {meta.get('format')!r}; expected {FORMAT!r}")
+        raise OutputSourceError(f"KV payload format is {meta.get('format')!r}; expected {FORMAT!r}")
     try:
         tensors = st_load(blob)
         token_ids = tuple(int(t) for t in json.loads(meta["token_ids"]))
         k, v = tensors["k"], tensors["v"]
     except (KeyError, ValueError, TypeError) as e:
-        raise BackendError(f"KV payload is malformed: {e}") from e
+        raise OutputSourceError(f"KV payload is malformed: {e}") from e
     if k.shape != v.shape or (k.dim() == 4 and k.shape[1] != len(token_ids)):
-        raise BackendError(
+        raise OutputSourceError(
             f"KV payload shapes {tuple(k.shape)} / {tuple(v.shape)} do not match {len(token_ids)} tokens"
         )
     return KVPayload(

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from gyre.metrics.registry import Family, ScrapeCollector, series
 
 if TYPE_CHECKING:
-    from services.cell_agent.engine.scheduler import EngineCore
+    from services.cell_agent.engine.core import EngineCore
 
 Read = Callable[["EngineCore", dict[str, Any]], float]
 
@@ -64,7 +64,7 @@ SERIES: tuple[tuple[str, str, str, Read], ...] = (
         lambda c, s: c.num_retractions,
     ),
 )
-"""(name after `gyre_engine_`, kind, help, read from the core and its backend's stats) of every series."""
+"""(name after `gyre_engine_`, kind, help, read from the core and its output source's stats) of every series."""
 
 KV_SERIES: tuple[tuple[str, str, str, Read], ...] = (
     ("kv_blocks", "gauge", "KV blocks of the pool.", lambda c, s: s["kv_blocks_total"]),
@@ -87,7 +87,7 @@ KV_SERIES: tuple[tuple[str, str, str, Read], ...] = (
         lambda c, s: s.get("kv_blocks_in_use", 0) / s["kv_blocks_total"],
     ),
 )
-"""Series of a backend with a paged KV pool (the model backend; scripted ones hold none)."""
+"""Series of an output source with a paged KV pool (`model`; scripted ones hold none)."""
 
 
 def engine_registry(core: Callable[[], EngineCore | None]) -> CollectorRegistry:
@@ -100,7 +100,7 @@ def engine_registry(core: Callable[[], EngineCore | None]) -> CollectorRegistry:
 def _read(core: EngineCore | None) -> Iterable[Family]:
     if core is None:
         return []
-    stats = core.backend.stats()
+    stats = core.source.stats()
     table = SERIES + (KV_SERIES if stats.get("kv_blocks_total") else ())
     out = []
     for what, kind, doc, read in table:

@@ -33,11 +33,11 @@ from gyre.config.engine import EngineSection
 from gyre.http_host import HttpHost
 from gyre.model.arch import ModelArch, read_arch
 from gyre.model.tokenizer import Tokenizer, generation_eos_ids
-from services.cell_agent.engine.backends import BackendContext, create_backend
-from services.cell_agent.engine.backends.base import BackendError
+from services.cell_agent.engine.core import EngineCore
 from services.cell_agent.engine.metrics import engine_registry
 from services.cell_agent.engine.protocol import SamplingParams
-from services.cell_agent.engine.scheduler import EngineCore
+from services.cell_agent.engine.sources import SourceContext, create_source
+from services.cell_agent.engine.sources.base import OutputSourceError
 from services.cell_agent.engine.update_groups import DistributedUpdate, UpdateGroups
 
 UPDATE_GROUP_TIMEOUT_S = 120.0
@@ -120,11 +120,11 @@ class EngineServer:
     @property
     def healthy(self) -> bool:
         core = self._core
-        return core is not None and core.failed is None and not self._stopped and core.backend.ready
+        return core is not None and core.failed is None and not self._stopped and core.source.ready
 
     async def start(self) -> EngineServer:
         torch.set_num_threads(self.section.num_threads)
-        ctx = BackendContext(
+        ctx = SourceContext(
             section=self.section,
             model_dir=self.model_dir,
             arch=self.arch,
@@ -134,9 +134,9 @@ class EngineServer:
             model=self._model,
             script=self._script,
         )
-        backend = await asyncio.to_thread(create_backend, self.section.output_source, ctx)
+        source = await asyncio.to_thread(create_source, self.section.output_source, ctx)
         self._core = EngineCore(
-            backend,
+            source,
             tokenizer=self.tokenizer,
             eos_token_ids=frozenset(self.eos_token_ids),
             max_batch_size=self.section.max_batch_size,
@@ -156,7 +156,7 @@ class EngineServer:
         await self._http.start()
         self.port = self._http.port
         log.info(
-            "engine_started", url=self.url, output_source=backend.name, weight_version=backend.weight_version
+            "engine_started", url=self.url, output_source=source.name, weight_version=source.weight_version
         )
         return self
 
@@ -207,7 +207,7 @@ class EngineServer:
         core = self.core
         return await core.control(
             lambda: core.update_weights(
-                lambda: core.backend.update_weights(named_tensors, weight_version),
+                lambda: core.source.update_weights(named_tensors, weight_version),
                 flush_cache,
                 abort_all_requests,
             )
@@ -219,7 +219,7 @@ class EngineServer:
         core = self.core
         return await core.control(
             lambda: core.update_weights(
-                lambda: core.backend.load_weights_from_disk(path, weight_version), True, abort_all_requests
+                lambda: core.source.load_weights_from_disk(path, weight_version), True, abort_all_requests
             )
         )
 
@@ -229,7 +229,9 @@ class EngineServer:
             tensors = await self.update_groups.receive(update)
         except RuntimeError as e:  # a peer died or the broadcast timed out: the group is unusable now
             self.update_groups.drop(update.group_name)
-            raise BackendError(f"receiving over weight-update group {update.group_name!r} failed: {e}") from e
+            raise OutputSourceError(
+                f"receiving over weight-update group {update.group_name!r} failed: {e}"
+            ) from e
         return await self.update_weights(
             tensors,
             weight_version=update.weight_version,

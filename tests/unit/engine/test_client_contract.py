@@ -18,7 +18,7 @@ import torch
 from gyre.engine import EngineClient, EngineNotFound, EngineRequestError
 from gyre.engine.migration import migrate_request_kv
 from services.cell_agent.engine import EngineServer
-from services.cell_agent.engine.backends import BACKENDS
+from services.cell_agent.engine.sources import OUTPUT_SOURCES
 from tests.unit.engine.helpers import engine_section, engine_stats, prompt, serve
 
 
@@ -38,7 +38,7 @@ class Engine:
             assert response.status_code == 200
 
 
-@pytest_asyncio.fixture(params=sorted(BACKENDS), loop_scope="function")
+@pytest_asyncio.fixture(params=sorted(OUTPUT_SOURCES), loop_scope="function")
 async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Engine]:
     async with serve(engine_section(output_source=request.param)) as (server, client):
         yield Engine(request.param, server, client)
@@ -61,7 +61,7 @@ async def test_generate_result_shape(engine: Engine) -> None:
 
 @pytest.mark.parametrize("incremental", [True, False])
 async def test_stream_chunks_add_up_to_the_result(incremental: bool) -> None:
-    for name in sorted(BACKENDS):
+    for name in sorted(OUTPUT_SOURCES):
         section = engine_section(output_source=name, incremental_streaming_output=incremental)
         async with serve(section) as (server, client):
             engine = Engine(name, server, client)

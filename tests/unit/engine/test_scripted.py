@@ -9,8 +9,8 @@ import pytest
 
 from gyre.engine import EngineRequestError
 from gyre.model.tokenizer import Tokenizer
-from services.cell_agent.engine.backends.scripted import ScriptEntry, scripted_logprob
 from services.cell_agent.engine.protocol import RequestRefused
+from services.cell_agent.engine.sources.scripted import ScriptEntry, scripted_logprob
 from tests.support.models import small_dir
 from tests.unit.engine.helpers import engine_section, serve
 

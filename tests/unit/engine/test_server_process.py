@@ -59,12 +59,12 @@ def test_the_embedded_server_refuses_the_sglang_backend() -> None:
 
 async def test_a_crashing_step_fails_requests_turns_unhealthy_and_is_raised_on_stop() -> None:
     server = await EngineServer(engine_section(), model_dir=small_dir(), model=small_model()).start()
-    backend = server.core.backend
+    source = server.core.source
 
     def broken(plan: object) -> list[object]:
         raise RuntimeError("kernel exploded")
 
-    backend.execute = broken  # type: ignore[method-assign]
+    source.execute = broken  # type: ignore[method-assign]
     async with EngineClient(server.url) as client:
         with pytest.raises(EngineServerError, match="kernel exploded"):
             await client.generate([1, 2, 3], {"max_new_tokens": 2})

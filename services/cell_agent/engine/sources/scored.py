@@ -1,4 +1,4 @@
-"""The `scored_script` backend: outputs come from a script, their log-probs from the served model.
+"""The `scored_script` output source: outputs come from a script, their log-probs from the served model.
 
 A tiny random-init model does not call tools, spawn sub-agents or compact, so a CI run on it would
 never exercise a harness's real traffic. This source fixes the *tokens* the engine emits to a script
@@ -25,11 +25,11 @@ from gyre.model.causal_lm import CausalLM
 from gyre.model.files import check_model_dir
 from gyre.model.logprobs import effective_temperature, token_logprobs
 from gyre.model.weights import assign_weights, load_model, load_state_dict
-from services.cell_agent.engine.backends.base import BackendContext, BackendError, Sampled, StepPlan
-from services.cell_agent.engine.backends.scripted import ScriptedBackend
+from services.cell_agent.engine.sources.base import OutputSourceError, Sampled, SourceContext, StepPlan
+from services.cell_agent.engine.sources.scripted import ScriptedSource
 
 
-class ScoredScriptBackend(ScriptedBackend):
+class ScoredScriptSource(ScriptedSource):
     name = "scored_script"
     scores_with_model = True
 
@@ -38,7 +38,7 @@ class ScoredScriptBackend(ScriptedBackend):
         self._model = model.eval()
 
     @classmethod
-    def create(cls, ctx: BackendContext) -> ScoredScriptBackend:
+    def create(cls, ctx: SourceContext) -> ScoredScriptSource:
         model = ctx.model if isinstance(ctx.model, CausalLM) else load_model(ctx.model_dir)
         return cls(
             model=model,
@@ -72,7 +72,7 @@ class ScoredScriptBackend(ScriptedBackend):
         try:
             assign_weights(self._model, tensors, strict=False)
         except ValueError as e:
-            raise BackendError(str(e)) from e
+            raise OutputSourceError(str(e)) from e
         super().update_weights(tensors, weight_version)
         return f"Succeeded to update {len(tensors)} parameters (they score the scripted outputs)."
 
@@ -80,9 +80,9 @@ class ScoredScriptBackend(ScriptedBackend):
         try:
             info = check_model_dir(Path(path))
         except ModelError as e:
-            raise BackendError(f"cannot load weights: {e}") from e
+            raise OutputSourceError(f"cannot load weights: {e}") from e
         if info.arch.fingerprint() != self._model.arch.fingerprint():
-            raise BackendError(f"{path} holds a different architecture than this engine serves")
+            raise OutputSourceError(f"{path} holds a different architecture than this engine serves")
         return self.update_weights(load_state_dict(info), weight_version)
 
     def stats(self) -> dict[str, Any]:

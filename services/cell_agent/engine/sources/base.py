@@ -1,16 +1,17 @@
 """The extension point of the embedded engine: where the next token of each request comes from.
 
-The scheduler owns requests (queues, continuous batching, stop rules, streaming, pause/abort); a
-backend owns everything the outputs are computed from (weights, KV blocks, a script). One step:
+The engine core (`core.py`) owns requests (queues, continuous batching, stop rules, streaming,
+pause/abort); an output source owns everything the outputs are computed from (weights, KV blocks, a
+script). One step:
 
-    plan = backend.prepare(running)      # scheduling loop: claim resources for this step's rows
-    out  = backend.execute(plan)         # compute thread: forward + sample, nothing else
-    backend.commit(plan)                 # scheduling loop: record progress (e.g. cache full blocks)
+    plan = source.prepare(running)       # scheduling loop: claim resources for this step's rows
+    out  = source.execute(plan)          # compute thread: forward + sample, nothing else
+    source.commit(plan)                  # scheduling loop: record progress (e.g. cache full blocks)
 
-To add a backend: subclass `EngineBackend`, set `name`, implement `create` and the other abstract
-methods, and add the class to `BACKENDS` in `backends/__init__.py`; the engine picks it by the config
-field `cell_agent.engine.output_source`, and the contract tests in tests/unit/engine run every
-registered backend through the same HTTP API.
+To add an output source: subclass `OutputSource`, set `name`, implement `create` and the other
+abstract methods, and add the class to `OUTPUT_SOURCES` in `sources/__init__.py`; the engine picks it
+by the config field `cell_agent.engine.output_source`, and the contract tests in
+tests/unit/engine/test_client_contract.py run every registered source through the same HTTP API.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from services.cell_agent.engine.request import RequestState
 MEMORY_TAGS = ("kv_cache", "weights")
 
 
-class BackendError(ValueError):
-    """A control operation the backend refuses; `status_code` is the HTTP status to answer with."""
+class OutputSourceError(ValueError):
+    """A control operation the source refuses; `status_code` is the HTTP status to answer with."""
 
     def __init__(self, message: str, status_code: int = 400) -> None:
         super().__init__(message)
@@ -60,7 +61,7 @@ class StepPlan:
 
 @dataclass(slots=True)
 class Sampled:
-    """One new token; `finish` lets a backend end the request after it (the scripted backend does
+    """One new token; `finish` lets a source end the request after it (the scripted source does
     at the end of its script) when the scheduler's own stop rules do not."""
 
     state: RequestState
@@ -70,8 +71,8 @@ class Sampled:
 
 
 @dataclass(slots=True)
-class BackendContext:
-    """Everything a backend may be built from; `create` picks what it needs."""
+class SourceContext:
+    """Everything a source may be built from; `create` picks what it needs."""
 
     section: EngineSection
     model_dir: Path
@@ -92,17 +93,17 @@ class KVPin:
     weight_version: str
 
 
-class EngineBackend(ABC):
+class OutputSource(ABC):
     """Base class of output sources. Methods run on the scheduling loop unless noted."""
 
     name: ClassVar[str]
-    #: `/health_generate` probes by generating one token (a scripted backend would spend an entry).
+    #: `/health_generate` probes by generating one token (a scripted source would spend an entry).
     probe_by_generation: ClassVar[bool] = True
 
     @classmethod
     @abstractmethod
-    def create(cls, ctx: BackendContext) -> EngineBackend:
-        """Build the backend from the engine's context (config, tokenizer, optional model/script)."""
+    def create(cls, ctx: SourceContext) -> OutputSource:
+        """Build the source from the engine's context (config, tokenizer, optional model/script)."""
 
     @property
     @abstractmethod
@@ -125,7 +126,7 @@ class EngineBackend(ABC):
     def admit(self, state: RequestState) -> bool:
         """Claim what `state` needs to start (KV for its uncached tokens); False = not now. Sets
         `state.num_computed` (prefix-cache hit) and `state.kv_version`. Raises `RequestRefused` or
-        `BackendError` for a request that can never be served (it is then failed, not retried)."""
+        `OutputSourceError` for a request that can never be served (it is then failed, not retried)."""
 
     @abstractmethod
     def prepare(self, running: Sequence[RequestState]) -> StepPlan: ...
@@ -143,7 +144,7 @@ class EngineBackend(ABC):
 
     @abstractmethod
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor], weight_version: str | None) -> str:
-        """Load (a subset of) parameters by name; returns a message. Raises `BackendError`."""
+        """Load (a subset of) parameters by name; returns a message. Raises `OutputSourceError`."""
 
     @abstractmethod
     def load_weights_from_disk(self, path: Path, weight_version: str | None) -> str: ...

@@ -1,9 +1,9 @@
-"""The `scripted` backend: outputs come from a queue of scripted answers, not from a model.
+"""The `scripted` output source: outputs come from a queue of scripted answers, not from a model.
 
 Used where the harness, not the model, is under test (the proxy's conformance runs with the real
 Claude Code / Codex CLIs): the test queues the exact assistant turns it wants, through the
 constructor or `POST /gyre/script`, and the engine serves them through the same SGLang-native API
-(streaming, abort, pause, KV pin/export/import) as the model backend.
+(streaming, abort, pause, KV pin/export/import) as the model source.
 
 An entry is `{"text": ...}`, `{"output_ids": [...]}` or `{"choices": [text, ...]}`, plus optional
 `rid` (served only to that request id; entries without `rid` are served first-in first-out), `when`,
@@ -45,18 +45,18 @@ import torch
 
 from gyre.engine.types import FinishReason
 from gyre.model.tokenizer import Tokenizer
-from services.cell_agent.engine.backends.base import (
-    BackendContext,
-    BackendError,
-    EngineBackend,
-    KVPin,
-    Row,
-    Sampled,
-    StepPlan,
-)
 from services.cell_agent.engine.kv_transfer import KVPayload, decode_kv, encode_kv
 from services.cell_agent.engine.protocol import RequestRefused
 from services.cell_agent.engine.request import RequestState
+from services.cell_agent.engine.sources.base import (
+    KVPin,
+    OutputSource,
+    OutputSourceError,
+    Row,
+    Sampled,
+    SourceContext,
+    StepPlan,
+)
 
 FINGERPRINT = "scripted"
 
@@ -138,7 +138,7 @@ class _Cursor:
     finish_length: bool
     interval_s: float
     scored: bool = True
-    """False until a backend that scores scripted tokens has filled `logprobs` (scored_script)."""
+    """False until a source that scores scripted tokens has filled `logprobs` (scored_script)."""
 
 
 @dataclass(slots=True)
@@ -147,7 +147,7 @@ class _Pin:
     token_ids: tuple[int, ...]
 
 
-class ScriptedBackend(EngineBackend):
+class ScriptedSource(OutputSource):
     name = "scripted"
     probe_by_generation = False
     scores_with_model: ClassVar[bool] = False
@@ -181,7 +181,7 @@ class ScriptedBackend(EngineBackend):
         self._repeat = tuple(e for e in self._queue if e.when is None) if repeat else ()
 
     @classmethod
-    def create(cls, ctx: BackendContext) -> ScriptedBackend:
+    def create(cls, ctx: SourceContext) -> ScriptedSource:
         return cls(
             tokenizer=ctx.tokenizer,
             weight_version=ctx.weight_version,
@@ -334,11 +334,11 @@ class ScriptedBackend(EngineBackend):
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor], weight_version: str | None) -> str:
         if weight_version is not None:
             self._version = weight_version
-        return f"Scripted backend: accepted {len(named_tensors)} tensors (not used)."
+        return f"Scripted source: accepted {len(named_tensors)} tensors (not used)."
 
     def load_weights_from_disk(self, path: Path, weight_version: str | None) -> str:
         if not Path(path).exists():
-            raise BackendError(f"{path} does not exist")
+            raise OutputSourceError(f"{path} does not exist")
         return self.update_weights({}, weight_version)
 
     def flush_cache(self) -> int:
@@ -366,16 +366,16 @@ class ScriptedBackend(EngineBackend):
     def export_kv(self, handle: str) -> bytes:
         pin = self._pins.get(handle)
         if pin is None:
-            raise BackendError(f"no KV pin {handle!r} (already released?)", 404)
+            raise OutputSourceError(f"no KV pin {handle!r} (already released?)", 404)
         empty = torch.zeros(0)
         return encode_kv(KVPayload(pin.token_ids, self._version, FINGERPRINT, empty, empty))
 
     def import_kv(self, payload: bytes) -> int:
         kv = decode_kv(payload)
         if kv.fingerprint != FINGERPRINT:
-            raise BackendError("KV payload comes from a model engine; this engine is scripted", 409)
+            raise OutputSourceError("KV payload comes from a model engine; this engine is scripted", 409)
         if kv.weight_version != self._version:
-            raise BackendError(
+            raise OutputSourceError(
                 f"KV payload was computed under weight version {kv.weight_version!r}, this engine serves "
                 f"{self._version!r}",
                 409,
@@ -386,7 +386,7 @@ class ScriptedBackend(EngineBackend):
 
     def unpin(self, handle: str) -> None:
         if self._pins.pop(handle, None) is None:
-            raise BackendError(f"no KV pin {handle!r} (already released?)", 404)
+            raise OutputSourceError(f"no KV pin {handle!r} (already released?)", 404)
 
     def stats(self) -> dict[str, Any]:
         return {**self.script_status(), "kv_pins": len(self._pins), "released": sorted(self._released)}

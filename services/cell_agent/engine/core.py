@@ -3,8 +3,8 @@
 One asyncio task owns every request and alternates two phases:
 
     schedule   (event loop)     apply queued commands; admit waiting requests while the batch has
-                                room and the backend has KV; plan one step over all running requests
-    execute    (compute thread) the backend runs the step and samples (torch releases the GIL, so
+                                room and the source has KV; plan one step over all running requests
+    execute    (compute thread) the output source runs the step and samples (torch releases the GIL, so
                                 HTTP stays responsive)
     process    (event loop)     append tokens, apply SGLang's stop rules, notify streams, free
                                 finished requests
@@ -32,10 +32,16 @@ import structlog
 
 from gyre.engine.types import FinishReason
 from gyre.model.tokenizer import Tokenizer
-from services.cell_agent.engine.backends.base import MEMORY_TAGS, BackendError, EngineBackend, KVPin, Sampled
 from services.cell_agent.engine.protocol import GenerateRequest, RequestRefused
 from services.cell_agent.engine.request import Phase, RequestState
 from services.cell_agent.engine.sampler import request_generator
+from services.cell_agent.engine.sources.base import (
+    MEMORY_TAGS,
+    KVPin,
+    OutputSource,
+    OutputSourceError,
+    Sampled,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -46,14 +52,14 @@ PAUSE_MODES = ("abort", "in_place", "retract")
 class EngineCore:
     def __init__(
         self,
-        backend: EngineBackend,
+        source: OutputSource,
         *,
         tokenizer: Tokenizer,
         eos_token_ids: frozenset[int],
         max_batch_size: int,
         seed: int,
     ) -> None:
-        self.backend = backend
+        self.source = source
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_batch_size = max_batch_size
@@ -88,7 +94,7 @@ class EngineCore:
             raise RequestRefused(
                 f"Duplicate request ID {request.rid!r}: a request with this rid is in flight"
             )
-        vocab_size = self.backend.vocab_size
+        vocab_size = self.source.vocab_size
         if request.input_ids and max(request.input_ids) >= vocab_size:  # max: C speed, no per-id test
             culprit = next(t for t in request.input_ids if t >= vocab_size)
             raise RequestRefused(f"input_ids must be token ids in [0, {vocab_size}); got {culprit}")
@@ -102,9 +108,9 @@ class EngineCore:
     async def control(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the loop between two steps and return its result (or raise its error)."""
         if self.failed is not None:
-            raise BackendError(f"the engine loop has failed: {self.failed}", 500)
+            raise OutputSourceError(f"the engine loop has failed: {self.failed}", 500)
         if self._stopping:
-            raise BackendError("the engine is shutting down", 503)
+            raise OutputSourceError("the engine is shutting down", 503)
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._commands.append((fn, future))
         self._wake.set()
@@ -136,9 +142,9 @@ class EngineCore:
             "paused": self.paused,
             "num_steps": self.num_steps,
             "num_retractions": self.num_retractions,
-            "weight_version": self.backend.weight_version,
-            "ready": self.backend.ready,
-            **self.backend.stats(),
+            "weight_version": self.source.weight_version,
+            "ready": self.source.ready,
+            **self.source.stats(),
         }
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -156,8 +162,8 @@ class EngineCore:
                         self._wake.clear()
                         await self._wake.wait()
                     continue
-                sampled = await loop.run_in_executor(self._executor, self.backend.execute, plan)
-                self.backend.commit(plan)
+                sampled = await loop.run_in_executor(self._executor, self.source.execute, plan)
+                self.source.commit(plan)
                 self._process(sampled)
                 self.num_steps += 1
         except asyncio.CancelledError:
@@ -182,7 +188,7 @@ class EngineCore:
         while self._commands:
             _, future = self._commands.popleft()
             if not future.done():
-                future.set_exception(BackendError(f"the engine loop has failed: {error!r}", 500))
+                future.set_exception(OutputSourceError(f"the engine loop has failed: {error!r}", 500))
 
     def _apply_commands(self) -> None:
         while self._commands:
@@ -197,11 +203,11 @@ class EngineCore:
                 future.set_result(result)
 
     def _schedule(self) -> Any:
-        if self.paused is not None or not self.backend.ready:
+        if self.paused is not None or not self.source.ready:
             return None
         self._admit()
         while self._running:
-            plan = self.backend.prepare(self._running)
+            plan = self.source.prepare(self._running)
             if plan.rows:
                 return plan
             if not plan.starved:
@@ -221,8 +227,8 @@ class EngineCore:
                 self._finish(state, FinishReason.max_length(0))
                 continue
             try:
-                admitted = self.backend.admit(state)
-            except (RequestRefused, BackendError) as e:
+                admitted = self.source.admit(state)
+            except (RequestRefused, OutputSourceError) as e:
                 self._waiting.popleft()
                 del self._by_rid[state.rid]
                 state.fail(e)
@@ -259,7 +265,7 @@ class EngineCore:
             for stop in params.stop:
                 if stop in tail:
                     return FinishReason.stop(stop)
-        if len(state.tokens) >= self.backend.context_len:
+        if len(state.tokens) >= self.source.context_len:
             return FinishReason.max_length(state.num_output)
         return None
 
@@ -275,12 +281,12 @@ class EngineCore:
         self.num_output_tokens += state.num_output
         state.set_finished(reason)
         if release:
-            self.backend.release(state)
+            self.source.release(state)
 
     def _retract(self, state: RequestState) -> None:
         assert state.phase is Phase.RUNNING
         self._running.remove(state)
-        self.backend.release(state)
+        self.source.release(state)
         state.phase = Phase.WAITING
         state.num_retractions += 1
         self.num_retractions += 1
@@ -313,34 +319,34 @@ class EngineCore:
         """SGLang refuses to flush while requests run; so do we (the cache is safe either way)."""
         if self._running:
             return False
-        self.backend.flush_cache()
+        self.source.flush_cache()
         return True
 
     def release_memory(self, tags: Sequence[str] | None) -> None:
         tags = _check_tags(tags)
         if self._running:
-            raise BackendError(
+            raise OutputSourceError(
                 f"{len(self._running)} running requests hold KV; pause_generation with mode 'retract' or "
                 "'abort' first"
             )
-        self.backend.release_memory(tags)
+        self.source.release_memory(tags)
 
     def resume_memory(self, tags: Sequence[str] | None) -> None:
-        self.backend.resume_memory(_check_tags(tags))
+        self.source.resume_memory(_check_tags(tags))
 
     def update_weights(self, apply: Callable[[], str], flush_cache: bool, abort_all: bool) -> str:
         if abort_all:
             self._abort(None, True, "Aborted by a weight update (abort_all_requests).")
         message = apply()
         if flush_cache:
-            self.backend.flush_cache()
+            self.source.flush_cache()
         return message
 
     def pin(self, rid: str) -> KVPin:
         state = self._by_rid.get(rid)
         if state is None:
-            raise BackendError(f"no request {rid!r} in flight to pin", 404)
-        return self.backend.pin(state)
+            raise OutputSourceError(f"no request {rid!r} in flight to pin", 404)
+        return self.source.pin(state)
 
 
 def _check_tags(tags: Sequence[str] | None) -> list[str]:

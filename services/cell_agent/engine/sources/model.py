@@ -1,4 +1,4 @@
-"""The `model` backend: the checkpoint's forward over the paged KV pool, real sampling, real log-probs.
+"""The `model` output source: the checkpoint's forward over the paged KV pool, real sampling, real log-probs.
 
 One step computes every running request's pending tokens: requests still in prefill get a chunk
 (at most `max_prefill_tokens` prompt tokens per step in total), decoding requests get their last
@@ -21,18 +21,18 @@ from gyre.model.causal_lm import CausalLM
 from gyre.model.files import check_model_dir
 from gyre.model.paged import PagedBatch
 from gyre.model.weights import assign_weights, load_model, load_state_dict, torch_dtype
-from services.cell_agent.engine.backends.base import (
-    BackendContext,
-    BackendError,
-    EngineBackend,
-    KVPin,
-    Row,
-    Sampled,
-    StepPlan,
-)
 from services.cell_agent.engine.kv_store import KVStore
 from services.cell_agent.engine.request import RequestState
 from services.cell_agent.engine.sampler import sample
+from services.cell_agent.engine.sources.base import (
+    KVPin,
+    OutputSource,
+    OutputSourceError,
+    Row,
+    Sampled,
+    SourceContext,
+    StepPlan,
+)
 
 
 @dataclass(slots=True)
@@ -45,7 +45,7 @@ class _RowInput:
     count: int
 
 
-class ModelBackend(EngineBackend):
+class ModelSource(OutputSource):
     name = "model"
 
     def __init__(
@@ -71,13 +71,13 @@ class ModelBackend(EngineBackend):
         )
 
     @classmethod
-    def create(cls, ctx: BackendContext) -> ModelBackend:
+    def create(cls, ctx: SourceContext) -> ModelSource:
         """Serve `ctx.model` if given (updated in place by weight updates), else the model directory."""
         model = (
             ctx.model if ctx.model is not None else load_model(ctx.model_dir, torch_dtype(ctx.section.dtype))
         )
         if not isinstance(model, CausalLM):
-            raise ValueError(f"the model backend serves a CausalLM; got {type(model).__name__}")
+            raise ValueError(f"the model output source serves a CausalLM; got {type(model).__name__}")
         return cls(
             section=ctx.section, model=model, weight_version=ctx.weight_version, model_path=str(ctx.model_dir)
         )
@@ -108,7 +108,7 @@ class ModelBackend(EngineBackend):
     @property
     def model(self) -> CausalLM:
         if self._model is None:
-            raise BackendError("model weights are released; call /resume_memory_occupation first", 503)
+            raise OutputSourceError("model weights are released; call /resume_memory_occupation first", 503)
         return self._model
 
     # ---- scheduling --------------------------------------------------------------------------
@@ -199,7 +199,9 @@ class ModelBackend(EngineBackend):
     @torch.no_grad()
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor], weight_version: str | None) -> str:
         if self._model is None:
-            raise BackendError("model weights are released; resume_memory_occupation(tags=['weights']) first")
+            raise OutputSourceError(
+                "model weights are released; resume_memory_occupation(tags=['weights']) first"
+            )
         params = dict(self._model.named_parameters())
         named_tensors = {
             n: t
@@ -208,12 +210,12 @@ class ModelBackend(EngineBackend):
         }
         for name, tensor in named_tensors.items():
             if name not in params:
-                raise BackendError(
+                raise OutputSourceError(
                     f"unknown parameter {name!r}; this engine serves {self._arch.architecture} with Hugging Face "
                     "names such as 'model.embed_tokens.weight'"
                 )
             if tuple(tensor.shape) != tuple(params[name].shape):
-                raise BackendError(
+                raise OutputSourceError(
                     f"parameter {name!r} has shape {tuple(tensor.shape)}, expected {tuple(params[name].shape)}"
                 )
         for name, tensor in named_tensors.items():
@@ -229,9 +231,9 @@ class ModelBackend(EngineBackend):
         try:
             info = check_model_dir(Path(path))
         except ModelError as e:
-            raise BackendError(f"cannot load weights: {e}") from e
+            raise OutputSourceError(f"cannot load weights: {e}") from e
         if info.arch.fingerprint() != self._arch.fingerprint():
-            raise BackendError(
+            raise OutputSourceError(
                 f"{path} holds a different architecture ({info.arch.architecture}, {info.arch.num_layers} layers, "
                 f"hidden {info.arch.hidden_size}) than this engine serves"
             )
