@@ -67,7 +67,7 @@ bench: setup
 	$(VENV)/bin/gyre bench --list
 
 up: setup
-	GYRE_MODEL__PATH=$${GYRE_MODEL__PATH:-harness/checkpoints/warmstart} $(VENV)/bin/gyre up --detach
+	$(VENV)/bin/gyre up --detach
 
 down:
 	$(VENV)/bin/gyre down

@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,7 +43,6 @@ from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profil
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 
 OUTPUT = "Done.<|im_end|>"
-SCRIPT_PER_THROUGHPUT_RUN = 6000
 OUTPUT_IDS = [*b"Done.", 258]
 TOOLS = [
     "Agent",
@@ -213,11 +211,8 @@ class Bench:
                 directs.append(direct)
         return overheads, directs
 
-    async def throughput(
-        self, executions: list[Execution], duration_s: float, script: Callable[[int], Awaitable[None]]
-    ) -> tuple[float, float]:
+    async def throughput(self, executions: list[Execution], duration_s: float) -> tuple[float, float]:
         """Proxy calls/s and direct engine calls/s with one loop per execution."""
-        await script(SCRIPT_PER_THROUGHPUT_RUN)
         deadline = time.perf_counter() + duration_s
         counts = [0, 0]
 
@@ -231,7 +226,6 @@ class Bench:
         await asyncio.gather(*(proxy_loop(e) for e in executions))
         proxy_rate = counts[0] / (time.perf_counter() - start)
         prompts = [e.prompt_ids() for e in executions]
-        await script(SCRIPT_PER_THROUGHPUT_RUN)
         deadline = time.perf_counter() + duration_s
 
         async def direct_loop(ids: list[int]) -> None:
@@ -257,6 +251,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     nats: ServerProcess = start_nats(workdir / "nats")
     redis: ServerProcess = start_redis(workdir / "redis", appendonly=False)
     processes: list[subprocess.Popen[bytes]] = []
+    script_file = workdir / "script.jsonl"
+    script_file.write_text(json.dumps({"text": OUTPUT}) + "\n")
     try:
         config = {
             "run": {"id": "benchproxy", "dir": str(workdir / "runs")},
@@ -264,7 +260,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "redis": {"url": redis.url},
             "log": {"level": "warning", "format": "json"},
             "model": {"path": str(bench_model(workdir / "model"))},
-            "cell_agent": {"engine": {"output_source": "scripted", "max_batch_size": 128}},
+            # One scripted answer, served again whenever the queue runs dry: however many calls a phase
+            # makes (the throughput runs make as many as the machine allows), none finds the queue empty.
+            "cell_agent": {
+                "engine": {
+                    "output_source": "scripted",
+                    "max_batch_size": 128,
+                    "script_file": str(script_file),
+                    "script_repeat": True,
+                }
+            },
         }
         engine_url, endpoint = await start_engine_and_proxy(workdir, config, processes)
         async with (
@@ -280,11 +285,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 )
             )
 
-            async def script(num_outputs: int) -> None:
-                # Queued per phase: the scripted engine scans its queue on every admission.
-                body = {"entries": [{"text": OUTPUT}] * num_outputs, "replace": True}
-                (await http.post(f"{engine_url}/gyre/script", json=body)).raise_for_status()
-
             async def open_execution(name: str, body: dict[str, Any], grows: bool = False) -> Execution:
                 response = await stub.OpenExecution(
                     proxy_pb2.OpenExecutionRequest(
@@ -294,17 +294,15 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 return Execution(response.api_key, body, grows)
 
             bench = Bench(endpoint["base_url"], engine, http)
-            await script(2 * (args.small_samples + 20))
             small_overheads, small_directs = await bench.paired(
                 await open_execution("small", small_body(0)), args.small_samples, warmup=20
             )
-            await script(2 * (args.large_samples + 2))
             large_body = claude_code_body(args.history_kb * 1024, seed=1)
             large_overheads, large_directs = await bench.paired(
                 await open_execution("large", large_body, grows=True), args.large_samples, warmup=2
             )
             executions = [await open_execution(f"c{i}", small_body(i)) for i in range(args.concurrency)]
-            proxy_rate, direct_rate = await bench.throughput(executions, args.duration_s, script)
+            proxy_rate, direct_rate = await bench.throughput(executions, args.duration_s)
     finally:
         for proc in processes:
             proc.terminate()

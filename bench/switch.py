@@ -3,7 +3,7 @@ flight, one training step, training → rollout loading the newly published weig
 
     gyre bench switch [--cycles 5] [--inflight 8] [--release-weights]
 
-A real CellAgent (embedded engine in-process, default model, real Redis and NATS started for the
+A real CellAgent (embedded engine in-process, the embedded default's model unless `--model`, real Redis and NATS started for the
 run) is driven the way the scheduler drives it. Each cycle: `--inflight` long generations are
 running; SwitchRole(TRAINING) hands them back (aborts them, counted), releases the KV cache (and the
 engine's weights with `--release-weights`); a one-step batch is trained and published; then
@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 
 from gyre.bus import EventBus
 from gyre.config import load_config
+from gyre.demo.config import embedded_model_path
 from gyre.engine import EngineClient, EngineError
 from gyre.log import configure_logging
 from gyre.rl.codec import encode_microstep
@@ -55,6 +56,7 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
         environ={},
         overrides={
             "run": {"id": run_id, "dir": str(root)},
+            "model": {"path": str(args.model or embedded_model_path())},
             "nats": {"url": nats_url},
             "redis": {"url": redis_url},
             "scheduler": {"num_cells": 1},
@@ -126,6 +128,12 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench switch", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="HF model directory (default: the embedded default's warm start)",
+    )
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument(
         "--inflight", type=int, default=8, help="generations running at each switch to training"

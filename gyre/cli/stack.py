@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from gyre.cli._config import config_or_exit
-from gyre.config import GyreConfig
+from gyre.config import GyreConfig, load_config
 from gyre.rpc import sync_channel
 
 _RUN_OPTION = typer.Option(
@@ -40,12 +40,17 @@ def register(app: typer.Typer) -> None:
         detach: bool = typer.Option(False, "--detach", "-d", help="Return once every service is SERVING."),
         wait_s: float = typer.Option(30.0, "--wait", help="Seconds to wait for SERVING."),
     ) -> None:
-        """Start nats-server, redis-server and every service; all bind 127.0.0.1."""
+        """Start nats-server, redis-server and every service; all bind 127.0.0.1. Without `model.path` in
+        the config, the embedded default's model (the packaged warm start, as `gyre demo` trains)."""
+        from gyre.demo.config import embedded_model_path
         from gyre.model.arch import ModelError
         from gyre.stack.launcher import StackError, StackState, down_state, up
         from gyre.stack.signals import StopSignals
 
-        cfg = config_or_exit(config)
+        # The embedded default's model unless the file (or GYRE_MODEL__PATH) names one, as for `gyre demo`.
+        cfg = config_or_exit(
+            config, lambda: load_config(config, base={"model": {"path": str(embedded_model_path())}})
+        )
         with StopSignals() as stop:
             try:
                 state = up(cfg, wait_s=wait_s, attached=not detach, stop=stop.event)

@@ -20,11 +20,23 @@ from gyre.config import ConfigError, GyreConfig, load_config
 from gyre.paths import REPO_ROOT
 
 
+def packaged_settings() -> dict[str, Any]:
+    """gyre/demo/demo.yaml, its model path made absolute: the packaged warm start is named relative to the
+    installed tree, not to the caller's directory."""
+    base: dict[str, Any] = yaml.safe_load(resources.files("gyre.demo").joinpath("demo.yaml").read_text())
+    base["model"]["path"] = str(REPO_ROOT / base["model"]["path"])
+    return base
+
+
+def embedded_model_path() -> Path:
+    """The embedded default's model (the warm start shipped with the repository): what `gyre demo` trains,
+    and what `gyre up` and the benchmarks serve when the config names no `model.path`."""
+    return Path(packaged_settings()["model"]["path"])
+
+
 def demo_config(file: Path | None, overrides: dict[str, Any]) -> GyreConfig:
     """The packaged demo settings ← the user's file ← GYRE_* ← CLI flags."""
-    base = yaml.safe_load(resources.files("gyre.demo").joinpath("demo.yaml").read_text())
-    # The packaged warm start is named relative to the installed tree, not to the caller's directory.
-    base["model"]["path"] = str(REPO_ROOT / base["model"]["path"])
+    base = packaged_settings()
     # The packaged held-out pool belongs to the packaged tasks: a run that names tasks of its own
     # evaluates the pool it names (none unless it sets `tasks.held_out`).
     user_tasks = [

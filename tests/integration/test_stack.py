@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
+from gyre.demo.config import embedded_model_path
 from gyre.stack.launcher import pid_alive
-from tests.support.models import small_dir
 
 GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
 
@@ -36,12 +38,14 @@ def _listeners(pids: set[int]) -> list[str]:
 
 
 def test_up_status_down(tmp_path: Path) -> None:
+    # No model.path: `gyre up` serves the embedded default's model, as README's `gyre up --detach` does on a
+    # fresh clone (the config only keeps the run under tmp_path).
     config = tmp_path / "gyre.yaml"
-    config.write_text(
-        f"run:\n  id: stacktest\n  dir: {tmp_path / 'runs'}\nscheduler:\n  num_cells: 3\nmodel:\n  path: {small_dir()}\n"
-    )
+    config.write_text(f"run:\n  id: stacktest\n  dir: {tmp_path / 'runs'}\nscheduler:\n  num_cells: 3\n")
     up = _gyre("up", "--detach", "--wait", "60", config=config)
     assert up.returncode == 0, up.stderr
+    resolved = yaml.safe_load((tmp_path / "runs" / "stacktest" / "config.yaml").read_text())
+    assert Path(resolved["model"]["path"]) == embedded_model_path()
     try:
         st = _gyre("status", "--json", config=config)
         rows = json.loads(st.stdout)

@@ -1,0 +1,132 @@
+"""Every benchmark of `gyre bench --list` runs to its JSON line at a tiny size, so none rots unnoticed.
+
+`TINY` is the one table: a benchmark's name → the arguments of its tiny run (run here as a user runs it,
+`gyre bench NAME --json ARGS` in a fresh process, in a scratch directory), or `Covered("tests/…::test")`
+naming the test that already runs it at a tiny size (checked to exist and to run that benchmark), so
+nothing runs twice. A benchmark added to bench/ without an entry fails `test_every_benchmark_has_a_tiny_run`.
+The figures a tiny run prints are not asserted: a benchmark measures, a test checks that it runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gyre.cli.bench_cmd import _names as bench_names
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Covered:
+    """The benchmark's tiny run is this test (`path::function`)."""
+
+    test: str
+
+
+# A run small enough for the demo-based benchmarks: K = 3 cells, two groups of two executions per step,
+# short tool sleeps (the stack's start is most of their time).
+TINY_DEMO = {
+    "scheduler": {
+        "num_cells": 3,
+        "group_size": 2,
+        "batch_groups": 2,
+        "phi": 0.5,
+        "mu": 2,
+        "rho_min": 0.5,
+        "tau_s": 0.2,
+        "cell_capacity": 2,
+    },
+    "tasks": {"queries": ["add/1+5"], "held_out": ["add/2+2"], "held_out_samples": 1},
+}
+TINY_HARNESS = ["--tool-latency-s", "0.2", "--tool-latency-max-s", "0.5"]
+
+TINY: dict[str, list[str] | Covered] = {
+    "e2e": ["--steps", "1", "--modes", "elastic", "--config", "{tiny_demo}", *TINY_HARNESS],
+    "engine": ["--decode-tokens", "4", "--long-prompt", "32"],
+    "faults": ["--steps", "1", "--only", "scheduler"],
+    "gpu": Covered(
+        "tests/unit/megatron/test_bench_gpu.py::test_without_cuda_it_prints_cuda_false_and_exits_0"
+    ),
+    "harness": ["--executions", "2", "--concurrency", "2", "--group-size", "2", "--start", "plain"],
+    "learn": ["--steps", "1", "--seeds", "0", "--config", "{tiny_demo}"],
+    "load": Covered(
+        "tests/integration/test_bench_load.py::test_bench_load_answers_every_call_and_reports_its_fields"
+    ),
+    "packing": Covered(
+        "tests/unit/rl/test_bench_packing.py::test_gyre_bench_accepts_json_and_passes_the_rest_to_the_benchmark"
+    ),
+    "proxy": [
+        "--small-samples",
+        "3",
+        "--large-samples",
+        "1",
+        "--history-kb",
+        "16",
+        "--concurrency",
+        "2",
+        "--duration-s",
+        "0.3",
+    ],
+    "switch": ["--cycles", "1", "--inflight", "2"],
+    "train": ["--microsteps", "2", "--token-budget", "64", "--steps", "2"],
+    "tree": ["--quick", "--repeats", "2"],
+    "tree-train": Covered(
+        "tests/unit/rl/test_bench_tree_train.py::test_bench_tree_train_prints_both_layouts_per_family"
+    ),
+    "weights": ["--mib", "1", "--repeats", "1"],
+}
+
+RUNS = sorted(name for name, entry in TINY.items() if not isinstance(entry, Covered))
+COVERED = sorted((name, entry.test) for name, entry in TINY.items() if isinstance(entry, Covered))
+
+
+def test_every_benchmark_has_a_tiny_run() -> None:
+    assert sorted(TINY) == bench_names(), "add the new benchmark's tiny run to TINY"
+
+
+@pytest.mark.parametrize(("name", "test"), COVERED, ids=[n for n, _ in COVERED])
+def test_a_covered_benchmark_names_a_test_that_runs_it(name: str, test: str) -> None:
+    path, _, function = test.partition("::")
+    source = (REPO / path).read_text()
+    found = {
+        node.name: ast.get_source_segment(source, node) or ""
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef)
+    }
+    assert function in found, f"{test} does not exist"
+    body = found[function]
+    assert f'"{name}"' in body and ('"bench"' in body or f"bench import {name}" in source), (
+        f"{test} does not run `gyre bench {name}`"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RUNS)
+def test_the_benchmark_prints_its_json_line_at_a_tiny_size(name: str, tmp_path: Path) -> None:
+    tiny_demo = tmp_path / "tiny-demo.yaml"
+    tiny_demo.write_text(json.dumps(TINY_DEMO))
+    entry = TINY[name]
+    assert isinstance(entry, list)
+    args = [a.format(tiny_demo=tiny_demo) for a in entry]
+    result = subprocess.run(
+        [sys.executable, "-c", "from gyre.cli import main; main()", "bench", name, "--json", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    tail = result.stderr[-3000:]
+    assert result.returncode == 0, f"gyre bench {name} exited {result.returncode}:\n{tail}"
+    lines = result.stdout.strip().splitlines()
+    assert lines, f"gyre bench {name} printed nothing on stdout:\n{tail}"
+    report = json.loads(lines[-1])
+    assert isinstance(report, dict) and report, lines[-1]
