@@ -3,7 +3,7 @@ run in the training role, and the time limits of switching between the two."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gyre.config.base import Port, PositiveFloat, Section
 from gyre.config.engine import EngineSection
@@ -27,3 +27,17 @@ class CellAgentSection(Section):
     """How long a switch to rollout waits for the engine to serve (SGLang start-up included)."""
     publish_timeout_s: PositiveFloat = 120.0
     """Time limit of pushing weights to one rollout engine."""
+
+    @model_validator(mode="after")
+    def _engines_serve_the_adapter(self) -> CellAgentSection:
+        """A run that trains a LoRA adapter has its engines serve adapters of its rank and targets."""
+        lora = self.trainer.lora
+        if lora is not None:
+            engine = self.engine
+            updates: dict[str, object] = {"enable_lora": True}
+            if engine.max_lora_rank is None or engine.max_lora_rank < lora.rank:
+                updates["max_lora_rank"] = lora.rank
+            if not engine.lora_target_modules:
+                updates["lora_target_modules"] = list(lora.target_modules)
+            object.__setattr__(self, "engine", engine.model_copy(update=updates))
+        return self

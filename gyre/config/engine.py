@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gyre.config.base import AtLeastOne, Port, Section
+from gyre.config.base import AtLeastOne, AtLeastOneOrNull, Port, Section
 
 
 class EngineSection(Section):
@@ -55,6 +55,16 @@ class EngineSection(Section):
     weights_cpu_backup: bool = False
     """On `/release_memory_occupation` with tag `weights`, keep a copy to restore on resume (SGLang's
     `--enable-weights-cpu-backup`); off = weights must be updated after resume before serving."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (SGLang's `--enable-lora`): `/load_lora_adapter`, `/unload_lora_adapter` and a
+    request's `lora_path`. Turned on for the run's engines when `trainer.lora` is set."""
+    max_lora_rank: AtLeastOneOrNull = None
+    """The largest adapter rank served (SGLang's `--max-lora-rank`); None = the trainer's `lora.rank`."""
+    lora_target_modules: list[str] = Field(default_factory=list)
+    """Modules adapters may target (SGLang's `--lora-target-modules`); empty = the trainer's."""
+    max_loaded_loras: AtLeastOne = 4
+    """Adapters held at once (SGLang's `--max-loaded-loras`): a publication loads the new one before it
+    unloads the oldest, so calls in flight on the previous one finish on it."""
     sglang_model_path: str | None = None
     """SGLang only: model path or HF id passed as `--model-path`; None = `model.path` (the directory the
     trainer starts from, so engine and trainer load the same weights)."""

@@ -60,6 +60,34 @@ class MegatronSection(Section):
     master weights, so `bfloat16` is the usual choice there."""
 
 
+class LoraSection(Section):
+    """A LoRA adapter trained instead of the whole model (`gyre.model.lora`): only its A and B matrices get
+    gradients and optimizer state, satellites pull only them, and a publication is a PEFT adapter
+    directory the engines serve on top of the unchanged base (`model.path`)."""
+
+    rank: AtLeastOne = 16
+    """r: the adapter's rank (A: [r, in], B: [out, r])."""
+    alpha: PositiveFloat = 32.0
+    """lora_alpha: the delta is scaled by alpha / r (alpha / √r with `use_rslora`)."""
+    dropout: float = 0.0
+    """lora_dropout: dropout on the adapter's input in training forwards (never when serving)."""
+    target_modules: list[str] = Field(default_factory=lambda: ["all-linear"])
+    """Modules adapted, PEFT's names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; a
+    name matches every layer's module of that name, `all-linear` all seven). A name that matches no module
+    of the model stops the run at start (exit 2)."""
+    use_rslora: bool = False
+    """Rank-stabilized scaling alpha / √r."""
+    seed: int = 0
+    """Seed of A's initialization (B starts at zero, so the first policy is the base model)."""
+
+    @field_validator("dropout")
+    @classmethod
+    def _dropout(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError(f"must be in [0, 1); got {v}")
+        return v
+
+
 class TrainerSection(Section):
     backend: Literal["torch", "megatron"] = "torch"
     """Trainer backend of a cell, a name in the registry of `gyre.trainer.backends`: `torch` (the
@@ -67,6 +95,9 @@ class TrainerSection(Section):
     'gyre[megatron]'`, or `gyre[gpu]` on GPU nodes; settings in `megatron`)."""
     megatron: MegatronSection = Field(default_factory=MegatronSection)
     """The megatron backend's parallel layout and parameter dtype."""
+    lora: LoraSection | None = None
+    """Train a LoRA adapter on the frozen base instead of every weight (torch backend); None = full
+    fine-tuning."""
     device: str = "cpu"
     """torch device of the trainer (`cpu`, `cuda`, `cuda:0`)."""
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
@@ -150,6 +181,19 @@ class TrainerSection(Section):
         if not 0 <= v < 1:
             raise ValueError(f"AdamW betas must be in [0, 1); got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _lora_layout(self) -> TrainerSection:
+        if self.lora is not None and self.backend != "torch":
+            raise ValueError(
+                f"lora: the {self.backend} backend does not train LoRA adapters; use backend: torch, or drop lora"
+            )
+        if self.lora is not None and self.publication == "distributed":
+            raise ValueError(
+                "lora: an adapter is published by /load_lora_adapter (publication: tensor or disk), not over a "
+                "distributed weight-update group; set publication: tensor"
+            )
+        return self
 
     @model_validator(mode="after")
     def _nccl_on_gpus(self) -> TrainerSection:

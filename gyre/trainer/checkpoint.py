@@ -9,8 +9,13 @@ Layout under the checkpoint root (`cell_agent.trainer.checkpoint_dir`, default `
                               rollout, `AutoModelForCausalLM.from_pretrained` loads and SGLang serves
                               (`--model-path`, `/update_weights_from_disk`)
 
-The policy version rides in the safetensors metadata (`gyre_policy_version`), which transformers and
-SGLang ignore. Directories are written under a temporary name and renamed into place, so a reader
+A run that trains a LoRA adapter (`cell_agent.trainer.lora`) writes PEFT adapter directories
+instead (adapter_config.json + adapter_model.safetensors, `gyre.model.lora`): a checkpoint is the
+adapter, its optimizer state and trainer.json (`"lora": true`), a publication is the adapter that
+`peft.PeftModel.from_pretrained` and SGLang's `/load_lora_adapter` load on top of `model.path`.
+
+The policy version rides in the safetensors metadata (`gyre_policy_version`), which transformers,
+peft and SGLang ignore. Directories are written under a temporary name and renamed into place, so a reader
 never sees half of one; a checkpoint directory counts only once `trainer.json` is in it.
 
     path = save_trainer_checkpoint(root, version=12, arch=arch, tensors=named, optimizer=opt, backend="torch",
@@ -31,6 +36,7 @@ import torch
 
 from gyre.model.arch import ModelArch
 from gyre.model.files import POLICY_VERSION_KEY, check_model_dir
+from gyre.model.lora import LoraAdapter, read_adapter_dir, write_adapter_dir
 from gyre.model.weights import load_state_dict, write_model_dir
 
 OPTIMIZER_FILENAME = "optimizer.pt"
@@ -41,12 +47,20 @@ _PUBLISHED = re.compile(r"^v(\d{8})$")
 
 
 def write_weights(
-    out: Path, *, arch: ModelArch, tensors: Mapping[str, torch.Tensor], version: int, source: Path
+    out: Path,
+    *,
+    arch: ModelArch,
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    source: Path,
+    adapter: LoraAdapter | None = None,
 ) -> Path:
-    """An HF directory of `tensors` (copied to the host) tagged with the policy version, atomically."""
-    return write_model_dir(
-        out, arch=arch, tensors=tensors, source=source, metadata={POLICY_VERSION_KEY: str(version)}
-    )
+    """An HF directory of `tensors` (copied to the host) tagged with the policy version, atomically; with
+    `adapter`, a PEFT adapter directory of it instead (`tensors` are then its matrices)."""
+    metadata = {POLICY_VERSION_KEY: str(version)}
+    if adapter is not None:
+        return write_adapter_dir(out, adapter, base_model=source, metadata=metadata)
+    return write_model_dir(out, arch=arch, tensors=tensors, source=source, metadata=metadata)
 
 
 def step_dir(root: Path, version: int) -> Path:
@@ -72,14 +86,18 @@ def save_trainer_checkpoint(
     keep: int = 2,
     write_extra: Callable[[Path], None] | None = None,
     info: Mapping[str, Any] | None = None,
+    adapter: LoraAdapter | None = None,
 ) -> Path:
     """Write `step-<version>/` (replacing an older copy of the same version) and prune to `keep`.
     `write_extra(staged)` adds a backend's own files (e.g. per-rank optimizer shards) before
-    `trainer.json`, which also records `info`, marks the directory complete."""
+    `trainer.json`, which also records `info`, marks the directory complete. With `adapter` the
+    checkpoint is that LoRA adapter (PEFT directory), not the weights."""
     final = step_dir(root, version)
     staged = write_weights(
-        staged_dir(root, version), arch=arch, tensors=tensors, version=version, source=source
+        staged_dir(root, version), arch=arch, tensors=tensors, version=version, source=source, adapter=adapter
     )
+    if adapter is not None:
+        info = {**(info or {}), "lora": True}
     if optimizer is not None:
         torch.save(optimizer.state_dict(), staged / OPTIMIZER_FILENAME)
     if write_extra is not None:
@@ -133,11 +151,33 @@ def read_trainer_checkpoint(
 ) -> tuple[ModelArch, dict[str, torch.Tensor], dict[str, Any] | None, int]:
     """(architecture, weights, optimizer state or None, policy version) of a checkpoint directory."""
     path = Path(path)
-    version = int(read_trainer_info(path)["policy_version"])
+    trainer_info = read_trainer_info(path)
+    if trainer_info.get("lora"):
+        raise ValueError(
+            f"{path} is a LoRA adapter checkpoint; a run without cell_agent.trainer.lora cannot resume from it"
+        )
+    version = int(trainer_info["policy_version"])
     info = check_model_dir(path)
+    return info.arch, load_state_dict(info, dtype), _optimizer_state(path), version
+
+
+def read_adapter_checkpoint(
+    path: Path, arch: ModelArch, dtype: torch.dtype = torch.float32
+) -> tuple[LoraAdapter, dict[str, Any] | None, int]:
+    """(adapter, optimizer state or None, policy version) of a LoRA checkpoint directory for `arch`."""
+    path = Path(path)
+    trainer_info = read_trainer_info(path)
+    if not trainer_info.get("lora"):
+        raise ValueError(
+            f"{path} is a full-weights checkpoint; a run with cell_agent.trainer.lora cannot resume from it"
+        )
+    adapter = read_adapter_dir(path, arch, dtype)
+    return adapter, _optimizer_state(path), int(trainer_info["policy_version"])
+
+
+def _optimizer_state(path: Path) -> dict[str, Any] | None:
     optimizer_path = path / OPTIMIZER_FILENAME
-    optimizer = torch.load(optimizer_path, weights_only=True) if optimizer_path.is_file() else None
-    return info.arch, load_state_dict(info, dtype), optimizer, version
+    return torch.load(optimizer_path, weights_only=True) if optimizer_path.is_file() else None
 
 
 def published_path(root: Path, version: int) -> Path:
@@ -152,10 +192,17 @@ def write_published(
     tensors: Mapping[str, torch.Tensor],
     source: Path,
     keep: int = 2,
+    adapter: LoraAdapter | None = None,
 ) -> Path:
-    """Write publication `version` as an HF directory and delete all but the `keep` newest ones."""
+    """Write publication `version` as an HF directory (a PEFT adapter directory with `adapter`) and
+    delete all but the `keep` newest ones."""
     path = write_weights(
-        published_path(root, version), arch=arch, tensors=tensors, version=version, source=source
+        published_path(root, version),
+        arch=arch,
+        tensors=tensors,
+        version=version,
+        source=source,
+        adapter=adapter,
     )
     older = sorted((int(m.group(1)), p) for p in path.parent.iterdir() if (m := _PUBLISHED.match(p.name)))
     for _, p in older[:-keep]:

@@ -19,7 +19,7 @@ assign `p.grad = None` (e.g. `optimizer.zero_grad()` with its default `set_to_no
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -46,11 +46,12 @@ class FlatSlot:
 
 
 class FlatParameters:
-    """Re-homes every parameter of `module` (in `named_parameters()` order) into `params`, and its
-    gradient into `grads`; both buffers have the parameters' dtype and device."""
+    """Re-homes every parameter of `module` (in `named_parameters()` order, or the `named` subset it is
+    given: a LoRA adapter's matrices under their PEFT names) into `params`, and its gradient into
+    `grads`; both buffers have the parameters' dtype and device."""
 
-    def __init__(self, module: nn.Module) -> None:
-        named = list(module.named_parameters())
+    def __init__(self, module: nn.Module, named: Sequence[tuple[str, nn.Parameter]] | None = None) -> None:
+        named = list(module.named_parameters()) if named is None else list(named)
         if not named:
             raise ValueError("the module has no parameters")
         dtypes = {p.dtype for _, p in named}
@@ -71,7 +72,7 @@ class FlatParameters:
                 p.grad = self.grads[offset : offset + n].view_as(p)
                 self.slots[name] = FlatSlot(offset, n, tuple(p.shape))
                 offset += n
-        self._module = module
+        self._named = named
 
     @property
     def numel(self) -> int:
@@ -86,7 +87,7 @@ class FlatParameters:
 
     def check_views(self) -> None:
         """Assert every parameter and gradient still lives inside the flat buffers."""
-        for name, p in self._module.named_parameters():
+        for name, p in self._named:
             slot = self.slots[name]
             base = self.params.data_ptr() + slot.offset * self.params.element_size()
             assert p.data_ptr() == base, f"parameter {name} left the flat buffer"

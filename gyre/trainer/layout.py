@@ -1,8 +1,9 @@
 """Whether the configured trainer backend can train the run's model, checked before anything starts.
 
 `gyre up` (before spawning) and each cell agent (before any connection or process group) call it, so
-a layout the backend cannot build stops the run with exit 2 and one line naming the field. It imports
-neither torch nor the backend (megatron-core takes seconds to import, and may not be installed):
+a layout the backend cannot build, or LoRA target modules that match no module of the model, stop the
+run with exit 2 and one line naming the field. It imports neither torch nor the backend (megatron-core
+takes seconds to import, and may not be installed):
 
     check_trainer(config.cell_agent.trainer, config.model.require_path())    # ModelError → exit 2
 """
@@ -14,6 +15,9 @@ from pathlib import Path
 
 from gyre.config.training import TrainerSection
 from gyre.model.arch import CONFIG_FILE, ModelError, read_arch
+from gyre.model.lora_spec import resolve_targets
+
+LORA_TARGETS_FIELD = "cell_agent.trainer.lora.target_modules"
 
 _REQUIRED_MODULES = {
     "megatron": ("megatron.core", "pip install 'gyre[megatron]' (or 'gyre[gpu]' on GPU nodes)")
@@ -21,7 +25,10 @@ _REQUIRED_MODULES = {
 
 
 def check_trainer(section: TrainerSection, model_dir: Path) -> None:
-    """`ModelError` naming the field when `section.backend` cannot train the model of `model_dir`."""
+    """`ModelError` naming the field when `section.backend` cannot train the model of `model_dir`, or
+    `section.lora` targets a module the model does not have (`AdapterError`)."""
+    if section.lora is not None:
+        resolve_targets(read_arch(model_dir), section.lora.target_modules, LORA_TARGETS_FIELD)
     required = _REQUIRED_MODULES.get(section.backend)
     if required is not None and importlib.util.find_spec(required[0].split(".")[0]) is None:
         raise ModelError(

@@ -30,6 +30,7 @@ import torch
 from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
 from gyre.model.arch import ModelArch
+from gyre.model.lora import LoraAdapter
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep
 from gyre.rl.step_loss import StepResult
@@ -68,10 +69,17 @@ class TrainerBackend(ABC):
         """The architecture of the weights (what published directories and engines must match)."""
 
     @property
+    def adapter(self) -> LoraAdapter | None:
+        """The LoRA adapter trained on the frozen base (`cell_agent.trainer.lora`), else None: then
+        `flat_params`, `named_weights` and checkpoints hold the adapter's matrices only, and a
+        publication is a PEFT adapter directory."""
+        return None
+
+    @property
     @abstractmethod
     def flat_params(self) -> torch.Tensor:
-        """All weights, one contiguous buffer at a fixed address (snapshots are read from it and
-        pulled into it)."""
+        """All trained weights, one contiguous buffer at a fixed address (snapshots are read from it and
+        pulled into it): every weight, or the adapter's matrices under LoRA."""
 
     @property
     @abstractmethod

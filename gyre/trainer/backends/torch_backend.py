@@ -8,6 +8,11 @@ budget); every target carries 1/(L_i·B·N), so the gradients of any split of a 
 batch gradient. `optimizer_step` clips the summed gradient by its global norm, steps AdamW (constant
 lr), zeroes the gradients and bumps the version.
 
+With `trainer.lora` the checkpoint's weights are frozen (no gradient, no optimizer state) and a
+`gyre.model.lora.LoraAdapter` is trained on top: its matrices are the flat buffers (so a snapshot, a
+satellite's pull and the gradient reduction are the adapter's bytes only), AdamW steps them alone,
+checkpoints and publications are PEFT adapter directories.
+
     trainer = TorchTrainer.create(TrainerSpec(section, model_section, objective, with_optimizer=True))
 """
 
@@ -15,17 +20,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from gyre.model.arch import ModelArch
 from gyre.model.causal_lm import CausalLM
+from gyre.model.lora import LoraAdapter
+from gyre.model.lora_spec import LoraSpec
+from gyre.model.tree_layout import TreeLayout
 from gyre.model.weights import load_model
 from gyre.rl.microstep import MicroStep
 from gyre.rl.step_loss import StepResult, train_microstep
 from gyre.trainer.backends.base import TrainerBackend, TrainerSpec
-from gyre.trainer.checkpoint import read_trainer_checkpoint, save_trainer_checkpoint
+from gyre.trainer.checkpoint import read_adapter_checkpoint, read_trainer_checkpoint, save_trainer_checkpoint
 from gyre.trainer.flat import FlatParameters
 from gyre.trainer.offload import optimizer_tensors
 from gyre.trainer.optimizer import build_adamw, clip_flat_grads
@@ -40,9 +48,29 @@ class TorchTrainer(TrainerBackend):
         section = spec.section
         self.spec = spec
         self.device = torch.device(section.device)
-        self.model = model.to(device=self.device, dtype=_DTYPES[section.dtype]).train()
-        self.flat = FlatParameters(self.model)
-        self.optimizer = build_adamw(self.model.parameters(), section) if spec.with_optimizer else None
+        dtype = _DTYPES[section.dtype]
+        self.model = model.to(device=self.device, dtype=dtype).train()
+        self._adapter: LoraAdapter | None = None
+        if section.lora is not None:
+            lora = section.lora
+            self.model.requires_grad_(False)
+            self._adapter = (
+                LoraAdapter(
+                    model.arch,
+                    LoraSpec(
+                        lora.rank, lora.alpha, lora.dropout, tuple(lora.target_modules), lora.use_rslora
+                    ),
+                )
+                .init_weights(lora.seed)
+                .to(device=self.device, dtype=dtype)
+                .train()
+            )
+            self.flat = FlatParameters(self._adapter, self._adapter.named_lora())
+            trained = list(self._adapter.parameters())
+        else:
+            self.flat = FlatParameters(self.model)
+            trained = list(self.model.parameters())
+        self.optimizer = build_adamw(trained, section) if spec.with_optimizer else None
         self.version = version
 
     @classmethod
@@ -55,6 +83,20 @@ class TorchTrainer(TrainerBackend):
     @property
     def arch(self) -> ModelArch:
         return self.model.arch
+
+    @property
+    def adapter(self) -> LoraAdapter | None:
+        return self._adapter
+
+    def logits(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        tree: TreeLayout | None,
+    ) -> torch.Tensor:
+        """The packed forward of the trained policy (the base, plus the adapter under LoRA)."""
+        return self.model(input_ids, position_ids, cu_seqlens, tree, lora=self._adapter)
 
     @property
     def flat_params(self) -> torch.Tensor:
@@ -70,7 +112,7 @@ class TorchTrainer(TrainerBackend):
     def accumulate(self, step: MicroStep) -> StepResult:
         return train_microstep(
             step,
-            self.model,
+            self.logits,
             objective=self.spec.objective,
             chunk_tokens=self.spec.section.chunk_tokens,
             device=self.device,
@@ -107,14 +149,31 @@ class TorchTrainer(TrainerBackend):
             backend=self.name,
             source=self.spec.model_section.require_path(),
             keep=self.spec.section.keep_checkpoints,
+            adapter=self._adapter,
         )
 
     def load_checkpoint(self, path: Path) -> None:
+        if self._adapter is not None:
+            adapter, optimizer_state, version = read_adapter_checkpoint(
+                path, self.arch, self.flat.params.dtype
+            )
+            if adapter.targets != self._adapter.targets or adapter.spec.rank != self._adapter.spec.rank:
+                raise ValueError(
+                    f"checkpoint {path} holds an adapter of rank {adapter.spec.rank} on other modules than "
+                    "cell_agent.trainer.lora configures"
+                )
+            self._load(adapter.tensors(), optimizer_state, version)
+            return
         arch, tensors, optimizer_state, version = read_trainer_checkpoint(path, self.flat.params.dtype)
         if arch.fingerprint() != self.arch.fingerprint():
             raise ValueError(
                 f"checkpoint {path} has a different architecture than model.path ({self.arch.architecture})"
             )
+        self._load(tensors, optimizer_state, version)
+
+    def _load(
+        self, tensors: Mapping[str, torch.Tensor], optimizer_state: dict[str, Any] | None, version: int
+    ) -> None:
         self.flat.load_named(tensors)
         if self.optimizer is not None and optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)

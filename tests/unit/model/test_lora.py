@@ -11,15 +11,8 @@ import pytest
 import torch
 import transformers
 
-from gyre.model.lora import (
-    AdapterError,
-    LoraAdapter,
-    LoraBank,
-    LoraSpec,
-    read_adapter_dir,
-    resolve_targets,
-    write_adapter_dir,
-)
+from gyre.model.lora import LoraAdapter, LoraBank, read_adapter_dir, write_adapter_dir
+from gyre.model.lora_spec import AdapterError, LoraSpec, resolve_targets
 from gyre.model.paged import PagedBatch, PagedKVCache
 from gyre.model.weights import load_model
 from tests.support.models import hf_dir
