@@ -48,7 +48,7 @@ NCCL_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
+class ComputeTarget:
     """Where the check runs: cuda:0 in bfloat16 over NCCL, or its CPU rehearsal."""
 
     device: str
@@ -70,8 +70,8 @@ class Target:
         return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
-CUDA = Target("cuda:0", "bfloat16", "nccl")
-REHEARSAL = Target("cpu", "float32", "gloo")
+CUDA = ComputeTarget("cuda:0", "bfloat16", "nccl")
+REHEARSAL = ComputeTarget("cpu", "float32", "gloo")
 
 
 def _part(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def _part(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
 
 
-def _trainers(model: Path, target: Target) -> tuple[Any, Any]:
+def _trainers(model: Path, target: ComputeTarget) -> tuple[Any, Any]:
     from gyre.config.model import ModelSection
     from gyre.config.training import TrainerSection
     from gyre.rl.loss import ObjectiveParams
@@ -115,7 +115,7 @@ def _target_logprobs(logits_fn: Callable[..., torch.Tensor], step: Any, device: 
         )
 
 
-def _backends(model: Path, steps: list[Any], state: dict[str, Any], target: Target) -> dict[str, Any]:
+def _backends(model: Path, steps: list[Any], state: dict[str, Any], target: ComputeTarget) -> dict[str, Any]:
     from gyre.model.weights import load_model
     from gyre.trainer.backends.megatron.bench import benchmark_microsteps
 
@@ -153,7 +153,7 @@ def _digest(weights: torch.Tensor) -> str:
     return weights_digest(weights.detach().to("cpu", copy=True))
 
 
-def _role_switch(state: dict[str, Any], steps: list[Any], target: Target) -> dict[str, Any]:
+def _role_switch(state: dict[str, Any], steps: list[Any], target: ComputeTarget) -> dict[str, Any]:
     from gyre.trainer.offload import StateOffload
 
     trainer = state.get("megatron")
@@ -189,7 +189,7 @@ def _role_switch(state: dict[str, Any], steps: list[Any], target: Target) -> dic
     }
 
 
-def _group_rank(rank: int, world: int, port: int, target: Target, results: Any) -> None:
+def _group_rank(rank: int, world: int, port: int, target: ComputeTarget, results: Any) -> None:
     import torch.distributed as dist
 
     from gyre.trainer.collectives import CellGroups, connect_store, host_store
@@ -238,7 +238,7 @@ def _group_rank(rank: int, world: int, port: int, target: Target, results: Any) 
         results.put((rank, {"error": f"{type(e).__name__}: {e}"}))
 
 
-def _groups(target: Target) -> dict[str, Any]:
+def _groups(target: ComputeTarget) -> dict[str, Any]:
     import socket
 
     world = min(torch.cuda.device_count(), 4) if target.cuda else 2

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from gyre.config import PackerSection
-from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
+from gyre.rl.advantages import MemberReward, MemberStatus, group_advantages
 from gyre.rl.codec import decode_microstep, encode_microstep
 from gyre.rl.microstep import MicroStep, row_chunks
 from gyre.rl.packing import pack
@@ -44,17 +44,17 @@ def synthetic_batch(args: argparse.Namespace, rng: np.random.Generator) -> list[
     groups: list[Group] = []
     for g in range(args.groups):
         rows: list[TrajectoryRow] = []
-        members: list[MemberOutcome] = []
+        members: list[MemberReward] = []
         for k in range(args.group_size):
             eid = f"g{g}e{k}"
             draw = rng.random()
             if draw < 1 / 32:
-                members.append(MemberOutcome(eid, MemberStatus.EXCLUDED))
+                members.append(MemberReward(eid, MemberStatus.EXCLUDED))
                 continue
             if draw < 1 / 32 + 1 / 64:
-                members.append(MemberOutcome(eid, MemberStatus.PLACEHOLDER))
+                members.append(MemberReward(eid, MemberStatus.PLACEHOLDER))
                 continue
-            members.append(MemberOutcome(eid, MemberStatus.VALID, float(rng.random())))
+            members.append(MemberReward(eid, MemberStatus.VALID, float(rng.random())))
             scale = rng.lognormal(0.0, args.sigma)
             num_rows = min(int(rng.geometric(0.5)), args.j_max)
             for j in range(num_rows):

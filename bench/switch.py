@@ -32,12 +32,12 @@ from gyre.demo.config import embedded_model_path
 from gyre.engine import EngineClient, EngineError
 from gyre.log import configure_logging
 from gyre.rl.codec import encode_microstep
+from gyre.roles import ROLLOUT, TRAINING
 from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Keys, WorkQueue, connect_redis
 from gyre.trainer.backends import TorchTrainer
 from gyre.trainer.synthetic import synthetic_microsteps
 from services.cell_agent.agent import CellAgent
-from services.cell_agent.roles import Role
 
 
 async def _in_flight(client: EngineClient, n: int) -> None:
@@ -84,7 +84,7 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
                     for i in range(args.inflight)
                 ]
                 await _in_flight(client, args.inflight)
-                result = await agent.switch_role(Role.TRAINING)
+                result = await agent.switch_role(TRAINING)
                 to_training.append(result.duration_s)
                 handed_back += result.requests_handed_back
                 for outcome in await asyncio.gather(*calls, return_exceptions=True):
@@ -107,7 +107,7 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
                     await queue.put(f"b{step}:{s.index}", encode_microstep(s))
                 await queue.close()
                 await agent.join_batch(f"b{step}", step, True)
-                result = await agent.switch_role(Role.ROLLOUT, weight_version=step + 1)
+                result = await agent.switch_role(ROLLOUT, weight_version=step + 1)
                 assert result.weight_version == step + 1
                 to_rollout.append(result.duration_s)
     finally:

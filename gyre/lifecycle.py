@@ -19,7 +19,7 @@ from gyre.log import get_logger
 log = get_logger("gyre.lifecycle")
 
 
-class Supervisor:
+class TaskSupervisor:
     """Owns a set of background tasks; a task that raises fails the whole set."""
 
     def __init__(self, name: str) -> None:

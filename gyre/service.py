@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from gyre.bus import EventBus
 from gyre.config import ConfigError, GyreConfig, load_config
 from gyre.errors import StartupError
-from gyre.lifecycle import Supervisor, hold_grpc_aio, install_signal_handlers
+from gyre.lifecycle import TaskSupervisor, hold_grpc_aio, install_signal_handlers
 from gyre.log import bind_context, configure_logging, get_logger
 from gyre.metrics import CombinedRegistry, MetricsListener, process_registry
 from gyre.rpc import INVALID_ARGUMENT, ErrorStatus, add_health, bind, new_server
@@ -102,7 +102,7 @@ class GyreService:
             )
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        self.supervisor = Supervisor(self.instance_name)
+        self.supervisor = TaskSupervisor(self.instance_name)
         self.redis = await connect_redis(self.config.redis.url, redis_login)
         self.bus = await EventBus.connect(
             self.config.nats.url, self.config.run.id, self.instance_name, login=nats_login
@@ -191,7 +191,7 @@ def run_service(cls: type[GyreService], argv: list[str] | None = None) -> None:
     Shutdown is bounded: `run.supervisor.service_stop_timeout_s` after the stop began (a signal or a
     crash), the process exits at once, whatever its `stop()` still waits for (a compute thread mid-step,
     a sandbox that ignores SIGTERM). The stack's supervisor SIGKILLs later still; this bound holds too
-    when no supervisor is left (it was killed: the kernel sends SIGTERM, see gyre/stack/procs.py)."""
+    when no supervisor is left (it was killed: the kernel sends SIGTERM, see gyre/procs.py)."""
     parser = argparse.ArgumentParser(prog=f"python -m services.{cls.name}", description=cls.__doc__)
     parser.add_argument("--config", type=Path, default=None, help="resolved YAML config (gyre up writes one)")
     parser.add_argument("--instance", type=int, default=None, help="instance index (cell agents: the cell)")

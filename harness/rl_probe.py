@@ -33,7 +33,7 @@ from gyre.engine.client import EngineClient
 from gyre.model.causal_lm import CausalLM
 from gyre.model.logprobs import token_logprobs
 from gyre.model.weights import load_model
-from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
+from gyre.rl.advantages import MemberReward, MemberStatus, group_advantages
 from gyre.rl.loss import gspo_loss
 from gyre.tasks import TaskRegistry, demo_task_ids
 from gyre.trajectory.templates import template_for_family
@@ -67,7 +67,7 @@ def policy_step(
     executions: list[tuple[Rollout, float]] = []
     for task_id, members in groups.items():
         outcomes = [
-            MemberOutcome(f"{task_id}#{k}", MemberStatus.VALID, r.reward) for k, r in enumerate(members)
+            MemberReward(f"{task_id}#{k}", MemberStatus.VALID, r.reward) for k, r in enumerate(members)
         ]
         advantages = group_advantages(outcomes).advantages
         executions += [(r, advantages[o.execution_id]) for r, o in zip(members, outcomes, strict=True)]

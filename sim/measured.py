@@ -28,7 +28,7 @@ import yaml
 
 
 @dataclass(frozen=True, slots=True)
-class ExecutionRecord:
+class MeasuredExecution:
     """One execution that ran to its end (cancelled ones are left out)."""
 
     execution_id: str
@@ -54,7 +54,7 @@ class ExecutionRecord:
 class MeasuredRun:
     run_dir: str
     mode: str
-    executions: tuple[ExecutionRecord, ...]
+    executions: tuple[MeasuredExecution, ...]
     query_order: tuple[str, ...]
     """Query id of each dispatched group, in dispatch order."""
     microstep_tokens: tuple[int, ...]
@@ -154,14 +154,14 @@ def read_run(run_dir: Path) -> MeasuredRun:
             target.append(float(body.get("durationS", 0.0)))
         elif kind == "WeightsPublished":
             publish.append(float(body.get("durationS", 0.0)))
-    records: list[ExecutionRecord] = []
+    records: list[MeasuredExecution] = []
     for eid, body in terminated.items():
         report = _report(run_dir / "sandboxes" / eid / "control")
         if body.get("reason") == "TERMINATION_REASON_CANCELLED" or report is None or eid not in evaluated:
             continue
         group = group_of.get(eid, "")
         records.append(
-            ExecutionRecord(
+            MeasuredExecution(
                 execution_id=eid,
                 group_id=group,
                 suite=query_of.get(group, "").split("/")[0],

@@ -9,6 +9,7 @@ import typer
 
 from gyre.cli._config import config_or_exit
 from gyre.config import GyreConfig, load_config
+from gyre.roles import role_name
 from gyre.rpc import sync_channel
 
 _RUN_OPTION = typer.Option(
@@ -174,9 +175,7 @@ def _run_state(port: int) -> str:
             )
         except grpc.RpcError as e:
             return f"scheduler state unavailable: {e.code().name}"
-    roles = " ".join(
-        f"{c.cell}:{common_pb2.CellRole.Name(c.role).removeprefix('CELL_ROLE_').lower()}" for c in st.cells
-    )
+    roles = " ".join(f"{c.cell}:{role_name(c.role)}" for c in st.cells)
     c = st.counters
     return (
         f"run {st.run_id}  mode {common_pb2.SchedulingMode.Name(st.mode).removeprefix('SCHEDULING_MODE_').lower()}"

@@ -32,8 +32,8 @@ from typing import Any, Literal
 import psutil
 
 from gyre.demo.ledger import Event, check_events
+from gyre.procs import ProcessId
 from gyre.stack.health import grpc_health
-from gyre.stack.procs import ProcessId
 from gyre.stack.state import ProcessEntry, StackState
 from gyre.v1 import common_pb2, scheduler_pb2
 

@@ -33,7 +33,7 @@ class MemberStatus(StrEnum):
 
 
 @dataclass(slots=True, frozen=True)
-class MemberOutcome:
+class MemberReward:
     """The resolved outcome of one execution of a group."""
 
     execution_id: str
@@ -76,7 +76,7 @@ class GroupAdvantages:
 
 
 def group_advantages(
-    members: Sequence[MemberOutcome], *, normalize_std: bool = False, eps: float = 1e-6
+    members: Sequence[MemberReward], *, normalize_std: bool = False, eps: float = 1e-6
 ) -> GroupAdvantages:
     """Advantages `r - mean` (or `(r - mean) / (std + eps)`) over the resolved members of a group."""
     if eps < 0.0:

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gyre import procs
 from gyre.log import get_logger
-from gyre.sandbox import procs
 
 SERVER_SCRIPT = Path(__file__).with_name("forkserver.py")
 log = get_logger("gyre.runner.forkserver")

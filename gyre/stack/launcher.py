@@ -27,10 +27,10 @@ import yaml
 
 from gyre.config import GyreConfig
 from gyre.model.files import check_model_dir
+from gyre.procs import alive as _alive
+from gyre.procs import die_with_parent, stop_processes
 from gyre.stack.credentials import generate
 from gyre.stack.health import grpc_health, tail
-from gyre.stack.procs import alive as _alive
-from gyre.stack.procs import die_with_parent, stop_processes
 from gyre.stack.servers import LOOPBACK, free_port
 from gyre.stack.state import ProcessEntry, StackState
 from gyre.stack.supervisor import SERVICES

@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 
 from gyre.config import load_config
+from gyre.procs import stop_processes
 from gyre.stack.launcher import StackError, launch_supervisor
-from gyre.stack.procs import stop_processes
 from gyre.stack.state import StackState
 
 _SERVERS = ("nats", "redis")

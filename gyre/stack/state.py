@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from gyre.stack.procs import ProcessId, alive
+from gyre.procs import ProcessId, alive
 
 Phase = Literal["starting", "serving", "stopping", "failed"]
 MemberState = Literal["running", "restarting", "gave_up", "stopped"]

@@ -37,9 +37,9 @@ from grpc_health.v1 import health_pb2
 from gyre.config import GyreConfig, load_config
 from gyre.lifecycle import STOP_SIGNALS, hold_grpc_aio, install_signal_handlers
 from gyre.log import configure_logging, get_logger
+from gyre.procs import ProcessId, become_subreaper, describe_exit, die_with_parent, stop_processes
 from gyre.stack.events import ExitPublisher
 from gyre.stack.health import grpc_health_async, last_error, tail
-from gyre.stack.procs import ProcessId, become_subreaper, describe_exit, die_with_parent, stop_processes
 from gyre.stack.restarts import RestartHistory
 from gyre.stack.servers import ServerSpec, launch, nats_spec, redis_spec, wait_ready
 from gyre.stack.state import ProcessEntry, StackState
@@ -49,7 +49,7 @@ log = get_logger("gyre.stack.supervisor")
 SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
 
 
-class StartFailed(RuntimeError):
+class StackStartFailed(RuntimeError):
     """The stack could not come up; the message names the process and shows its last log lines."""
 
 
@@ -171,7 +171,7 @@ class StackSupervisor:
         self._save()
         try:
             await self._start()
-        except StartFailed as e:
+        except StackStartFailed as e:
             self.state.phase, self.state.error = "failed", str(e)
             log.error("stack_start_failed", error=str(e))
             await self._stop_all()
@@ -205,7 +205,7 @@ class StackSupervisor:
                     wait_ready, m.server, 15.0, supervisor_login if m.server.name == "redis" else None
                 )
             except TimeoutError as e:
-                raise StartFailed(f"{m.entry.name}: {e}; last log lines:\n{tail(m.entry.log)}") from None
+                raise StackStartFailed(f"{m.entry.name}: {e}; last log lines:\n{tail(m.entry.log)}") from None
         if self.stop_requested.is_set():
             return
         for m in self.members:
@@ -221,14 +221,14 @@ class StackSupervisor:
             for m in list(waiting):
                 assert m.proc is not None
                 if m.proc.poll() is not None:
-                    raise StartFailed(
+                    raise StackStartFailed(
                         f"{m.entry.name} exited during start-up; last log lines:\n{tail(m.entry.log)}"
                     )
                 if await grpc_health_async(m.entry.grpc_port, 0.5) == health_pb2.HealthCheckResponse.SERVING:
                     waiting.remove(m)
             if waiting and time.monotonic() > deadline:
                 names = ", ".join(m.entry.name for m in waiting)
-                raise StartFailed(
+                raise StackStartFailed(
                     f"not SERVING after {self.wait_s:.0f} s: {names}; last log lines of "
                     f"{waiting[0].entry.name}:\n{tail(waiting[0].entry.log)}"
                 )

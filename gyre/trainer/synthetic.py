@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from gyre.model.causal_lm import CausalLM
-from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
+from gyre.rl.advantages import MemberReward, MemberStatus, group_advantages
 from gyre.rl.microstep import MicroStep
 from gyre.rl.stream import StreamPacker
 from gyre.trajectory.row import TrajectoryRow
@@ -86,7 +86,7 @@ def synthetic_microsteps(
     steps: list[MicroStep] = []
     for g in range(num_groups):
         members = [
-            MemberOutcome(f"g{g}e{k}", MemberStatus.VALID, float(rng.random())) for k in range(group_size)
+            MemberReward(f"g{g}e{k}", MemberStatus.VALID, float(rng.random())) for k in range(group_size)
         ]
         advantages = group_advantages(members).advantages
         rows = [

@@ -34,7 +34,7 @@ from gyre.trajectory.messages import (
     Message,
     ModelRequest,
     RequestError,
-    SamplingParams,
+    RequestSampling,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -61,7 +61,7 @@ def from_anthropic(
     tools = tuple(
         _tool(t, f"tools[{i}]") for i, t in enumerate(expect_list(body.get("tools") or [], "tools"))
     )
-    sampling = SamplingParams(
+    sampling = RequestSampling(
         max_tokens=get_int(body, "max_tokens"),
         temperature=get_number(body, "temperature"),
         top_p=get_number(body, "top_p"),

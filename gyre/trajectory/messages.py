@@ -134,7 +134,7 @@ class ToolSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class SamplingParams:
+class RequestSampling:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -152,7 +152,7 @@ class ModelRequest:
     Responses `instructions`); harness profiles may drop volatile ones."""
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...] = ()
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: RequestSampling = field(default_factory=RequestSampling)
     stream: bool = False
     model: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)

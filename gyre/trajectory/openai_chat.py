@@ -37,8 +37,8 @@ from gyre.trajectory.messages import (
     Message,
     ModelRequest,
     RequestError,
+    RequestSampling,
     Role,
-    SamplingParams,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -87,7 +87,7 @@ def from_openai_chat(
         _tool(t, f"tools[{i}]") for i, t in enumerate(expect_list(body.get("tools") or [], "tools"))
     )
     max_tokens = get_int(body, "max_completion_tokens")
-    sampling = SamplingParams(
+    sampling = RequestSampling(
         max_tokens=max_tokens if max_tokens is not None else get_int(body, "max_tokens"),
         temperature=get_number(body, "temperature"),
         top_p=get_number(body, "top_p"),

@@ -38,8 +38,8 @@ from gyre.trajectory.messages import (
     Message,
     ModelRequest,
     RequestError,
+    RequestSampling,
     Role,
-    SamplingParams,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -105,7 +105,7 @@ def from_openai_responses(
     tools = tuple(
         _tool(t, f"tools[{i}]") for i, t in enumerate(expect_list(body.get("tools") or [], "tools"))
     )
-    sampling = SamplingParams(
+    sampling = RequestSampling(
         max_tokens=get_int(body, "max_output_tokens"),
         temperature=get_number(body, "temperature"),
         top_p=get_number(body, "top_p"),

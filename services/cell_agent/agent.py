@@ -3,9 +3,9 @@ calls (the gRPC servicer is a thin translation of these).
 
     agent = CellAgent(config, cell=k, redis=redis, emit=publish)
     await agent.start()                                   # engine serving, role ROLLOUT
-    await agent.switch_role(Role.TRAINING)                # hand back in-flight calls, free engine memory
+    await agent.switch_role(TRAINING)                     # hand back in-flight calls, free engine memory
     outcome = await agent.join_batch("b7", step=7, final_in_burst=True)
-    await agent.switch_role(Role.ROLLOUT, weight_version=8)
+    await agent.switch_role(ROLLOUT, weight_version=8)
 
 Rollout → training: stop admitting, abort what is in flight (the proxy retries it elsewhere; the
 count is reported), release the engine's KV cache (and weights where configured). The trainer and the
@@ -39,9 +39,9 @@ from gyre.config import GyreConfig
 from gyre.ids import cell_engine_id
 from gyre.log import get_logger
 from gyre.rl.loss import ObjectiveParams
+from gyre.roles import ROLLOUT, TRAINING, CellRole, role_name
 from gyre.store import Keys
 from gyre.trainer.checkpoint import published_path, write_published
-from gyre.v1 import common_pb2
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.detached import Detached
 from services.cell_agent.engine_host import EngineHost, create_engine_host
@@ -49,7 +49,7 @@ from services.cell_agent.errors import CellStateError
 from services.cell_agent.metrics import CellAgentMetrics
 from services.cell_agent.publication import Publisher
 from services.cell_agent.replay import report_replayed
-from services.cell_agent.roles import Role, RoleMachine
+from services.cell_agent.roles import RoleMachine
 from services.cell_agent.step_runner import StepOutcome, StepRunner
 from services.cell_agent.trainer_state import EngineEntry, Published
 from services.cell_agent.training import TrainingSide
@@ -58,17 +58,10 @@ log = get_logger("gyre.cell_agent")
 
 Emit = Callable[[Message, str], Awaitable[None]]
 
-ROLE_TO_PROTO: dict[str, common_pb2.CellRole.ValueType] = {
-    Role.ROLLOUT.value: common_pb2.CELL_ROLE_ROLLOUT,
-    Role.DRAINING.value: common_pb2.CELL_ROLE_DRAINING,
-    Role.TRAINING.value: common_pb2.CELL_ROLE_TRAINING,
-}
-"""Role → `gyre.v1.CellRole`."""
-
 
 @dataclass(frozen=True, slots=True)
 class SwitchResult:
-    role: Role
+    role: CellRole
     duration_s: float
     requests_handed_back: int
     weight_version: int
@@ -92,7 +85,7 @@ class PublishResult:
 @dataclass(frozen=True, slots=True)
 class CellView:
     cell: int
-    role: Role
+    role: CellRole
     engine_id: str
     engine_url: str
     policy_version: int | None
@@ -155,8 +148,8 @@ class CellAgent:
             timeout_s=self.section.publish_timeout_s,
             run_id=config.run.id,
         )
-        self.roles = RoleMachine(Role.ROLLOUT)
-        self.metrics.role = lambda: self.roles.role.value
+        self.roles = RoleMachine(ROLLOUT)
+        self.metrics.role = lambda: role_name(self.roles.role)
         self.metrics.policy_version = lambda: self.training.trainer.version
         self.heartbeat_timeout_s = config.redis.heartbeat_timeout_s
         self.batch_id = ""
@@ -178,7 +171,9 @@ class CellAgent:
         if published is not None and await self.engine.weight_version() != str(published.version):
             await self.engine.load_weights(Path(published.path), published.version)
         await self._register_engine()
-        log.info("cell_agent_started", cell=self.cell, engine=self.engine.url, role=self.roles.role.value)
+        log.info(
+            "cell_agent_started", cell=self.cell, engine=self.engine.url, role=role_name(self.roles.role)
+        )
 
     async def background(self) -> list[Coroutine[Any, Any, None]]:
         """Coroutines the service supervises: the collectives across cell restarts, and (core) serving pulls."""
@@ -196,14 +191,14 @@ class CellAgent:
         await self.training.close()
 
     # -- roles -----------------------------------------------------------------------------------------
-    async def switch_role(self, to_role: Role, weight_version: int = 0) -> SwitchResult:
+    async def switch_role(self, to_role: CellRole, weight_version: int = 0) -> SwitchResult:
         return await self._ops.run(
             ("switch", to_role, weight_version), lambda: self._switch_role(to_role, weight_version)
         )
 
-    async def _switch_role(self, to_role: Role, weight_version: int) -> SwitchResult:
+    async def _switch_role(self, to_role: CellRole, weight_version: int) -> SwitchResult:
         async with self._switch_lock:
-            if self.roles.role is to_role:
+            if self.roles.role == to_role:
                 return SwitchResult(to_role, 0.0, 0, self._as_version(await self.engine.weight_version()))
             if self._batch_lock.locked():
                 raise CellStateError(
@@ -211,13 +206,12 @@ class CellAgent:
                 )
             transition = self.roles.begin(to_role)
             seq = await self.state.next_transition(self.cell)
-            from_proto, to_proto = ROLE_TO_PROTO[transition.from_role.value], ROLE_TO_PROTO[to_role.value]
             await self.emit(
-                ev.RoleTransitionBegun(cell=self.cell, from_role=from_proto, to_role=to_proto),
+                ev.RoleTransitionBegun(cell=self.cell, from_role=transition.from_role, to_role=to_role),
                 f"cell:{self.cell}:transition:{seq}:begun",
             )
             try:
-                if to_role is Role.TRAINING:
+                if to_role == TRAINING:
                     handed_back = await self._to_training()
                     version = 0
                 else:
@@ -225,17 +219,17 @@ class CellAgent:
                     version = await self._to_rollout(weight_version)
             except BaseException:
                 self.roles.fail()
-                log.error("role_transition_failed", cell=self.cell, to_role=to_role.value)
+                log.error("role_transition_failed", cell=self.cell, to_role=role_name(to_role))
                 raise
             done = self.roles.complete()
             duration = done.elapsed_s()
-            self.metrics.switched(to_role.value, duration)
+            self.metrics.switched(role_name(to_role), duration)
             await self._register_engine()
             await self.emit(
                 ev.RoleTransitionCompleted(
                     cell=self.cell,
-                    from_role=from_proto,
-                    to_role=to_proto,
+                    from_role=transition.from_role,
+                    to_role=to_role,
                     duration_s=duration,
                     requests_handed_back=handed_back,
                     weight_version=version,
@@ -245,7 +239,7 @@ class CellAgent:
             log.info(
                 "role_switched",
                 cell=self.cell,
-                role=to_role.value,
+                role=role_name(to_role),
                 duration_s=round(duration, 4),
                 requests_handed_back=handed_back,
                 weight_version=version,
@@ -281,7 +275,11 @@ class CellAgent:
         role = self.roles.role
         await self.state.set_engine(
             EngineEntry(
-                self.cell, self.engine_id, self.engine.url, role.value, await self.engine.weight_version()
+                self.cell,
+                self.engine_id,
+                self.engine.url,
+                role_name(role),
+                await self.engine.weight_version(),
             )
         )
 
@@ -293,9 +291,9 @@ class CellAgent:
     async def join_batch(self, batch_id: str, step: int, final_in_burst: bool) -> StepOutcome:
         if not batch_id:
             raise ValueError("batch_id must be set")
-        if self.roles.role is not Role.TRAINING:
+        if self.roles.role != TRAINING:
             raise CellStateError(
-                f"cell {self.cell} is in {self.roles.role.value}; switch it to training first"
+                f"cell {self.cell} is in {role_name(self.roles.role)}; switch it to training first"
             )
         return await self._ops.run(
             ("join", batch_id), lambda: self._join_batch(batch_id, step, final_in_burst)
@@ -392,7 +390,7 @@ class CellAgent:
             if targets is None:
                 entries = await self.state.engines(self.num_cells)
                 targets = [
-                    PublishTarget(e.engine_id, e.url, e.cell) for e in entries if e.role == Role.ROLLOUT.value
+                    PublishTarget(e.engine_id, e.url, e.cell) for e in entries if e.role == role_name(ROLLOUT)
                 ]
             results = await asyncio.gather(
                 *(self._push(target, named, version, path) for target in targets), return_exceptions=True
@@ -427,7 +425,7 @@ class CellAgent:
         self, target: PublishTarget, named: dict[str, torch.Tensor], version: int, path: Path
     ) -> None:
         if target.cell == self.cell:
-            if self.roles.role is Role.ROLLOUT:
+            if self.roles.role == ROLLOUT:
                 await self.engine.push_weights(
                     named, version, abort_requests=self.section.trainer.publish_abort_requests
                 )

@@ -2,10 +2,11 @@
 
 A transition passes through DRAINING in both directions (the cell serves nothing and trains nothing
 while it moves): it is begun, then completed (or failed, which puts the cell back where it was).
-Only one transition runs at a time. Pure logic; the cell agent does the work and reports events.
+Only one transition runs at a time. Pure logic; the cell agent does the work and reports events. Roles
+are the wire's values (`gyre.roles`: what GetStatus reports and the events carry).
 
     machine = RoleMachine()                         # starts in rollout
-    t = machine.begin(Role.TRAINING)                # role is DRAINING now
+    t = machine.begin(TRAINING)                     # role is DRAINING now
     ...                                             # hand back requests, release engine memory
     machine.complete()                              # role is TRAINING
 """
@@ -14,13 +15,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 
-
-class Role(StrEnum):
-    ROLLOUT = "rollout"
-    DRAINING = "draining"
-    TRAINING = "training"
+from gyre.roles import DRAINING, ROLLOUT, CellRole, role_name
 
 
 class RoleError(ValueError):
@@ -29,8 +25,8 @@ class RoleError(ValueError):
 
 @dataclass(slots=True)
 class Transition:
-    from_role: Role
-    to_role: Role
+    from_role: CellRole
+    to_role: CellRole
     started_s: float
     """`time.monotonic()` when it began."""
 
@@ -39,29 +35,29 @@ class Transition:
 
 
 class RoleMachine:
-    def __init__(self, role: Role = Role.ROLLOUT) -> None:
-        if role is Role.DRAINING:
+    def __init__(self, role: CellRole = ROLLOUT) -> None:
+        if role == DRAINING:
             raise RoleError("a cell starts in rollout or training, not draining")
-        self._role: Role = role
+        self._role: CellRole = role
         self._transition: Transition | None = None
 
     @property
-    def role(self) -> Role:
-        return Role.DRAINING if self._transition is not None else self._role
+    def role(self) -> CellRole:
+        return DRAINING if self._transition is not None else self._role
 
     @property
     def transition(self) -> Transition | None:
         return self._transition
 
-    def begin(self, to_role: Role) -> Transition:
-        if to_role is Role.DRAINING:
+    def begin(self, to_role: CellRole) -> Transition:
+        if to_role == DRAINING:
             raise RoleError("draining is not a target role; ask for rollout or training")
         if self._transition is not None:
             raise RoleError(
-                f"a transition {self._transition.from_role.value} → {self._transition.to_role.value} is running"
+                f"a transition {role_name(self._transition.from_role)} → {role_name(self._transition.to_role)} is running"
             )
-        if to_role is self._role:
-            raise RoleError(f"the cell is already in {to_role.value}")
+        if to_role == self._role:
+            raise RoleError(f"the cell is already in {role_name(to_role)}")
         self._transition = Transition(self._role, to_role, time.monotonic())
         return self._transition
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 import grpc
 
 from gyre.log import bind_context
+from gyre.roles import ROLLOUT, TRAINING
 from gyre.v1 import cell_agent_pb2 as pb
 from gyre.v1 import cell_agent_pb2_grpc as pb_grpc
 from gyre.v1 import common_pb2
-from services.cell_agent.agent import ROLE_TO_PROTO, CellAgent, PublishTarget
-from services.cell_agent.roles import Role
-
-_ROLES = {common_pb2.CELL_ROLE_ROLLOUT: Role.ROLLOUT, common_pb2.CELL_ROLE_TRAINING: Role.TRAINING}
+from services.cell_agent.agent import CellAgent, PublishTarget
 
 
 class CellAgentServicer(pb_grpc.CellAgentServicer):
@@ -25,12 +23,11 @@ class CellAgentServicer(pb_grpc.CellAgentServicer):
         self, request: pb.SwitchRoleRequest, context: grpc.aio.ServicerContext
     ) -> pb.SwitchRoleResponse:
         bind_context(cell=self.agent.cell)
-        role = _ROLES.get(request.role)
-        if role is None:
+        if request.role not in (ROLLOUT, TRAINING):
             raise ValueError(f"role must be CELL_ROLE_ROLLOUT or CELL_ROLE_TRAINING; got {request.role}")
-        result = await self.agent.switch_role(role, int(request.weight_version))
+        result = await self.agent.switch_role(request.role, int(request.weight_version))
         return pb.SwitchRoleResponse(
-            role=ROLE_TO_PROTO[result.role.value],
+            role=result.role,
             duration_s=result.duration_s,
             requests_handed_back=result.requests_handed_back,
             weight_version=result.weight_version,
@@ -42,7 +39,7 @@ class CellAgentServicer(pb_grpc.CellAgentServicer):
         view = await self.agent.view()
         return pb.CellStatus(
             cell=view.cell,
-            role=ROLE_TO_PROTO[view.role.value],
+            role=view.role,
             engine=common_pb2.EngineEndpoint(engine_id=view.engine_id, url=view.engine_url, cell=view.cell),
             policy_version=view.policy_version or 0,
             engine_weight_version=int(view.engine_weight_version)

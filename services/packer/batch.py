@@ -23,11 +23,11 @@ from gyre.store import WorkQueue
 from gyre.trajectory.materialize import RowLayout
 from gyre.v1 import events_pb2 as ev
 from services.packer.metrics import PackerMetrics
-from services.packer.rows import LoadTree, ReadyGroup, group_rows
+from services.packer.rows import ClaimedGroup, LoadTree, group_rows
 
 log = get_logger("gyre.packer.batch")
 
-ClaimGroup = Callable[[str], Awaitable[ReadyGroup | None]]
+ClaimGroup = Callable[[str], Awaitable[ClaimedGroup | None]]
 
 
 @dataclass

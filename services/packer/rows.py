@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from gyre.rl.advantages import GroupAdvantages, MemberOutcome, MemberStatus, group_advantages
+from gyre.rl.advantages import GroupAdvantages, MemberReward, MemberStatus, group_advantages
 from gyre.trajectory import TrajectoryTree, admit, materialize
 from gyre.trajectory.materialize import RowLayout
 from gyre.trajectory.row import TrajectoryRow
@@ -21,13 +21,13 @@ LoadTree = Callable[[str], Awaitable[TrajectoryTree | None]]
 
 
 @dataclass(frozen=True, slots=True)
-class ReadyGroup:
+class ClaimedGroup:
     """A group the packer claimed: its dispatch version and its members' resolved outcomes."""
 
     group_id: str
     policy_version: int
     """v_d, for staleness."""
-    members: tuple[MemberOutcome, ...]
+    members: tuple[MemberReward, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ def admission_seed(run_seed: int, execution_id: str) -> int:
 
 
 async def group_rows(
-    group: ReadyGroup,
+    group: ClaimedGroup,
     load_tree: LoadTree,
     *,
     j_max: int,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from gyre.log import get_logger
-from gyre.rl.advantages import MemberOutcome, MemberStatus
+from gyre.rl.advantages import MemberReward, MemberStatus
 from gyre.store import Keys
 from gyre.store.groups import GroupOutcomes
 from gyre.store.groups import ReadyGroup as StoredGroup
 from gyre.store.trees import TreeStore, UnknownTreeError
 from gyre.trajectory import TrajectoryTree
-from services.packer.rows import ReadyGroup
+from services.packer.rows import ClaimedGroup
 
 log = get_logger("gyre.packer.sources")
 
@@ -29,7 +29,7 @@ class GroupSource:
         self._earlier: dict[str, list[StoredGroup]] = {}
         """Per batch: groups it claimed before this packer started, not handed out again yet."""
 
-    async def claim(self, batch_id: str) -> ReadyGroup | None:
+    async def claim(self, batch_id: str) -> ClaimedGroup | None:
         if batch_id not in self._earlier:  # read once per batch; later claims come from the ready set
             self._earlier[batch_id] = await self._outcomes.claimed(batch_id)
         earlier = self._earlier[batch_id]
@@ -37,10 +37,8 @@ class GroupSource:
         if not taken:
             return None
         group = taken[0]
-        members = tuple(
-            MemberOutcome(m.execution_id, MemberStatus(m.status), m.reward) for m in group.members
-        )
-        return ReadyGroup(group.group_id, group.policy_version, members)
+        members = tuple(MemberReward(m.execution_id, MemberStatus(m.status), m.reward) for m in group.members)
+        return ClaimedGroup(group.group_id, group.policy_version, members)
 
 
 class TreeSource:

@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from gyre.lifecycle import Supervisor
+from gyre.lifecycle import TaskSupervisor
 from gyre.log import get_logger
 from gyre.v1 import cell_agent_pb2, common_pb2, packer_pb2, proxy_pb2
 from services.scheduler.dispatch import Dispatcher
@@ -67,7 +67,7 @@ class BatchInfo:
 
 
 @dataclass
-class RunFacts:
+class ShellFacts:
     """What the shell knows beyond the policy: the open batch, limits, its persisted facts."""
 
     max_steps: int
@@ -87,8 +87,8 @@ class ActionExecutor:
         driver: Callable[[], Driver],
         peers: Peers,
         dispatcher: Dispatcher,
-        supervisor: Supervisor,
-        facts: RunFacts,
+        supervisor: TaskSupervisor,
+        facts: ShellFacts,
         separate_pool_capacity: int,
         persist: Callable[[], Awaitable[None]],
     ) -> None:

@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 
 from gyre.bus import Delivery
 from gyre.metrics.writer import StepMetricsWriter
+from gyre.roles import role_name
 from gyre.service import GyreService
 from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2, runner_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -28,7 +29,7 @@ from gyre.v1 import events_pb2 as ev
 from services.scheduler import persist
 from services.scheduler.dispatch import Dispatcher, QuerySource
 from services.scheduler.driver import Driver
-from services.scheduler.executor import ActionExecutor, RunFacts
+from services.scheduler.executor import ActionExecutor, ShellFacts
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.naming import ROLE_TO_PROTO
 from services.scheduler.peers import Peers, call_peer
@@ -86,7 +87,7 @@ class SchedulerService(GyreService):
         self.resumed = restored is not None
         self.policy = Policy(self.params, restored.state if restored else None)
         shell = restored.shell if restored else ShellState()
-        self.facts = RunFacts(max_steps=cfg.max_steps, shell=shell, peer_retry_s=cfg.peer_retry_s)
+        self.facts = ShellFacts(max_steps=cfg.max_steps, shell=shell, peer_retry_s=cfg.peer_retry_s)
         self.executor = ActionExecutor(
             driver=lambda: self.driver,
             peers=self.peers,
@@ -166,7 +167,7 @@ class SchedulerService(GyreService):
             while True:
                 try:
                     status = await stub.GetStatus(cell_agent_pb2.GetCellStatusRequest(), timeout=5)
-                    roles.append(common_pb2.CellRole.Name(status.role).removeprefix("CELL_ROLE_").lower())
+                    roles.append(role_name(status.role))
                     break
                 except grpc.aio.AioRpcError:
                     if asyncio.get_running_loop().time() > deadline:

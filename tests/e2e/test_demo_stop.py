@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gyre.stack.procs import ProcessId, alive
+from gyre.procs import ProcessId, alive
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from gyre.demo.config import demo_config
 from gyre.demo.faults import kill_whole_run
 from gyre.demo.ledger import check_events, read_event_lines
 from gyre.demo.run import DemoRun
+from gyre.procs import ProcessId, alive
 from gyre.stack.launcher import StackError
-from gyre.stack.procs import ProcessId, alive
 from tests.faults.test_faults import SHAPE
 
 pytestmark = pytest.mark.slow

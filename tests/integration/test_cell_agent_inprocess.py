@@ -16,6 +16,7 @@ from gyre.engine import EngineClient
 from gyre.model.files import check_model_dir
 from gyre.model.weights import load_state_dict
 from gyre.rl.loss import ObjectiveParams
+from gyre.roles import ROLLOUT, TRAINING
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
@@ -23,7 +24,6 @@ from gyre.trainer.synthetic import synthetic_microsteps
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.agent import CellAgent
 from services.cell_agent.errors import CellStateError
-from services.cell_agent.roles import Role
 from services.cell_agent.step_record import StepRecord, consumer_name
 from tests.support.cells import cell_config, enqueue
 
@@ -60,11 +60,11 @@ async def test_guards_events_and_released_weights(agent_and_events: tuple[CellAg
         await agent.join_batch("b0", 0, True)
     async with EngineClient(agent.engine.url) as client:
         before = await client.generate([5, 6, 7], {"max_new_tokens": 6, "temperature": 0.0})
-        to_training = await agent.switch_role(Role.TRAINING)
-        assert to_training.role is Role.TRAINING and agent.engine.weights_released
-        same = await agent.switch_role(Role.TRAINING)
+        to_training = await agent.switch_role(TRAINING)
+        assert to_training.role == TRAINING and agent.engine.weights_released
+        same = await agent.switch_role(TRAINING)
         assert same.duration_s == 0.0, "a repeated switch is a no-op"
-        back = await agent.switch_role(Role.ROLLOUT, weight_version=0)
+        back = await agent.switch_role(ROLLOUT, weight_version=0)
         assert back.weight_version == 0
         after = await client.generate([5, 6, 7], {"max_new_tokens": 6, "temperature": 0.0})
         assert after.output_ids == before.output_ids, "initial weights restored after a release"
@@ -88,10 +88,10 @@ async def test_waiting_for_an_unpublished_version_times_out(
     agent_and_events: tuple[CellAgent, Events],
 ) -> None:
     agent, _ = agent_and_events
-    await agent.switch_role(Role.TRAINING)
+    await agent.switch_role(TRAINING)
     with pytest.raises(TimeoutError, match="version 3 were not published"):
-        await agent.switch_role(Role.ROLLOUT, weight_version=3)
-    assert agent.roles.role is Role.TRAINING, "a failed switch leaves the cell where it was"
+        await agent.switch_role(ROLLOUT, weight_version=3)
+    assert agent.roles.role == TRAINING, "a failed switch leaves the cell where it was"
 
 
 async def test_publication_writes_the_file_and_records_it(agent_and_events: tuple[CellAgent, Events]) -> None:
@@ -126,7 +126,7 @@ async def test_a_core_that_lapses_mid_step_starts_over_and_stays_exact(
     )
     record = StepRecord(redis, Keys(agent.config.run.id), "b0", heartbeat_timeout_s=agent.heartbeat_timeout_s)
     await enqueue(record.queue, steps, close=True)
-    await agent.switch_role(Role.TRAINING)
+    await agent.switch_role(TRAINING)
     join = asyncio.create_task(agent.join_batch("b0", 0, True))
     while await redis.scard(record.done_key(0)) < 2:
         await asyncio.sleep(0.005)

@@ -17,9 +17,9 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
+from gyre import procs
 from gyre.bus import EventBus
 from gyre.config import GyreConfig
-from gyre.sandbox import procs
 from gyre.stack.servers import ServerProcess
 from gyre.store import Counters, Keys
 from gyre.v1 import common_pb2 as cm

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from gyre import procs
 from gyre.bus import EventBus
-from gyre.sandbox import procs
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.v1 import common_pb2 as cm

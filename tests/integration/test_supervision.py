@@ -24,8 +24,8 @@ import redis
 from gyre.bus import login_url
 from gyre.config import load_config
 from gyre.demo.events import read_events
+from gyre.procs import alive
 from gyre.stack.health import grpc_health
-from gyre.stack.procs import alive
 from gyre.stack.state import ProcessEntry, StackState
 from tests.support.models import small_dir
 

@@ -89,8 +89,8 @@ class SandboxState:
     """What an owner persists to re-attach to a sandbox after it restarts."""
 
     pid: int
-    started: int
-    """Start time of `pid` (ms since the epoch, from psutil): guards against pid reuse."""
+    started: float
+    """Start time of `pid` (seconds since the epoch, `gyre.procs.start_time`): guards against pid reuse."""
     uid: int | None
     root: str
 

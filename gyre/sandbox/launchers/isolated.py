@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from gyre.sandbox import procs
+from gyre import procs
 from gyre.sandbox.launchers.base import (
     LauncherSpec,
     NetworkPolicy,

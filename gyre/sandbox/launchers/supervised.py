@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from gyre.sandbox import procs
+from gyre import procs
 from gyre.sandbox.forkclient import ForkServer, ForkServerError
 from gyre.sandbox.launchers.base import (
     NetworkPolicy,

@@ -43,7 +43,7 @@ from services.scheduler.policy.policy import Policy
 from services.scheduler.policy.reroute import destination_order, fill_destinations, reroute_destination
 from services.scheduler.policy.roles import SEPARATE_POOL, Engine, Role
 from services.scheduler.policy.staleness import StalenessRecord, mean_staleness
-from services.scheduler.policy.state import GroupRecord, PolicySnapshot, PolicyState
+from services.scheduler.policy.state import PendingGroup, PolicySnapshot, PolicyState
 
 __all__ = [
     "SEPARATE_POOL",
@@ -59,11 +59,11 @@ __all__ = [
     "GroupDispatched",
     "GroupPacked",
     "GroupReady",
-    "GroupRecord",
     "MicroStepClaimed",
     "MicroStepDone",
     "Mode",
     "OpenBatch",
+    "PendingGroup",
     "Policy",
     "PolicyParams",
     "PolicySnapshot",

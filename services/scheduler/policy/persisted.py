@@ -17,7 +17,7 @@ from services.scheduler.policy.params import PolicyParams
 from services.scheduler.policy.placement import Placement
 from services.scheduler.policy.roles import Role
 from services.scheduler.policy.staleness import StalenessRecord
-from services.scheduler.policy.state import GroupRecord, PolicyState
+from services.scheduler.policy.state import PendingGroup, PolicyState
 from services.scheduler.policy.supply import SupplyTimer
 
 FORMAT = 2
@@ -88,7 +88,7 @@ def state_from_dict(params: PolicyParams, data: dict[str, Any]) -> PolicyState:
         batch_unclaimed=dict.fromkeys(data["batch_unclaimed"]),
         ready_unclaimed=int(data["ready_unclaimed"]),
         groups={
-            g: GroupRecord(
+            g: PendingGroup(
                 dispatch_version=int(v), ready=bool(ready), packed_step=None if p is None else int(p)
             )
             for g, (v, ready, p) in data["groups"].items()

@@ -51,7 +51,7 @@ from services.scheduler.policy.params import Mode, PolicyParams
 from services.scheduler.policy.reroute import destination_order
 from services.scheduler.policy.roles import IN_TRANSITION, Role
 from services.scheduler.policy.staleness import StalenessRecord
-from services.scheduler.policy.state import GroupRecord, PolicySnapshot, PolicyState
+from services.scheduler.policy.state import PendingGroup, PolicySnapshot, PolicyState
 from services.scheduler.policy.supply import claimable_groups
 
 
@@ -123,7 +123,7 @@ class Policy:
             raise ValueError(
                 f"group {e.group_id!r} has {e.num_executions} executions; N is {self.params.group_size}"
             )
-        self._s.groups[e.group_id] = GroupRecord(dispatch_version=e.policy_version)
+        self._s.groups[e.group_id] = PendingGroup(dispatch_version=e.policy_version)
 
     def _on_execution_started(self, e: ExecutionStarted, out: list[Action]) -> None:
         moved_to = self._s.placement.bind(e.execution_id, e.engine)
@@ -367,7 +367,7 @@ class Policy:
 
     # --- checks -------------------------------------------------------------------------------
 
-    def _group(self, group_id: str) -> GroupRecord:
+    def _group(self, group_id: str) -> PendingGroup:
         record = self._s.groups.get(group_id)
         if record is None:
             raise ValueError(f"unknown group {group_id!r} (never dispatched, or already claimed)")

@@ -18,7 +18,7 @@ from services.scheduler.policy.supply import SupplyTimer
 
 
 @dataclass(slots=True)
-class GroupRecord:
+class PendingGroup:
     """A dispatched group not yet claimed by a training cell."""
 
     dispatch_version: int
@@ -59,7 +59,7 @@ class PolicyState:
     """Groups packed into the open batch that no cell has claimed yet (insertion-ordered)."""
     ready_unclaimed: int = 0
     """Ready groups no training cell has claimed (in the trajectory buffer or packed)."""
-    groups: dict[str, GroupRecord] = field(default_factory=dict)
+    groups: dict[str, PendingGroup] = field(default_factory=dict)
     staleness: list[StalenessRecord] = field(default_factory=list)
     supply: SupplyTimer = field(default_factory=SupplyTimer)
     microsteps_in_flight: int = 0
@@ -85,7 +85,7 @@ class PolicyState:
         version: int,
         published_version: int,
         running: Mapping[str, Engine],
-        groups: Mapping[str, GroupRecord] | None = None,
+        groups: Mapping[str, PendingGroup] | None = None,
         burst: int = 0,
         now_s: float = 0.0,
     ) -> PolicyState:

@@ -16,10 +16,10 @@ from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
 from gyre.model.causal_lm import CausalLM
 from gyre.model.weights import assign_weights
+from gyre.roles import TRAINING
 from gyre.stack.servers import ServerProcess
 from services.cell_agent.agent import CellAgent, PublishTarget
 from services.cell_agent.engine import EngineServer
-from services.cell_agent.roles import Role
 from tests.support.cells import SMALL_MODEL, cell_config
 from tests.unit.cell_agent.helpers import batch
 from tests.unit.engine.helpers import max_logprob_error, prompt
@@ -55,7 +55,7 @@ async def test_core_publishes_to_another_cells_engine(
             ids = prompt(40, seed=3)
             before = await client.generate(ids, PARAMS)
             assert (await client.generate(ids, PARAMS)).cached_tokens == 39
-            await agent.switch_role(Role.TRAINING)
+            await agent.switch_role(TRAINING)
             t = agent.training
             for s in batch(t.trainer):
                 await t.compute.run(t.trainer.accumulate, s)

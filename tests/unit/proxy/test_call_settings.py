@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gyre.trajectory import Message, template_for_family
-from gyre.trajectory.messages import Api, ModelRequest, SamplingParams
+from gyre.trajectory.messages import Api, ModelRequest, RequestSampling
 from services.proxy.api import api_key_of, check_declared_size
 from services.proxy.calls import engine_sampling
 from services.proxy.errors import BodyTooLargeError, InvalidRequestError
@@ -15,7 +15,9 @@ TEMPLATE = template_for_family("chatml")
 
 
 def request(**sampling: object) -> ModelRequest:
-    return ModelRequest(Api.ANTHROPIC, (), (Message.text("user", "hi"),), sampling=SamplingParams(**sampling))  # type: ignore[arg-type]
+    return ModelRequest(
+        Api.ANTHROPIC, (), (Message.text("user", "hi"),), sampling=RequestSampling(**sampling)
+    )  # type: ignore[arg-type]
 
 
 def test_defaults_stop_on_the_template_turn_end_and_use_the_default_budget() -> None:

@@ -11,7 +11,7 @@ from torch import nn
 
 from gyre.model.attention import packed_attention
 from gyre.model.tree_layout import TreeLayout
-from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
+from gyre.rl.advantages import MemberReward, MemberStatus, group_advantages
 from gyre.trajectory import admit, materialize
 from gyre.trajectory.materialize import RowLayout
 from gyre.trajectory.row import TrajectoryRow
@@ -145,7 +145,7 @@ def random_batch(
             eid = f"g{g}e{k}"
             kind = rng.choice(["valid"] * 6 + ["placeholder", "excluded"])
             status = MemberStatus(kind)
-            members.append(MemberOutcome(eid, status, float(rng.normal())))
+            members.append(MemberReward(eid, status, float(rng.normal())))
             if status is MemberStatus.VALID:
                 rows.extend(execution_rows(rng, model, eid, max_rows=max_rows, max_len=max_len))
         advantages.update(group_advantages(members).advantages)

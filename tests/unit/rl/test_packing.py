@@ -145,14 +145,14 @@ def test_bad_budget_or_denominator_is_rejected():
 
 
 def test_group_members_through_advantages_and_packing():
-    from gyre.rl.advantages import MemberOutcome, MemberStatus, group_advantages
+    from gyre.rl.advantages import MemberReward, MemberStatus, group_advantages
 
     rng = np.random.default_rng(5)
     members = [
-        MemberOutcome("a", MemberStatus.VALID, 1.0),
-        MemberOutcome("b", MemberStatus.VALID, 0.0),
-        MemberOutcome("p", MemberStatus.PLACEHOLDER),
-        MemberOutcome("x", MemberStatus.EXCLUDED),
+        MemberReward("a", MemberStatus.VALID, 1.0),
+        MemberReward("b", MemberStatus.VALID, 0.0),
+        MemberReward("p", MemberStatus.PLACEHOLDER),
+        MemberReward("x", MemberStatus.EXCLUDED),
     ]
     group = group_advantages(members)
     rows = rows_of(rng, "a", [12, 7]) + rows_of(rng, "b", [9])

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from gyre.sandbox import NetworkPolicy, SandboxLimits, SandboxSpec, procs
+from gyre import procs
+from gyre.sandbox import NetworkPolicy, SandboxLimits, SandboxSpec
 from gyre.sandbox.forkclient import ForkedProcess, ForkServer
 from tests.support.sandboxes import launcher_for_test
 

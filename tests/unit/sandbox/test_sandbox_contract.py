@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gyre import procs
 from gyre.config import GyreConfig
 from gyre.sandbox import (
     LAUNCHERS,
@@ -20,7 +21,6 @@ from gyre.sandbox import (
     SandboxSpec,
     check_disjoint,
     make_launcher,
-    procs,
     uid_range,
 )
 from tests.support.sandboxes import launcher_for_test

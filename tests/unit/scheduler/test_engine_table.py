@@ -6,9 +6,9 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from gyre.lifecycle import Supervisor
+from gyre.lifecycle import TaskSupervisor
 from gyre.v1 import cell_agent_pb2, common_pb2, proxy_pb2
-from services.scheduler.executor import ActionExecutor, RunFacts
+from services.scheduler.executor import ActionExecutor, ShellFacts
 from services.scheduler.peers import Peers
 from services.scheduler.persist import ShellState
 from services.scheduler.policy import Role
@@ -71,8 +71,8 @@ def _executor(num_cells: int, roles: list[Role]) -> tuple[ActionExecutor, FakePr
         driver=lambda: driver,
         peers=peers,
         dispatcher=None,  # type: ignore[arg-type]
-        supervisor=Supervisor("test"),
-        facts=RunFacts(max_steps=0, shell=ShellState()),
+        supervisor=TaskSupervisor("test"),
+        facts=ShellFacts(max_steps=0, shell=ShellState()),
         separate_pool_capacity=0,
         persist=_nothing,
     )

@@ -8,12 +8,12 @@ import time
 
 import psutil
 
-from gyre.stack.procs import ProcessId, alive, describe_exit, stop_processes
+from gyre.procs import ProcessId, alive, describe_exit, stop_processes
 
 # A parent that spawns a sleeping child tied to it by PR_SET_PDEATHSIG, prints the child's pid, then waits.
 PARENT = """
 import subprocess, sys, time
-from gyre.stack.procs import die_with_parent
+from gyre.procs import die_with_parent
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=die_with_parent())
 print(child.pid, flush=True)
 time.sleep(60)

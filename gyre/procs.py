@@ -1,7 +1,9 @@
-"""Process bookkeeping of the local stack, through psutil: identity, dying with the parent, bounded stops.
+"""Process bookkeeping through psutil, for the local stack and for sandboxes: identity, dying with the
+parent, bounded stops, and killing every process of a sandbox uid.
 
-- A process is identified by (pid, psutil `create_time`), so a stale `stack.json` never signals an
-  unrelated process that reused a pid.
+- A process is identified by (pid, start time: psutil's `create_time`, seconds since the epoch — the one
+  time unit here), so a stale `stack.json` or a restarted runner never signals an unrelated process that
+  reused a pid.
 - `die_with_parent()` is a `preexec_fn`: the child gets SIGTERM from the kernel (PR_SET_PDEATHSIG) when
   the thread that spawned it ends — the supervisor's main thread, i.e. the supervisor process — so a
   SIGKILLed supervisor (or demo) leaves no service behind. Services then stop within their own cap
@@ -10,12 +12,16 @@
   supervisor (PR_SET_CHILD_SUBREAPER), so its last sweep finds and stops them.
 - `stop_processes()` stops many processes at once: SIGTERM to all, one shared grace period, then SIGKILL
   of what is left together with its descendants.
+- `kill_uid()` / `signal_uid()` reach every process of a sandbox uid, also those that left the sandbox's
+  process group (the only reliable way to stop them all).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
+import shutil
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -47,13 +53,25 @@ class ProcessId:
             return None
 
 
+def start_time(pid: int) -> float | None:
+    """Start time of `pid` (seconds since the epoch); None when no such live, non-zombie process."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        created: float = p.create_time()
+        return created
+    except psutil.Error:
+        return None
+
+
 def alive(pid: int, started: float = 0.0) -> bool:
     """`pid` runs and is no zombie; with `started` (non-zero), it is also the same process (no pid reuse)."""
     try:
         p = psutil.Process(pid)
         if started and abs(p.create_time() - started) > 0.01:
             return False
-        return p.status() != psutil.STATUS_ZOMBIE
+        return bool(p.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -135,7 +153,7 @@ class StopReport:
 
 def _running(p: psutil.Process) -> bool:
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -154,3 +172,62 @@ def stop_processes(ids: Iterable[ProcessId], grace_s: float, kill_wait_s: float 
     _signal(doomed, signal.SIGKILL)
     _, still = psutil.wait_procs(doomed, timeout=kill_wait_s)
     return StopReport(len(gone), [p.pid for p in doomed], [p.pid for p in still if _running(p)])
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """Live (non-zombie) processes whose real uid is `uid`."""
+    found: list[int] = []
+    for p in psutil.process_iter(["uids", "status"]):
+        uids, status = p.info["uids"], p.info["status"]
+        if uids is not None and uids.real == uid and status != psutil.STATUS_ZOMBIE:
+            found.append(p.pid)
+    return found
+
+
+def _kill_binary() -> str:
+    found = shutil.which("kill", path="/usr/bin:/bin")
+    if found is None:
+        raise FileNotFoundError("/bin/kill (procps) is needed to stop sandboxes; apt-get install procps")
+    return found
+
+
+async def signal_uid(uid: int, sig: int) -> None:
+    """Send `sig` to every process of `uid` at once: kill(-1) from a process running as `uid`.
+
+    The kernel delivers kill(-1) under the task-list lock, so a fork bomb cannot fork past it.
+    The sender is /bin/kill (world-executable, unlike a Python that may live under a closed /root).
+    """
+    proc = await asyncio.create_subprocess_exec(
+        _kill_binary(),
+        f"-{int(sig)}",
+        "--",
+        "-1",
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    await proc.wait()
+
+
+async def kill_uid(uid: int, timeout_s: float = 10.0) -> list[int]:
+    """SIGKILL every process of `uid` until none is left; returns survivors (empty on success)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        left = await asyncio.to_thread(pids_of_uid, uid)
+        if not left or loop.time() > deadline:
+            return left
+        await signal_uid(uid, signal.SIGKILL)
+        await asyncio.sleep(0.02)
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; False when it no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
