@@ -1,7 +1,7 @@
 """Config section of the scheduler: run shape (K, N, B), dispatch (φ, μ) and the elastic policy.
 
 The policy itself takes a plain frozen record built from this section:
-`services.scheduler.policy.PolicyParams.from_section(config.scheduler)`.
+`services.scheduler.params.policy_params(config.scheduler)`.
 """
 
 from __future__ import annotations

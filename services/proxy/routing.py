@@ -15,7 +15,7 @@ The scheduler owns the decisions; the router applies them:
   destination from the tokens already generated (generation.py).
 
 Destination order when the scheduler names none: the separate pool (cell < 0) first, then
-rollout cells in reverse index order (DESIGN.md: the one expected to stay longest).
+rollout cells in reverse index order (docs/design.md: the one expected to stay longest).
 """
 
 from __future__ import annotations

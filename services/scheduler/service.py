@@ -32,12 +32,12 @@ from services.scheduler.driver import Driver
 from services.scheduler.executor import ActionExecutor, ShellFacts
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.naming import ROLE_TO_PROTO
+from services.scheduler.params import policy_params
 from services.scheduler.peers import Peers, call_peer
 from services.scheduler.persist import ShellState
 from services.scheduler.policy import (
     Mode,
     Policy,
-    PolicyParams,
     RunStarted,
     Tick,
 )
@@ -73,7 +73,7 @@ class SchedulerService(GyreService):
         queries = QuerySource(tasks, cfg.seed)
         for warning in tasks.warnings:
             self.log.warning("task_not_reproduced_locally", detail=warning)
-        self.params = PolicyParams.from_section(cfg)
+        self.params = policy_params(cfg)
         self.peers = Peers.connect(self.config)
         self.dispatcher = Dispatcher(
             self.redis,

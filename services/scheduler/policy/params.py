@@ -1,8 +1,9 @@
 """Parameters of the scheduler policy: one frozen record, so the policy stays pure.
 
-The scheduler service builds it from its config section (`PolicyParams.from_section(cfg.scheduler)`);
-the simulator and the tests build it by hand. Every mode of DESIGN.md "Control plane" is a set of
-values of this record, not a code path:
+The scheduler service builds it from its config section (`services/scheduler/params.py`,
+`policy_params(cfg.scheduler)`: the policy imports nothing of the project); the simulator and the tests
+build it by hand. Every mode of docs/design.md "Control plane" is a set of values of this record, not
+a code path:
 
     elastic   cells join training one by one under waterlevel control, return at burst end
     async     cells 0..T-1 train for the whole run, the rest roll out (the paper uses μ = 1, φ = E[d])
@@ -17,10 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gyre.config.scheduler import SchedulerSection
 
 
 class Mode(StrEnum):
@@ -108,24 +105,6 @@ class PolicyParams:
                     "async mode with every cell training needs a separate pool: "
                     "lower async_training_cells or set separate_pool_capacity > 0"
                 )
-
-    @classmethod
-    def from_section(cls, section: SchedulerSection) -> PolicyParams:
-        """The policy's view of the scheduler config section."""
-        return cls(
-            mode=Mode(section.mode),
-            num_cells=section.num_cells,
-            group_size=section.group_size,
-            batch_groups=section.batch_groups,
-            phi=section.phi,
-            mu=section.mu,
-            rho_min=section.rho_min,
-            tau_s=section.tau_s,
-            cell_capacity=section.cell_capacity,
-            separate_pool_capacity=section.separate_pool_capacity,
-            async_training_cells=section.async_training_cells,
-            streaming=section.streaming,
-        )
 
     @property
     def initial_dispatch_groups(self) -> int:

@@ -1,6 +1,6 @@
 """The scheduler policy: a deterministic state machine, `handle(event) -> list[Action]`.
 
-It owns the control plane of DESIGN.md: the counters d/p/f, the capacity ledger C_R, boundary
+It owns the control plane of docs/design.md: the counters d/p/f, the capacity ledger C_R, boundary
 dispatch, the start rule, waterlevel control with the supply check, serial role transitions, the
 burst boundary and staleness records. It does no I/O and reads no clock: every event carries `now_s`,
 and a timer it needs (the supply check's τ) comes back as a ScheduleTick action.

@@ -146,10 +146,11 @@ def _defined_series() -> set[str]:
     from services.proxy.metrics import ProxyMetrics
     from services.runner.metrics import RunnerMetrics
     from services.scheduler.metrics import SchedulerMetrics
-    from services.scheduler.policy import Policy, PolicyParams
+    from services.scheduler.params import policy_params
+    from services.scheduler.policy import Policy
 
     registries = [CollectorRegistry() for _ in range(5)]
-    policy = Policy(PolicyParams.from_section(SchedulerSection()))
+    policy = Policy(policy_params(SchedulerSection()))
     SchedulerMetrics(registries[0], snapshot=policy.snapshot, driver=lambda: None)
     PackerMetrics(registries[1])
     CellAgentMetrics(registries[2], cell=0)

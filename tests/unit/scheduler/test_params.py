@@ -4,6 +4,7 @@ import pytest
 
 from gyre.config import ConfigError, load_config
 from gyre.config.scheduler import SchedulerSection
+from services.scheduler.params import policy_params
 from services.scheduler.policy import Mode, PolicyParams
 
 
@@ -42,7 +43,7 @@ def test_from_section_copies_every_knob():
         async_training_cells=2,
         streaming=False,
     )
-    params = PolicyParams.from_section(section)
+    params = policy_params(section)
     assert params == PolicyParams(
         mode=Mode.COLOCATE,
         num_cells=4,
@@ -58,7 +59,7 @@ def test_from_section_copies_every_knob():
         streaming=False,
     )
     assert params.transition_unit == 4
-    assert PolicyParams.from_section(load_config(None, environ={}).scheduler).mode is Mode.ELASTIC
+    assert policy_params(load_config(None, environ={}).scheduler).mode is Mode.ELASTIC
 
 
 def test_config_section_rejects_what_the_policy_would():
