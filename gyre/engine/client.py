@@ -10,13 +10,19 @@
         await engine.init_weights_update_group(master_address="10.0.0.5", master_port=29600, rank_offset=1,
                                                world_size=2, group_name="g", backend="nccl")
         await engine.update_weights_from_distributed(names, dtypes, shapes, group_name="g", weight_version="4")
+        await engine.load_lora_adapter("policy-v4", "/ckpt/published/v00000004")   # a PEFT directory
+        result = await engine.generate(input_ids, {"max_new_tokens": 64}, lora_path="policy-v4")
+        await engine.unload_lora_adapter("policy-v3")
 
 Weight updates take SGLang's three paths: `update_weights_from_tensor` (the tensors in the request),
 `update_weights_from_disk` (an HF directory the server reads), and the distributed pair: after
 `init_weights_update_group` the caller broadcasts each tensor named in `update_weights_from_distributed`
 over that group while the request is in flight (`gyre.engine.update_group` is the caller's side of
 the group). Every update carries a `weight_version`; the server flushes its prefix cache (`flush_cache`)
-and aborts running requests only when `abort_all_requests` says so.
+and aborts running requests only when `abort_all_requests` says so. LoRA adapters take SGLang's
+endpoints (`/load_lora_adapter` with a PEFT directory, `/load_lora_adapter_from_tensors`,
+`/unload_lora_adapter`; the server needs `--enable-lora`) and a request names its adapter in
+`lora_path`; `update_weight_version` changes the version the server reports without touching weights.
 
 Used by the proxy (generation, abort, KV migration) and the cell agent (pause, memory, weights). It
 speaks SGLang's native API with SGLang's field names; `/gyre/kv/*` exists only on the embedded
@@ -232,6 +238,7 @@ class EngineClient:
         return_logprob: bool,
         return_text_in_logprobs: bool,
         stream: bool,
+        lora_path: str | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             # an integer array is written to JSON as is (orjson's numpy support): a prompt of thousands of
@@ -245,6 +252,8 @@ class EngineClient:
             body["rid"] = rid
         if return_text_in_logprobs:
             body["return_text_in_logprobs"] = True
+        if lora_path is not None:
+            body["lora_path"] = lora_path
         return body
 
     async def generate(
@@ -256,9 +265,12 @@ class EngineClient:
         return_logprob: bool = True,
         return_text_in_logprobs: bool = False,
         timeout_s: float | None = None,
+        lora_path: str | None = None,
     ) -> GenerateResult:
+        """One request; `lora_path` names the LoRA adapter to run on (SGLang's field: the name the
+        adapter was loaded under), None for the base weights."""
         body = self._generate_body(
-            input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, False
+            input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, False, lora_path
         )
         response = await self._call("POST", "/generate", json=body, timeout_s=timeout_s)
         return GenerateResult.from_json(response.json())
@@ -272,11 +284,12 @@ class EngineClient:
         return_logprob: bool = True,
         return_text_in_logprobs: bool = False,
         timeout_s: float | None = None,
+        lora_path: str | None = None,
     ) -> AsyncIterator[GenerateChunk]:
         """Stream `/generate`; the last chunk has `finished` set. Closing the iterator early closes
         the connection, which makes the server abort the request."""
         body = self._generate_body(
-            input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, True
+            input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, True, lora_path
         )
         response = await self._open("POST", "/generate", json=body, timeout_s=timeout_s)
         url = str(response.url)
@@ -451,6 +464,50 @@ class EngineClient:
         response = await self._call("POST", "/destroy_weights_update_group", json={"group_name": group_name})
         return str(response.json().get("message", ""))
 
+    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> None:
+        """Report `new_version` from now on, weights unchanged (SGLang's `/update_weight_version`)."""
+        body = {"new_version": new_version, "abort_all_requests": abort_all_requests}
+        await self._call("POST", "/update_weight_version", json=body)
+
+    # ---- LoRA adapters -------------------------------------------------------------------------
+
+    async def load_lora_adapter(
+        self, lora_name: str, lora_path: str, *, pinned: bool = False
+    ) -> dict[str, Any]:
+        """Serve the PEFT adapter directory `lora_path` (as the server sees it) as `lora_name`; returns
+        the adapters now loaded (name → path)."""
+        body = {"lora_name": lora_name, "lora_path": lora_path, "pinned": pinned}
+        return _loaded_adapters(await self._call("POST", "/load_lora_adapter", json=body))
+
+    async def load_lora_adapter_from_tensors(
+        self,
+        lora_name: str,
+        tensors: Mapping[str, torch.Tensor],
+        config: Mapping[str, Any],
+        *,
+        pinned: bool = False,
+    ) -> dict[str, Any]:
+        """Serve an adapter sent in the request: its PEFT-named matrices and adapter_config.json, as
+        base64 safetensors (`load_format: "safetensors"`, the embedded engine's form: it unpickles
+        nothing; SGLang takes its own serialized form here, so push SGLang a directory instead)."""
+        from gyre.engine.tensor_codec import SAFETENSORS, encode_safetensors_b64  # imports torch
+
+        serialized = await asyncio.to_thread(encode_safetensors_b64, tensors)
+        body = {
+            "lora_name": lora_name,
+            "config_dict": dict(config),
+            "serialized_tensors": serialized,
+            "load_format": SAFETENSORS,
+            "pinned": pinned,
+        }
+        return _loaded_adapters(await self._call("POST", "/load_lora_adapter_from_tensors", json=body))
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """Stop serving `lora_name` (requests running on it finish first); returns the adapters left."""
+        return _loaded_adapters(
+            await self._call("POST", "/unload_lora_adapter", json={"lora_name": lora_name})
+        )
+
     # ---- health and info ---------------------------------------------------------------------
 
     async def health(self) -> bool:
@@ -506,6 +563,12 @@ class EngineClient:
 
     async def release_kv(self, handle: str) -> None:
         await self._call("POST", "/gyre/kv/release", json={"handle": handle})
+
+
+def _loaded_adapters(reply: Reply) -> dict[str, Any]:
+    body = reply.json()
+    loaded = body.get("loaded_adapters") if isinstance(body, dict) else None
+    return dict(loaded) if isinstance(loaded, dict) else {}
 
 
 async def _read(response: aiohttp.ClientResponse) -> Reply:

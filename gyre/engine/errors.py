@@ -48,12 +48,13 @@ class EngineTimeout(EngineError):
 
 
 def error_message(body: Any, fallback: str) -> str:
-    """The message of any SGLang error shape: {"error": {"message"}}, {"message"}, {"detail"}."""
+    """The message of any SGLang error shape: {"error": {"message"}}, {"message"}, {"detail"},
+    {"error_message"} (LoRAUpdateOutput)."""
     if isinstance(body, dict):
         inner = body.get("error")
         if isinstance(inner, dict) and inner.get("message"):
             return str(inner["message"])
-        for key in ("message", "detail"):
+        for key in ("message", "detail", "error_message"):
             if body.get(key):
                 return str(body[key])
     return fallback

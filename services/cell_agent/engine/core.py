@@ -98,8 +98,16 @@ class EngineCore:
         if request.input_ids and max(request.input_ids) >= vocab_size:  # max: C speed, no per-id test
             culprit = next(t for t in request.input_ids if t >= vocab_size)
             raise RequestRefused(f"input_ids must be token ids in [0, {vocab_size}); got {culprit}")
+        adapter = None
+        if request.lora_name is not None:
+            if self.source.adapters is None:
+                raise RequestRefused(
+                    f"lora_path {request.lora_name!r}: this engine serves no LoRA adapters "
+                    f"(--enable-lora; the {self.source.name} output source)"
+                )
+            adapter = self.source.adapters.acquire(request.lora_name)
         gen = request_generator(self.seed, request.rid, request.sampling.sampling_seed)
-        state = RequestState(request=request, generator=gen, notify=notify)
+        state = RequestState(request=request, generator=gen, notify=notify, adapter=adapter)
         self._by_rid[request.rid] = state
         self._waiting.append(state)
         self._wake.set()
@@ -232,6 +240,7 @@ class EngineCore:
                 self._waiting.popleft()
                 del self._by_rid[state.rid]
                 state.fail(e)
+                self._release_adapter(state)
                 continue
             if not admitted:
                 return
@@ -282,6 +291,11 @@ class EngineCore:
         state.set_finished(reason)
         if release:
             self.source.release(state)
+        self._release_adapter(state)
+
+    def _release_adapter(self, state: RequestState) -> None:
+        if state.adapter is not None and self.source.adapters is not None:
+            self.source.adapters.release(state.adapter)
 
     def _retract(self, state: RequestState) -> None:
         assert state.phase is Phase.RUNNING

@@ -5,8 +5,10 @@ SGLang endpoints (entrypoints/http_server.py), same paths, methods, fields and s
 `/release_memory_occupation`, `/resume_memory_occupation`, `/update_weights_from_tensor`,
 `/update_weights_from_disk`, `/init_weights_update_group`, `/update_weights_from_distributed`,
 `/destroy_weights_update_group` (gloo: `update_groups.py`), `/health`, `/health_generate`,
-`/get_model_info`, `/get_server_info`, `/get_weight_version`, `/metrics` (Prometheus: `gyre_engine_*`
-where SGLang has `sglang:*`). Errors use SGLang's shapes: `{"error": {"message": ...}}` for a refused
+`/get_model_info`, `/get_server_info`, `/get_weight_version`, `/update_weight_version`, `/metrics`
+(Prometheus: `gyre_engine_*` where SGLang has `sglang:*`), and the LoRA endpoints `/load_lora_adapter`,
+`/load_lora_adapter_from_tensors` and `/unload_lora_adapter` (answered as SGLang's LoRAUpdateOutput;
+`adapters.py`). Errors use SGLang's shapes: `{"error": {"message": ...}}` for a refused
 request, `{"object": "error", "message", "type", "param", "code"}` for a body that does not parse,
 `{"success": false, "message": ...}` for weight updates.
 
@@ -31,12 +33,15 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 import gyre
+from gyre.model.arch import ModelError
+from gyre.model.lora import adapter_from_tensors, read_adapter_dir
+from gyre.model.lora_spec import spec_from_config
 from services.cell_agent.engine.output import OutputBuilder
 from services.cell_agent.engine.protocol import GenerateRequest, RequestRefused, parse_generate
 from services.cell_agent.engine.sources.base import OutputSourceError
 from services.cell_agent.engine.sources.scripted import ScriptedSource
 from services.cell_agent.engine.update_groups import parse_update
-from services.cell_agent.engine.weights import decode_named_tensors
+from services.cell_agent.engine.weights import decode_lora_tensors, decode_named_tensors
 
 if TYPE_CHECKING:
     from services.cell_agent.engine.server import EngineServer
@@ -120,6 +125,10 @@ class EngineApi:
             Route("/init_weights_update_group", self.init_weights_update_group, methods=["POST"]),
             Route("/update_weights_from_distributed", self.update_weights_from_distributed, methods=["POST"]),
             Route("/destroy_weights_update_group", self.destroy_weights_update_group, methods=["POST"]),
+            Route("/update_weight_version", self.update_weight_version, methods=["POST"]),
+            Route("/load_lora_adapter", self.load_lora_adapter, methods=["POST"]),
+            Route("/load_lora_adapter_from_tensors", self.load_lora_adapter_from_tensors, methods=["POST"]),
+            Route("/unload_lora_adapter", self.unload_lora_adapter, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/health_generate", self.health_generate, methods=["GET"]),
             Route("/get_model_info", self.get_model_info, methods=["GET"]),
@@ -259,6 +268,63 @@ class EngineApi:
             return _json({"success": False, "message": str(e), "num_paused_requests": 0}, 400)
         return _json({"success": True, "message": message, "num_paused_requests": 0})
 
+    async def update_weight_version(self, request: Request) -> Response:
+        body = await _body(request)
+        version = body.get("new_version")
+        if not isinstance(version, str) or not version:
+            return _json({"success": False, "message": "new_version is required"}, 400)
+        await self.server.set_weight_version(version, abort_all_requests=bool(body.get("abort_all_requests")))
+        return _json(
+            {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
+        )
+
+    # ---- LoRA adapters ----------------------------------------------------------------------------
+
+    def _lora_result(self, loaded: dict[str, str] | None, error: str | None = None) -> Response:
+        if loaded is None:
+            adapters = self.core.source.adapters
+            loaded = adapters.loaded() if adapters is not None else {}
+        body = {"success": error is None, "error_message": error, "loaded_adapters": loaded}
+        return _json(body, 200 if error is None else 400)
+
+    async def load_lora_adapter(self, request: Request) -> Response:
+        body = await _body(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            return self._lora_result(None, "lora_name and lora_path are required")
+        try:
+            adapter = await asyncio.to_thread(read_adapter_dir, Path(path), self.server.arch)
+            loaded = await self.server.load_adapter(name, adapter, path, pinned=bool(body.get("pinned")))
+        except (RequestRefused, OutputSourceError, ModelError) as e:
+            return self._lora_result(None, str(e))
+        return self._lora_result(loaded)
+
+    async def load_lora_adapter_from_tensors(self, request: Request) -> Response:
+        body = await _body(request)
+        name, config = body.get("lora_name"), body.get("config_dict")
+        if not isinstance(name, str) or not name or not isinstance(config, dict):
+            return self._lora_result(None, "lora_name and config_dict (adapter_config.json) are required")
+        try:
+            tensors = await asyncio.to_thread(decode_lora_tensors, body)
+            spec = spec_from_config(config, "config_dict")
+            adapter = adapter_from_tensors(self.server.arch, spec, tensors, "serialized_tensors")
+            loaded = await self.server.load_adapter(
+                name, adapter, "__tensor__", pinned=bool(body.get("pinned"))
+            )
+        except (RequestRefused, OutputSourceError, ModelError) as e:
+            return self._lora_result(None, str(e))
+        return self._lora_result(loaded)
+
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        name = (await _body(request)).get("lora_name")
+        if not isinstance(name, str) or not name:
+            return self._lora_result(None, "lora_name is required")
+        try:
+            loaded = await self.server.unload_adapter(name)
+        except (RequestRefused, OutputSourceError) as e:
+            return self._lora_result(None, str(e))
+        return self._lora_result(loaded)
+
     async def init_weights_update_group(self, request: Request) -> Response:
         body = await _body(request)
         try:
@@ -348,6 +414,10 @@ class EngineApi:
                 "incremental_streaming_output": section.incremental_streaming_output,
                 "random_seed": section.seed,
                 "tp_size": 1,
+                "enable_lora": section.enable_lora,
+                "max_lora_rank": section.max_lora_rank,
+                "lora_target_modules": section.lora_target_modules,
+                "max_loaded_loras": section.max_loaded_loras,
                 "weight_version": self.weight_version(),
                 "internal_states": [self.core.stats()],
             }

@@ -17,7 +17,7 @@ nothing in the cache and pins nothing.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +45,7 @@ class _Pin:
     blocks: list[int]
     token_ids: tuple[int, ...]
     weight_version: str
+    adapter: str = ""
 
 
 class KVStore:
@@ -194,9 +195,10 @@ class KVStore:
 
     # ---- migration ---------------------------------------------------------------------------
 
-    def pin(self, state: RequestState, current_version: str, weight_version: str) -> KVPin:
+    def pin(self, state: RequestState, current_version: str, weight_version: str, adapter: str = "") -> KVPin:
         """Hold the blocks of `state`'s computed tokens. KV started under an older cache version (it
-        mixes weights) or not computed yet pins nothing: the destination recomputes."""
+        mixes weights) or not computed yet pins nothing: the destination recomputes. `adapter` names the
+        LoRA adapter the KV was computed under ("" = none); an import needs the same one."""
         handle = f"kv-{next(self._handles)}"
         kv = state.backend_state
         if isinstance(kv, RequestKV) and state.kv_version == current_version:
@@ -207,7 +209,11 @@ class KVStore:
         for block in blocks:
             self.blocks.incref(block)
         self._pins[handle] = _Pin(
-            rid=state.rid, blocks=blocks, token_ids=tuple(state.tokens[:n]), weight_version=weight_version
+            rid=state.rid,
+            blocks=blocks,
+            token_ids=tuple(state.tokens[:n]),
+            weight_version=weight_version,
+            adapter=adapter,
         )
         return KVPin(handle=handle, rid=state.rid, num_tokens=n, weight_version=weight_version)
 
@@ -233,13 +239,21 @@ class KVStore:
             fingerprint=self.arch.fingerprint(),
             k=pool.k.index_select(1, slots),
             v=pool.v.index_select(1, slots),
+            adapter=pin.adapter,
         )
         return encode_kv(payload)
 
-    def import_(self, blob: bytes, current_version: str, weight_version: str) -> int:
+    def import_(self, blob: bytes, root_of: Callable[[str], str | None], weight_version: str) -> int:
         """Write exported KV into fresh blocks and index them in the prefix cache (evictable, most
-        recently used). Returns the number of tokens now reusable."""
+        recently used) under `root_of(adapter name)`, the cache root of the adapter it was computed
+        under (None: this engine does not serve it). Returns the number of tokens now reusable."""
         payload = decode_kv(blob)
+        current_version = root_of(payload.adapter)
+        if current_version is None:
+            raise OutputSourceError(
+                f"KV payload was computed under LoRA adapter {payload.adapter!r}, which this engine does not serve",
+                409,
+            )
         if payload.fingerprint != self.arch.fingerprint():
             raise OutputSourceError("KV payload comes from a different model architecture", 409)
         if payload.weight_version != weight_version:

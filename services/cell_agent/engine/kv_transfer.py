@@ -9,7 +9,8 @@ is SGLang's business, not this format's.
 
 Tensors: `k`, `v` of shape [num_layers, num_tokens, num_heads, head_dim] (keys after rotary).
 Metadata (strings): `format`, `token_ids` (JSON), `weight_version`, `fingerprint` (the model
-architecture; KV moves only between equal fingerprints and equal weight versions).
+architecture; KV moves only between equal fingerprints and equal weight versions), `adapter` (the
+LoRA adapter's name, empty for the base model: it moves only to an engine serving that name).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class KVPayload:
     fingerprint: str
     k: torch.Tensor
     v: torch.Tensor
+    adapter: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -48,6 +50,7 @@ def encode_kv(payload: KVPayload) -> bytes:
         "token_ids": json.dumps(list(payload.token_ids)),
         "weight_version": payload.weight_version,
         "fingerprint": payload.fingerprint,
+        "adapter": payload.adapter,
     }
     return st_save({"k": payload.k.contiguous(), "v": payload.v.contiguous()}, metadata=metadata)
 
@@ -88,4 +91,5 @@ def decode_kv(blob: bytes) -> KVPayload:
         fingerprint=meta.get("fingerprint", ""),
         k=k,
         v=v,
+        adapter=meta.get("adapter", ""),
     )

@@ -49,7 +49,6 @@ _NEUTRAL_REQUEST: dict[str, Any] = {
     "audio_data": None,
     "top_logprobs_num": 0,
     "token_ids_logprob": None,
-    "lora_path": None,
     "session_params": None,
     "return_hidden_states": False,
 }
@@ -90,6 +89,8 @@ class GenerateRequest:
     return_logprob: bool = False
     return_text_in_logprobs: bool = False
     stream: bool = False
+    lora_name: str | None = None
+    """The LoRA adapter to run on (SGLang's `lora_path`: the name it was loaded under); None = base."""
 
 
 def check_token_ids(ids: Sequence[Any], vocab_size: int) -> None:
@@ -211,6 +212,11 @@ def parse_generate(body: Any, tokenizer: Tokenizer, vocab_size: int, max_seq_len
         raise RequestRefused(
             "rid must be a non-empty string (a list of rids means a batch, which is not supported)"
         )
+    lora = body.get("lora_path")
+    if lora is not None and (not isinstance(lora, str) or not lora):
+        raise RequestRefused(
+            "lora_path must be the name of a loaded adapter (a list means a batch, which is not supported)"
+        )
     sampling = parse_sampling_params(body.get("sampling_params"), vocab_size)
     total = len(ids) + (sampling.max_new_tokens or 0)
     if len(ids) >= max_seq_len or total > max_seq_len:
@@ -229,6 +235,7 @@ def parse_generate(body: Any, tokenizer: Tokenizer, vocab_size: int, max_seq_len
         return_logprob=bool(body.get("return_logprob") or False),
         return_text_in_logprobs=bool(body.get("return_text_in_logprobs") or False),
         stream=bool(body.get("stream") or False),
+        lora_name=lora,
     )
 
 

@@ -47,6 +47,8 @@ class RequestState:
     num_computed: int = 0
     num_cached: int = -1
     kv_version: str | None = None
+    adapter: str | None = None
+    """The `lora_id` of the LoRA adapter the request runs on (its `lora_path`), None for the base model."""
     num_retractions: int = 0
     admit_seq: int = 0
     backend_state: Any = None

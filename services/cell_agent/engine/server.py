@@ -7,7 +7,8 @@
 
 Weight updates arrive in-process (the hosting cell agent), or over HTTP by SGLang's three paths:
 tensors in the request, an HF directory on disk, or a broadcast over a weight-update group the
-trainer hosts (`update_groups.py`, gloo).
+trainer hosts (`update_groups.py`, gloo). With `enable_lora` it serves LoRA adapters on top of the
+weights (`adapters.py`): loaded in-process or by `/load_lora_adapter`, named by a request's `lora_path`.
 
 The server binds its socket before serving, so port 0 picks a free port and `url` is known once
 `start()` returns. It serves the Hugging Face model directory `model_dir` (its tokenizer and stop ids
@@ -32,10 +33,13 @@ import torch
 from gyre.config.engine import EngineSection
 from gyre.http_host import HttpHost
 from gyre.model.arch import ModelArch, read_arch
+from gyre.model.lora import LoraAdapter
 from gyre.model.tokenizer import Tokenizer, generation_eos_ids
+from gyre.model.weights import torch_dtype
+from services.cell_agent.engine.adapters import NOT_ENABLED, EngineAdapters
 from services.cell_agent.engine.core import EngineCore
 from services.cell_agent.engine.metrics import engine_registry
-from services.cell_agent.engine.protocol import SamplingParams
+from services.cell_agent.engine.protocol import RequestRefused, SamplingParams
 from services.cell_agent.engine.sources import SourceContext, create_source
 from services.cell_agent.engine.sources.base import OutputSourceError
 from services.cell_agent.engine.update_groups import DistributedUpdate, UpdateGroups
@@ -135,6 +139,13 @@ class EngineServer:
             script=self._script,
         )
         source = await asyncio.to_thread(create_source, self.section.output_source, ctx)
+        if self.section.enable_lora:
+            if not source.serves_lora:
+                raise ValueError(
+                    f"cell_agent.engine.enable_lora: the {source.name} output source does not compute outputs "
+                    "with the model, so it cannot serve LoRA adapters"
+                )
+            source.adapters = EngineAdapters(self.arch, self.section, torch_dtype(self.section.dtype))
         self._core = EngineCore(
             source,
             tokenizer=self.tokenizer,
@@ -238,6 +249,49 @@ class EngineServer:
             flush_cache=update.flush_cache,
             abort_all_requests=update.abort_all_requests,
         )
+
+    async def set_weight_version(self, version: str, *, abort_all_requests: bool = False) -> None:
+        """SGLang's `/update_weight_version`: report `version` from now on (weights unchanged)."""
+        core = self.core
+
+        def apply() -> None:
+            if abort_all_requests:
+                core.abort(None, abort_all=True)
+            core.source.set_weight_version(version)
+
+        await core.control(apply)
+
+    # ---- LoRA adapters -------------------------------------------------------------------------
+
+    @property
+    def adapters(self) -> EngineAdapters:
+        adapters = self.core.source.adapters
+        if adapters is None:
+            raise RequestRefused(NOT_ENABLED)
+        return adapters
+
+    async def load_adapter(
+        self, name: str, adapter: LoraAdapter, path: str, *, pinned: bool = False
+    ) -> dict[str, str]:
+        """Serve `adapter` under `name` from the next step on; returns every loaded adapter (name → path)."""
+        adapters = self.adapters
+        await self.core.control(
+            lambda: adapters.load(name, adapter.to(torch_dtype(self.section.dtype)), path, pinned)
+        )
+        log.info(
+            "lora_adapter_loaded", name=name, path=path, rank=adapter.spec.rank, targets=len(adapter.targets)
+        )
+        return adapters.loaded()
+
+    async def unload_adapter(self, name: str, poll_s: float = 0.01) -> dict[str, str]:
+        """Refuse new requests naming `name` now; free it once the requests running on it are done."""
+        adapters = self.adapters
+        lora_id = await self.core.control(lambda: adapters.unregister(name))
+        while adapters.in_flight(lora_id):
+            await asyncio.sleep(poll_s)
+        await self.core.control(lambda: adapters.drop(lora_id))
+        log.info("lora_adapter_unloaded", name=name)
+        return adapters.loaded()
 
     async def release_memory(self, tags: Sequence[str] | None = None) -> None:
         core = self.core

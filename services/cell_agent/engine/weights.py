@@ -30,6 +30,24 @@ from services.cell_agent.engine.protocol import RequestRefused
 SAFETENSORS_FORMAT = "safetensors"
 
 
+def decode_lora_tensors(body: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The adapter matrices of `/load_lora_adapter_from_tensors` (SGLang's `serialized_tensors`, one
+    string): accepted as `load_format: "safetensors"`, base64 of a safetensors file of PEFT names."""
+    load_format = body.get("load_format")
+    if load_format != SAFETENSORS_FORMAT:
+        raise RequestRefused(
+            f"load_format {load_format!r} is not accepted by the embedded engine: it does not unpickle "
+            "tensors sent over HTTP; send load_format='safetensors' with base64 safetensors"
+        )
+    payload = body.get("serialized_tensors")
+    if not isinstance(payload, str) or not payload:
+        raise RequestRefused("serialized_tensors must be a base64 string")
+    try:
+        return dict(st_load(base64.b64decode(payload, validate=True)))
+    except (binascii.Error, ValueError, SafetensorError) as e:
+        raise RequestRefused(f"serialized_tensors is not base64 safetensors: {e}") from e
+
+
 def decode_named_tensors(body: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     load_format = body.get("load_format")
     if load_format != SAFETENSORS_FORMAT:

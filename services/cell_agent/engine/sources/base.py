@@ -28,6 +28,7 @@ from gyre.config.engine import EngineSection
 from gyre.engine.types import FinishReason
 from gyre.model.arch import ModelArch
 from gyre.model.tokenizer import Tokenizer
+from services.cell_agent.engine.adapters import EngineAdapters
 from services.cell_agent.engine.request import RequestState
 
 #: Memory tags of `/release_memory_occupation` (SGLang's names); None in a request means all.
@@ -99,6 +100,15 @@ class OutputSource(ABC):
     name: ClassVar[str]
     #: `/health_generate` probes by generating one token (a scripted source would spend an entry).
     probe_by_generation: ClassVar[bool] = True
+    #: Computes outputs with the served model, so a request's LoRA adapter (`lora_path`) applies to it.
+    serves_lora: ClassVar[bool] = False
+    adapters: EngineAdapters | None = None
+    """The LoRA adapters served (set by the engine when `enable_lora` and the source `serves_lora`)."""
+
+    def set_weight_version(self, version: str) -> None:
+        """SGLang's `/update_weight_version`: report `version` from now on, weights unchanged (a
+        publication that loaded an adapter)."""
+        raise OutputSourceError(f"the {self.name} output source cannot change its weight version")
 
     @classmethod
     @abstractmethod

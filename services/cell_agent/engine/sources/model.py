@@ -43,10 +43,12 @@ class _RowInput:
     block_table: list[int]
     start: int
     count: int
+    adapter: str | None = None
 
 
 class ModelSource(OutputSource):
     name = "model"
+    serves_lora = True
 
     def __init__(
         self, *, section: EngineSection, model: CausalLM, weight_version: str, model_path: str | None = None
@@ -93,6 +95,13 @@ class ModelSource(OutputSource):
         """Roots the prefix cache: changes on every weight update, even one that keeps the version."""
         return f"{self._version}#{self._num_updates}"
 
+    def cache_key(self, state: RequestState) -> str:
+        """The prefix-cache root of `state`: the weights' cache version and its adapter's `lora_id`."""
+        return self.cache_version if state.adapter is None else f"{self.cache_version}|{state.adapter}"
+
+    def set_weight_version(self, version: str) -> None:
+        self._version = version
+
     @property
     def context_len(self) -> int:
         return self._arch.max_position_embeddings
@@ -114,7 +123,7 @@ class ModelSource(OutputSource):
     # ---- scheduling --------------------------------------------------------------------------
 
     def admit(self, state: RequestState) -> bool:
-        if not self.store.admit(state, self.cache_version):
+        if not self.store.admit(state, self.cache_key(state)):
             return False
         self._holders.add(state)
         return True
@@ -141,6 +150,7 @@ class ModelSource(OutputSource):
                     block_table=list(self.store.block_table(state)),
                     start=start,
                     count=count,
+                    adapter=state.adapter,
                 )
             )
         return plan
@@ -169,7 +179,8 @@ class ModelSource(OutputSource):
                 self.store.block_size,
             )
             last = torch.tensor([x.count - 1 for x in rows], dtype=torch.long)
-            logits = model.forward_paged(ids, cache, batch, last_index=last)
+            lora = self.adapters.bank.rows(x.adapter for x in rows) if self.adapters is not None else None
+            logits = model.forward_paged(ids, cache, batch, last_index=last, lora=lora)
             for b, i in enumerate(group):
                 if plan.rows[i].samples:
                     sampled_rows.append(i)
@@ -188,10 +199,10 @@ class ModelSource(OutputSource):
     def commit(self, plan: StepPlan) -> None:
         for row in plan.rows:
             row.state.num_computed = row.start + row.count
-            self.store.register(row.state, self.cache_version)
+            self.store.register(row.state, self.cache_key(row.state))
 
     def release(self, state: RequestState) -> None:
-        self.store.release(state, self.cache_version)
+        self.store.release(state, self.cache_key(state))
         self._holders.discard(state)
 
     # ---- weights -----------------------------------------------------------------------------
@@ -268,13 +279,24 @@ class ModelSource(OutputSource):
     # ---- migration and info ------------------------------------------------------------------
 
     def pin(self, state: RequestState) -> KVPin:
-        return self.store.pin(state, self.cache_version, self._version)
+        adapter = (
+            "" if state.adapter is None or self.adapters is None else self.adapters.name_of(state.adapter)
+        )
+        return self.store.pin(state, self.cache_key(state), self._version, adapter)
 
     def export_kv(self, handle: str) -> bytes:
         return self.store.export(handle)
 
     def import_kv(self, payload: bytes) -> int:
-        return self.store.import_(payload, self.cache_version, self._version)
+        return self.store.import_(payload, self._import_root, self._version)
+
+    def _import_root(self, adapter_name: str) -> str | None:
+        """The cache root KV computed under the adapter `adapter_name` ("" = none) goes under here, or
+        None when this engine does not serve that adapter."""
+        if not adapter_name:
+            return self.cache_version
+        lora_id = self.adapters.id_of(adapter_name) if self.adapters is not None else None
+        return None if lora_id is None else f"{self.cache_version}|{lora_id}"
 
     def unpin(self, handle: str) -> None:
         self.store.unpin(handle)
@@ -282,6 +304,7 @@ class ModelSource(OutputSource):
     def stats(self) -> dict[str, Any]:
         return {
             **self.store.stats(),
+            **(self.adapters.stats() if self.adapters is not None else {}),
             "weights_resident": int(self._model is not None),
             "weights_loaded": int(self._model is not None and not self._unloaded),
         }

@@ -5,7 +5,7 @@ never exercise a harness's real traffic. This source fixes the *tokens* the engi
 (exactly as `scripted` does: `/gyre/script`, `engine.script_file`, `engine.script_repeat`) and
 computes each scripted token's behaviour log-prob with the served weights, teacher-forced on the
 request's own prompt: log_softmax(logits / T) of the prompt plus the scripted tokens, T the request's
-(effective) temperature. Training on such a run sees real importance ratios π_θ / p_roll, weight
+(effective) temperature, with the request's LoRA adapter (`lora_path`) when it names one. Training on such a run sees real importance ratios π_θ / p_roll, weight
 updates reach the scoring model, and the harness sees real tool calls — only the choice of tokens is
 a stand-in for sampling. Use it where the harness, not the policy, is what the run must exercise.
 
@@ -32,6 +32,7 @@ from services.cell_agent.engine.sources.scripted import ScriptedSource
 class ScoredScriptSource(ScriptedSource):
     name = "scored_script"
     scores_with_model = True
+    serves_lora = True
 
     def __init__(self, *, model: CausalLM, **scripted: Any) -> None:
         super().__init__(**scripted)
@@ -58,7 +59,13 @@ class ScoredScriptSource(ScriptedSource):
             if not cursor.scored:
                 prompt = row.state.tokens[: len(row.state.tokens) - row.state.num_output]
                 ids = torch.tensor([*prompt, *cursor.tokens])
-                logits = self._model(ids, torch.arange(len(ids)), [0, len(ids)])
+                adapter = row.state.adapter
+                lora = (
+                    self.adapters.adapter(adapter)
+                    if adapter is not None and self.adapters is not None
+                    else None
+                )
+                logits = self._model(ids, torch.arange(len(ids)), [0, len(ids)], lora=lora)
                 temperature = effective_temperature(row.state.request.sampling.temperature)
                 scored = token_logprobs(logits[len(prompt) - 1 : -1], ids[len(prompt) :], temperature)
                 cursor.logprobs = scored.tolist()

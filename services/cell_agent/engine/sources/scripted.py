@@ -331,6 +331,9 @@ class ScriptedSource(OutputSource):
 
     # ---- weights and memory (notional) -------------------------------------------------------
 
+    def set_weight_version(self, version: str) -> None:
+        self._version = version
+
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor], weight_version: str | None) -> str:
         if weight_version is not None:
             self._version = weight_version
