@@ -47,8 +47,24 @@ def _drop_noise(logger: Any, name: str, event: MutableMapping[str, Any]) -> Muta
     return event
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is when a line is emitted (a test runner swaps it per test)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure_logging(format: Format = "auto", level: str = "info", stream: Any = None) -> None:
-    """Configure structlog and stdlib logging for the whole process (call again to reconfigure)."""
+    """Configure structlog and stdlib logging for the whole process (call again to reconfigure). Lines go
+    to `stream`, by default standard error: standard output belongs to a command's own output."""
     out = stream if stream is not None else sys.stderr
     use_json = format == "json" or (format == "auto" and not out.isatty())
     renderer: Any = (
@@ -65,7 +81,7 @@ def configure_logging(format: Format = "auto", level: str = "info", stream: Any 
             renderer,
         ],
     )
-    handler = logging.StreamHandler(out)
+    handler = logging.StreamHandler(out) if stream is not None else _StderrHandler()
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in list(root.handlers):
@@ -79,6 +95,7 @@ def configure_logging(format: Format = "auto", level: str = "info", stream: Any 
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # uvicorn's own handlers, if it set any
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
+    logging.captureWarnings(False)  # and again: a catch_warnings block may have undone an earlier capture
     logging.captureWarnings(True)
     structlog.configure(
         processors=[

@@ -2,14 +2,22 @@
 commands, so a new command group is one new file.
 
     gyre --help
+
+Standard output carries a command's own output and nothing else (a command that prints JSON prints only
+JSON: `gyre trace replay FILE | jq` works); log lines go to standard error, at `GYRE_LOG__LEVEL`
+(default warning) in `GYRE_LOG__FORMAT` (default auto). A command that loads a run's config may log at
+the config's `log.level` from there on.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 
 import typer
+
+from gyre.log import configure_logging
 
 app = typer.Typer(
     name="gyre",
@@ -18,6 +26,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _logging_to_stderr() -> None:
+    level = os.environ.get("GYRE_LOG__LEVEL", "warning")
+    log_format = os.environ.get("GYRE_LOG__FORMAT", "auto")
+    configure_logging(log_format if log_format in ("auto", "json", "console") else "auto", level)  # type: ignore[arg-type]
 
 
 def _register_all() -> None:
