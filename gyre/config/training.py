@@ -89,8 +89,9 @@ class LoraSection(Section):
 
 
 class TrainerSection(Section):
-    backend: Literal["torch", "megatron"] = "torch"
-    """Trainer backend of a cell, a name in the registry of `gyre.trainer.backends`: `torch` (the
+    backend: str = "torch"
+    """Trainer backend of a cell, a name in the registry of `gyre.trainer.backends` (checked before
+    anything starts, `gyre.trainer.layout.check_trainer`): `torch` (the
     embedded default, `gyre.model.CausalLM`) or `megatron` (megatron-core GPTModel; `pip install
     'gyre[megatron]'`, or `gyre[gpu]` on GPU nodes; settings in `megatron`)."""
     megatron: MegatronSection = Field(default_factory=MegatronSection)
@@ -140,8 +141,9 @@ class TrainerSection(Section):
     """Timeout of one collective (gradient reduction, parameter broadcast, snapshot broadcast)."""
     rendezvous_timeout_s: PositiveFloat = 120.0
     """How long a cell waits for every cell to join the torch.distributed world at start-up."""
-    weight_transport: Literal["mooncake", "torch"] = "torch"
-    """How a satellite pulls the core's snapshot: a torch.distributed broadcast from the core over the cells'
+    weight_transport: str = "torch"
+    """How a satellite pulls the core's snapshot, a name in the registry of `gyre.weights.transports`
+    (checked before anything starts, `check_transport`; the trainer's config imports no transport): a torch.distributed broadcast from the core over the cells'
     own gloo/NCCL groups (the embedded default: no extra listener, loopback only), or the Mooncake Transfer
     Engine (one flat buffer registered by the core, read by satellites; clusters select it, deploy/k8s,
     where the NetworkPolicy confines it: it listens on 0.0.0.0 whatever it is given)."""

@@ -36,6 +36,7 @@ from gyre.stack.state import ProcessEntry, StackState
 from gyre.stack.supervisor import SERVICES
 from gyre.tasks import TaskError, TaskSet
 from gyre.trainer.layout import check_trainer
+from gyre.weights.transports import check_transport
 
 __all__ = [
     "SERVICES",
@@ -104,10 +105,12 @@ def up(
     config: GyreConfig, wait_s: float = 15.0, attached: bool = True, stop: threading.Event | None = None
 ) -> StackState:
     """Start the run's supervisor and wait until every service is SERVING; on failure, or when `stop` is set
-    meanwhile, stop everything started and raise `StackError`. A model directory the services could not
-    load, or a trainer layout that cannot build it, raises `ModelError` before anything starts."""
+        meanwhile, stop everything started and raise `StackError`. A model directory the services could not
+        load, or a trainer layout that cannot build it, raises `ModelError` before anything starts (a weight
+    transport that is not registered: `ConfigError`)."""
     check_model_dir(config.model.require_path())
     check_trainer(config.cell_agent.trainer, config.model.require_path())
+    check_transport(config.cell_agent.trainer.weight_transport)
     try:
         TaskSet.from_section(config.tasks)  # a malformed task fails here, before anything is spawned
     except TaskError as e:

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from gyre.tasks.directory import task_format
+from gyre.tasks.formats import task_format
 from gyre.tasks.problems import Problems
 
 KEYS = {"task", "weight"}

@@ -1,7 +1,8 @@
 """On-disk tasks: a directory that is one task, or a set of tasks (one per subdirectory).
 
-A task directory is in Harbor's format (`task.toml` / `instruction.md` / `tests/test.sh`,
-gyre/tasks/harbor.py) or in Gyre's own (`task.yaml`, gyre/tasks/yaml_task.py). A set is a suite
+A task directory is in one of the formats of gyre/tasks/formats.py: Harbor's (`task.toml` /
+`instruction.md` / `tests/test.sh`, gyre/tasks/harbor.py) or Gyre's own (`task.yaml`,
+gyre/tasks/yaml_task.py). A set is a suite
 named after its directory, its tasks `<set name>/<task dir name>`; a single task directory given on
 its own belongs to the suite named after its parent:
 
@@ -14,38 +15,23 @@ Tasks are re-read on every `get`, so edits take effect in a running stack.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
-from gyre.tasks.harbor import is_harbor_dir, load_harbor_task
+from gyre.tasks.formats import TASK_FORMATS, formats_of, task_format
 from gyre.tasks.problems import Problems
 from gyre.tasks.task import Task, TaskError, TaskSuite, UnknownTaskError
-from gyre.tasks.yaml_task import TASK_YAML, load_yaml_task
-
-TaskFormat = Literal["harbor", "task.yaml"]
-
-
-def task_format(path: Path) -> TaskFormat | None:
-    """The format of a task directory, None when `path` is not one."""
-    if is_harbor_dir(path):
-        return "harbor"
-    if (path / TASK_YAML).is_file():
-        return "task.yaml"
-    return None
 
 
 def load_task_dir(task_dir: Path, task_id: str, problems: Problems) -> Task | None:
-    """The task in `task_dir` (either format), or None with its defects appended to `problems`."""
-    fmt = task_format(task_dir)
-    if fmt == "harbor" and (task_dir / TASK_YAML).is_file():
-        problems.error(
-            task_dir, f"holds both {TASK_YAML} and Harbor files (task.toml, instruction.md); keep one format"
-        )
+    """The task in `task_dir` (in the format it holds), or None with its defects appended to `problems`."""
+    found = formats_of(task_dir)
+    if len(found) > 1:
+        both = " and ".join(f.files for f in reversed(found))
+        problems.error(task_dir, f"holds both {both}; keep one format")
         return None
-    if fmt == "harbor":
-        return load_harbor_task(task_dir, task_id, problems)
-    if fmt == "task.yaml":
-        return load_yaml_task(task_dir, task_id, problems)
-    problems.error(task_dir, "not a task: no task.toml or instruction.md (Harbor) and no task.yaml (Gyre)")
+    if found:
+        return found[0].load(task_dir, task_id, problems)
+    kinds = " and ".join(f"no {f.files}" for f in TASK_FORMATS.values())
+    problems.error(task_dir, f"not a task: {kinds}")
     return None
 
 

@@ -25,8 +25,16 @@ _REQUIRED_MODULES = {
 
 
 def check_trainer(section: TrainerSection, model_dir: Path) -> None:
-    """`ModelError` naming the field when `section.backend` cannot train the model of `model_dir`, or
-    `section.lora` targets a module the model does not have (`AdapterError`)."""
+    """`ModelError` naming the field when `section.backend` is not registered or cannot train the model
+    of `model_dir`, or `section.lora` targets a module the model does not have (`AdapterError`)."""
+    from gyre.trainer.backends import TRAINER_BACKENDS
+
+    if section.backend not in TRAINER_BACKENDS:
+        raise ModelError(
+            "config",
+            "cell_agent.trainer.backend",
+            f"{section.backend!r} is not a trainer backend; choose one of {', '.join(TRAINER_BACKENDS)}",
+        )
     if section.lora is not None:
         resolve_targets(read_arch(model_dir), section.lora.target_modules, LORA_TARGETS_FIELD)
     required = _REQUIRED_MODULES.get(section.backend)

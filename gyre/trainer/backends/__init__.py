@@ -3,18 +3,25 @@
     check_trainer(section, model_dir)      # at `gyre up` / service start: LayoutError (a ModelError) → exit 2
     trainer = create_trainer("torch", TrainerSpec(section, model_section, objective, with_optimizer=True))
 
-The registry maps a name to a loader of its class, so a backend's heavy imports (megatron-core takes
-seconds) happen only when a cell builds that backend. See `base.py` for the interface and how to add
+The registry maps a name to a loader of its class, so a backend's heavy imports (torch, megatron-core:
+seconds) happen only when a cell builds that backend, and the config checks its field against the names
+here without them. See `base.py` for the interface and how to add
 a backend; tests/unit/cell_agent/test_trainer_contract.py runs the contract for every name here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from gyre.trainer.backends.base import TrainerBackend, TrainerSpec
-from gyre.trainer.backends.torch_backend import TorchTrainer
-from gyre.trainer.layout import check_trainer
+if TYPE_CHECKING:
+    from gyre.trainer.backends.base import TrainerBackend, TrainerSpec
+
+
+def _torch() -> type[TrainerBackend]:
+    from gyre.trainer.backends.torch_backend import TorchTrainer
+
+    return TorchTrainer
 
 
 def _megatron() -> type[TrainerBackend]:
@@ -24,7 +31,7 @@ def _megatron() -> type[TrainerBackend]:
 
 
 TRAINER_BACKENDS: dict[str, Callable[[], type[TrainerBackend]]] = {
-    TorchTrainer.name: lambda: TorchTrainer,
+    "torch": _torch,
     "megatron": _megatron,
 }
 """name → a function returning the backend class (importing its module on first use)."""
@@ -43,6 +50,24 @@ def trainer_class(name: str) -> type[TrainerBackend]:
 
 def create_trainer(name: str, spec: TrainerSpec) -> TrainerBackend:
     return trainer_class(name).create(spec)
+
+
+_EXPORTS = {
+    "TorchTrainer": ("gyre.trainer.backends.torch_backend", "TorchTrainer"),
+    "TrainerBackend": ("gyre.trainer.backends.base", "TrainerBackend"),
+    "TrainerSpec": ("gyre.trainer.backends.base", "TrainerSpec"),
+    "check_trainer": ("gyre.trainer.layout", "check_trainer"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The package's classes, imported on first use (importing the registry stays free of torch)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _EXPORTS[name]
+    import importlib
+
+    return getattr(importlib.import_module(module), attribute)
 
 
 __all__ = [

@@ -1,33 +1,80 @@
-"""Weight transports, by name (`cell_agent.trainer.weight_transport`); see `base.py` to add one."""
+"""Weight transports, by name (`cell_agent.trainer.weight_transport`); see `base.py` to add one.
+
+    check_transport(config.cell_agent.trainer.weight_transport)   # gyre up, cell agent start: exit 2
+    transport = create_transport("torch", options)
+
+The registry maps a name to a loader of its class, so a transport's imports (torch, Mooncake) happen
+only when a cell builds it, and the config checks its field against the names here without them;
+tests/unit/cell_agent/test_weight_transports.py runs every name here.
+"""
 
 from __future__ import annotations
 
-from gyre.weights.transports.base import TransportError, TransportOptions, WeightTransport
-from gyre.weights.transports.mooncake import MooncakeTransport
-from gyre.weights.transports.torch_dist import TorchBroadcastTransport
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-WEIGHT_TRANSPORTS: dict[str, type[WeightTransport]] = {
-    MooncakeTransport.name: MooncakeTransport,
-    TorchBroadcastTransport.name: TorchBroadcastTransport,
-}
+if TYPE_CHECKING:
+    from gyre.weights.transports.base import TransportOptions, WeightTransport
 
 
-def create_transport(name: str, options: TransportOptions) -> WeightTransport:
+def _mooncake() -> type[WeightTransport]:
+    from gyre.weights.transports.mooncake import MooncakeTransport
+
+    return MooncakeTransport
+
+
+def _torch() -> type[WeightTransport]:
+    from gyre.weights.transports.torch_dist import TorchBroadcastTransport
+
+    return TorchBroadcastTransport
+
+
+WEIGHT_TRANSPORTS: dict[str, Callable[[], type[WeightTransport]]] = {"mooncake": _mooncake, "torch": _torch}
+"""name → a function returning the transport class (importing its module on first use)."""
+
+
+TRANSPORT_FIELD = "cell_agent.trainer.weight_transport"
+
+
+def check_transport(name: str) -> None:
+    """`ConfigError` naming the field unless `name` is registered (imports no transport)."""
+    if name not in WEIGHT_TRANSPORTS:
+        from gyre.config import ConfigError
+
+        raise ConfigError(
+            f"config: {TRANSPORT_FIELD}: {name!r} is not a weight transport; "
+            f"choose one of {', '.join(WEIGHT_TRANSPORTS)}"
+        )
+
+
+def transport_class(name: str) -> type[WeightTransport]:
     try:
-        cls = WEIGHT_TRANSPORTS[name]
+        load = WEIGHT_TRANSPORTS[name]
     except KeyError:
         raise ValueError(
             f"weight transport {name!r} is not registered; available: {', '.join(WEIGHT_TRANSPORTS)}"
         ) from None
-    return cls.create(options)
+    return load()
 
 
-__all__ = [
-    "WEIGHT_TRANSPORTS",
-    "MooncakeTransport",
-    "TorchBroadcastTransport",
-    "TransportError",
-    "TransportOptions",
-    "WeightTransport",
-    "create_transport",
-]
+def create_transport(name: str, options: TransportOptions) -> WeightTransport:
+    return transport_class(name).create(options)
+
+
+_EXPORTS = {
+    "MooncakeTransport": ("gyre.weights.transports.mooncake", "MooncakeTransport"),
+    "TorchBroadcastTransport": ("gyre.weights.transports.torch_dist", "TorchBroadcastTransport"),
+    "TransportError": ("gyre.weights.transports.base", "TransportError"),
+    "TransportOptions": ("gyre.weights.transports.base", "TransportOptions"),
+    "WeightTransport": ("gyre.weights.transports.base", "WeightTransport"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The package's classes, imported on first use (importing the registry stays free of torch)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _EXPORTS[name]
+    import importlib
+
+    return getattr(importlib.import_module(module), attribute)

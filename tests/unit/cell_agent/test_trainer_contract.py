@@ -10,8 +10,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gyre.config.training import TrainerSection
+from gyre.model.arch import ModelError
 from gyre.model.files import check_model_dir
 from gyre.trainer.backends import TRAINER_BACKENDS, create_trainer
+from gyre.trainer.layout import check_trainer
+from tests.support.models import small_dir
 from tests.unit.cell_agent.helpers import batch, spec, trainer
 
 
@@ -61,3 +65,9 @@ def test_unknown_backend_names_the_registered_ones() -> None:
 def test_float64_backend() -> None:
     t = trainer(dtype="float64")
     assert t.flat_params.dtype == torch.float64
+
+
+def test_an_unregistered_backend_stops_the_run_naming_the_field() -> None:
+    section = TrainerSection(backend="jax")
+    with pytest.raises(ModelError, match=r"cell_agent\.trainer\.backend: 'jax' is not a trainer backend"):
+        check_trainer(section, small_dir())

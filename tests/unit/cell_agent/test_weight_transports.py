@@ -7,7 +7,15 @@ import multiprocessing as mp
 
 import pytest
 
-from gyre.weights.transports import WEIGHT_TRANSPORTS, TransportError, TransportOptions, create_transport
+from gyre.config import ConfigError
+from gyre.weights.transports import (
+    WEIGHT_TRANSPORTS,
+    TransportError,
+    TransportOptions,
+    check_transport,
+    create_transport,
+    transport_class,
+)
 from gyre.weights.transports.mooncake import CHUNK_BYTES
 from tests.unit.cell_agent.workers import transport_worker
 
@@ -31,7 +39,7 @@ def test_pull_is_bit_identical(name: str, numel: int) -> None:
         p.join(timeout=30)
     assert [p.exitcode for p in procs] == [0, 0]
     assert got["satellite"][0] == got["core"][0]
-    assert got["satellite"][1] == (12 if WEIGHT_TRANSPORTS[name].core_serves else None)
+    assert got["satellite"][1] == (12 if transport_class(name).core_serves else None)
 
 
 def test_torch_transport_needs_groups() -> None:
@@ -42,3 +50,9 @@ def test_torch_transport_needs_groups() -> None:
 def test_unknown_transport() -> None:
     with pytest.raises(ValueError, match="available: mooncake, torch"):
         create_transport("nixl", TransportOptions())
+
+
+def test_an_unregistered_transport_stops_the_run_naming_the_field() -> None:
+    check_transport("torch")
+    with pytest.raises(ConfigError, match=r"cell_agent\.trainer\.weight_transport: 'nccl' is not a weight"):
+        check_transport("nccl")

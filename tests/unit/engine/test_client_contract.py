@@ -15,10 +15,11 @@ import pytest
 import pytest_asyncio
 import torch
 
+from gyre.config import ConfigError
 from gyre.engine import EngineClient, EngineNotFound, EngineRequestError
 from gyre.engine.migration import migrate_request_kv
 from services.cell_agent.engine import EngineServer
-from services.cell_agent.engine.sources import OUTPUT_SOURCES
+from services.cell_agent.engine.sources import OUTPUT_SOURCES, check_output_source
 from tests.unit.engine.helpers import engine_section, engine_stats, prompt, serve
 
 
@@ -162,3 +163,9 @@ async def test_kv_migration_between_two_engines(engine: Engine) -> None:
             [*ids, *first.output_ids], {"max_new_tokens": 1, "ignore_eos": True}
         )
         assert again.cached_tokens == moved.num_tokens
+
+
+def test_an_unregistered_output_source_stops_the_engine_naming_the_field() -> None:
+    assert check_output_source("model") is OUTPUT_SOURCES["model"]
+    with pytest.raises(ConfigError, match=r"cell_agent\.engine\.output_source: 'replay' is not an engine"):
+        check_output_source("replay")

@@ -1,10 +1,15 @@
-"""Registry of the embedded engine's output sources (see `base.py` for how to add one).
+"""Registry of the embedded engine's output sources, by name (`cell_agent.engine.output_source`).
 
-source = create_source("model", ctx)      # or "scripted", "scored_script"
+    check_output_source(section.output_source)  # cell agent start: ConfigError naming the field → exit 2
+    source = create_source("model", ctx)        # or "scripted", "scored_script"
+
+See `base.py` for the interface and how to add a source; tests/unit/engine/test_client_contract.py runs
+the contract for every name here through the engine's HTTP API.
 """
 
 from __future__ import annotations
 
+from gyre.config import ConfigError
 from services.cell_agent.engine.sources.base import OutputSource, OutputSourceError, SourceContext
 from services.cell_agent.engine.sources.model import ModelSource
 from services.cell_agent.engine.sources.scored import ScoredScriptSource
@@ -17,15 +22,22 @@ OUTPUT_SOURCES: dict[str, type[OutputSource]] = {
 }
 
 
-def create_source(name: str, ctx: SourceContext) -> OutputSource:
+SOURCE_FIELD = "cell_agent.engine.output_source"
+
+
+def check_output_source(name: str) -> type[OutputSource]:
+    """The source class registered as `name`; `ConfigError` naming the field otherwise."""
     try:
-        cls = OUTPUT_SOURCES[name]
+        return OUTPUT_SOURCES[name]
     except KeyError:
-        raise ValueError(
-            f"unknown engine output source {name!r}; choose one of {sorted(OUTPUT_SOURCES)} "
-            "(config field cell_agent.engine.output_source)"
+        raise ConfigError(
+            f"config: {SOURCE_FIELD}: {name!r} is not an engine output source; "
+            f"choose one of {', '.join(OUTPUT_SOURCES)}"
         ) from None
-    return cls.create(ctx)
+
+
+def create_source(name: str, ctx: SourceContext) -> OutputSource:
+    return check_output_source(name).create(ctx)
 
 
 __all__ = [
@@ -37,5 +49,6 @@ __all__ = [
     "ScriptEntry",
     "ScriptedSource",
     "SourceContext",
+    "check_output_source",
     "create_source",
 ]
