@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -285,12 +286,22 @@ class Load:
     ) -> tuple[list[Harness], int]:
         """Run one step's executions, check their trees, archive the batch; returns the harnesses and the
         Redis bytes the step added before it was archived."""
-        size = self.args.group_size
-        records, outcomes = Records(redis, self.keys), GroupOutcomes(redis, self.keys)
         before = int((await redis.info("memory"))["used_memory"])
-        groups = [f"s{step:03d}g{g:04d}" for g in range(concurrency // size)]
-        opened: list[Harness] = []
+        groups = [f"s{step:03d}g{g:04d}" for g in range(concurrency // self.args.group_size)]
+        opened = await self._open(step, groups, stub, bus, redis)
+        await self._drive(step, opened, tool_s, base_url)
+        await self._close(step, opened, stub, bus, redis)
+        grown = int((await redis.info("memory"))["used_memory"]) - before
+        await self._archive(step, groups, opened, redis)
+        return opened, grown
+
+    async def _open(
+        self, step: int, groups: list[str], stub: proxy_pb2_grpc.ProxyStub, bus: EventBus, redis: Any
+    ) -> list[Harness]:
+        """Dispatch the step's groups as the scheduler would and open each execution at the proxy."""
+        size, records = self.args.group_size, Records(redis, self.keys)
         initial = claude_code_body(self.args.initial_kb * 1024, seed=step)
+        opened: list[Harness] = []
         for g, group_id in enumerate(groups):
             eids = [f"{group_id}-e{i:02d}" for i in range(size)]
             await records.put_group(
@@ -323,6 +334,10 @@ class Load:
                     ev.ExecutionStarted(execution=ref, runner_id="load", engine_id="cell-0"),
                     event_id=f"started:{eid}",
                 )
+        return opened
+
+    async def _drive(self, step: int, opened: list[Harness], tool_s: float, base_url: str) -> None:
+        """Every harness makes its calls; those still running at `--step-timeout-s` are cut and counted."""
         url = urlsplit(base_url)
         host, port = url.hostname or "127.0.0.1", url.port or 80
         rng = random.Random(step)
@@ -330,12 +345,18 @@ class Load:
             asyncio.create_task(h.run(Connection(host, port), self.args.turns, tool_s, rng)) for h in opened
         ]
         _, pending = await asyncio.wait(tasks, timeout=self.args.step_timeout_s or None)
-        for task in pending:  # out of time: the step is reported as cut, its unfinished executions counted
+        for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self.num_cut += sum(
             h.in_flight or (h.num_answered < self.args.turns and not h.errors) for h in opened
         )
+
+    async def _close(
+        self, step: int, opened: list[Harness], stub: proxy_pb2_grpc.ProxyStub, bus: EventBus, redis: Any
+    ) -> None:
+        """Close each execution, check Redis recorded every call the harness got, resolve its outcome."""
+        outcomes = GroupOutcomes(redis, self.keys)
         for h in opened:
             await stub.CloseExecution(proxy_pb2.CloseExecutionRequest(execution_id=h.execution_id))
             ref = common_pb2.ExecutionRef(execution_id=h.execution_id, group_id=h.execution_id.split("-")[0])
@@ -343,9 +364,7 @@ class Load:
                 ev.ExecutionTerminated(execution=ref, exit_code=0), event_id=f"terminated:{h.execution_id}"
             )
             recorded = await redis.hget(self.keys.tree_meta(h.execution_id), "num_calls")
-            if int(recorded or 0) not in (
-                (h.num_answered, h.num_answered + 1) if h.in_flight else (h.num_answered,)
-            ):
+            if int(recorded or 0) not in _expected_calls(h):
                 self.lost.append(
                     f"{h.execution_id}: redis tree has {recorded} calls, harness got {h.num_answered}"
                 )
@@ -353,9 +372,15 @@ class Load:
         for h in opened:
             status: OutcomeStatus = "valid" if not h.errors else "excluded"
             await outcomes.resolve(
-                h.execution_id.split("-")[0], size, step, MemberOutcome(h.execution_id, status, 1.0)
+                h.execution_id.split("-")[0],
+                self.args.group_size,
+                step,
+                MemberOutcome(h.execution_id, status, 1.0),
             )
-        grown = int((await redis.info("memory"))["used_memory"]) - before
+
+    async def _archive(self, step: int, groups: list[str], opened: list[Harness], redis: Any) -> None:
+        """Claim the step's groups as its batch, archive them, and check every tree's archived calls."""
+        outcomes = GroupOutcomes(redis, self.keys)
         batch = make_batch_id(RUN_ID, step)
         claimed = await outcomes.claim_ready(len(groups), batch)
         assert len(claimed) == len(groups), f"step {step}: {len(claimed)} of {len(groups)} groups ready"
@@ -363,9 +388,147 @@ class Load:
         for h in opened:
             path = tree_path(self.archive_dir, h.execution_id)
             calls = int(read_archived_tree(path).meta.get("num_calls", 0)) if path.exists() else -1
-            if calls not in ((h.num_answered, h.num_answered + 1) if h.in_flight else (h.num_answered,)):
+            if calls not in _expected_calls(h):
                 self.lost.append(f"{h.execution_id}: archive has {calls} calls, harness got {h.num_answered}")
-        return opened, grown
+
+
+def _expected_calls(h: Harness) -> tuple[int, ...]:
+    """Calls a tree may hold: those the harness got, and one more if a call was cut in flight."""
+    return (h.num_answered, h.num_answered + 1) if h.in_flight else (h.num_answered,)
+
+
+@dataclass
+class Measurements:
+    """What the steps measured, per concurrency level (`results`) and per step (Redis memory and keys)."""
+
+    results: dict[str, Any] = field(default_factory=dict)
+    memory: dict[int, int] = field(default_factory=dict)
+    clients_memory: dict[int, int] = field(default_factory=dict)
+    """Of `memory`: the connected clients' buffers (how many connections the pools hold, and the
+    query buffers of the largest recent commands; Redis shrinks them lazily): noise, not state."""
+    num_keys: dict[int, int] = field(default_factory=dict)
+    grown_per_execution: list[float] = field(default_factory=list)
+    events_consumed: int = 0
+    first_event_s: float = 0.0
+    last_event_s: float = 0.0
+    affinity: dict[str, Any] | None = None
+
+    async def count_event(self, event: object, delivery: object) -> None:
+        """The scheduler's side of the bus: count what it would consume, and when."""
+        now = time.perf_counter()
+        self.first_event_s = self.first_event_s or now
+        self.last_event_s = now
+        self.events_consumed += 1
+
+    def level_entry(self, key: str, concurrency: int, tool_s: float, cpu_names: Any) -> dict[str, Any]:
+        return self.results.setdefault(
+            key,
+            {
+                "concurrency": concurrency,
+                "tool_s": tool_s,
+                "by_turn": {},
+                "errors": 0,
+                "calls": 0,
+                "wall_s": 0.0,
+                "p50": [],
+                "p99": [],
+                "cpu_s": dict.fromkeys(cpu_names, 0.0),
+            },
+        )
+
+
+def _record_step(
+    entry: dict[str, Any],
+    harnesses: list[Harness],
+    wall_s: float,
+    cpu_used: dict[str, float],
+    overhead: tuple[dict[float, float], dict[float, float]],
+) -> None:
+    """Add one step's calls, latencies, errors, proxy overhead and CPU to its level's entry."""
+    for h in harnesses:
+        for turn, x in enumerate(h.latencies_s):
+            entry["by_turn"].setdefault(turn, []).append(x)
+    entry["errors"] += sum(len(h.errors) for h in harnesses)
+    samples = entry.setdefault("error_samples", [])
+    samples += [e for h in harnesses for e in h.errors if e not in samples][: max(0, 5 - len(samples))]
+    entry["calls"] += sum(h.num_answered for h in harnesses)
+    entry["wall_s"] += wall_s
+    entry["p50"].append(_histogram_quantile(*overhead, 0.5))
+    entry["p99"].append(_histogram_quantile(*overhead, 0.99))
+    for name, used in cpu_used.items():
+        entry["cpu_s"][name] += used
+
+
+async def _run_steps(
+    args: argparse.Namespace,
+    load: Load,
+    measured: Measurements,
+    plan: list[tuple[int, float, str]],
+    stack: dict[str, Any],
+) -> None:
+    """Each planned step: script the engine, run the step's executions, record what it cost."""
+    http, stub, redis, bus = stack["http"], stack["stub"], stack["redis"], stack["bus"]
+    engine_url, metrics_url, cpu = stack["engine_url"], stack["metrics_url"], stack["cpu"]
+    for step, (concurrency, tool_s, key) in enumerate(plan):
+        body = {"entries": [{"text": OUTPUT}] * (concurrency * args.turns), "replace": True}
+        (await http.post(f"{engine_url}/gyre/script", json=body)).raise_for_status()
+        scrape = _overhead_buckets((await http.get(metrics_url)).text)
+        cpu_before = {name: _cpu_s(proc) for name, proc in cpu.items()}
+        start = time.perf_counter()
+        harnesses, grown = await load.step(step, concurrency, stub, tool_s, stack["base_url"], bus, redis)
+        wall_s = time.perf_counter() - start
+        cpu_used = {name: _cpu_s(proc) - cpu_before[name] for name, proc in cpu.items()}
+        after = _overhead_buckets((await http.get(metrics_url)).text)
+        info = await redis.info("memory")
+        measured.memory[step + 1] = int(info["used_memory"])
+        measured.clients_memory[step + 1] = int(info["mem_clients_normal"])
+        measured.num_keys[step + 1] = len(
+            [k async for k in redis.scan_iter(match=load.keys.pattern(), count=1000)]
+        )
+        measured.grown_per_execution.append(grown / concurrency)
+        entry = measured.level_entry(key, concurrency, tool_s, cpu)
+        _record_step(entry, harnesses, wall_s, cpu_used, (scrape, after))
+        progress = {
+            "step": step + 1,
+            "concurrency": concurrency,
+            "tool_s": tool_s,
+            "wall_s": round(wall_s, 2),
+            "used_memory": measured.memory[step + 1],
+            "keys": measured.num_keys[step + 1],
+            "errors": entry["errors"],
+            "unfinished": load.num_cut,
+            "overhead_ms_p50": _ms(entry["p50"][-1] or 0.0),
+            "overhead_ms_p99": _ms(entry["p99"][-1] or 0.0),
+            "lost": len(load.lost),
+        }
+        print(json.dumps(progress), file=sys.stderr)
+
+
+def _stack_config(args: argparse.Namespace, workdir: Path, nats_url: str, redis_url: str) -> dict[str, Any]:
+    return {
+        "run": {"id": RUN_ID, "dir": str(workdir / "runs")},
+        "nats": {"url": nats_url},
+        "redis": {"url": redis_url},
+        "log": {"level": "warning", "format": "json"},
+        "model": {"path": str(bench_model(workdir / "model", tokenizer="bpe"))},
+        "cell_agent": {
+            "engine": {
+                "output_source": "scripted",
+                "max_batch_size": 512,
+                "kv_cache_tokens": args.kv_cache_tokens,
+            }
+        },
+    }
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for proc in processes:
+        proc.terminate()
+    for proc in processes:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -376,50 +539,21 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     )
     processes: list[subprocess.Popen[bytes]] = []
     levels = [int(c) for c in args.concurrency.split(",")]
+    measured = Measurements()
     try:
-        config = {
-            "run": {"id": RUN_ID, "dir": str(workdir / "runs")},
-            "nats": {"url": nats.url},
-            "redis": {"url": redis_server.url},
-            "log": {"level": "warning", "format": "json"},
-            "model": {"path": str(bench_model(workdir / "model", tokenizer="bpe"))},
-            "cell_agent": {
-                "engine": {
-                    "output_source": "scripted",
-                    "max_batch_size": 512,
-                    "kv_cache_tokens": args.kv_cache_tokens,
-                }
-            },
-        }
+        config = _stack_config(args, workdir, nats.url, redis_server.url)
         engine_url, endpoint = await start_engine_and_proxy(workdir, config, processes)
         engine_proc, proxy_proc = processes[-2:]
-        metrics_url = f"http://127.0.0.1:{endpoint['metrics_port']}/metrics"
         load = Load(args, workdir, redis_server.url, nats.url)
         redis = await connect_redis(redis_server.url)
         bus = await EventBus.connect(nats.url, run_id=RUN_ID, source="load")
-        consumed = [0]
-        first_last = [0.0, 0.0]
-
-        async def count(event: object, delivery: object) -> None:
-            now = time.perf_counter()
-            first_last[0] = first_last[0] or now
-            first_last[1] = now
-            consumed[0] += 1
-
         await bus.consume(
             "load-scheduler",
             [ev.ExecutionStarted, ev.ExecutionTerminated],
-            count,
+            measured.count_event,
             batch=64,
             max_ack_pending=4096,
         )
-        results: dict[str, Any] = {}
-        memory: dict[int, int] = {}
-        clients_memory: dict[int, int] = {}
-        """Of `memory`: the connected clients' buffers (how many connections the pools hold, and the
-        query buffers of the largest recent commands; Redis shrinks them lazily): noise, not state."""
-        num_keys: dict[int, int] = {}
-        grown_per_execution: list[float] = []
         async with (
             aio_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
             httpx.AsyncClient(timeout=600) as http,
@@ -435,7 +569,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             # (concurrency, tool time, entry): the flatness steps run back to back (the proxy saturated),
             # then each level once at the paced call rate.
             plan = [(flat, 0.0, "saturated")] * args.steps + [(c, args.tool_s, str(c)) for c in levels]
-            affinity = _pin(
+            measured.affinity = _pin(
                 args.pin, proxy_proc.pid, [engine_proc.pid], [nats.proc.pid, redis_server.proc.pid]
             )
             cpu = {
@@ -443,144 +577,81 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 "engine": psutil.Process(engine_proc.pid),
                 "harnesses": psutil.Process(),
             }
-            for step, (concurrency, tool_s, key) in enumerate(plan):
-                body = {"entries": [{"text": OUTPUT}] * (concurrency * args.turns), "replace": True}
-                (await http.post(f"{engine_url}/gyre/script", json=body)).raise_for_status()
-                scrape = _overhead_buckets((await http.get(metrics_url)).text)
-                cpu_before = {name: _cpu_s(proc) for name, proc in cpu.items()}
-                start = time.perf_counter()
-                harnesses, grown = await load.step(
-                    step, concurrency, stub, tool_s, endpoint["base_url"], bus, redis
-                )
-                wall_s = time.perf_counter() - start
-                cpu_used = {name: _cpu_s(proc) - cpu_before[name] for name, proc in cpu.items()}
-                after = _overhead_buckets((await http.get(metrics_url)).text)
-                info = await redis.info("memory")
-                memory[step + 1] = int(info["used_memory"])
-                clients_memory[step + 1] = int(info["mem_clients_normal"])
-                num_keys[step + 1] = len(
-                    [k async for k in redis.scan_iter(match=load.keys.pattern(), count=1000)]
-                )
-                grown_per_execution.append(grown / concurrency)
-                entry = results.setdefault(
-                    key,
-                    {
-                        "concurrency": concurrency,
-                        "tool_s": tool_s,
-                        "by_turn": {},
-                        "errors": 0,
-                        "calls": 0,
-                        "wall_s": 0.0,
-                        "p50": [],
-                        "p99": [],
-                        "cpu_s": dict.fromkeys(cpu, 0.0),
-                    },
-                )
-                for h in harnesses:
-                    for turn, x in enumerate(h.latencies_s):
-                        entry["by_turn"].setdefault(turn, []).append(x)
-                entry["errors"] += sum(len(h.errors) for h in harnesses)
-                samples = entry.setdefault("error_samples", [])
-                samples += [e for h in harnesses for e in h.errors if e not in samples][
-                    : max(0, 5 - len(samples))
-                ]
-                entry["calls"] += sum(h.num_answered for h in harnesses)
-                entry["wall_s"] += wall_s
-                entry["p50"].append(_histogram_quantile(scrape, after, 0.5))
-                entry["p99"].append(_histogram_quantile(scrape, after, 0.99))
-                for name, used in cpu_used.items():
-                    entry["cpu_s"][name] += used
-                print(
-                    json.dumps(
-                        {
-                            "step": step + 1,
-                            "concurrency": concurrency,
-                            "tool_s": tool_s,
-                            "wall_s": round(wall_s, 2),
-                            "used_memory": memory[step + 1],
-                            "keys": num_keys[step + 1],
-                            "errors": entry["errors"],
-                            "unfinished": load.num_cut,
-                            "overhead_ms_p50": _ms(entry["p50"][-1] or 0.0),
-                            "overhead_ms_p99": _ms(entry["p99"][-1] or 0.0),
-                            "lost": len(load.lost),
-                        }
-                    ),
-                    file=sys.stderr,
-                )
+            stack = {
+                "http": http,
+                "stub": stub,
+                "redis": redis,
+                "bus": bus,
+                "engine_url": engine_url,
+                "metrics_url": f"http://127.0.0.1:{endpoint['metrics_port']}/metrics",
+                "base_url": endpoint["base_url"],
+                "cpu": cpu,
+            }
+            await _run_steps(args, load, measured, plan, stack)
             for _ in range(200):
-                if consumed[0] >= load.num_events:
+                if measured.events_consumed >= load.num_events:
                     break
                 await asyncio.sleep(0.05)
         await bus.close()
         await redis.aclose()
     finally:
-        for proc in processes:
-            proc.terminate()
-        for proc in processes:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(processes)
         nats.stop()
         redis_server.stop()
+    return _summary(args, levels, load, measured)
 
-    def level(entry: dict[str, Any]) -> dict[str, Any]:
-        p50s = [p for p in entry["p50"] if p is not None]
-        p99s = [p for p in entry["p99"] if p is not None]
-        calls = entry["calls"]
-        latencies = [x for xs in entry["by_turn"].values() for x in xs]
-        return {
-            "concurrency": entry["concurrency"],
-            "tool_s": entry["tool_s"],
-            "proxy_overhead_ms_p50": _ms(statistics.median(p50s)) if p50s else None,
-            "proxy_overhead_ms_p99": _ms(max(p99s)) if p99s else None,
-            "client_ms_p50": _ms(statistics.median(latencies)) if latencies else None,
-            "client_ms_p99": _ms(_percentile(latencies, 0.99)) if latencies else None,
-            "client_ms_p99_by_turn": [
-                _ms(_percentile(xs, 0.99)) for _, xs in sorted(entry["by_turn"].items())
-            ],
-            "errors": entry["errors"],
-            "error_samples": entry.get("error_samples", []),
-            "calls": calls,
-            "calls_per_s": round(calls / entry["wall_s"], 1) if entry["wall_s"] else None,
-            "cpu_ms_per_call": {
-                name: round(1000 * used / calls, 2) if calls else None
-                for name, used in entry["cpu_s"].items()
-            },
-            "proxy_cpu_busy": round(entry["cpu_s"]["proxy"] / entry["wall_s"], 3)
-            if entry["wall_s"]
-            else None,
-        }
 
-    span_s = first_last[1] - first_last[0]
-    last = max(memory)
+def _level(entry: dict[str, Any]) -> dict[str, Any]:
+    """One concurrency level's figures: proxy overhead, client latency, calls, CPU per call."""
+    p50s = [p for p in entry["p50"] if p is not None]
+    p99s = [p for p in entry["p99"] if p is not None]
+    calls = entry["calls"]
+    latencies = [x for xs in entry["by_turn"].values() for x in xs]
     return {
-        "by_concurrency": {k: level(e) for k, e in results.items() if k != "saturated"},
-        "saturated": level(results["saturated"]) if "saturated" in results else None,
+        "concurrency": entry["concurrency"],
+        "tool_s": entry["tool_s"],
+        "proxy_overhead_ms_p50": _ms(statistics.median(p50s)) if p50s else None,
+        "proxy_overhead_ms_p99": _ms(max(p99s)) if p99s else None,
+        "client_ms_p50": _ms(statistics.median(latencies)) if latencies else None,
+        "client_ms_p99": _ms(_percentile(latencies, 0.99)) if latencies else None,
+        "client_ms_p99_by_turn": [_ms(_percentile(xs, 0.99)) for _, xs in sorted(entry["by_turn"].items())],
+        "errors": entry["errors"],
+        "error_samples": entry.get("error_samples", []),
+        "calls": calls,
+        "calls_per_s": round(calls / entry["wall_s"], 1) if entry["wall_s"] else None,
+        "cpu_ms_per_call": {
+            name: round(1000 * used / calls, 2) if calls else None for name, used in entry["cpu_s"].items()
+        },
+        "proxy_cpu_busy": round(entry["cpu_s"]["proxy"] / entry["wall_s"], 3) if entry["wall_s"] else None,
+    }
+
+
+def _summary(args: argparse.Namespace, levels: list[int], load: Load, m: Measurements) -> dict[str, Any]:
+    results, memory, clients = m.results, m.memory, m.clients_memory
+    span_s = m.last_event_s - m.first_event_s
+    last = min(max(memory), args.steps)
+    return {
+        "by_concurrency": {k: _level(e) for k, e in results.items() if k != "saturated"},
+        "saturated": _level(results["saturated"]) if "saturated" in results else None,
         "errors": sum(e["errors"] for e in results.values()),
         "lost": len(load.lost),
         "unfinished_at_step_timeout": load.num_cut,
         "lost_detail": load.lost[:10],
         "events": load.num_events,
-        "events_consumed": consumed[0],
-        "events_per_s": round(consumed[0] / span_s, 1) if span_s > 0 else None,
-        "redis_bytes_per_execution": round(statistics.median(grown_per_execution)),
-        "redis_bytes_per_execution_by_step": [round(g) for g in grown_per_execution],
+        "events_consumed": m.events_consumed,
+        "events_per_s": round(m.events_consumed / span_s, 1) if span_s > 0 else None,
+        "redis_bytes_per_execution": round(statistics.median(m.grown_per_execution)),
+        "redis_bytes_per_execution_by_step": [round(g) for g in m.grown_per_execution],
         "redis_used_memory_after_step": memory,
-        "redis_keys_after_step": num_keys,
-        "used_memory_ratio_last_vs_4": round(memory[min(last, args.steps)] / memory[4], 3)
-        if 4 in memory
-        else None,
-        "redis_clients_memory_after_step": clients_memory,
+        "redis_keys_after_step": m.num_keys,
+        "used_memory_ratio_last_vs_4": round(memory[last] / memory[4], 3) if 4 in memory else None,
+        "redis_clients_memory_after_step": clients,
         "used_memory_less_clients_ratio_last_vs_4": round(
-            (memory[min(last, args.steps)] - clients_memory[min(last, args.steps)])
-            / (memory[4] - clients_memory[4]),
-            3,
+            (memory[last] - clients[last]) / (memory[4] - clients[4]), 3
         )
         if 4 in memory
         else None,
-        "cpu_affinity": affinity,
+        "cpu_affinity": m.affinity,
         "turns": args.turns,
         "tool_s": args.tool_s,
         "initial_kb": args.initial_kb,
