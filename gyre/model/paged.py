@@ -6,11 +6,13 @@ describes one forward step with a `PagedBatch` (built from per-row block tables)
 
 - `positions [B, Lq]`: the position of each new token (padding queries get 0);
 - `write_slots [B, Lq]`: where the K/V of each new token goes (padding writes go to the scratch slot);
-- `read_slots [B, Lk]`: the slots of every key a row attends, in position order (padded with the
-  scratch slot);
-- `mask [B, 1, Lq, Lk]`: True where query i of row b may attend key j.
+- `read_blocks [B, nb]`: the blocks a row's keys live in, in position order (padded with the scratch
+  block); a step reads whole blocks (one copy per block, not per token) and attends the first
+  `num_keys` slots of them;
+- `mask [B, 1, Lq, num_keys]` (bool): True where query i of row b may attend key j; None when every
+  query attends every key (decode rows of one length), which takes SDPA's unmasked kernel.
 
-Block 0 is scratch: never handed to a request; its slots pad the read lists of shorter rows, and slot
+Block 0 is scratch: never handed to a request; it pads the block lists of shorter rows, and slot
 0 takes the writes of padding queries. It always holds finite values, so a masked key contributes
 exactly zero.
 """
@@ -53,23 +55,31 @@ class PagedKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the K/V [N, H, D] of N tokens at `slots` [N]."""
-        self.k[layer].index_copy_(0, slots, k.to(self.k.dtype))
-        self.v[layer].index_copy_(0, slots, v.to(self.v.dtype))
+        if k.dtype != self.k.dtype:  # a cast is a dispatch even when it changes nothing
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)
 
-    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V at `slots` [B, Lk] as [B, Lk, H, D]. The tensors are views of buffers reused by the
-        next call: consume them before gathering again."""
+    def gather(
+        self, layer: int, blocks: torch.Tensor, block_size: int, num_keys: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the first `num_keys` slots of `blocks` [B, nb] (in order) as [B, num_keys, H, D]:
+        one copy per block. The tensors are views of buffers reused by the next call: consume them
+        before gathering again."""
         num_slots, num_heads, head_dim = self.k.shape[1:]
-        n = slots.numel()
-        if self._gather_k is None or self._gather_k.shape[0] < n:
-            self._gather_k = torch.empty((n, num_heads * head_dim), dtype=self.k.dtype)
-            self._gather_v = torch.empty((n, num_heads * head_dim), dtype=self.v.dtype)
+        width = block_size * num_heads * head_dim
+        n = blocks.numel()
+        if self._gather_k is None or self._gather_k.shape[0] < n or self._gather_k.shape[1] != width:
+            self._gather_k = torch.empty((n, width), dtype=self.k.dtype)
+            self._gather_v = torch.empty((n, width), dtype=self.v.dtype)
         assert self._gather_v is not None
-        flat = slots.reshape(-1)
-        keys = torch.index_select(self.k[layer].view(num_slots, -1), 0, flat, out=self._gather_k[:n])
-        values = torch.index_select(self.v[layer].view(num_slots, -1), 0, flat, out=self._gather_v[:n])
-        shape = (*slots.shape, num_heads, head_dim)
-        return keys.view(shape), values.view(shape)
+        flat = blocks.reshape(-1)
+        pool_k = self.k[layer].view(num_slots // block_size, width)
+        pool_v = self.v[layer].view(num_slots // block_size, width)
+        keys = torch.index_select(pool_k, 0, flat, out=self._gather_k[:n])
+        values = torch.index_select(pool_v, 0, flat, out=self._gather_v[:n])
+        shape = (blocks.shape[0], blocks.shape[1] * block_size, num_heads, head_dim)
+        return keys.view(shape)[:, :num_keys], values.view(shape)[:, :num_keys]
 
     def zero_block(self, block: int, block_size: int) -> PagedKVCache:
         self.k[:, block * block_size : (block + 1) * block_size].zero_()
@@ -82,12 +92,14 @@ class PagedKVCache:
 
 @dataclass(slots=True)
 class PagedBatch:
-    """One forward step over B rows of Lq new tokens each, attending Lk cached keys."""
+    """One forward step over B rows of Lq new tokens each, attending `num_keys` cached keys."""
 
     positions: torch.Tensor
     write_slots: torch.Tensor
-    read_slots: torch.Tensor
-    mask: torch.Tensor
+    read_blocks: torch.Tensor
+    num_keys: int
+    block_size: int
+    mask: torch.Tensor | None
 
     @classmethod
     def from_block_tables(
@@ -102,23 +114,40 @@ class PagedBatch:
         slot `block_tables[b][p // block_size] * block_size + p % block_size`)."""
         num_rows = len(block_tables)
         assert num_rows == len(starts) == len(counts) and num_rows > 0
-        num_blocks = max(len(t) for t in block_tables)
-        table = torch.zeros((num_rows, num_blocks), dtype=torch.long)
-        for b, blocks in enumerate(block_tables):
-            assert (starts[b] + counts[b]) <= len(blocks) * block_size and counts[b] >= 1
-            table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+        ends = [s + c for s, c in zip(starts, counts, strict=True)]
+        lq, lk = max(counts), max(ends)
+        num_blocks = -(-lk // block_size)
+        rows = []
+        for blocks, end, count in zip(block_tables, ends, counts, strict=True):
+            assert end <= len(blocks) * block_size and count >= 1
+            used = blocks[:num_blocks]
+            rows.append(used + [0] * (num_blocks - len(used)))
+        read = torch.tensor(rows, dtype=torch.long)
+        if lq == 1:
+            # Decode: positions, slots and the mask in Python (a handful of ops, not ~20 tensor ops).
+            positions = torch.tensor([[s] for s in starts], dtype=torch.long)
+            write = torch.tensor(
+                [
+                    [t[s // block_size] * block_size + s % block_size]
+                    for t, s in zip(rows, starts, strict=True)
+                ],
+                dtype=torch.long,
+            )
+            mask = None
+            if min(ends) != lk:
+                mask = (torch.arange(lk).view(1, lk) < torch.tensor(ends).view(num_rows, 1)).view(
+                    num_rows, 1, 1, lk
+                )
+            return cls(positions, write, read, lk, block_size, mask)
         start = torch.tensor(starts, dtype=torch.long).view(num_rows, 1)
         count = torch.tensor(counts, dtype=torch.long).view(num_rows, 1)
-        lq, lk = max(counts), max(s + c for s, c in zip(starts, counts, strict=True))
         i = torch.arange(lq).view(1, lq)
         j = torch.arange(lk)
         valid_q = i < count
         positions = torch.where(valid_q, start + i, 0)
-        write = table.gather(1, (positions // block_size).clamp(max=num_blocks - 1)) * block_size
+        write = read.gather(1, (positions // block_size).clamp(max=num_blocks - 1)) * block_size
         write = torch.where(valid_q, write + positions % block_size, SCRATCH_SLOT)
-        read_block = (j // block_size).clamp(max=num_blocks - 1).expand(num_rows, lk)
-        read = table.gather(1, read_block) * block_size + j % block_size
         attend = (j.view(1, 1, lk) <= (start + i).unsqueeze(-1)) & valid_q.unsqueeze(-1)
         # A padding query attends key 0 only, so its softmax is finite (its output is discarded).
         attend |= (~valid_q).unsqueeze(-1) & (j.view(1, 1, lk) == 0)
-        return cls(positions=positions, write_slots=write, read_slots=read, mask=attend.unsqueeze(1))
+        return cls(positions, write, read, lk, block_size, attend.unsqueeze(1))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gyre.model.arch import RopeSpec
@@ -93,6 +94,7 @@ class Rotary(nn.Module):
         inv_freq, self.scaling = inv_freq_and_scaling(spec, head_dim)
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._table: tuple[tuple[object, ...], torch.Tensor, torch.Tensor] | None = None
 
     def cos_sin(
         self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32
@@ -108,6 +110,23 @@ class Rotary(nn.Module):
         half = sin.shape[-1] // 2
         sin[..., :half].neg_()
         return cos.to(dtype), sin.to(dtype)
+
+    def cached_cos_sin(
+        self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`cos_sin` read from tables of every position up to the largest seen (kept, grown by
+        doubling): serving asks for a few positions per step, and two lookups cost less than the dozen
+        ops that compute them. The tables are `cos_sin` of `arange`, so the values are the same."""
+        needed = int(position_ids.max()) + 1 if position_ids.numel() else 1
+        key = (dtype, self.inv_freq.dtype, self.inv_freq.data_ptr())
+        table = self._table
+        if table is None or table[0] != key or table[1].shape[0] < needed:
+            size = max(1024, 1 << (needed - 1).bit_length())
+            cos, sin = self.cos_sin(torch.arange(size), dtype)
+            table = self._table = (key, cos.squeeze(-2), sin.squeeze(-2))
+        return F.embedding(position_ids, table[1]).unsqueeze(-2), F.embedding(
+            position_ids, table[2]
+        ).unsqueeze(-2)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -169,9 +169,7 @@ class ModelSource(OutputSource):
                 continue
             rows = [inputs[i] for i in group]
             width = max(x.count for x in rows)
-            ids = torch.zeros((len(rows), width), dtype=torch.long)
-            for b, x in enumerate(rows):
-                ids[b, : x.count] = torch.tensor(x.token_ids, dtype=torch.long)
+            ids = torch.tensor([x.token_ids + [0] * (width - x.count) for x in rows], dtype=torch.long)
             batch = PagedBatch.from_block_tables(
                 [x.block_table for x in rows],
                 [x.start for x in rows],
