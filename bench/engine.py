@@ -2,29 +2,40 @@
 `transformers`' own `generate`, batching gain, TTFT, prefix-cache and KV-import speedups, log-prob
 exactness.
 
-    gyre bench engine [--model DIR] [--threads N] [--decode-tokens N] [--long-prompt N]
+    gyre bench engine [--model DIR] [--threads N] [--decode-tokens N] [--long-prompt N] [--profile]
 
 `--model` defaults to `gyre model init --arch qwen3 --size tiny` (1.8 M parameters). Prints one JSON
 object (last line):
     hf_decode_tokens_per_s_b1 / _b16      engine: generated tokens per second, 1 / 16 concurrent requests
     transformers_generate_tokens_per_s_*  `model.generate` (sampling, KV cache) on the same prompts, same run
     vs_transformers_generate_b1 / _b16    engine / transformers (goal: >= 2 at b16, >= 1 at b1)
+    vs_transformers_generate_cpu_b1 / _b16  the same in tokens per CPU-second of each side (the engine's
+                                    process: HTTP client and server, scheduling, forward, sampling),
+                                    which other processes on a shared machine disturb far less
+    engine_step_cpu_ms_b16          CPU time of one b16 decode step's forward + sampling
+    engine_compute_cpu_share_b16    that share of the engine process's CPU (the rest: HTTP, scheduling)
+    load_avg_1m                     the machine's 1-minute load average at the start and at the end
+    profile_ops_b1 / _b16           --profile only: the torch ops the engine spent its CPU on (top 10,
+                                    % of self CPU time), from torch.profiler over one decode run
     batching_gain_b16                     b16 / b1 (continuous batching; the goal is >= 3)
     ttft_ms_p50                     median time to the first streamed token, `ttft_prompt_tokens` prompt
     prefix_cache_hit_speedup        cold / warm time of a `long_prompt_tokens` prompt (1 output token)
     kv_import_vs_recompute_speedup  recompute time / (export + import + continue) time of a migrated request
     logprob_max_abs_err             max |engine log-prob - fresh full forward| over the b16 outputs
 Rates and times are medians of three repetitions on whatever cores the machine lends; ratios are
-the point. Both sides run with `--threads` torch threads.
+the point, and engine and transformers alternate repetition by repetition so both see the same load.
+Both sides run with `--threads` torch threads.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +58,25 @@ def _prompt(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _transformers_rate(path: Path, batch: int, tokens: int, seed: int, threads: int) -> float:
-    """Tokens per second of `transformers`' own generate (sampling at temperature 1, its KV cache)."""
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """Tokens generated in a timed run, its wall time and the CPU time of the side that generated them."""
+
+    tokens: int
+    wall_s: float
+    cpu_s: float
+
+    @property
+    def per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def per_cpu_s(self) -> float:
+        return self.tokens / self.cpu_s
+
+
+def _transformers_rate(path: Path, batch: int, tokens: int, seed: int, threads: int) -> Rate:
+    """`transformers`' own generate (sampling at temperature 1, its KV cache); CPU time of its thread."""
     import transformers
 
     torch.set_num_threads(threads)
@@ -57,10 +85,10 @@ def _transformers_rate(path: Path, batch: int, tokens: int, seed: int, threads: 
     kwargs = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "pad_token_id": 0}
     with torch.no_grad():
         model.generate(prompts[:1], max_new_tokens=8, min_new_tokens=8, **kwargs)  # warm-up
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         out = model.generate(prompts, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
-        elapsed = time.perf_counter() - start
-    return (out.shape[1] - prompts.shape[1]) * batch / elapsed
+        elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    return Rate((out.shape[1] - prompts.shape[1]) * batch, elapsed, cpu)
 
 
 def _max_err(model: CausalLM, ids: list[int], output_ids: list[int], logprobs: list[float]) -> float:
@@ -71,13 +99,34 @@ def _max_err(model: CausalLM, ids: list[int], output_ids: list[int], logprobs: l
     return float((torch.tensor(logprobs) - ref).abs().max())
 
 
-async def _decode_rate(client: EngineClient, batch: int, tokens: int, seed: int) -> tuple[float, list[Any]]:
+async def _decode_rate(client: EngineClient, batch: int, tokens: int, seed: int) -> tuple[Rate, list[Any]]:
+    """Engine decode of `batch` concurrent requests; CPU time of the whole process (the HTTP client
+    and the engine serving it)."""
     params = {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 1.0}
     prompts = [_prompt(32, seed + i) for i in range(batch)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     results = await asyncio.gather(*(client.generate(p, params) for p in prompts))
-    elapsed = time.perf_counter() - start
-    return sum(r.completion_tokens for r in results) / elapsed, list(zip(prompts, results, strict=True))
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    rate = Rate(sum(r.completion_tokens for r in results), elapsed, cpu)
+    return rate, list(zip(prompts, results, strict=True))
+
+
+async def _core_stats(client: EngineClient) -> dict[str, Any]:
+    stats: dict[str, Any] = (await client.get_server_info())["internal_states"][0]
+    return stats
+
+
+async def _profile_ops(client: EngineClient, batch: int, tokens: int) -> list[list[Any]]:
+    """The ops of one decode run under torch.profiler: [name, % of self CPU time], top 10."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        await _decode_rate(client, batch, tokens, seed=500)
+    averages = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in averages) or 1.0
+    top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:10]
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=20), file=sys.stderr)
+    return [[e.key, round(100 * e.self_cpu_time_total / total, 1)] for e in top]
 
 
 async def _ttft_ms(client: EngineClient, prompt_tokens: int, n: int) -> float:
@@ -141,7 +190,10 @@ async def _import_speedup(
     }
 
 
-async def run(path: Path, threads: int, decode_tokens: int, long_prompt: int) -> dict[str, Any]:
+async def run(
+    path: Path, threads: int, decode_tokens: int, long_prompt: int, profile: bool
+) -> dict[str, Any]:
+    load_start = os.getloadavg()[0]
     model = load_model(path)
     section = EngineSection(num_threads=threads, max_batch_size=32, kv_cache_tokens=65536)
     async with (
@@ -152,26 +204,44 @@ async def run(path: Path, threads: int, decode_tokens: int, long_prompt: int) ->
     ):
         await _decode_rate(client, 4, 16, seed=0)  # warm-up
         # Engine and transformers alternate, repetition by repetition, so both see the same load.
-        engine_b1: list[float] = []
-        hf_b1s: list[float] = []
-        hf_b16s: list[float] = []
+        engine_b1: list[Rate] = []
+        hf_b1s: list[Rate] = []
+        hf_b16s: list[Rate] = []
         runs_b16 = []
+        steps_b16, compute_b16 = 0, 0.0
         for i in range(3):
             engine_b1.append((await _decode_rate(client, 1, decode_tokens, seed=10 + i))[0])
             hf_b1s.append(
                 await asyncio.to_thread(_transformers_rate, path, 1, decode_tokens, 10 + i, threads)
             )
+            before = await _core_stats(client)
             runs_b16.append(await _decode_rate(client, 16, decode_tokens, seed=100 + 16 * i))
+            after = await _core_stats(client)
+            steps_b16 += after["num_steps"] - before["num_steps"]
+            compute_b16 += after["compute_cpu_s"] - before["compute_cpu_s"]
             hf_b16s.append(
                 await asyncio.to_thread(_transformers_rate, path, 16, decode_tokens, 100 + 16 * i, threads)
             )
-        rate_b1, rate_b16 = statistics.median(engine_b1), statistics.median(rate for rate, _ in runs_b16)
-        hf_b1, hf_b16 = statistics.median(hf_b1s), statistics.median(hf_b16s)
+        rates_b16 = [rate for rate, _ in runs_b16]
         outputs = [pair for _, pairs in runs_b16 for pair in pairs]
         err = max(_max_err(model, p, r.output_ids, r.output_logprobs) for p, r in outputs)
         ttft = await _ttft_ms(client, 512, 9)
         prefix = await _prefix_speedup(client, long_prompt, 3)
         migration = await _import_speedup(client, peer_client, long_prompt, 3)
+        profiled = (
+            {
+                "profile_ops_b1": await _profile_ops(client, 1, decode_tokens),
+                "profile_ops_b16": await _profile_ops(client, 16, decode_tokens),
+            }
+            if profile
+            else {}
+        )
+
+    def median(rates: list[Rate], per_cpu: bool = False) -> float:
+        return statistics.median(r.per_cpu_s if per_cpu else r.per_s for r in rates)
+
+    rate_b1, rate_b16 = median(engine_b1), median(rates_b16)
+    hf_b1, hf_b16 = median(hf_b1s), median(hf_b16s)
     return {
         "hf_decode_tokens_per_s_b1": round(rate_b1, 1),
         "hf_decode_tokens_per_s_b16": round(rate_b16, 1),
@@ -179,6 +249,10 @@ async def run(path: Path, threads: int, decode_tokens: int, long_prompt: int) ->
         "transformers_generate_tokens_per_s_b16": round(hf_b16, 1),
         "vs_transformers_generate_b1": round(rate_b1 / hf_b1, 2),
         "vs_transformers_generate_b16": round(rate_b16 / hf_b16, 2),
+        "vs_transformers_generate_cpu_b1": round(median(engine_b1, True) / median(hf_b1s, True), 2),
+        "vs_transformers_generate_cpu_b16": round(median(rates_b16, True) / median(hf_b16s, True), 2),
+        "engine_step_cpu_ms_b16": round(1000 * compute_b16 / max(steps_b16, 1), 3),
+        "engine_compute_cpu_share_b16": round(compute_b16 / sum(r.cpu_s for r in rates_b16), 3),
         "batching_gain_b16": round(rate_b16 / rate_b1, 2),
         "ttft_ms_p50": round(ttft, 2),
         "ttft_prompt_tokens": 512,
@@ -192,7 +266,10 @@ async def run(path: Path, threads: int, decode_tokens: int, long_prompt: int) ->
         "decode_tokens": decode_tokens,
         "model": model.arch.architecture,
         "model_parameters": model.arch.num_parameters(),
+        "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        "cpu_count": os.cpu_count(),
         "regime": "CPU, embedded engine in-process over loopback HTTP",
+        **profiled,
     }
 
 
@@ -202,11 +279,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engines")
     parser.add_argument("--decode-tokens", type=int, default=256, help="tokens generated per request")
     parser.add_argument("--long-prompt", type=int, default=2048, help="prompt tokens of the cache/KV runs")
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile one b1 and one b16 decode run (torch.profiler)"
+    )
     args = parser.parse_args(argv)
 
     async def body(work: Path) -> dict[str, Any]:
         path = args.model or init_model_dir(work / "qwen3-tiny", arch="qwen3", size="tiny")
-        return await run(path, args.threads, args.decode_tokens, args.long_prompt)
+        return await run(path, args.threads, args.decode_tokens, args.long_prompt, args.profile)
 
     run_bench("engine", body)
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gyre.config.base import AtLeastOne, AtLeastOneOrNull, Port, Section
+from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Port, Section
 
 
 class EngineSection(Section):
@@ -48,6 +48,11 @@ class EngineSection(Section):
     """`/health_generate` fails if a one-token probe does not finish within this time."""
     num_threads: AtLeastOne = 1
     """torch intra-op threads of the engine's compute thread (cores are shared with other processes)."""
+    inline_step_ms: NonNegativeFloat = 25.0
+    """A decode step (every request one token) whose recent CPU time is under this runs on the engine's
+    event loop instead of its compute thread: for a small model the two thread hand-offs of a step
+    cost more than the step itself, above all on a busy machine; HTTP then waits at most about this
+    long between steps. Prefill chunks always run on the compute thread. 0 = every step there."""
     seed: int = 0
     """Sampling seed; a request's own generator is derived from it and the request id."""
     weight_version: str = "0"

@@ -5,12 +5,13 @@ One asyncio task owns every request and alternates two phases:
     schedule   (event loop)     apply queued commands; admit waiting requests while the batch has
                                 room and the source has KV; plan one step over all running requests
     execute    (compute thread) the output source runs the step and samples (torch releases the GIL, so
-                                HTTP stays responsive)
-    process    (event loop)     append tokens, apply SGLang's stop rules, notify streams, free
-                                finished requests
+                                HTTP stays responsive); a decode step shorter than `inline_step_ms`
+                                runs on the event loop instead (no thread hand-offs)
+    process    (event loop)     append tokens, apply SGLang's stop rules, notify streams (a plain
+                                request only when it finishes), free finished requests
 
 Control operations (abort, pause, weight updates, memory release, KV pins) are queued and applied
-between steps, so nothing the compute thread reads ever changes under it.
+between steps, so nothing a running step reads ever changes under it.
 
 Pause modes follow SGLang: `abort` aborts everything in flight, `in_place` freezes running requests
 with their KV, `retract` returns them to the waiting queue (their KV goes to the prefix cache and is
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +43,7 @@ from services.cell_agent.engine.sources.base import (
     OutputSource,
     OutputSourceError,
     Sampled,
+    StepPlan,
 )
 
 log = structlog.get_logger(__name__)
@@ -58,6 +61,7 @@ class EngineCore:
         eos_token_ids: frozenset[int],
         max_batch_size: int,
         seed: int,
+        inline_step_ms: float = 0.0,
     ) -> None:
         self.source = source
         self.tokenizer = tokenizer
@@ -74,6 +78,12 @@ class EngineCore:
         self.num_cached_prompt_tokens = 0
         """Prompt tokens whose KV came from the prefix cache (or imported KV) instead of a prefill."""
         self.num_output_tokens = 0
+        self.inline_step_ms = inline_step_ms
+        self.decode_step_ms: float | None = None
+        """Recent CPU time of a decode step (moving average), which decides where the next one runs."""
+        self.num_inline_steps = 0
+        self.compute_cpu_s = 0.0
+        """CPU seconds spent in the source's `execute` (forward and sampling), wherever it ran."""
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
         self._by_rid: dict[str, RequestState] = {}
@@ -150,6 +160,8 @@ class EngineCore:
             "paused": self.paused,
             "num_steps": self.num_steps,
             "num_retractions": self.num_retractions,
+            "num_inline_steps": self.num_inline_steps,
+            "compute_cpu_s": round(self.compute_cpu_s, 6),
             "weight_version": self.source.weight_version,
             "ready": self.source.ready,
             **self.source.stats(),
@@ -158,7 +170,6 @@ class EngineCore:
     # ---- the loop ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 self._apply_commands()
@@ -170,7 +181,7 @@ class EngineCore:
                         self._wake.clear()
                         await self._wake.wait()
                     continue
-                sampled = await loop.run_in_executor(self._executor, self.source.execute, plan)
+                sampled = await self._execute(plan)
                 self.source.commit(plan)
                 self._process(sampled)
                 self.num_steps += 1
@@ -185,6 +196,25 @@ class EngineCore:
             for state in list(self._by_rid.values()):
                 if not state.finished:
                     self._finish(state, FinishReason.abort("the engine is shutting down", 503))
+
+    async def _execute(self, plan: StepPlan) -> list[Sampled]:
+        """Run a step on the compute thread, or on the loop itself when it is a decode step (every row
+        one token) whose recent CPU time is under `inline_step_ms`: then the two thread hand-offs of a
+        step cost more than the step, and most of all on a busy machine, where each hand-off waits for
+        a core (`gyre bench engine`)."""
+        decode = all(row.count == 1 for row in plan.rows)
+        if decode and self.decode_step_ms is not None and self.decode_step_ms < self.inline_step_ms:
+            sampled, cpu_s = _timed_execute(self.source, plan)
+            self.num_inline_steps += 1
+            await asyncio.sleep(0)  # HTTP handlers run between two steps
+        else:
+            loop = asyncio.get_running_loop()
+            sampled, cpu_s = await loop.run_in_executor(self._executor, _timed_execute, self.source, plan)
+        self.compute_cpu_s += cpu_s
+        if decode:
+            ms = cpu_s * 1000
+            self.decode_step_ms = ms if self.decode_step_ms is None else 0.8 * self.decode_step_ms + 0.2 * ms
+        return sampled
 
     def _fail_everything(self, error: BaseException) -> None:
         log.error(
@@ -256,8 +286,8 @@ class EngineCore:
             reason = self._check_finish(state) or item.finish
             if reason is not None:
                 self._finish(state, reason)
-            else:
-                state.notify()
+            elif state.request.stream:
+                state.notify()  # a plain request waits for its finish only: no wake-up per token
 
     def _check_finish(self, state: RequestState) -> FinishReason | None:
         """SGLang's order: length, then stop token (unless ignore_eos), then stop string."""
@@ -361,6 +391,13 @@ class EngineCore:
         if state is None:
             raise OutputSourceError(f"no request {rid!r} in flight to pin", 404)
         return self.source.pin(state)
+
+
+def _timed_execute(source: OutputSource, plan: StepPlan) -> tuple[list[Sampled], float]:
+    """The step's samples and the CPU seconds its thread spent on it."""
+    start = time.thread_time()
+    sampled = source.execute(plan)
+    return sampled, time.thread_time() - start
 
 
 def _check_tags(tags: Sequence[str] | None) -> list[str]:

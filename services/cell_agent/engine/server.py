@@ -152,6 +152,7 @@ class EngineServer:
             eos_token_ids=frozenset(self.eos_token_ids),
             max_batch_size=self.section.max_batch_size,
             seed=self.section.seed,
+            inline_step_ms=self.section.inline_step_ms,
         )
         self._core_task = asyncio.create_task(self._core.run(), name="engine-core")
         from services.cell_agent.engine.http_api import EngineApi
