@@ -135,3 +135,21 @@ class SimResult:
             "events": self.num_events,
             "wall_s": round(self.wall_s, 3),
         }
+
+    def text_lines(self, title: str) -> list[str]:
+        """`gyre sim run`'s report without --json: `title` (what ran), then one line per figure."""
+        after = self.mean_staleness(from_step=self.mu)
+        shown = round(after, 4) if after is not None else None
+        return [
+            title,
+            f"total                {self.total_h:.2f} h for {self.steps} steps",
+            "per step (h)         "
+            + " ".join(f"{t:.2f}" for t in self.step_times_h[:48])
+            + (" ..." if self.steps > 48 else ""),
+            f"mean staleness       {shown} after the first burst, "
+            f"{round(self.mean_staleness() or 0.0, 4)} over all steps (φ + (μ−1)/2 = {self.expected_staleness:g})",
+            f"utilization          rollout {self.rollout_utilization:.1%}, training {self.training_utilization:.1%}",
+            "cell time            " + ", ".join(f"{k} {v:.1%}" for k, v in self.cell_time_share.items()),
+            f"executions           {self.executions_finished} simulated ({self.executions_started} started),"
+            f" {self.transitions} transitions, {self.reroutes} reroutes, wall {self.wall_s:.2f} s",
+        ]

@@ -109,28 +109,9 @@ def run(
     if as_json:
         typer.echo(json.dumps(out))
         return
-    after = out["mean_staleness_after_first_burst"]
-    typer.echo(
-        f"{p.name} {layout.mode.value} [{layout.describe()}] φ={layout.phi:g} μ={layout.mu} seed={seed}"
-    )
-    typer.echo(f"total                {result.total_h:.2f} h for {result.steps} steps")
-    typer.echo(
-        "per step (h)         "
-        + " ".join(f"{t:.2f}" for t in result.step_times_h[:48])
-        + (" ..." if result.steps > 48 else "")
-    )
-    typer.echo(
-        f"mean staleness       {after} after the first burst, {out['mean_staleness_all_steps']} over all"
-        f" steps (φ + (μ−1)/2 = {result.expected_staleness:g})"
-    )
-    typer.echo(
-        f"utilization          rollout {result.rollout_utilization:.1%}, training {result.training_utilization:.1%}"
-    )
-    typer.echo("cell time            " + ", ".join(f"{k} {v:.1%}" for k, v in result.cell_time_share.items()))
-    typer.echo(
-        f"executions           {result.executions_finished} simulated ({result.executions_started} started),"
-        f" {result.transitions} transitions, {result.reroutes} reroutes, wall {result.wall_s:.2f} s"
-    )
+    title = f"{p.name} {layout.mode.value} [{layout.describe()}] φ={layout.phi:g} μ={layout.mu} seed={seed}"
+    for line in result.text_lines(title):
+        typer.echo(line)
     if "plot" in out:
         typer.echo(f"timeline             {out['plot']}")
 
@@ -174,70 +155,75 @@ def ablation(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     wall_s = time.perf_counter() - started
-    fastest = min(outcomes, key=lambda o: o.result.total_s).row.id
-    configs = {
-        o.row.id: {
-            "evolution": o.row.evolution,
-            "mode": o.row.layout.mode.value,
-            "allocation": o.row.layout.describe(),
-            "phi": o.row.layout.phi,
-            "mu": o.row.layout.mu,
-            "streaming": o.row.layout.streaming,
-            "total_h": round(o.result.total_h, 3),
-            "ratio_vs_e0": round(o.ratio_vs_e0, 3),
-            "paper_total_h": o.row.paper_total_h,
-            "paper_ratio_vs_e0": o.row.paper_ratio_vs_e0,
-            "mean_staleness_all_steps": round(o.result.mean_staleness() or 0.0, 3),
-            "rollout_utilization": round(o.result.rollout_utilization, 3),
-            "training_utilization": round(o.result.training_utilization, 3),
-        }
-        for o in outcomes
+    report = {
+        "preset": p.name,
+        "steps": steps,
+        "seed": seed,
+        "fastest": min(outcomes, key=lambda o: o.result.total_s).row.id,
+        "node_tokens_per_s": p.training.node_tokens_per_s,
+        "configs": {o.row.id: _ablation_config(o) for o in outcomes},
+        "wall_s": round(wall_s, 2),
+        "regime": "cluster scale: the paper's preset in the simulator (not a measurement)",
+        "calibration": sources,
+        "validation": validated,
     }
     if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "preset": p.name,
-                    "steps": steps,
-                    "seed": seed,
-                    "fastest": fastest,
-                    "node_tokens_per_s": p.training.node_tokens_per_s,
-                    "configs": configs,
-                    "wall_s": round(wall_s, 2),
-                    "regime": "cluster scale: the paper's preset in the simulator (not a measurement)",
-                    "calibration": sources,
-                    "validation": validated,
-                }
-            )
-        )
+        typer.echo(json.dumps(report))
         return
-    typer.echo(
+    for line in _ablation_text(report):
+        typer.echo(line)
+
+
+def _ablation_config(o: Any) -> dict[str, Any]:
+    """One configuration of the ablation table (an `AblationOutcome`) as the report shows it."""
+    return {
+        "evolution": o.row.evolution,
+        "mode": o.row.layout.mode.value,
+        "allocation": o.row.layout.describe(),
+        "phi": o.row.layout.phi,
+        "mu": o.row.layout.mu,
+        "streaming": o.row.layout.streaming,
+        "total_h": round(o.result.total_h, 3),
+        "ratio_vs_e0": round(o.ratio_vs_e0, 3),
+        "paper_total_h": o.row.paper_total_h,
+        "paper_ratio_vs_e0": o.row.paper_ratio_vs_e0,
+        "mean_staleness_all_steps": round(o.result.mean_staleness() or 0.0, 3),
+        "rollout_utilization": round(o.result.rollout_utilization, 3),
+        "training_utilization": round(o.result.training_utilization, 3),
+    }
+
+
+def _ablation_text(report: dict[str, Any]) -> list[str]:
+    """The ablation report as a table, its calibration and its validation (without --json)."""
+    lines = [
         f"{'id':<4}{'allocation':<16}{'(φ,μ)':<9}{'stream':<8}{'total h':>9}{'vs E0':>8}"
         f"{'paper h':>9}{'paper':>8}  evolution"
-    )
-    for row_id, c in configs.items():
-        typer.echo(
+    ]
+    for row_id, c in report["configs"].items():
+        lines.append(
             f"{row_id:<4}{c['allocation']:<16}{'(' + format(c['phi'], 'g') + ',' + str(c['mu']) + ')':<9}"
             f"{'on' if c['streaming'] else 'off':<8}{c['total_h']:>9.2f}{c['ratio_vs_e0']:>8.3f}"
             f"{c['paper_total_h']:>9.2f}{c['paper_ratio_vs_e0']:>8.3f}  {c['evolution']}"
         )
-    typer.echo(f"fastest: {fastest}   ({steps} steps, seed {seed}, {wall_s:.1f} s)")
-    typer.echo("regime: cluster scale, the paper's preset in the simulator (not a measurement)")
-    typer.echo(
-        f"calibration of {p.name} (paper = reported by the paper; fitted = to its reported workload "
-        "statistics, never to speedups; assumed = not reported):"
-    )
-    for name, f in sources.items():
+    lines += [
+        f"fastest: {report['fastest']}   ({report['steps']} steps, seed {report['seed']}, {report['wall_s']:.1f} s)",
+        "regime: cluster scale, the paper's preset in the simulator (not a measurement)",
+        f"calibration of {report['preset']} (paper = reported by the paper; fitted = to its reported workload "
+        "statistics, never to speedups; assumed = not reported):",
+    ]
+    for name, f in report["calibration"].items():
         note = f"  ({f['note']})" if "note" in f else ""
-        typer.echo(f"  {name:<36}{f['value']!s:>12}  {f['source']}{note}")
+        lines.append(f"  {name:<36}{f['value']!s:>12}  {f['source']}{note}")
+    validated = report["validation"]
     if validated is not None:
         errors = ", ".join(f"{m} {e:+.1%}" for m, e in validated["errors"].items())
-        typer.echo(f"validation: {validated['summary']}: {errors}")
+        lines.append(f"validation: {validated['summary']}: {errors}")
     else:
-        typer.echo(
+        lines.append(
             "validation: the simulator's mechanics are checked against the real stack by `gyre sim validate` "
             "(--validation FILE shows its result here)"
         )
+    return lines
 
 
 def _validation_summary(path: Path) -> dict[str, Any]:

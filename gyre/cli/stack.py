@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -34,105 +35,121 @@ def _run_dir(cfg: GyreConfig, run: str | None) -> Path:
     raise typer.Exit(1)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("up")
-    def up_cmd(
-        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
-        detach: bool = typer.Option(False, "--detach", "-d", help="Return once every service is SERVING."),
-        wait_s: float = typer.Option(30.0, "--wait", help="Seconds to wait for SERVING."),
-    ) -> None:
-        """Start nats-server, redis-server and every service; all bind 127.0.0.1. Without `model.path` in
-        the config, the embedded default's model (the packaged warm start, as `gyre demo` trains)."""
-        from gyre.demo.config import embedded_model_path
-        from gyre.model.arch import ModelError
-        from gyre.stack.launcher import StackError, StackState, down_state, up
-        from gyre.stack.signals import StopSignals
+def up_cmd(
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Return once every service is SERVING."),
+    wait_s: float = typer.Option(30.0, "--wait", help="Seconds to wait for SERVING."),
+) -> None:
+    """Start nats-server, redis-server and every service; all bind 127.0.0.1. Without `model.path` in
+    the config, the embedded default's model (the packaged warm start, as `gyre demo` trains)."""
+    from gyre.demo.config import embedded_model_path
+    from gyre.model.arch import ModelError
+    from gyre.stack.launcher import StackError, up
+    from gyre.stack.signals import StopSignals
 
-        # The embedded default's model unless the file (or GYRE_MODEL__PATH) names one, as for `gyre demo`.
-        cfg = config_or_exit(
-            config, lambda: load_config(config, base={"model": {"path": str(embedded_model_path())}})
-        )
-        with StopSignals() as stop:
-            try:
-                state = up(cfg, wait_s=wait_s, attached=not detach, stop=stop.event)
-            except ModelError as e:
-                typer.echo(f"error: {e}", err=True)
-                raise typer.Exit(2) from None
-            except StackError as e:
-                if stop.event.is_set():  # Ctrl-C while the start finished: a stop, not a failure
-                    typer.echo("stack stopped")
-                    raise typer.Exit(stop.exit_code) from None
-                typer.echo(f"error: {e}", err=True)
-                raise typer.Exit(1) from None
-            typer.echo(f"run {state.run_id} up: {len(state.processes)} processes; config {state.config_path}")
-            if detach:
-                return
-            typer.echo(f"Ctrl-C stops the stack (within {state.stop_bound_s:.0f} s).")
-            stop.on_stop = lambda: down_state(state)
-            if stop.event.is_set() and not stop.teardown_started:  # a signal came while the start finished
-                down_state(state)
-            while not stop.event.wait(0.5):
-                if not state.supervisor_alive():
-                    if stop.event.is_set():  # a signal's teardown stopped it between two waits
-                        break
-                    final = StackState.load(Path(state.run_dir))
-                    typer.echo(
-                        f"error: {final.error if final and final.error else 'the stack stopped'}", err=True
-                    )
-                    down_state(state)
-                    raise typer.Exit(1)
-        typer.echo("stack stopped")
-        raise typer.Exit(stop.exit_code)
-
-    @app.command("down")
-    def down_cmd(
-        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
-        run: str | None = _RUN_OPTION,
-    ) -> None:
-        """Stop every process of the run (services, then Redis and NATS)."""
-        from gyre.stack.launcher import down
-
-        run_dir = _run_dir(config_or_exit(config), run)
-        typer.echo(
-            f"stopped run {run_dir.name!r}" if down(run_dir) else f"nothing running for run {run_dir.name!r}"
-        )
-
-    @app.command("status")
-    def status_cmd(
-        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-        run: str | None = _RUN_OPTION,
-    ) -> None:
-        """Each process of the run: pid, health (grpc.health.v1) and ports; the scheduler's state."""
-        from gyre.stack.launcher import status
-
-        run_dir = _run_dir(config_or_exit(config), run)
-        rows = status(run_dir)
-        if as_json:
-            typer.echo(json.dumps(rows))
+    # The embedded default's model unless the file (or GYRE_MODEL__PATH) names one, as for `gyre demo`.
+    cfg = config_or_exit(
+        config, lambda: load_config(config, base={"model": {"path": str(embedded_model_path())}})
+    )
+    with StopSignals() as stop:
+        try:
+            state = up(cfg, wait_s=wait_s, attached=not detach, stop=stop.event)
+        except ModelError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        except StackError as e:
+            if stop.event.is_set():  # Ctrl-C while the start finished: a stop, not a failure
+                typer.echo("stack stopped")
+                raise typer.Exit(stop.exit_code) from None
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(f"run {state.run_id} up: {len(state.processes)} processes; config {state.config_path}")
+        if detach:
             return
-        if not rows:
-            typer.echo(f"nothing running for run {run_dir.name!r}")
+        _hold_attached(state, stop)
+    typer.echo("stack stopped")
+    raise typer.Exit(stop.exit_code)
+
+
+def _hold_attached(state: Any, stop: Any) -> None:
+    """Until Ctrl-C (or SIGTERM) stops the stack, or the stack stops by itself (exit 1, its error said)."""
+    from gyre.stack.launcher import StackState, down_state
+
+    typer.echo(f"Ctrl-C stops the stack (within {state.stop_bound_s:.0f} s).")
+    stop.on_stop = lambda: down_state(state)
+    if stop.event.is_set() and not stop.teardown_started:  # a signal came while the start finished
+        down_state(state)
+    while not stop.event.wait(0.5):
+        if not state.supervisor_alive():
+            if stop.event.is_set():  # a signal's teardown stopped it between two waits
+                break
+            final = StackState.load(Path(state.run_dir))
+            typer.echo(f"error: {final.error if final and final.error else 'the stack stopped'}", err=True)
+            down_state(state)
             raise typer.Exit(1)
-        typer.echo(f"run {run_dir.name}")
-        for r in rows:
-            ports = (
-                f"grpc {r['grpc_port']}"
-                if r["grpc_port"]
-                else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())
-            )  # type: ignore[union-attr]
-            if r.get("metrics_port"):
-                ports += f"  metrics {r['metrics_port']}"
-            restarts = f"  restarts {r['restarts']} (last: {r['last_exit']})" if r.get("restarts") else ""
-            typer.echo(f"{r['name']:<14} pid {r['pid']:<8} {r['health']:<12} {ports}{restarts}")
-            if r.get("error"):
-                typer.echo(f"  error: {r['error']}")
-        scheduler = next((r for r in rows if r["name"] == "scheduler" and r["health"] == "SERVING"), None)
-        if scheduler is not None:
-            typer.echo(_run_state(int(scheduler["grpc_port"])))  # type: ignore[call-overload]
-        proxy = next((r for r in rows if r["name"] == "proxy" and r["health"] == "SERVING"), None)
-        if proxy is not None:
-            typer.echo(_proxy_state(int(proxy["grpc_port"])))  # type: ignore[call-overload]
+
+
+def down_cmd(
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
+    run: str | None = _RUN_OPTION,
+) -> None:
+    """Stop every process of the run (services, then Redis and NATS)."""
+    from gyre.stack.launcher import down
+
+    run_dir = _run_dir(config_or_exit(config), run)
+    typer.echo(
+        f"stopped run {run_dir.name!r}" if down(run_dir) else f"nothing running for run {run_dir.name!r}"
+    )
+
+
+def status_cmd(
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    run: str | None = _RUN_OPTION,
+) -> None:
+    """Each process of the run: pid, health (grpc.health.v1) and ports; the scheduler's state."""
+    from gyre.stack.launcher import status
+
+    run_dir = _run_dir(config_or_exit(config), run)
+    rows = status(run_dir)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo(f"nothing running for run {run_dir.name!r}")
+        raise typer.Exit(1)
+    for line in _status_lines(run_dir.name, rows):
+        typer.echo(line)
+
+
+def _status_lines(run: str, rows: list[dict[str, Any]]) -> list[str]:
+    """`gyre status` without --json: a line per process, then the scheduler's and the proxy's state."""
+    lines = [f"run {run}"]
+    for r in rows:
+        ports = (
+            f"grpc {r['grpc_port']}"
+            if r["grpc_port"]
+            else " ".join(f"{k} {v}" for k, v in r.get("ports", {}).items())
+        )
+        if r.get("metrics_port"):
+            ports += f"  metrics {r['metrics_port']}"
+        restarts = f"  restarts {r['restarts']} (last: {r['last_exit']})" if r.get("restarts") else ""
+        lines.append(f"{r['name']:<14} pid {r['pid']:<8} {r['health']:<12} {ports}{restarts}")
+        if r.get("error"):
+            lines.append(f"  error: {r['error']}")
+    scheduler = next((r for r in rows if r["name"] == "scheduler" and r["health"] == "SERVING"), None)
+    if scheduler is not None:
+        lines.append(_run_state(int(scheduler["grpc_port"])))
+    proxy = next((r for r in rows if r["name"] == "proxy" and r["health"] == "SERVING"), None)
+    if proxy is not None:
+        lines.append(_proxy_state(int(proxy["grpc_port"])))
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up_cmd)
+    app.command("down")(down_cmd)
+    app.command("status")(status_cmd)
 
 
 def _proxy_state(port: int) -> str:

@@ -74,63 +74,84 @@ def _terminations(reason: dict[str, int]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any]:
-    group_members: dict[str, list[str]] = {}
-    group_reward: dict[str, float] = {}
-    group_step: dict[str, int] = {}
-    staleness_by_step: dict[int, list[int]] = defaultdict(list)
-    group_without_targets: dict[str, int] = {}
-    admitted_by_class: dict[str, int] = defaultdict(int)
-    completed_steps: dict[int, ev.StepCompleted] = {}
-    status: dict[str, int] = {}
-    reason: dict[str, int] = {}
-    durations: dict[str, list[float]] = {"training": [], "rollout": []}
-    for r in events:
-        e = r.event
+@dataclass
+class _RunEvents:
+    """What a run's events say, gathered in one pass (the report's raw material)."""
+
+    group_members: dict[str, list[str]] = field(default_factory=dict)
+    group_reward: dict[str, float] = field(default_factory=dict)
+    group_step: dict[str, int] = field(default_factory=dict)
+    staleness_by_step: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    group_without_targets: dict[str, int] = field(default_factory=dict)
+    admitted_by_class: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    completed_steps: dict[int, ev.StepCompleted] = field(default_factory=dict)
+    status: dict[str, int] = field(default_factory=dict)
+    reason: dict[str, int] = field(default_factory=dict)
+    durations: dict[str, list[float]] = field(default_factory=lambda: {"training": [], "rollout": []})
+
+    @classmethod
+    def collect(cls, events: Sequence[RecordedEvent]) -> _RunEvents:
+        run = cls()
+        for r in events:
+            run.add(r.event)
+        return run
+
+    def add(self, e: Any) -> None:
         match e:
             case ev.GroupDispatched():
-                group_members[e.group_id] = list(e.execution_ids)
+                self.group_members[e.group_id] = list(e.execution_ids)
             case ev.GroupReady():
-                group_reward[e.group_id] = e.mean_reward
+                self.group_reward[e.group_id] = e.mean_reward
             case ev.GroupPacked():
                 step = step_of_batch(e.batch_id)
-                group_step[e.group_id] = step
-                staleness_by_step[step].append(e.staleness)
-                group_without_targets[e.group_id] = e.num_executions_without_targets
+                self.group_step[e.group_id] = step
+                self.staleness_by_step[step].append(e.staleness)
+                self.group_without_targets[e.group_id] = e.num_executions_without_targets
                 for leaf_class, n in e.admitted_by_class.items():
-                    admitted_by_class[leaf_class] += n
+                    self.admitted_by_class[leaf_class] += n
             case ev.StepCompleted():
-                completed_steps[e.policy_version - 1] = e
+                self.completed_steps[e.policy_version - 1] = e
             case ev.EvaluationDone():
-                status[e.execution.execution_id] = e.status
+                self.status[e.execution.execution_id] = e.status
             case ev.ExecutionTerminated():
-                reason[e.execution.execution_id] = e.reason
+                self.reason[e.execution.execution_id] = e.reason
             case ev.RoleTransitionCompleted():
                 key = "training" if e.to_role == _TRAINING else "rollout"
-                durations[key].append(e.duration_s)
-    steps = sorted(completed_steps)
-    counts = dict.fromkeys(("trained", "excluded", "placeholder", "cancelled", "unconsumed"), 0)
-    for group_id, members in group_members.items():
-        consumed = group_step.get(group_id) in completed_steps
-        for eid in members:
-            st = status.get(eid)
-            if consumed and st == common.EVALUATION_STATUS_VALID:
-                counts["trained"] += 1
-            elif consumed and st == common.EVALUATION_STATUS_EXCLUDED:
-                counts["excluded"] += 1
-            elif consumed and st == common.EVALUATION_STATUS_PLACEHOLDER:
-                counts["placeholder"] += 1
-            elif reason.get(eid) == common.TERMINATION_REASON_CANCELLED or eid not in reason:
-                counts["cancelled"] += 1
-            else:
-                counts["unconsumed"] += 1
-    consumed_groups = [g for g in group_members if group_step.get(g) in completed_steps]
+                self.durations[key].append(e.duration_s)
+
+    def consumed_groups(self) -> list[str]:
+        return [g for g in self.group_members if self.group_step.get(g) in self.completed_steps]
+
+    def execution_counts(self) -> dict[str, int]:
+        """Every dispatched execution in exactly one class: trained, excluded, placeholder (their group
+        was consumed by a completed step), cancelled, or unconsumed."""
+        counts = dict.fromkeys(("trained", "excluded", "placeholder", "cancelled", "unconsumed"), 0)
+        for group_id, members in self.group_members.items():
+            consumed = self.group_step.get(group_id) in self.completed_steps
+            for eid in members:
+                st = self.status.get(eid)
+                if consumed and st == common.EVALUATION_STATUS_VALID:
+                    counts["trained"] += 1
+                elif consumed and st == common.EVALUATION_STATUS_EXCLUDED:
+                    counts["excluded"] += 1
+                elif consumed and st == common.EVALUATION_STATUS_PLACEHOLDER:
+                    counts["placeholder"] += 1
+                elif self.reason.get(eid) == common.TERMINATION_REASON_CANCELLED or eid not in self.reason:
+                    counts["cancelled"] += 1
+                else:
+                    counts["unconsumed"] += 1
+        return counts
+
+
+def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any]:
+    run = _RunEvents.collect(events)
+    steps = sorted(run.completed_steps)
+    completed, staleness = run.completed_steps, run.staleness_by_step
+    consumed_groups = run.consumed_groups()
     reward_by_step = [
-        _mean([group_reward[g] for g, s in group_step.items() if s == step and g in group_reward])
+        _mean([run.group_reward[g] for g, s in run.group_step.items() if s == step and g in run.group_reward])
         for step in steps
     ]
-    after_first_burst = [x for s in steps if s >= facts.mu for x in staleness_by_step[s]]
-    every = [x for s in steps for x in staleness_by_step[s]]
     third = max(1, len(reward_by_step) // 3)
     rewards = [x for x in reward_by_step if x is not None]
     return {
@@ -141,34 +162,37 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
         "reward_by_step": reward_by_step,
         "reward_first_third": _mean(rewards[:third]),
         "reward_last_third": _mean(rewards[-third:]),
-        "mean_staleness": _mean(after_first_burst),
-        "mean_staleness_all_steps": _mean(every),
-        "staleness_by_step": [_mean(staleness_by_step[s]) for s in steps],
+        "mean_staleness": _mean([x for s in steps if s >= facts.mu for x in staleness[s]]),
+        "mean_staleness_all_steps": _mean([x for s in steps for x in staleness[s]]),
+        "staleness_by_step": [_mean(staleness[s]) for s in steps],
         "target_staleness": facts.phi + (facts.mu - 1) / 2,
-        "executions": {"dispatched": sum(len(m) for m in group_members.values()), **counts},
-        "executions_consumed": sum(len(group_members[g]) for g in consumed_groups),
-        "executions_without_targets": sum(group_without_targets.get(g, 0) for g in consumed_groups),
-        "target_tokens_by_step": [int(completed_steps[s].num_targets) for s in steps],
+        "executions": {
+            "dispatched": sum(len(m) for m in run.group_members.values()),
+            **run.execution_counts(),
+        },
+        "executions_consumed": sum(len(run.group_members[g]) for g in consumed_groups),
+        "executions_without_targets": sum(run.group_without_targets.get(g, 0) for g in consumed_groups),
+        "target_tokens_by_step": [int(completed[s].num_targets) for s in steps],
         "refused_calls": dict(sorted(facts.refused_calls.items())),
         "refusal_messages": dict(sorted(facts.refusal_messages.items())),
-        "terminations": _terminations(reason),
+        "terminations": _terminations(run.reason),
         "harness_errors_during_transitions": facts.harness_errors_during_transitions,
         "transitions": {
-            "count": sum(len(v) for v in durations.values()),
-            "median_s_to_training": _median(durations["training"]),
-            "median_s_to_rollout": _median(durations["rollout"]),
+            "count": sum(len(v) for v in run.durations.values()),
+            "median_s_to_training": _median(run.durations["training"]),
+            "median_s_to_rollout": _median(run.durations["rollout"]),
         },
         "reroutes": facts.reroutes,
         "kv_migrated_tokens": facts.kv_migrated_tokens,
-        "admitted_trajectories_by_class": dict(sorted(admitted_by_class.items())),
+        "admitted_trajectories_by_class": dict(sorted(run.admitted_by_class.items())),
         "recorded_calls": facts.recorded_calls,
         "side_calls": facts.side_calls,
         "history_mismatch_rate": round(facts.history_mismatches / facts.recorded_calls, 4)
         if facts.recorded_calls
         else 0.0,
         "wall_s": round(facts.wall_s, 1),
-        "loss_by_step": [round(completed_steps[s].loss, 5) for s in steps],
-        "clip_fraction_by_step": [round(completed_steps[s].clip_fraction, 4) for s in steps],
+        "loss_by_step": [round(completed[s].loss, 5) for s in steps],
+        "clip_fraction_by_step": [round(completed[s].clip_fraction, 4) for s in steps],
         **facts.extra,
     }
 
