@@ -355,6 +355,10 @@ class EngineClient:
             "POST", "/resume_memory_occupation", json={"tags": list(tags) if tags is not None else None}
         )
 
+    async def server_kind(self) -> str:
+        """`embedded` (Gyre's engine) or `sglang`, asked once (`/get_server_info`)."""
+        return await self._kind()
+
     async def _kind(self) -> str:
         if self._server_kind is None:
             info = await self.get_server_info()

@@ -7,7 +7,8 @@ The command comes from the engine section (`backend: sglang`):
 
     python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size T
         --random-seed S --weight-version V --enable-memory-saver [--mem-fraction-static F]
-        [--incremental-streaming-output] [extra sglang_args...]
+        [--incremental-streaming-output] [--enable-lora --max-lora-rank R --lora-target-modules M...
+        --max-loaded-loras N] [extra sglang_args...]
 
 `--enable-memory-saver` is what lets the cell agent release and resume GPU memory on a role switch
 (`/release_memory_occupation`, `/resume_memory_occupation`). The launcher starts the server in its
@@ -47,6 +48,10 @@ MANAGED_FLAGS = (
     "--enable-memory-saver",
     "--mem-fraction-static",
     "--incremental-streaming-output",
+    "--enable-lora",
+    "--max-lora-rank",
+    "--lora-target-modules",
+    "--max-loaded-loras",
 )
 
 
@@ -97,6 +102,12 @@ def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
         cmd += ["--mem-fraction-static", str(section.sglang_mem_fraction_static)]
     if section.incremental_streaming_output:
         cmd.append("--incremental-streaming-output")
+    if section.enable_lora:
+        cmd += ["--enable-lora", "--max-loaded-loras", str(section.max_loaded_loras)]
+        if section.max_lora_rank is not None:
+            cmd += ["--max-lora-rank", str(section.max_lora_rank)]
+        if section.lora_target_modules:
+            cmd += ["--lora-target-modules", *section.lora_target_modules]
     if "--enable-metrics" not in section.sglang_args:
         cmd.append("--enable-metrics")  # SGLang's own Prometheus /metrics on its port (deploy/ scrapes it)
     return cmd + list(section.sglang_args)

@@ -121,6 +121,16 @@ class LoraAdapter(nn.Module):
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
 
+def frozen_adapter(adapter: LoraAdapter | None, tensors: Mapping[str, torch.Tensor]) -> LoraAdapter | None:
+    """A copy of `adapter` holding `tensors` (its matrices at one version, e.g. a publication's) that
+    training no longer changes; None when there is no adapter."""
+    if adapter is None:
+        return None
+    frozen = LoraAdapter(adapter.arch, adapter.spec, adapter.targets).to(next(iter(tensors.values())).dtype)
+    frozen.load_tensors(tensors)
+    return frozen.eval()
+
+
 # -- PEFT directories -----------------------------------------------------------------------------------
 
 

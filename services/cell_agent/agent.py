@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry
 from gyre.config import GyreConfig
 from gyre.ids import cell_engine_id
 from gyre.log import get_logger
+from gyre.model.lora import LoraAdapter, frozen_adapter
 from gyre.rl.loss import ObjectiveParams
 from gyre.roles import ROLLOUT, TRAINING, CellRole, role_name
 from gyre.store import Keys
@@ -373,8 +374,9 @@ class CellAgent:
             assert version is not None
             path = published_path(self.checkpoint_root, version)
 
-            def freeze() -> dict[str, torch.Tensor]:
+            def freeze() -> tuple[dict[str, torch.Tensor], LoraAdapter | None]:
                 named = {name: w.detach().clone() for name, w in t.trainer.named_weights().items()}
+                adapter = frozen_adapter(t.trainer.adapter, named)
                 if not path.exists():
                     write_published(
                         self.checkpoint_root,
@@ -382,10 +384,11 @@ class CellAgent:
                         arch=t.trainer.arch,
                         tensors=named,
                         source=self.config.model.require_path(),
+                        adapter=adapter,
                     )
-                return named
+                return named, adapter
 
-            named = await t.compute.run(freeze)
+            named, adapter = await t.compute.run(freeze)
             await self.state.set_published(version, str(path))
             if targets is None:
                 entries = await self.state.engines(self.num_cells)
@@ -393,7 +396,8 @@ class CellAgent:
                     PublishTarget(e.engine_id, e.url, e.cell) for e in entries if e.role == role_name(ROLLOUT)
                 ]
             results = await asyncio.gather(
-                *(self._push(target, named, version, path) for target in targets), return_exceptions=True
+                *(self._push(target, named, adapter, version, path) for target in targets),
+                return_exceptions=True,
             )
             updated: list[str] = []
             for target, result in zip(targets, results, strict=True):
@@ -422,15 +426,28 @@ class CellAgent:
             return PublishResult(version, duration, tuple(updated), str(path))
 
     async def _push(
-        self, target: PublishTarget, named: dict[str, torch.Tensor], version: int, path: Path
+        self,
+        target: PublishTarget,
+        named: dict[str, torch.Tensor],
+        adapter: LoraAdapter | None,
+        version: int,
+        path: Path,
     ) -> None:
+        """Make `target`'s engine serve `version`: the weights, or under LoRA the adapter."""
         if target.cell == self.cell:
-            if self.roles.role == ROLLOUT:
+            if self.roles.role != ROLLOUT:
+                return
+            if adapter is not None:
+                await self.engine.push_adapter(adapter, version)
+            else:
                 await self.engine.push_weights(
                     named, version, abort_requests=self.section.trainer.publish_abort_requests
                 )
-            return
-        await self.publisher.push(target.url, named, version=version, path=path)
+        elif adapter is not None:
+            base = self.config.model.require_path()
+            await self.publisher.push_adapter(target.url, adapter, version=version, path=path, base=base)
+        else:
+            await self.publisher.push(target.url, named, version=version, path=path)
 
     # -- status --------------------------------------------------------------------------------------------
     async def view(self) -> CellView:

@@ -15,6 +15,11 @@ aborts what is in flight (the proxy retries it on another engine) and releases m
     await host.load_weights(path, version=4)     # newest published weights
     await host.reopen()                          # admit again
 
+A run that trains a LoRA adapter publishes PEFT adapter directories: `load_weights` of one loads it as
+the policy adapter of its version (`gyre.engine.adapters`: loaded, the weight version set, adapters
+older than the previous one unloaded) on top of the base weights, and `push_adapter` does the same
+with the adapter in hand.
+
 To add a host: subclass `EngineHost`, set `name`, implement the methods, add it to `ENGINE_HOSTS`;
 `cell_agent.engine.backend` selects it. The HTTP path is tested against the embedded engine's HTTP API
 (the same SGLang-native API a real SGLang serves).
@@ -34,7 +39,11 @@ from prometheus_client import CollectorRegistry
 from gyre.config.engine import EngineSection
 from gyre.config.model import ModelSection
 from gyre.engine import EngineClient
+from gyre.engine.adapters import adapter_name, serve_adapter, stale_adapters
 from gyre.engine.sglang_launcher import SGLangLauncher
+from gyre.model.lora import LoraAdapter, read_adapter_dir
+from gyre.model.lora_spec import CONFIG_FILE as ADAPTER_CONFIG
+from gyre.model.lora_spec import adapter_config
 from services.cell_agent.engine import EngineServer
 
 
@@ -75,7 +84,12 @@ class EngineHost(ABC):
 
     @abstractmethod
     async def load_weights(self, path: Path, version: int) -> None:
-        """Serve the weights of a published file as `version`; the prefix cache is flushed."""
+        """Serve the weights of a published directory as `version`; the prefix cache is flushed. A
+        PEFT adapter directory is served as the policy adapter of `version` on the base weights."""
+
+    @abstractmethod
+    async def push_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Serve `adapter` as the policy adapter of `version` (a LoRA run's publication)."""
 
     @abstractmethod
     async def push_weights(
@@ -134,8 +148,28 @@ class EmbeddedEngineHost(EngineHost):
         await self.server.resume_memory(["kv_cache", "weights"] if self.weights_released else ["kv_cache"])
 
     async def load_weights(self, path: Path, version: int) -> None:
+        if (Path(path) / ADAPTER_CONFIG).is_file():
+            adapter = await asyncio.to_thread(read_adapter_dir, Path(path), self.server.arch)
+            await self._serve_adapter(adapter, str(path), version)
+            return
         await self.server.update_weights_from_disk(path, weight_version=str(version))
         self.weights_released = False
+
+    async def push_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        await self._serve_adapter(adapter, "__tensor__", version)
+
+    async def _serve_adapter(self, adapter: LoraAdapter, path: str, version: int) -> None:
+        """`gyre.engine.adapters.serve_adapter`, in-process (the base weights come back first if released)."""
+        if self.weights_released:
+            await self.server.update_weights_from_disk(self.model_section.require_path(), weight_version="0")
+            self.weights_released = False
+        name = adapter_name(version)
+        assert name is not None
+        if name not in self.server.adapters.loaded():
+            await self.server.load_adapter(name, adapter, path)
+        await self.server.set_weight_version(str(version))
+        for stale in stale_adapters(self.server.adapters.loaded(), version):
+            await self.server.unload_adapter(stale)
 
     async def push_weights(
         self, named: Mapping[str, torch.Tensor], version: int, *, abort_requests: bool = False
@@ -205,8 +239,25 @@ class HttpEngineHost(EngineHost):
         )
 
     async def load_weights(self, path: Path, version: int) -> None:
+        if (Path(path) / ADAPTER_CONFIG).is_file():
+            await self._base_back()
+            await serve_adapter(self.client, version, path=str(path))
+            return
         await self.client.update_weights_from_disk(str(path), weight_version=str(version))
         self.weights_released = False
+
+    async def push_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        await self._base_back()
+        config = adapter_config(adapter.spec, adapter.targets, str(self.model_section.require_path()))
+        await serve_adapter(self.client, version, tensors=adapter.tensors(), config=config)
+
+    async def _base_back(self) -> None:
+        """Weights released on the way into training come back as the base before an adapter loads."""
+        if self.weights_released:
+            await self.client.update_weights_from_disk(
+                str(self.model_section.require_path()), weight_version="0"
+            )
+            self.weights_released = False
 
     async def push_weights(
         self, named: Mapping[str, torch.Tensor], version: int, *, abort_requests: bool = False

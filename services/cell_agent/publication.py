@@ -12,6 +12,11 @@
 
 Every push tags the weights with the policy version (`weight_version`) and keeps today's rule: the
 engine flushes its prefix cache, so no prefix computed under older weights is served after it.
+
+A run that trains a LoRA adapter pushes the adapter instead (`push_adapter`, `gyre.engine.adapters`):
+`tensor` sends its matrices to an embedded engine (`/load_lora_adapter_from_tensors`, safetensors) and
+names the published PEFT directory to SGLang (`/load_lora_adapter`, which reads it from disk), `disk`
+names the directory to both; each load gets a fresh `lora_id`, so no prefix is shared across versions.
 Requests running on the engine continue under the new weights unless `publish_abort_requests`.
 A distributed group that fails (the engine restarted, a peer died) is dropped and the push is retried
 once over a fresh group; `close()` destroys the groups on the engines.
@@ -32,8 +37,11 @@ import torch
 
 from gyre.config.training import TrainerSection
 from gyre.engine import EngineClient, EngineError
+from gyre.engine.adapters import serve_adapter
 from gyre.engine.update_group import UpdateGroupSender, dtype_name, in_daemon_thread
 from gyre.log import get_logger
+from gyre.model.lora import LoraAdapter
+from gyre.model.lora_spec import adapter_config
 
 log = get_logger("gyre.cell_agent.publication")
 
@@ -70,6 +78,22 @@ class Publisher:
                 )
             else:
                 await self._distributed(client, url, named, version)
+
+    async def push_adapter(
+        self, url: str, adapter: LoraAdapter, *, version: int, path: Path, base: Path
+    ) -> None:
+        """Make the engine at `url` serve `adapter` (the published directory `path`, for the base model
+        `base`) as the policy adapter of `version`."""
+        async with EngineClient(url, timeout_s=self.timeout_s) as client:
+            if self.mode == "tensor" and await client.server_kind() == "embedded":
+                config = adapter_config(adapter.spec, adapter.targets, str(base))
+                await serve_adapter(client, version, tensors=adapter.tensors(), config=config)
+            elif self.mode in ("tensor", "disk"):
+                await serve_adapter(client, version, path=str(path))
+            else:
+                raise ValueError(
+                    "a LoRA adapter is published by tensor or disk, not over a weight-update group"
+                )
 
     async def _distributed(
         self, client: EngineClient, url: str, named: Mapping[str, torch.Tensor], version: int

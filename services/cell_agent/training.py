@@ -292,7 +292,9 @@ class TrainingSide:
                         f"{read.record.digest[:12]}…"
                     )
             self.trainer.version = version
-            log.info("snapshot_pulled", policy_version=version, transport=transport.name)
+            log.info(
+                "snapshot_pulled", policy_version=version, transport=transport.name, nbytes=read.record.nbytes
+            )
             return True
 
     # -- checkpoints -------------------------------------------------------------------------------------

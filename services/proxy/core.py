@@ -54,8 +54,15 @@ def build_template(config: GyreConfig) -> ChatTemplate:
 
 class ProxyCore:
     def __init__(
-        self, section: ProxySection, *, template: ChatTemplate, redis: aioredis.Redis, keys: Keys
+        self,
+        section: ProxySection,
+        *,
+        template: ChatTemplate,
+        redis: aioredis.Redis,
+        keys: Keys,
+        lora: bool = False,
     ) -> None:
+        """`lora`: the run trains a LoRA adapter, so calls name the engine's policy adapter."""
         self.section = section
         get_profile(section.default_profile)  # ValueError names the known profiles
         self.template = template
@@ -69,7 +76,7 @@ class ProxyCore:
             strict_matching=section.matching == "strict",
         )
         self.router = Router(
-            engine_timeout_s=section.engine_timeout_s, drain_timeout_s=section.drain_timeout_s
+            engine_timeout_s=section.engine_timeout_s, drain_timeout_s=section.drain_timeout_s, lora=lora
         )
         self.route_store = RouteStore(redis, keys)
         self.encoder = SegmentEncoder(

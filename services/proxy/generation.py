@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre.engine import EngineError, EngineRequestError, EngineUnavailable
+from gyre.engine.adapters import adapter_version
 from gyre.engine.types import FinishReason
 from gyre.log import get_logger
 from services.proxy.errors import (
@@ -236,15 +237,19 @@ class Generation:
         params = {**self.sampling, "max_new_tokens": remaining}
         self.engine_ids.append(engine.engine_id)
         first = len(self.engine_ids) == 1
+        lora = await self.router.adapter_for(engine)
+        # With an adapter the policy version is the adapter's (the engine may report a newer one already).
+        version = adapter_version(lora) if lora is not None else None
         if not self.stream:
             with self.clock.outside():
-                result = await engine.client.generate(input_ids, params, rid=self.rid)
-            self._accept(result.output_ids, result.output_logprobs, result.weight_version)
+                result = await engine.client.generate(input_ids, params, rid=self.rid, lora_path=lora)
+            self.router.saw_version(engine, result.weight_version)
+            self._accept(result.output_ids, result.output_logprobs, version or result.weight_version)
             if first:
                 self.cached_tokens = result.cached_tokens
             yield result.output_ids, result.finish_reason
             return
-        chunks = engine.client.generate_stream(input_ids, params, rid=self.rid)
+        chunks = engine.client.generate_stream(input_ids, params, rid=self.rid, lora_path=lora)
         iterator = chunks.__aiter__()
         try:
             while True:
@@ -253,7 +258,9 @@ class Generation:
                         chunk = await iterator.__anext__()
                     except StopAsyncIteration:
                         return
-                self._accept(chunk.new_output_ids, chunk.new_logprobs, chunk.meta_info.get("weight_version"))
+                reported = chunk.meta_info.get("weight_version")
+                self.router.saw_version(engine, reported)
+                self._accept(chunk.new_output_ids, chunk.new_logprobs, version or reported)
                 if first and chunk.meta_info.get("cached_tokens") is not None:
                     self.cached_tokens = int(chunk.meta_info["cached_tokens"])
                 yield chunk.new_output_ids, chunk.finish_reason

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gyre.engine import EngineClient, EngineError, EngineNotFound
+from gyre.engine.adapters import adapter_name
 from gyre.engine.migration import migrate_request_kv
 from gyre.log import get_logger
 from services.proxy.errors import EngineUnavailableError
@@ -53,6 +54,8 @@ class Engine:
     """False once drained (until a new engine table lists it again)."""
     context_len: int | None = None
     context_known: bool = False
+    weight_version: str | None = None
+    """The weight version the engine reported last (None: ask it before the next call)."""
 
     @property
     def engine_id(self) -> str:
@@ -76,7 +79,8 @@ class NoDestinationError(ValueError):
 
 
 class Router:
-    def __init__(self, *, engine_timeout_s: float, drain_timeout_s: float) -> None:
+    def __init__(self, *, engine_timeout_s: float, drain_timeout_s: float, lora: bool = False) -> None:
+        self.lora = lora
         self.engine_timeout_s = engine_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.engines: dict[str, Engine] = {}
@@ -97,6 +101,8 @@ class Router:
             for spec in table:
                 old = self.engines.get(spec.engine_id)
                 if old is not None and old.spec.url == spec.url:
+                    if not old.serving:  # back from training: it may serve other weights now
+                        old.weight_version = None
                     old.spec, old.serving = spec, True
                     fresh[spec.engine_id] = old
                 else:
@@ -170,6 +176,24 @@ class Router:
     def release(self, generation: Generation, engine: Engine) -> None:
         self.in_flight[engine.engine_id].discard(generation)
         generation.engine = None
+
+    async def adapter_for(self, engine: Engine) -> str | None:
+        """The LoRA adapter a call to `engine` names (`lora_path`), None for the base weights."""
+        if not self.lora:
+            return None
+        if engine.weight_version is None:
+            try:
+                engine.weight_version = await engine.client.get_weight_version()
+            except EngineError as e:
+                log.warning("engine_weight_version_unavailable", engine=engine.engine_id, error=e.message)
+                return None
+        return adapter_name(engine.weight_version)
+
+    @staticmethod
+    def saw_version(engine: Engine, weight_version: object) -> None:
+        """An answer of `engine` reported `weight_version`."""
+        if weight_version is not None:
+            engine.weight_version = str(weight_version)
 
     async def context_len(self, engine: Engine) -> int | None:
         """The engine's context length (asked once; None when it does not say)."""

@@ -33,7 +33,13 @@ class ProxyService(GyreService):
         self.template = build_template(config)
 
     async def setup(self) -> None:
-        self.core = ProxyCore(self.config.proxy, template=self.template, redis=self.redis, keys=self.keys)
+        self.core = ProxyCore(
+            self.config.proxy,
+            template=self.template,
+            redis=self.redis,
+            keys=self.keys,
+            lora=self.config.cell_agent.trainer.lora is not None,
+        )
         await self.core.start()
         self.http = HttpHost(
             build_app(self.core),

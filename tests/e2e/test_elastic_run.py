@@ -3,10 +3,11 @@ cell agents, the demo harness in sandboxes, real model calls through the proxy.
 
 The run is shaped so that elasticity is exercised: groups become ready at different times (seeded
 heavy-tailed tool sleeps), the core joins training while executions are live, and a satellite joins
-a batch the core is already in. Asserted from the run's stored events. Two models: the demo's warm
-start (sampled), and a tiny random Qwen3 made by `gyre model init` whose engine emits a scripted
-write_file call with the model's own log-probs (`scored_script`); its published weights are then
-loaded by `transformers`.
+a batch the core is already in. Asserted from the run's stored events. The models: the demo's warm
+start (sampled), a tiny random Qwen3-MoE made by `gyre model init` whose engines emit a scripted
+write_file call with the model's own log-probs (`scored_script`), its published weights then loaded by
+`transformers`, and the same on a tiny Qwen3 training a LoRA adapter: satellites pull the adapter,
+the engines serve it by name, and `peft` loads its publication.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import peft
 import pytest
 import torch
 import transformers
@@ -28,7 +30,7 @@ from gyre.metrics.steps import scalars
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
 from gyre.model.weights import load_model
-from gyre.trainer.checkpoint import latest_checkpoint
+from gyre.trainer.checkpoint import latest_checkpoint, read_adapter_checkpoint
 from tests.support.tensorboard import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -66,25 +68,36 @@ def test_two_elastic_steps_with_a_satellite_joining_mid_batch(tmp_path: Path) ->
     _assert_elastic(summary, events)
 
 
-def test_two_elastic_steps_on_a_tiny_qwen3_and_its_publication_loads_in_transformers(tmp_path: Path) -> None:
-    model_dir = init_model_dir(tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0)
+def _tiny_config(tmp_path: Path, run_id: str, model_dir: Path, trainer: dict[str, Any] | None = None) -> Any:
+    """A run on a tiny model made by `gyre model init` whose engines emit a scripted write_file call with
+    the model's own log-probs (`scored_script`)."""
     script = tmp_path / "script.jsonl"
     script.write_text("\n".join(json.dumps({"text": t}) for t in (WRITE_8, "Done.")) + "\n")
-    config = demo_config(
+    return demo_config(
         None,
         {
-            "run": {"id": "e2eqwen", "dir": str(tmp_path / "runs")},
+            "run": {"id": run_id, "dir": str(tmp_path / "runs")},
             "model": {"path": str(model_dir)},
             "cell_agent": {
                 "engine": {
                     "output_source": "scored_script",
                     "script_file": str(script),
                     "script_repeat": True,
-                }
+                },
+                "trainer": trainer or {},
             },
             **SHAPE,
         },
     )
+
+
+def test_two_elastic_steps_on_a_tiny_qwen3_moe_and_its_publication_loads_in_transformers(
+    tmp_path: Path,
+) -> None:
+    """Full fine-tuning of a mixture-of-experts model (Qwen3's attention, every layer sparse: this run
+    stands for dense Qwen3 too, whose MLP the unit tests compare with transformers)."""
+    model_dir = init_model_dir(tmp_path / "qwen3-moe-tiny", arch="qwen3_moe", size="tiny", seed=0)
+    config = _tiny_config(tmp_path, "e2emoe", model_dir)
     summary, events = _run_with_status(config, tmp_path)
     _assert_elastic(summary, events)
     published = config.run.path / "checkpoints" / "published" / "v00000002"
@@ -93,6 +106,7 @@ def test_two_elastic_steps_on_a_tiny_qwen3_and_its_publication_loads_in_transfor
     assert checkpoint is not None and checkpoint.name == "step-00000002"
     trainer = load_model(checkpoint)  # the core's own weights after step 2
     hf = transformers.AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32).eval()
+    assert type(hf).__name__ == trainer.arch.architecture
     ids = torch.arange(100, 164)
     with torch.no_grad():
         ours = trainer(ids, torch.arange(64), [0, 64])
@@ -103,6 +117,49 @@ def test_two_elastic_steps_on_a_tiny_qwen3_and_its_publication_loads_in_transfor
         assert float((initial(ids[None]).logits[0] - theirs).abs().max()) > 1e-6, (
             "two steps changed the weights"
         )
+
+
+def test_two_elastic_steps_training_a_lora_adapter_on_a_tiny_qwen3(tmp_path: Path) -> None:
+    """LoRA: satellites pull the adapter alone (its bytes, not the model's), the engines serve base +
+    adapter by name, and the published PEFT directory, loaded by peft on transformers, gives the
+    trainer's logits."""
+    model_dir = init_model_dir(tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0)
+    lora = {"rank": 8, "alpha": 16.0, "target_modules": ["all-linear"]}
+    config = _tiny_config(tmp_path, "e2elora", model_dir, {"lora": lora, "lr": 1e-3})
+    summary, events = _run_with_status(config, tmp_path)
+    _assert_elastic(summary, events)
+    published = config.run.path / "checkpoints" / "published" / "v00000002"
+    assert sorted(p.name for p in published.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    checkpoint = latest_checkpoint(config.run.path / "checkpoints")
+    assert checkpoint is not None and checkpoint.name == "step-00000002"
+    base = load_model(model_dir)
+    adapter, optimizer, version = read_adapter_checkpoint(checkpoint, base.arch)
+    assert version == 2 and optimizer is not None and adapter.spec.rank == 8
+    adapter_bytes = adapter.num_bytes()
+    pulls = [
+        line
+        for path in (config.run.path / "logs").glob("cell_agent*")
+        for line in map(json.loads, path.read_text().splitlines())
+        if line.get("event") == "snapshot_pulled"
+    ]
+    assert pulls and all(p["nbytes"] == adapter_bytes for p in pulls), pulls
+    assert adapter_bytes * 10 < base.arch.num_parameters() * 4, "a pull is the adapter, not the model"
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    theirs_model = peft.PeftModel.from_pretrained(hf, str(published)).eval()
+    ids = torch.arange(100, 164)
+    with torch.no_grad():
+        ours = base(ids, torch.arange(64), [0, 64], lora=adapter)
+        theirs = theirs_model(input_ids=ids[None]).logits[0]
+        initial = base(ids, torch.arange(64), [0, 64])
+    assert float((ours - theirs).abs().max()) <= 1e-5
+    assert float((initial - theirs).abs().max()) > 1e-6, "two steps changed the adapter"
+    served = [
+        e["event"]
+        for e in events
+        if e["type"] == "gyre.v1.WeightsPublished" and int(e["event"].get("policyVersion", 0)) == 2
+    ]
+    assert served and served[0].get("engineIds"), "version 2 reached the rollout engines"
 
 
 def _run_with_status(config: Any, tmp_path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -6,6 +6,7 @@ through a publication is not aborted (the config's default)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from gyre.model.causal_lm import CausalLM
 from gyre.model.weights import assign_weights
 from gyre.roles import TRAINING
 from gyre.stack.servers import ServerProcess
+from gyre.trainer.backends.torch_backend import TorchTrainer
 from services.cell_agent.agent import CellAgent, PublishTarget
 from services.cell_agent.engine import EngineServer
 from tests.support.cells import SMALL_MODEL, cell_config
@@ -84,3 +86,56 @@ async def test_core_publishes_to_another_cells_engine(
         await rollout.stop()
         await agent.stop()
     assert [type(e).__name__ for e in events].count("WeightsPublished") == 1
+
+
+@pytest.mark.parametrize("publication", ["tensor", "disk"])
+async def test_a_lora_core_publishes_its_adapter(
+    publication: str, tmp_path: Path, redis: aioredis.Redis, redis_server: ServerProcess, run_id: str
+) -> None:
+    """Under `trainer.lora` the publication is the adapter: the engine loads `policy-v1` on its base
+    weights, reports version 1, and a request naming it gets the trainer's own log-probs."""
+    lora = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
+    config = cell_config(
+        tmp_path,
+        nats_url="nats://unused",
+        redis_url=redis_server.url,
+        run_id=run_id,
+        num_cells=1,
+        overrides={"cell_agent": {"trainer": {"publication": publication, "lora": lora, "lr": 1e-2}}},
+    )
+
+    async def emit(event: Message, event_id: str) -> None:
+        pass
+
+    agent = CellAgent(config, cell=0, redis=redis, emit=emit)
+    await agent.start()
+    await asyncio.gather(*await agent.background())
+    rollout = EngineServer(
+        config.cell_agent.engine.model_copy(update={"port": 0}), model_dir=Path(SMALL_MODEL["path"])
+    )
+    await rollout.start()
+    try:
+        async with EngineClient(rollout.url) as client:
+            await agent.switch_role(TRAINING)
+            t = agent.training
+            for s in batch(t.trainer):
+                await t.compute.run(t.trainer.accumulate, s)
+            await t.optimizer_step()
+            result = await agent.publish_weights([PublishTarget("cell-1", rollout.url, 1)])
+            assert result.engine_ids == ("cell-1",)
+            assert (Path(result.path) / "adapter_config.json").is_file()
+            assert await client.get_weight_version() == "1"
+            ids = prompt(40, seed=3)
+            tuned = await client.generate(ids, PARAMS, lora_path="policy-v1")
+            base = await client.generate(ids, PARAMS)
+            assert tuned.weight_version == "1"
+            trainer = t.trainer
+            assert isinstance(trainer, TorchTrainer) and trainer.adapter is not None
+            policy = functools.partial(trainer.logits, tree=None)  # base + adapter, the packed contract
+            assert max_logprob_error(policy, ids, tuned, 1.0) <= 1e-4  # type: ignore[arg-type]
+            model = trainer.model
+            assert max_logprob_error(model, ids, base, 1.0) <= 1e-4
+            assert max_logprob_error(model, ids, tuned, 1.0) > 1e-5, "the adapter changes the policy"
+    finally:
+        await rollout.stop()
+        await agent.stop()

@@ -52,6 +52,16 @@ def test_command_carries_the_config() -> None:
     assert "--enable-memory-saver" in cmd and "--incremental-streaming-output" in cmd
 
 
+def test_command_serves_lora_adapters_when_enabled() -> None:
+    plain = build_sglang_command(sglang_section(), port=1)
+    assert "--enable-lora" not in plain
+    section = sglang_section(enable_lora=True, max_lora_rank=16, lora_target_modules=["q_proj", "v_proj"])
+    joined = " ".join(build_sglang_command(section, port=1))
+    assert (
+        "--enable-lora --max-loaded-loras 4 --max-lora-rank 16 --lora-target-modules q_proj v_proj" in joined
+    )
+
+
 def test_command_options_and_extra_args() -> None:
     section = sglang_section(
         sglang_enable_memory_saver=False,
@@ -77,6 +87,7 @@ def test_command_options_and_extra_args() -> None:
         (EngineSection(backend="sglang"), "sglang_model_path"),
         (sglang_section(sglang_args=["--port", "1"]), "must not set --port"),
         (sglang_section(sglang_args=["--tp-size=2"]), "must not set --tp-size"),
+        (sglang_section(sglang_args=["--enable-lora"]), "must not set --enable-lora"),
     ],
 )
 def test_command_refuses_bad_config(section: EngineSection, fragment: str) -> None:
