@@ -1,4 +1,4 @@
-"""The demo harness: `python -m harness --task add/3+5` (or `--prompt "..."`) in a workspace.
+"""The demo harness: `python -m harness --prompt "3+5=? Write the answer to answer.txt."` in a workspace.
 
 Reaches the model only through `ANTHROPIC_BASE_URL` + `ANTHROPIC_API_KEY` with the official
 `anthropic` SDK. Works in the current directory. Prints one JSON report line on stdout at the end
@@ -23,8 +23,8 @@ from harness.tools import DEFAULT_TOOLS
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
-    p.add_argument("--task", default="", help="task id; its prompt is used unless --prompt is given")
-    p.add_argument("--prompt", default=None, help="the task prompt (overrides the registry lookup)")
+    p.add_argument("--task", default="", help="task id, for the report (the prompt comes with --prompt)")
+    p.add_argument("--prompt", default=None, help="the task prompt (required)")
     p.add_argument("--workspace", type=Path, default=Path("."), help="directory the tools act in")
     p.add_argument("--model", default="gyre-embedded", help="model name sent in requests")
     p.add_argument("--max-tokens", type=int, default=512, help="max_tokens of a call")
@@ -42,19 +42,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def resolve_task(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
-    """The prompt and the tools: flags first, then a built-in task of the registry, then the defaults.
-
-    With `--prompt` the registry is not consulted (the runner passes the prompt of any task, on-disk
-    ones included, which only the runner's task set knows)."""
+    """The prompt and the tools the agent gets (the runner passes both; the task id only labels the
+    report: the harness knows nothing of Gyre's tasks)."""
     tools = tuple(t for t in args.tools.split(",") if t) if args.tools is not None else None
-    if args.prompt is not None:
-        return str(args.prompt), tools or DEFAULT_TOOLS
-    if not args.task:
-        raise ValueError("give --task or --prompt")
-    from gyre.tasks import TaskRegistry
-
-    task = TaskRegistry().get(args.task)
-    return task.prompt, tools or task.tools or DEFAULT_TOOLS
+    if args.prompt is None:
+        raise ValueError("give --prompt (the runner passes the task's prompt)")
+    return str(args.prompt), tools or DEFAULT_TOOLS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ class ModelSection(Section):
     or shards with model.safetensors.index.json, tokenizer.json + tokenizer_config.json (chat
     template), generation_config.json when present. Engines serve it, the core trains from it (or from
     its newest checkpoint), the proxy renders with its chat template. Make a tiny one with
-    `gyre model init`; the demo sets the warm start (`harness/checkpoints/warmstart`). Checked when a
+    `gyre model init`; the demo sets the warm start (`harness/demo_model/checkpoints/warmstart`). Checked when a
     service starts (`gyre.model.check_model_dir`), not when the config is read."""
 
     def require_path(self) -> Path:
@@ -24,6 +24,6 @@ class ModelSection(Section):
                 "config",
                 "model.path",
                 "not set: give a Hugging Face checkpoint directory (`gyre model init --out DIR` makes a tiny "
-                "one; the demo uses harness/checkpoints/warmstart)",
+                "one; the demo uses harness/demo_model/checkpoints/warmstart)",
             )
         return self.path

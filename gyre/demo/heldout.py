@@ -8,7 +8,7 @@ scored on the weights of fixed steps, reported as `eval_by_step` in summary.json
 The trainer keeps only its newest publications, so the weights of an eval step are copied into
 `runs/<run>/heldout/v<step>` as soon as they are published (the demo polls every second; a step is
 tens of seconds); the last step's weights are often published only after the run stops, so its
-trainer checkpoint (`checkpoints/step-N`, the same HF files) is used when its publication is missing. Step 0 is the run's `model.path`. Each evaluation runs `python -m harness.heldout`
+trainer checkpoint (`checkpoints/step-N`, the same HF files) is used when its publication is missing. Step 0 is the run's `model.path`. Each evaluation runs `python -m harness.demo_model.heldout`
 in a subprocess (the app does not import the harness): the same seed and sample count for every step,
 so two evaluations differ by what training changed. A step whose weights were never seen is reported
 with `mean_reward: null` and why, not dropped.
@@ -84,7 +84,7 @@ class HeldOut:
         cmd = [
             sys.executable,
             "-m",
-            "harness.heldout",
+            "harness.demo_model.heldout",
             "--model",
             str(model),
             "--tasks",
@@ -107,7 +107,7 @@ class HeldOut:
         if done.returncode != 0:
             return {
                 "mean_reward": None,
-                "error": f"harness.heldout exited {done.returncode}: {done.stderr[-500:]}",
+                "error": f"harness.demo_model.heldout exited {done.returncode}: {done.stderr[-500:]}",
             }
         result = json.loads(done.stdout.strip().splitlines()[-1])
         return {

@@ -4,7 +4,7 @@
     argv = harness.command(launch)           # argv + runner.harness_args
     env = harness.environment(launch)        # runner.harness_env + the harness's own; nothing else reaches the sandbox
 
-- `demo`: `python -m harness --task ID --prompt TEXT` (this repository's agent loop).
+- `demo`: `python -m harness --task ID --prompt TEXT` (this repository's agent loop; the id labels its report).
 - `claude_code`: `claude -p TEXT --output-format json --dangerously-skip-permissions`, offline
   (telemetry, error reporting, auto-update and non-essential traffic off; `IS_SANDBOX=1`, which
   Claude Code needs to skip permissions as root).

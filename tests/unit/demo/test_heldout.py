@@ -11,10 +11,11 @@ import pytest
 from gyre.config.tasks import TasksSection
 from gyre.demo.config import demo_config
 from gyre.demo.heldout import HeldOut, eval_steps
+from gyre.paths import REPO_ROOT
 from gyre.tasks.taskset import TaskSet
 from gyre.trainer.checkpoint import published_path
 
-WARMSTART = Path(__file__).resolve().parents[3] / "harness" / "checkpoints" / "warmstart"
+WARMSTART = REPO_ROOT / "harness" / "demo_model" / "checkpoints" / "warmstart"
 
 
 def test_eval_steps_are_zero_every_kth_and_the_last() -> None:

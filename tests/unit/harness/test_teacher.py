@@ -9,7 +9,7 @@ from gyre.tasks import TaskRegistry
 from gyre.trajectory.anthropic import from_anthropic
 from gyre.trajectory.templates import template_for_family
 from harness import prompts
-from harness.teacher import DONE, answers, render_transcript, teacher_body
+from harness.demo_model.teacher import DONE, answers, render_transcript, teacher_body
 
 TEMPLATE = template_for_family("chatml")
 IM_END = TEMPLATE.tokenizer.special_id("<|im_end|>")

@@ -14,8 +14,15 @@ from gyre.model.files import check_model_dir
 from gyre.model.weights import load_model, load_state_dict
 from gyre.tasks import TaskRegistry
 from gyre.trajectory.templates import template_for_family, template_for_model
-from harness.policy_eval import prompt_ids, rollout
-from harness.warmstart import DEFAULT_CHECKPOINT, DEMO_MODEL, packed_batch, save_fp16, train, transcripts
+from harness.demo_model.policy_eval import prompt_ids, rollout
+from harness.demo_model.warmstart import (
+    DEFAULT_CHECKPOINT,
+    DEMO_MODEL,
+    packed_batch,
+    save_fp16,
+    train,
+    transcripts,
+)
 from services.cell_agent.engine import EngineServer
 from tests.support.models import small_dir
 
@@ -49,7 +56,7 @@ def test_the_shipped_checkpoint_is_a_warm_start_of_the_demo_model() -> None:
     info = check_model_dir(DEFAULT_CHECKPOINT)
     assert (
         info.arch.architecture == "LlamaForCausalLM"
-        and info.metadata["gyre_warmstart_source"] == "harness.warmstart"
+        and info.metadata["gyre_warmstart_source"] == "harness.demo_model.warmstart"
     )
     assert all(info.arch.raw[k] == v for k, v in DEMO_MODEL.items())
     assert sum(p.stat().st_size for p in DEFAULT_CHECKPOINT.iterdir()) < 4 * 1024 * 1024

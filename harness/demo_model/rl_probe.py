@@ -1,10 +1,10 @@
 """A short RL run on the demo tasks, on CPU, with this project's objective: does the warm-started
 model improve?
 
-    python -m harness.rl_probe --checkpoint harness/checkpoints/warmstart --steps 40
+    python -m harness.demo_model.rl_probe --checkpoint harness/demo_model/checkpoints/warmstart --steps 40
 
 Each step samples `--tasks` demo tasks × `--samples` executions through the embedded engine with
-the demo harness's protocol (harness/policy_eval.py), computes group-relative advantages
+the demo harness's protocol (harness/demo_model/policy_eval.py), computes group-relative advantages
 (`gyre.rl.advantages`) and the GSPO-variant loss (`gyre.rl.loss`, coefficients 1/(L_i·B·N)) from
 the engine's recorded behaviour log-probs, takes one AdamW step and loads the new weights into the
 engine. A fixed evaluation (every demo task × `--eval-samples`, temperature 1) before and after
@@ -37,8 +37,8 @@ from gyre.rl.advantages import MemberReward, MemberStatus, group_advantages
 from gyre.rl.loss import gspo_loss
 from gyre.tasks import TaskRegistry, demo_task_ids
 from gyre.trajectory.templates import template_for_family
-from harness.policy_eval import RewardReport, Rollout, rollout
-from harness.warmstart import DEFAULT_CHECKPOINT
+from harness.demo_model.policy_eval import RewardReport, Rollout, rollout
+from harness.demo_model.warmstart import DEFAULT_CHECKPOINT
 
 MICRO_BATCH = 16
 """Executions per forward/backward (gradients accumulate; the coefficients make the sum exact)."""
@@ -180,7 +180,9 @@ async def probe(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.rl_probe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.demo_model.rl_probe", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--tasks", type=int, default=16, help="groups per step (B)")

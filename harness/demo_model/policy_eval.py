@@ -28,7 +28,7 @@ from gyre.trajectory.messages import Message, ToolResultBlock
 from gyre.trajectory.profiles import PROFILES
 from gyre.trajectory.templates import ChatTemplate, template_for_model
 from harness import prompts
-from harness.teacher import answers
+from harness.demo_model.teacher import answers
 from harness.tools import DEFAULT_TOOLS, tool_specs
 
 

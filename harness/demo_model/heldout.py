@@ -1,12 +1,12 @@
 """Score one model directory on a held-out task pool and print one JSON line: the demo's held-out
 evaluation, run by `gyre demo` as a subprocess (the app does not import the harness).
 
-    python -m harness.heldout --model runs/demo/heldout/v00000004 --tasks add/2+2 add/4+1 \
+    python -m harness.demo_model.heldout --model runs/demo/heldout/v00000004 --tasks add/2+2 add/4+1 \
         --samples 4 --seed 0
     {"mean_reward": 0.375, "rewards": {"add/2+2": [0.0, 1.0, 0.5, 0.0], ...}, "seconds": 3.1}
 
 Each task is sampled `--samples` times through the demo harness's protocol on an in-process engine
-seeded with `--seed` (harness/policy_eval.py): the same weights give the same draws, so two
+seeded with `--seed` (harness/demo_model/policy_eval.py): the same weights give the same draws, so two
 evaluations differ only by what training changed.
 """
 
@@ -18,11 +18,13 @@ import json
 import time
 from pathlib import Path
 
-from harness.policy_eval import measure_reward
+from harness.demo_model.policy_eval import measure_reward
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m harness.heldout", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m harness.demo_model.heldout", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--model", type=Path, required=True, help="an HF model directory")
     p.add_argument("--tasks", nargs="+", required=True, help="held-out task ids")
     p.add_argument("--samples", type=int, default=4, help="samples per task")

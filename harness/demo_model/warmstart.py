@@ -1,16 +1,16 @@
 """Warm start of the embedded demo model on teacher transcripts of the demo tasks.
 
-    python -m harness.warmstart --out harness/checkpoints/warmstart --seconds 480 --threads 2
+    python -m harness.demo_model.warmstart --out harness/demo_model/checkpoints/warmstart --seconds 480 --threads 2
 
 The demo model is a Hugging Face Llama directory at the embedded default's size (`DEMO_MODEL`: 4
 layers, d=128, 0.9 M parameters, a byte tokenizer and Gyre's compact ChatML, `gyre.model.init`).
 This trains it from a seeded random init on transcripts of a mostly-right teacher
-(harness/teacher.py: 80% right, 10% wrong, 10% malformed `write_file` calls), rendered through the
+(harness/demo_model/teacher.py: 80% right, 10% wrong, 10% malformed `write_file` calls), rendered through the
 exact path the proxy uses, with the loss on the engine-sampled tokens only. It runs for a
 wall-clock budget, not a step count, so the result depends on the machine; the directory records
 its steps and tokens in the safetensors metadata. Weights are saved in fp16 (about 1.8 MB), an HF
 directory the engine, the trainer and `transformers` load. Then it measures the reward the
-checkpoint gets on the demo tasks (harness/policy_eval.py) and prints one JSON line.
+checkpoint gets on the demo tasks (harness/demo_model/policy_eval.py) and prints one JSON line.
 
 Why this shape (docs/facts.md, "Learning on CPU"): a warm start from a mostly-right teacher leaves
 the model imperfect but well-formed, so groups of samples disagree and RL has signal at step 0.
@@ -37,7 +37,7 @@ from gyre.model.init import EMBEDDED_DEFAULT, init_model_dir
 from gyre.model.weights import load_model, write_model_dir
 from gyre.tasks import TaskRegistry, demo_task_ids
 from gyre.trajectory.templates import template_for_family
-from harness.teacher import render_transcript, teacher_body
+from harness.demo_model.teacher import render_transcript, teacher_body
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "warmstart"
 DEMO_MODEL = EMBEDDED_DEFAULT
@@ -179,7 +179,9 @@ def _train(
 def save_fp16(model: CausalLM, out: Path, stats: dict[str, Any]) -> Path:
     """An fp16 HF directory (half the bytes; loads into the fp32 model exactly as the fp16 values),
     with the training stats in the safetensors metadata."""
-    metadata = {f"gyre_warmstart_{k}": str(v) for k, v in {"source": "harness.warmstart", **stats}.items()}
+    metadata = {
+        f"gyre_warmstart_{k}": str(v) for k, v in {"source": "harness.demo_model.warmstart", **stats}.items()
+    }
     with tempfile.TemporaryDirectory(prefix="gyre-warmstart-") as scratch:
         files = init_demo_model(Path(scratch) / "files")  # the tokenizer and template files to ship with it
         return write_model_dir(
@@ -193,7 +195,9 @@ def save_fp16(model: CausalLM, out: Path, stats: dict[str, Any]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.warmstart", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.demo_model.warmstart", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_CHECKPOINT, help="model directory to write")
     parser.add_argument("--seconds", type=float, default=480.0, help="wall-clock training budget")
     parser.add_argument("--seed", type=int, default=0)
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         size = sum(f.stat().st_size for f in path.iterdir())
         report = {"checkpoint": str(path), "bytes": size, **stats}
     if args.eval_samples:
-        from harness.policy_eval import measure_reward
+        from harness.demo_model.policy_eval import measure_reward
 
         # Measure what was shipped (the fp16 values), not the fp32 weights that were trained.
         measured = asyncio.run(measure_reward(path, demo_task_ids(), args.eval_samples, seed=args.seed))
