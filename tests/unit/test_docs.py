@@ -70,3 +70,43 @@ def test_the_paths_the_docs_name_exist() -> None:
     ]
     assert len(CODE_PATH.findall((REPO / "docs" / "read-this-first.md").read_text())) > 50
     assert missing == []
+
+
+PY_NAME = re.compile(r"(?<![\w.])((?:[\w{},*-]+/)*[\w{},*-]+\.py)\b")
+MAP_LINE = re.compile(r"^\s{2,}([\w.-]+/?)\s{2,}\S", re.M)
+REPO_DIRS = ("gyre/", "services/", "harness/", "sim/", "bench/", "deploy/", "tests/", "docs/", "protos/")
+
+
+def _expand(name: str) -> list[str]:
+    """`{a,b}_api.py` → a_api.py, b_api.py (globs stay globs)."""
+    m = re.search(r"\{([^}]*)\}", name)
+    if m is None:
+        return [name]
+    return [e for alt in m.group(1).split(",") for e in _expand(name[: m.start()] + alt + name[m.end() :])]
+
+
+def _resolves(package: Path, name: str) -> bool:
+    bases = [package, *package.parents] if not name.startswith(REPO_DIRS) else [REPO]
+    return all(
+        any(list(base.glob(n)) if "*" in n else (base / n).exists() for base in bases) for n in _expand(name)
+    )
+
+
+def test_package_docstrings_name_files_that_exist() -> None:
+    """Every `.py` file a package docstring names, every repository path it names in backticks and every
+    entry of a map of the package (`    name.py      what it does`) exists (relative to the package or a
+    package above it, or the repository)."""
+    import ast
+
+    missing = []
+    for top in ("gyre", "services", "harness", "sim", "bench"):
+        for init in sorted((REPO / top).rglob("__init__.py")):
+            if init.is_relative_to(REPO / "gyre" / "v1"):
+                continue
+            doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+            names = {*PY_NAME.findall(doc), *MAP_LINE.findall(doc)}
+            names |= set(CODE_PATH.findall(doc))
+            missing += [
+                f"{init.relative_to(REPO)}: {n}" for n in sorted(names) if not _resolves(init.parent, n)
+            ]
+    assert missing == []
