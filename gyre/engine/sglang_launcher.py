@@ -7,8 +7,8 @@ The command comes from the engine section (`backend: sglang`):
 
     python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size T
         --random-seed S --weight-version V --enable-memory-saver [--mem-fraction-static F]
-        [--incremental-streaming-output] [--enable-lora --max-lora-rank R --lora-target-modules M...
-        --max-loaded-loras N] [extra sglang_args...]
+        [--incremental-streaming-output] [--enable-lora --max-loaded-loras N --max-loras-per-batch N
+        --max-lora-rank R --lora-target-modules M...] [extra sglang_args...]
 
 `--enable-memory-saver` is what lets the cell agent release and resume GPU memory on a role switch
 (`/release_memory_occupation`, `/resume_memory_occupation`). The launcher starts the server in its
@@ -52,6 +52,7 @@ MANAGED_FLAGS = (
     "--max-lora-rank",
     "--lora-target-modules",
     "--max-loaded-loras",
+    "--max-loras-per-batch",
 )
 
 
@@ -103,7 +104,9 @@ def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
     if section.incremental_streaming_output:
         cmd.append("--incremental-streaming-output")
     if section.enable_lora:
-        cmd += ["--enable-lora", "--max-loaded-loras", str(section.max_loaded_loras)]
+        # SGLang requires max_loaded_loras >= max_loras_per_batch (default 8): a batch may mix them all.
+        loras = str(section.max_loaded_loras)
+        cmd += ["--enable-lora", "--max-loaded-loras", loras, "--max-loras-per-batch", loras]
         if section.max_lora_rank is not None:
             cmd += ["--max-lora-rank", str(section.max_lora_rank)]
         if section.lora_target_modules:

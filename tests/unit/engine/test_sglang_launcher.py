@@ -58,7 +58,8 @@ def test_command_serves_lora_adapters_when_enabled() -> None:
     section = sglang_section(enable_lora=True, max_lora_rank=16, lora_target_modules=["q_proj", "v_proj"])
     joined = " ".join(build_sglang_command(section, port=1))
     assert (
-        "--enable-lora --max-loaded-loras 4 --max-lora-rank 16 --lora-target-modules q_proj v_proj" in joined
+        "--enable-lora --max-loaded-loras 4 --max-loras-per-batch 4 --max-lora-rank 16 --lora-target-modules q_proj v_proj"
+        in joined
     )
 
 
