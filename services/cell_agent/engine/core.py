@@ -198,11 +198,11 @@ class EngineCore:
                     self._finish(state, FinishReason.abort("the engine is shutting down", 503))
 
     async def _execute(self, plan: StepPlan) -> list[Sampled]:
-        """Run a step on the compute thread, or on the loop itself when it is a decode step (every row
-        one token) whose recent CPU time is under `inline_step_ms`: then the two thread hand-offs of a
-        step cost more than the step, and most of all on a busy machine, where each hand-off waits for
-        a core (`gyre bench engine`)."""
-        decode = all(row.count == 1 for row in plan.rows)
+        """Run a step on the compute thread, or on the loop itself when the source marks it a decode step
+        (every row one token, nothing else to compute) and recent decode steps took less CPU time than
+        `inline_step_ms`: then the two thread hand-offs of a step cost more than the step, and most of
+        all on a busy machine, where each hand-off waits for a core (`gyre bench engine`)."""
+        decode = plan.decode
         if decode and self.decode_step_ms is not None and self.decode_step_ms < self.inline_step_ms:
             sampled, cpu_s = _timed_execute(self.source, plan)
             self.num_inline_steps += 1

@@ -58,6 +58,9 @@ class StepPlan:
     rows: list[Row] = field(default_factory=list)
     starved: list[RequestState] = field(default_factory=list)
     payload: Any = None
+    decode: bool = False
+    """Set by a source whose step computes one token per row and nothing more (no prefill, no scoring):
+    such a step's cost is steady from step to step, so the core may run it on its event loop."""
 
 
 @dataclass(slots=True)

@@ -153,6 +153,7 @@ class ModelSource(OutputSource):
                     adapter=state.adapter,
                 )
             )
+        plan.decode = all(row.count == 1 for row in plan.rows)
         return plan
 
     @torch.no_grad()
