@@ -226,6 +226,10 @@ class MLP(nn.Module):
         if self._fused is None:
             self._fused = _fuse((self.gate_proj, self.up_proj))
 
+    def serve(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
+        """`forward` for the engine (the sparse block's `serve` differs)."""
+        return self(x, lora)
+
     def forward(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
         if self._fused is not None:
             gate, up = F.linear(x, *self._fused).chunk(2, dim=-1)
@@ -257,11 +261,48 @@ class SparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(
             MLP(arch.hidden_size, moe.moe_intermediate_size) for _ in range(moe.num_experts)
         )
+        self._stacked: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def fuse(self) -> None:
-        for expert in self.experts:
-            assert isinstance(expert, MLP)
+        """Fuse each expert's gate and up; for serving a few experts (`serve`), also stack every expert's
+        gate/up [E, 2·inter, d] and down [E, d, inter] weights, each expert's parameters becoming views."""
+        experts = [e for e in self.experts if isinstance(e, MLP)]
+        for expert in experts:
             expert.fuse()
+        if self._stacked is not None or not self._serves_densely() or experts[0].down_proj.bias is not None:
+            return
+        with torch.no_grad():
+            gate_up = torch.stack([e._fused[0] for e in experts if e._fused is not None])
+            down = torch.stack([e.down_proj.weight.detach() for e in experts])
+            inter = experts[0].gate_proj.weight.shape[0]
+            for i, expert in enumerate(experts):
+                expert.gate_proj.weight.data = gate_up[i, :inter]
+                expert.up_proj.weight.data = gate_up[i, inter:]
+                expert.down_proj.weight.data = down[i]
+                expert._fused = (gate_up[i], None)
+        self._stacked = (gate_up, down)
+
+    def _serves_densely(self) -> bool:
+        return len(self.experts) <= 4 * self.top_k
+
+    def serve(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
+        """`forward` for the engine. With few experts (at most 4x the chosen ones), every expert runs on
+        every token as three batched ops over the stacked weights, and the routing weights — zero for the
+        experts a token did not choose — combine them: a decode step of a small model is bound by the
+        number of ops, which the per-expert loop multiplies. Same routing and products; each token's sum
+        adds the same terms (plus exact zeros)."""
+        if self._stacked is None or lora is not None:
+            return self(x, lora)
+        gate_up, down = self._stacked
+        num_experts, inter = gate_up.shape[0], down.shape[2]
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.route(flat)
+        dense = torch.zeros((flat.shape[0], num_experts), dtype=weights.dtype).scatter_(1, chosen, weights)
+        both = F.linear(flat, gate_up.view(num_experts * 2 * inter, -1)).view(-1, num_experts, 2, inter)
+        hidden = F.silu(both[:, :, 0]) * both[:, :, 1]  # [N, E, inter]
+        y = torch.bmm(hidden.transpose(0, 1), down.transpose(1, 2))  # [E, N, d]
+        out = (y * dense.t().unsqueeze(-1).to(y.dtype)).sum(dim=0)
+        return out.reshape(x.shape)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, d] → (weights [N, k] in x's dtype, expert ids [N, k])."""
@@ -424,7 +465,7 @@ class CausalLM(nn.Module):
             h = h + layer.self_attn.forward_paged(
                 layer.input_layernorm.fused(h), cos, sin, cache, i, batch, lora
             )
-            h = h + layer.mlp(layer.post_attention_layernorm.fused(h), lora)
+            h = h + layer.mlp.serve(layer.post_attention_layernorm.fused(h), lora)
         if last_index is not None:
             h = h[:, 0] if h.shape[1] == 1 else h[torch.arange(h.shape[0]), last_index]
         logits: torch.Tensor = self.lm_head(self.model.norm.fused(h))
