@@ -19,8 +19,13 @@ import structlog
 from gyre.bus import EventBus
 from gyre.lifecycle import hold_grpc_aio
 from gyre.paths import REPO_ROOT
+from gyre.sandbox.launchers.base import EXTRA_LABELS_ENV
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.store import Keys, connect_redis
+
+# Every container this session creates carries its label (services started as subprocesses inherit it), so
+# the session's last check finds exactly what it left: the engine's state is shared with other users.
+os.environ[EXTRA_LABELS_ENV] = f"gyre.test-session={uuid.uuid4().hex[:12]}"
 
 # Tests create and free gRPC aio servers and channels on a fresh event loop each: without this, the
 # last free shuts grpc's poller down and that can hang the session (gyre/lifecycle.py, hold_grpc_aio).
@@ -99,6 +104,20 @@ def _cli_binary(name: str, package: str) -> Path:
     if os.environ.get("CI"):
         pytest.fail(f"{name} is not installed: CI installs {package} with `npm ci` in the repo root")
     pytest.skip(f"{name} is not installed; run `npm ci` in the repo root or set GYRE_NODE_BIN_DIR")
+
+
+@pytest.fixture(scope="session")
+def container_session() -> Iterator[None]:
+    """For every test that creates containers: at the end of the session, none of them is left (the
+    engine's list, filtered by this session's label). What is found is named, removed, and fails here."""
+    yield
+    from tests.support.containers import containers_of, engine_client
+
+    client = engine_client()
+    left = containers_of(client)
+    for name in left:
+        client.containers.get(name).remove(force=True)
+    assert left == [], f"containers left at the end of the session: {left}"
 
 
 @pytest.fixture(scope="session")

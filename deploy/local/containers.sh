@@ -2,20 +2,23 @@
 # The container engine of the `container` sandbox launcher and the compose deployment, on a machine where
 # no image registry is reachable (run by `make setup`; needs root for podman):
 #
-#   bash deploy/local/containers.sh base      build the local Debian base image unless it exists
+#   bash deploy/local/containers.sh base      build the local Debian base images unless they exist
 #   bash deploy/local/containers.sh service   start podman's Docker-API service unless it answers
 #   bash deploy/local/containers.sh setup     both
 #
 # The base image is Debian bookworm made by debootstrap (--variant=minbase: bash, coreutils, apt; no
 # python) from Debian's own package mirror, imported as localhost/gyre/debian-base:bookworm — a local
-# image named for what it is. Tests whose task Dockerfiles say `FROM debian:bookworm-slim` tag it with that
-# name themselves (and say so). The API service listens on /run/podman/podman.sock, podman's standard
-# rootful socket, which is where Gyre's container launcher looks when DOCKER_HOST is unset.
+# image named for what it is. localhost/gyre/debian-python:bookworm is that plus Debian's python3 (3.11):
+# what the demo harness needs in a container (its packages are mounted from the runner's host). Tests
+# whose task Dockerfiles say `FROM debian:bookworm-slim` tag the base with that name themselves (and say
+# so). The API service listens on /run/podman/podman.sock, podman's standard rootful socket, which is
+# where Gyre's container launcher looks when DOCKER_HOST is unset.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$HERE/containers.conf}"
 BASE_IMAGE="${GYRE_BASE_IMAGE:-localhost/gyre/debian-base:bookworm}"
+PYTHON_IMAGE="${GYRE_PYTHON_IMAGE:-localhost/gyre/debian-python:bookworm}"
 MIRROR="${GYRE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SOCKET="${GYRE_PODMAN_SOCKET:-/run/podman/podman.sock}"
 
@@ -45,6 +48,24 @@ base() {
     --change 'CMD ["/bin/bash"]' --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     - "$BASE_IMAGE" >/dev/null
   echo "built $BASE_IMAGE"
+}
+
+python_image() {
+  need_root "building the python image"
+  if podman image exists "$PYTHON_IMAGE"; then
+    return 0
+  fi
+  echo "building $PYTHON_IMAGE ($BASE_IMAGE + Debian's python3 over plain HTTP, under a minute)"
+  local context
+  context="$(mktemp -d /var/tmp/gyre-python.XXXXXX)"
+  trap 'rm -rf "$context"' RETURN
+  printf 'FROM %s\nRUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 >/dev/null && rm -rf /var/lib/apt/lists/*\n' \
+    "$BASE_IMAGE" | podman build --quiet --tag "$PYTHON_IMAGE" --file - "$context" >/dev/null 2>"$context/build.log" || {
+    tail -20 "$context/build.log" >&2
+    echo "error: building $PYTHON_IMAGE failed" >&2
+    exit 1
+  }
+  echo "built $PYTHON_IMAGE"
 }
 
 answers() {
@@ -82,8 +103,8 @@ service() {
 }
 
 case "${1:-setup}" in
-  base) base ;;
+  base) base; python_image ;;
   service) service ;;
-  setup) base; service ;;
+  setup) base; python_image; service ;;
   *) echo "usage: $0 base|service|setup" >&2; exit 2 ;;
 esac

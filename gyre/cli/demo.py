@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         )
         try:
             summary = DemoRun(cfg, steps=total).execute(progress=progress)
-        except ModelError as e:
+        except (ModelError, ConfigError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
         except StackError as e:

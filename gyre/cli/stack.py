@@ -42,6 +42,7 @@ def up_cmd(
 ) -> None:
     """Start nats-server, redis-server and every service; all bind 127.0.0.1. Without `model.path` in
     the config, the embedded default's model (the packaged warm start, as `gyre demo` trains)."""
+    from gyre.config import ConfigError
     from gyre.demo.config import embedded_model_path
     from gyre.model.arch import ModelError
     from gyre.stack.launcher import StackError, up
@@ -54,7 +55,7 @@ def up_cmd(
     with StopSignals() as stop:
         try:
             state = up(cfg, wait_s=wait_s, attached=not detach, stop=stop.event)
-        except ModelError as e:
+        except (ModelError, ConfigError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
         except StackError as e:

@@ -112,6 +112,16 @@ class GyreConfig(Section):
             self.scheduler.profile = harness if harness in ("claude_code", "codex") else "generic"
         return self
 
+    @model_validator(mode="after")
+    def _verifier_where_the_harness_ran(self) -> GyreConfig:
+        runner, evaluator = self.runner.sandbox.isolation, self.evaluator.sandbox.isolation
+        if runner == "container" and evaluator != "container":
+            raise ValueError(
+                "runner.sandbox.isolation container needs evaluator.sandbox.isolation container too: the "
+                f"verifier runs in the execution's container after the harness; got {evaluator!r}"
+            )
+        return self
+
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """`GYRE_A__B=v` → {"a": {"b": v}}; values are parsed as YAML scalars ("1.5", "true", "[a, b]")."""

@@ -12,7 +12,34 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Port, Section
+from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Port, PositiveFloat, Section
+
+#: The local Debian base image `make setup` builds (deploy/local/containers.sh).
+LOCAL_BASE_IMAGE = "localhost/gyre/debian-base:bookworm"
+
+
+class ContainerSection(Section):
+    """The `container` launcher: each sandbox a container of the task's own image, through the Docker
+    Engine API (dockerd, or podman's API service)."""
+
+    endpoint: str | None = None
+    """The engine's API (`unix:///path.sock`, `tcp://host:port`); None = `DOCKER_HOST`, else podman's
+    rootful socket /run/podman/podman.sock, else /var/run/docker.sock. The engine must run on this host
+    (the runner enters its containers' network namespaces and reads their processes)."""
+    default_image: str = LOCAL_BASE_IMAGE
+    """The image of tasks without an environment of their own (built-in and task.yaml tasks). It must
+    hold what the harness needs: `/bin/sh` always, python3 (3.11) for the demo harness."""
+    user: str | None = None
+    """The user commands run as inside the container (`uid[:gid]` or a name); None = the image's USER."""
+    cpus: PositiveFloat | None = None
+    """CPUs per container; a task's `[environment] cpus` wins; None = no limit."""
+    storage_mb: AtLeastOneOrNull = None
+    """Writable layer size per container where the engine's storage supports a quota; a task's
+    `[environment] storage_mb` wins; None = no limit."""
+    build_timeout_s: PositiveFloat = 600.0
+    """Longest image build; a task's `[environment] build_timeout_sec` wins (Harbor's default is 600 s)."""
+    api_timeout_s: PositiveFloat = 60.0
+    """Longest single call to the engine's API (builds excepted)."""
 
 
 class SandboxSection(Section):
@@ -21,21 +48,25 @@ class SandboxSection(Section):
     isolation: str = "auto"
     """The sandbox launcher, a name in the registry of `gyre.sandbox.launchers`: `isolated` (own uid
     per slot, rlimits, network namespace with only the proxy relayed; root only), `process` (own process
-    group, scrubbed env, rlimits); `auto`: isolated when root, else process."""
+    group, scrubbed env, rlimits), `container` (a container of the task's own image, its only network
+    exit the proxy; `container:` below); `auto`: isolated when root, else process."""
     uid_base: int = 120000
     """First sandbox uid; slot k runs as uid_base + k (instance i of a service adds i * 1000)."""
     cpu_s: AtLeastOneOrNull = 3600
     """CPU seconds per process; None = unlimited."""
     memory_mb: AtLeastOneOrNull = 4096
-    """Address space per process in MiB (RLIMIT_AS); None = unlimited (JS runtimes need that)."""
+    """Address space per process in MiB (RLIMIT_AS); None = unlimited (JS runtimes need that). For
+    `container`: the memory of the whole container (a task's `[environment] memory_mb` wins)."""
     max_processes: AtLeastOneOrNull = 512
-    """Processes and threads of one sandbox (RLIMIT_NPROC on its uid)."""
+    """Processes and threads of one sandbox (RLIMIT_NPROC on its uid; the pids limit of a container)."""
     file_size_mb: AtLeastOneOrNull = 1024
     """Largest file a sandboxed process may write, MiB."""
     open_files: AtLeastOneOrNull = 1024
     """Open file descriptors per process."""
     kill_grace_s: NonNegativeFloat = 5.0
     """Seconds between SIGTERM and SIGKILL when a sandbox is stopped."""
+    container: ContainerSection = Field(default_factory=ContainerSection)
+    """Settings of the `container` launcher."""
 
     @field_validator("isolation")
     @classmethod

@@ -3,10 +3,13 @@ enforces)."""
 
 from gyre.sandbox.launchers import (
     LAUNCHERS,
+    EnvironmentUnavailableError,
+    ExecResult,
     LauncherSpec,
     NetworkPolicy,
     SandboxError,
     SandboxHandle,
+    SandboxImage,
     SandboxLauncher,
     SandboxSpec,
     SandboxState,
@@ -19,10 +22,13 @@ from gyre.sandbox.uids import check_disjoint, uid_range
 
 __all__ = [
     "LAUNCHERS",
+    "EnvironmentUnavailableError",
+    "ExecResult",
     "LauncherSpec",
     "NetworkPolicy",
     "SandboxError",
     "SandboxHandle",
+    "SandboxImage",
     "SandboxLauncher",
     "SandboxLimits",
     "SandboxOutcome",

@@ -25,6 +25,8 @@ class SandboxOutcome:
     """CPU seconds of the whole sandbox: the supervisor and its namespace child too."""
     maxrss_kb: int = 0
     stderr_tail: str = ""
+    memory_killed: bool = False
+    """The kernel killed a process of the sandbox for its memory limit (a container's cgroup)."""
 
     def describe(self) -> str:
         """One line for `ExecutionTerminated.detail`."""
@@ -36,6 +38,8 @@ class SandboxOutcome:
             except ValueError:
                 name = str(self.signal)
             hints = {int(signal.SIGXCPU): " (cpu limit)", int(signal.SIGXFSZ): " (file size limit)"}
+            if self.memory_killed:
+                hints[int(signal.SIGKILL)] = " (memory limit)"
             text = f"killed by {name}{hints.get(self.signal, '')}"
         elif self.exit_code is None:
             text = self.error or "ended without a status"

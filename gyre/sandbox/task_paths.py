@@ -1,9 +1,14 @@
-"""A task's absolute environment paths in the local sandbox: bind mounts when the launcher can mount,
-else the paths rewritten.
+"""A task's absolute environment paths in a sandbox: real paths in a container, bind mounts when a host
+launcher can mount, else the paths rewritten.
 
 Harbor tasks name absolute paths (gyre/tasks/harbor.py): the working directory (e.g. `/app`, where
-the workspace is), `/tests`, `/logs/verifier`, `/logs/agent`. No container runs on the embedded
-default (docs/facts.md), so each path is a host directory:
+the workspace is), `/tests`, `/logs/verifier`, `/logs/agent`.
+
+- `container` launcher: the paths are the container's own (its image's WORKDIR); the workspace is
+  copied in where the image does not hold it, and copied out when the harness ends
+  (`container_layout`).
+
+On the host launchers each path is a host directory:
 
 - `isolated` launcher (root): the command runs in its own mount namespace, chrooted into a view of
   the host root in which each host directory is bind-mounted at its absolute path
@@ -108,6 +113,8 @@ class HarnessLayout:
     binds: tuple[tuple[Path, str], ...]
     agent_logs: Path | None
     """The host side of /logs/agent (tasks written for an environment only)."""
+    copy_in: tuple[tuple[Path, str], ...] = ()
+    """(host directory, path inside): what is copied into a container before the harness starts."""
 
 
 def harness_layout(task: Task, workspace: Path, bind: bool) -> HarnessLayout:
@@ -119,6 +126,16 @@ def harness_layout(task: Task, workspace: Path, bind: bool) -> HarnessLayout:
     logs = agent_logs_of(workspace)
     view = PathMap([(workspace, workdir), (logs, AGENT_LOGS_DIR)], bind)
     return HarnessLayout(view.rewrite(task.prompt), view.cwd(workdir), (workspace, logs), view.binds(), logs)
+
+
+def container_layout(task: Task, workspace: Path) -> HarnessLayout:
+    """A task in a container: its prompt as written, run in its working directory (the image's WORKDIR,
+    `/app` for a task without an environment), the host workspace's contents copied there; /logs/agent
+    comes back to the host next to the workspace."""
+    workdir = task.environment.workdir or DEFAULT_WORKDIR
+    return HarnessLayout(
+        task.prompt, Path(workdir), (), (), agent_logs_of(workspace), ((workspace, workdir),)
+    )
 
 
 def verifier_view(task: Task, attempt_root: Path, workspace_copy: Path, bind: bool) -> PathMap:

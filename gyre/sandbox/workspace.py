@@ -27,14 +27,15 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
             os.lchown(os.path.join(root, name), uid, gid)
 
 
-def create_workspace(task: Task, path: Path) -> Path:
+def create_workspace(task: Task, path: Path, sources: bool = True) -> Path:
     """A fresh workspace at `path`: the task's workspace sources in order (a directory's contents merged
-    into its target), then its files (the launcher hands the workspace to the sandbox)."""
+    into its target; skipped without `sources`, when the task's image holds them), then its files (the
+    launcher hands the workspace to the sandbox)."""
     if path.exists():
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.mkdir()
-    for src in task.workspace:
+    for src in task.workspace if sources else ():
         target = path / check_relative(src.target) if src.target else path
         if src.source.is_dir():
             shutil.copytree(src.source, target, symlinks=True, dirs_exist_ok=True)

@@ -25,10 +25,13 @@ from pathlib import Path
 import psutil
 import yaml
 
-from gyre.config import GyreConfig
+from gyre.config import GyreConfig, load_config
+from gyre.log import get_logger
 from gyre.model.files import check_model_dir
 from gyre.procs import alive as _alive
 from gyre.procs import die_with_parent, stop_processes
+from gyre.sandbox import SandboxError
+from gyre.sandbox.host import check_sandboxes, remove_run_sandboxes
 from gyre.stack.credentials import generate
 from gyre.stack.health import grpc_health, tail
 from gyre.stack.servers import LOOPBACK, free_port
@@ -52,6 +55,8 @@ __all__ = [
     "status",
     "up",
 ]
+
+log = get_logger("gyre.stack")
 
 
 class StackError(RuntimeError):
@@ -115,6 +120,7 @@ def up(
         TaskSet.from_section(config.tasks)  # a malformed task fails here, before anything is spawned
     except TaskError as e:
         raise StackError(f"tasks: {e}") from None
+    check_sandboxes(config)  # ConfigError (exit 2) when a launcher cannot run here: no container engine
     run_dir = config.run.path.resolve()
     previous = StackState.load(run_dir)
     if previous is not None and previous.live():
@@ -216,7 +222,18 @@ def down_state(state: StackState) -> None:
     servers = [p.process_id for p in state.processes if p.alive() and p.name in ("nats", "redis")]
     stop_processes(services, grace_s=10.0)
     stop_processes(servers, grace_s=3.0)
+    remove_sandboxes(Path(state.config_path))
     StackState.path(Path(state.run_dir)).unlink(missing_ok=True)
+
+
+def remove_sandboxes(config_path: Path) -> int:
+    """Remove every sandbox the run kept (its containers): the last step of every stop of a run."""
+    try:
+        config = load_config(config_path)
+        return remove_run_sandboxes(config)
+    except (OSError, ValueError, SandboxError) as e:
+        log.error("sandboxes_not_removed", error=str(e))
+        return 0
 
 
 def down(run_dir: Path) -> bool:

@@ -38,6 +38,8 @@ from gyre.config import GyreConfig, load_config
 from gyre.lifecycle import STOP_SIGNALS, hold_grpc_aio, install_signal_handlers
 from gyre.log import configure_logging, get_logger
 from gyre.procs import ProcessId, become_subreaper, describe_exit, die_with_parent, stop_processes
+from gyre.sandbox import SandboxError
+from gyre.sandbox.host import remove_run_sandboxes
 from gyre.stack.events import ExitPublisher
 from gyre.stack.health import grpc_health_async, last_error, tail
 from gyre.stack.restarts import RestartHistory
@@ -328,7 +330,16 @@ class StackSupervisor:
                 m.proc.poll()
             m.entry.state = "stopped" if m.entry.state != "gave_up" else "gave_up"
         self._save()
-        log.info("stack_stopped", after_s=round(time.monotonic() - t0, 2))
+        removed = await asyncio.to_thread(self._remove_sandboxes)
+        log.info("stack_stopped", after_s=round(time.monotonic() - t0, 2), sandboxes_removed=removed)
+
+    def _remove_sandboxes(self) -> int:
+        """Every sandbox the run kept (its containers), once no service of the run is left to use them."""
+        try:
+            return remove_run_sandboxes(self.config)
+        except (OSError, ValueError, SandboxError) as e:
+            log.error("sandboxes_not_removed", error=str(e))
+            return 0
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,10 +1,11 @@
 """What a Harbor task's `environment/Dockerfile` says about its workspace, read without building it.
 
-No container runs on the embedded default (docs/facts.md), so the local sandbox reproduces the one
-part of the image a task's files define: the working directory (the final stage's `WORKDIR`) and the
-files `COPY`/`ADD` put under it from the build context (`environment/`). Everything else (`RUN`
-steps, copies to other places, `COPY --from`, remote `ADD`) needs the image: it is reported as a
-warning, and on a cluster the container sandbox builds the Dockerfile itself.
+The `container` launcher builds the Dockerfile with the engine (gyre/sandbox/containers/images.py)
+and runs the task in that image. The host launchers (`isolated`, `process`) reproduce the one part of
+the image a task's files define: the working directory (the final stage's `WORKDIR`) and the files
+`COPY`/`ADD` put under it from the build context (`environment/`). Everything else (`RUN` steps, copies
+to other places, `COPY --from`, remote `ADD`) needs the image: `gyre tasks check` reports it as a
+warning for runs on the host launchers.
 
     facts = read_dockerfile(task_dir / "environment" / "Dockerfile", problems)
     facts.workdir          # "/app"
@@ -165,8 +166,8 @@ def read_dockerfile(path: Path, problems: Problems) -> DockerfileFacts:
     if facts.num_run_steps:
         problems.warn(
             path,
-            f"{facts.num_run_steps} RUN step(s) are not applied by the local sandbox (no containers "
-            "here): what they install must be on the host; a cluster's container sandbox builds them",
+            f"{facts.num_run_steps} RUN step(s): applied only in the task's image (sandbox.isolation: "
+            "container); on the host launchers what they install must be on the host",
         )
     if facts.workdir is None:
         facts.workdir = DEFAULT_WORKDIR

@@ -79,9 +79,10 @@ class Verifier:
 
 @dataclass(frozen=True, slots=True)
 class TaskEnvironment:
-    """The environment a task was written for. A container sandbox on a cluster builds `dockerfile`
-    (or pulls `docker_image`); the local sandbox has no containers and runs on the host's tools, with
-    the workspace at `workdir` when it can mount it there (gyre/sandbox/task_paths.py)."""
+    """The environment a task was written for. The `container` launcher runs the task in `docker_image`,
+    else in the image built from `dockerfile`, with these resources; the host launchers run it on the
+    host's tools, with the workspace at `workdir` when they can mount it there
+    (gyre/sandbox/task_paths.py)."""
 
     workdir: str | None = None
     """Absolute working directory inside the environment (the Dockerfile's WORKDIR, e.g. /app);
@@ -94,6 +95,16 @@ class TaskEnvironment:
     storage_mb: int | None = None
     gpus: int | None = None
     allow_internet: bool | None = None
+
+    def resources(self) -> dict[str, float]:
+        """The resources this environment asks for (`cpus`, `memory_mb`, `storage_mb`, `gpus`), those it sets."""
+        asked = {
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "storage_mb": self.storage_mb,
+            "gpus": self.gpus,
+        }
+        return {k: float(v) for k, v in asked.items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ class EvaluatorService(GyreService):
             self.config.tasks
         )  # a malformed task stops the start, naming file and key
         self.launcher, limits = open_sandbox(self, section)
+        host_launcher = open_sandbox(self, section, on_host=True)[0] if self.launcher.own_filesystem else None
         run_dir = self.config.run.path.resolve()
         self.verifier = VerifierRunner(
             registry=tasks.registry,
@@ -77,6 +78,7 @@ class EvaluatorService(GyreService):
             max_attempts=section.max_attempts,
             backoff_s=section.backoff_s,
             kill_grace_s=section.sandbox.kill_grace_s,
+            host_launcher=host_launcher,
         )
         self.evaluations = EvaluationStore(self.redis, self.keys)
         self.outcomes = GroupOutcomes(self.redis, self.keys)
@@ -164,6 +166,7 @@ class EvaluatorService(GyreService):
             ),
             event_id=f"eval.done:{ref.execution_id}:{evaluation.workspace_hash or 'none'}",
         )
+        await self.verifier.release(ref.execution_id)  # accounted: its container (if any) goes
         await self._resolve_group(ref, evaluation)
         return evaluation
 

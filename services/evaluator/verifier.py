@@ -1,5 +1,8 @@
 """Scoring one terminated execution: the task's verifier on its preserved workspace, in the same
-kind of sandbox as the harness (no network at all), with retries inside the overall budget.
+kind of sandbox as the harness (no network at all), with retries inside the overall budget. With a
+launcher whose sandboxes have their own filesystem (`container`), a Harbor verifier runs in the
+execution's own container after the harness (services/evaluator/in_container.py); other verifiers
+(`score_line`: Gyre's built-in tasks, task.yaml) run on this host in `host_launcher`'s sandbox.
 
 Outcome classes (docs/design.md, "Outcomes"; the paper's "Partial scoring"):
 
@@ -9,8 +12,8 @@ Outcome classes (docs/design.md, "Outcomes"; the paper's "Partial scoring"):
 - **pending**: an attempt failed (a crash, no score or reward file, a score out of range, a verifier
   timeout). The attempt is retried with exponential backoff on a fresh copy of the same preserved
   state, while the execution's overall budget lasts and attempts remain.
-- **excluded**: the budget or the attempts ran out without a valid score (not a zero), or the
-  task has no verifier.
+- **excluded**: the budget or the attempts ran out without a valid score (not a zero), the
+  task has no verifier, or its environment was unavailable (its image did not build, no engine).
 - **placeholder**: nothing is evaluable (the sandbox never started, no or a vanished
   workspace): reward 0, so the group still counts N members.
 
@@ -29,7 +32,9 @@ from gyre.log import get_logger
 from gyre.sandbox import NetworkPolicy, SandboxError, SandboxLauncher, SandboxLimits, SandboxSpec
 from gyre.sandbox.workspace import content_hash, copy_workspace
 from gyre.tasks import Task, TaskError, TaskRegistry
+from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
+from services.evaluator.in_container import ContainerVerifier
 from services.evaluator.protocols import PROTOCOLS, Attempt
 from services.evaluator.store import Evaluation
 
@@ -49,9 +54,15 @@ class VerifierRunner:
         max_attempts: int,
         backoff_s: float,
         kill_grace_s: float,
+        host_launcher: SandboxLauncher | None = None,
     ) -> None:
         self.registry = registry
-        self.launcher = launcher
+        self.launcher = host_launcher or launcher
+        """Where verifiers that run on this host run (all of them, unless `launcher` has its own filesystem)."""
+        self.in_container = (
+            ContainerVerifier(launcher, work_root, kill_grace_s) if launcher.own_filesystem else None
+        )
+        """Harbor verifiers in the execution's own container (launchers with their own filesystem)."""
         self.work_root = work_root
         self.limits = limits
         self.max_attempts = max_attempts
@@ -65,6 +76,8 @@ class VerifierRunner:
         def outcome(status: str, reward: float, digest: str, attempts: int, detail: str) -> Evaluation:
             return Evaluation(eid, status, reward, path, digest, attempts, detail[:1000])  # type: ignore[arg-type]
 
+        if term.reason == cm.TERMINATION_REASON_ENVIRONMENT_UNAVAILABLE:
+            return outcome("excluded", 0.0, "", 0, term.detail or "the task's environment was unavailable")
         if not path or not Path(path).is_dir():
             why = term.detail or "no workspace"
             return outcome("placeholder", 0.0, "", 0, f"nothing evaluable: {why}")
@@ -85,7 +98,11 @@ class VerifierRunner:
             left_s = deadline_s - time.time()
             if left_s <= 0:
                 break
-            result = await self._attempt(task, eid, Path(path), attempt, min(task.verifier.timeout_s, left_s))
+            timeout_s = min(task.verifier.timeout_s, left_s)
+            if self.in_container is not None and task.verifier.protocol == "harbor":
+                result = await self.in_container.attempt(task, eid, Path(path), digest, attempt, timeout_s)
+            else:
+                result = await self._attempt(task, eid, Path(path), attempt, timeout_s)
             if result.score is not None:
                 return outcome("valid", result.score, digest, attempt, result.detail)
             failures.append(f"attempt {attempt}: {result.detail}")
@@ -96,6 +113,11 @@ class VerifierRunner:
             await asyncio.sleep(delay_s)
         why = "; ".join(failures[-3:]) or "the overall budget was spent before evaluation"
         return outcome("excluded", 0.0, digest, len(failures), f"no valid score within the budget: {why}")
+
+    async def release(self, eid: str) -> None:
+        """The execution is accounted: remove what the launcher kept of it (its container)."""
+        if self.in_container is not None:
+            await self.in_container.release(eid)
 
     async def _attempt(
         self, task: Task, eid: str, workspace: Path, attempt: int, timeout_s: float

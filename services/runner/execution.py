@@ -30,18 +30,24 @@ from prometheus_client import CollectorRegistry
 from gyre.bus import EventBus
 from gyre.log import bind_context, get_logger
 from gyre.sandbox import (
+    EnvironmentUnavailableError,
     NetworkPolicy,
     SandboxError,
     SandboxHandle,
+    SandboxImage,
     SandboxLauncher,
     SandboxLimits,
     SandboxOutcome,
     SandboxSpec,
 )
-from gyre.sandbox.task_paths import HarnessLayout, agent_logs_of, harness_layout
+from gyre.sandbox.host import BASE_PATH
+from gyre.sandbox.launchers.base import LABEL_EXECUTION, LABEL_ROLE
+from gyre.sandbox.task_paths import HarnessLayout, agent_logs_of, container_layout, harness_layout
 from gyre.sandbox.workspace import content_hash, create_workspace, preserve
 from gyre.store import CounterInvariantError, Counters
 from gyre.tasks import Task, TaskError, TaskRegistry
+from gyre.tasks.dockerfile import DEFAULT_WORKDIR
+from gyre.tasks.harbor import AGENT_LOGS_DIR
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from gyre.v1.proxy_pb2 import OpenExecutionResponse as Credentials
@@ -86,7 +92,12 @@ class RunningExecution:
 
 
 class StartFailed(Exception):
-    """A step of a start failed; the message says which and why (the execution never started)."""
+    """A step of a start failed; the message says which and why (the execution never started).
+    `environment`: the task's environment could not be had (excluded, not a placeholder)."""
+
+    def __init__(self, detail: str, environment: bool = False) -> None:
+        super().__init__(detail)
+        self.environment = environment
 
 
 def _fresh_dir(path: Path) -> None:
@@ -179,12 +190,12 @@ class ExecutionController:
             )
             return False
         try:
-            task = self._resolve(task, error)
-            layout = await self._workspace(owned, task)
+            task, image = await self._resolve(task, error)
+            layout = await self._workspace(owned, task, image)
             owned, creds = await self._credentials(owned, request)
-            handle = await self._launch(owned, task, layout, creds)
+            handle = await self._launch(owned, task, layout, creds, image)
         except StartFailed as e:
-            await self._fail_before_start(owned, str(e))
+            await self._fail_before_start(owned, str(e), e.environment)
             return False
         owned = owned.with_sandbox(handle.state)
         await self.ownership.record(owned)
@@ -244,18 +255,30 @@ class ExecutionController:
         await self.ownership.record(owned)
         return owned
 
-    def _resolve(self, task: Task | None, error: str) -> Task:
-        """The task of the request (`error` says why there is none)."""
+    async def _resolve(self, task: Task | None, error: str) -> tuple[Task, SandboxImage | None]:
+        """The task of the request (`error` says why there is none) and the image it runs in, built
+        first where the launcher builds images (None for launchers that run on this host)."""
         if task is None:
             raise StartFailed(error)
-        return task
-
-    async def _workspace(self, owned: OwnedExecution, task: Task) -> HarnessLayout:
-        """A fresh workspace from the task, and where the harness sees it."""
-        workspace = Path(owned.workspace)
-        layout = harness_layout(task, workspace, self.launcher.mounts_paths)
         try:
-            await asyncio.to_thread(create_workspace, task, workspace)
+            return task, await self.launcher.environment(task)
+        except EnvironmentUnavailableError as e:
+            raise StartFailed(str(e), environment=True) from None
+
+    async def _workspace(
+        self, owned: OwnedExecution, task: Task, image: SandboxImage | None
+    ) -> HarnessLayout:
+        """A fresh workspace from the task, and where the harness sees it (in a container: what the
+        image does not hold already, copied in)."""
+        workspace = Path(owned.workspace)
+        if image is None:
+            layout = harness_layout(task, workspace, self.launcher.mounts_paths)
+        else:
+            layout = container_layout(task, workspace)
+        try:
+            await asyncio.to_thread(
+                create_workspace, task, workspace, image is None or not image.holds_workspace
+            )
             if layout.agent_logs is not None:
                 await asyncio.to_thread(_fresh_dir, layout.agent_logs)
         except OSError as e:
@@ -275,13 +298,26 @@ class ExecutionController:
         return owned, creds
 
     async def _launch(
-        self, owned: OwnedExecution, task: Task, layout: HarnessLayout, creds: Credentials
+        self,
+        owned: OwnedExecution,
+        task: Task,
+        layout: HarnessLayout,
+        creds: Credentials,
+        image: SandboxImage | None,
     ) -> SandboxHandle:
-        """The harness in its sandbox, routed to the proxy."""
+        """The harness in its sandbox, routed to the proxy (and the internet, in a container of a task
+        that allows it)."""
         eid = owned.execution_id
-        base_url, network = self._route(creds.base_url)
+        egress = image is not None and bool(task.environment.allow_internet)
+        base_url, network = self._route(creds.base_url, egress)
         root = self.sandbox_root / eid
-        launch = Launch(task, layout.prompt, eid, base_url, creds.api_key, root / "home")
+        home = self.launcher.home_inside(root)
+        path = image.path if image is not None else BASE_PATH
+        launch = Launch(task, layout.prompt, eid, base_url, creds.api_key, home, image is not None, path)
+        try:
+            tools = self.harness.tools() if image is not None else ()
+        except ValueError as e:
+            raise StartFailed(f"harness: {e}") from None
         spec = SandboxSpec(
             name=eid,
             argv=self.harness.command(launch),
@@ -294,13 +330,20 @@ class ExecutionController:
             home_files=self.harness.home_files(launch),
             writable=layout.writable,
             binds=layout.binds,
+            image=image.reference if image is not None else None,
+            copy_in=layout.copy_in,
+            tools=tools,
+            labels={LABEL_EXECUTION: eid, LABEL_ROLE: "execution"},
+            resources=task.environment.resources(),
         )
         try:
             return await self.launcher.launch(spec)
+        except EnvironmentUnavailableError as e:
+            raise StartFailed(str(e), environment=True) from None
         except (SandboxError, OSError) as e:
             raise StartFailed(f"sandbox: {e}") from None
 
-    def _route(self, base_url: str) -> tuple[str, NetworkPolicy]:
+    def _route(self, base_url: str, egress: bool = False) -> tuple[str, NetworkPolicy]:
         """The URL the harness uses and the network its sandbox gets."""
         if not self.launcher.isolates_network:
             return base_url, NetworkPolicy("host")
@@ -309,18 +352,18 @@ class ExecutionController:
             raise ValueError(f"proxy base URL without a host: {base_url!r}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         inside = urlunsplit((parts.scheme, f"127.0.0.1:{port}", parts.path, parts.query, parts.fragment))
-        return inside, NetworkPolicy.proxy(parts.hostname, port)
+        return inside, NetworkPolicy.proxy(parts.hostname, port, egress)
 
-    async def _fail_before_start(self, owned: OwnedExecution, detail: str) -> None:
-        log.error("execution_never_started", detail=detail)
-        await self._report(
-            owned,
-            cm.TERMINATION_REASON_INFRA_FAILURE,
-            0,
-            cm.WorkspaceRef(),
-            0.0,
-            f"sandbox never started: {detail}",
-        )
+    async def _fail_before_start(self, owned: OwnedExecution, detail: str, environment: bool = False) -> None:
+        log.error("execution_never_started", detail=detail, environment_unavailable=environment)
+        if environment:
+            reason, detail = (
+                cm.TERMINATION_REASON_ENVIRONMENT_UNAVAILABLE,
+                f"environment unavailable: {detail}",
+            )
+        else:
+            reason, detail = cm.TERMINATION_REASON_INFRA_FAILURE, f"sandbox never started: {detail}"
+        await self._report(owned, reason, 0, cm.WorkspaceRef(), 0.0, detail)
 
     # -- watch ---------------------------------------------------------------------------------
     def _watch(self, running: RunningExecution) -> None:
@@ -376,6 +419,8 @@ class ExecutionController:
         if survivors:
             detail += f"; {len(survivors)} sandbox processes survived the sweep"
             log.error("sandbox_sweep_incomplete", pids=survivors[:10])
+        if outcome.started and self.launcher.own_filesystem and not await self._collect(owned, handle):
+            detail += "; the workspace could not be copied out of the sandbox"
         workspace = cm.WorkspaceRef()
         if outcome.started and Path(owned.workspace).is_dir():
             await asyncio.to_thread(preserve, Path(owned.workspace))
@@ -388,6 +433,27 @@ class ExecutionController:
         if self.running.pop(owned.execution_id, None) is not None:
             self.tasks.pop(owned.execution_id, None)
             await self.slots.release()
+
+    async def _collect(self, owned: OwnedExecution, handle: SandboxHandle) -> bool:
+        """Copy a container's workspace (its working directory) and /logs/agent out to the host, where
+        they are preserved and hashed; the container stays for the verifier. False (and no workspace
+        left on the host) when they cannot be had."""
+        workspace = Path(owned.workspace)
+        task, _ = self._lookup(owned.task_id)
+        await asyncio.to_thread(shutil.rmtree, workspace, True)
+        if task is None:
+            return False
+        inside = task.environment.workdir or DEFAULT_WORKDIR
+        logs = agent_logs_of(workspace)
+        try:
+            await asyncio.to_thread(_fresh_dir, logs)
+            if await handle.copy_out(inside, workspace):
+                await handle.copy_out(AGENT_LOGS_DIR, logs)
+                return True
+        except (SandboxError, OSError) as e:
+            log.error("workspace_copy_failed", error=str(e))
+        await asyncio.to_thread(shutil.rmtree, workspace, True)
+        return False
 
     async def _report(
         self,
@@ -447,6 +513,7 @@ class ExecutionController:
         for owned in await self.ownership.owned():
             bind_context(execution=owned.execution_id)
             if owned.sandbox is None:
+                await self._reap(owned.execution_id)
                 await self._report(
                     owned,
                     cm.TERMINATION_REASON_INFRA_FAILURE,
@@ -475,6 +542,17 @@ class ExecutionController:
             )
             counts["terminated"] += 1
         return counts
+
+    async def _reap(self, execution_id: str) -> None:
+        """Remove a sandbox the launcher may keep for an execution whose start was interrupted (the
+        container exists, its state was never recorded)."""
+        try:
+            removed = await self.launcher.reap({LABEL_EXECUTION: execution_id})
+        except SandboxError as e:
+            log.error("sandbox_reap_failed", error=str(e))
+            return
+        if removed:
+            log.info("sandbox_reaped", containers=removed)
 
     def close(self) -> None:
         """Take no more executions: later start requests terminate as CANCELLED without starting."""

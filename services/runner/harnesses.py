@@ -13,6 +13,10 @@
 - `command`: any argv with `{prompt}`, `{task_id}`, `{execution_id}`, `{python}` expanded (a
   deterministic stand-in agent in tests, a custom harness elsewhere).
 
+In a container (the `container` launcher) a harness runs the same way from what it mounts read-only
+(`tools()`: Claude Code's and Codex's native binaries, the demo harness's packages) under /.gyre/tools,
+with the image's PATH; `Launch.inside` says which.
+
 `runner.harness_args` and `runner.harness_env` are the user's knobs on the unmodified CLI (its own
 flags and environment variables, e.g. Claude Code's `--system-prompt`, `--tools` and
 `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`); the variables that route the harness to the proxy are the runner's
@@ -31,6 +35,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import sysconfig
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
@@ -56,6 +61,15 @@ class Launch:
     """The proxy as the harness reaches it (inside the sandbox)."""
     api_key: str
     home: Path
+    inside: bool = False
+    """The harness runs in a container: its binaries are the read-only mounts of `tools()`, under
+    `TOOLS_INSIDE`, and `path` is the image's PATH."""
+    path: str = BASE_PATH
+    """The PATH the harness starts from (the harness puts its own bin directories in front)."""
+
+
+TOOLS_INSIDE = "/.gyre/tools"
+"""Where a harness's host binaries and packages are mounted (read-only) in a container."""
 
 
 class HarnessCommand(ABC):
@@ -81,7 +95,7 @@ class HarnessCommand(ABC):
     def env(self, launch: Launch) -> dict[str, str]:
         """Environment of the harness: nothing else from the runner's environment is passed."""
         return {
-            "PATH": BASE_PATH,
+            "PATH": launch.path,
             "LANG": "C.UTF-8",
             "ANTHROPIC_BASE_URL": launch.base_url,
             "ANTHROPIC_API_KEY": launch.api_key,
@@ -99,6 +113,10 @@ class HarnessCommand(ABC):
         """Paths the harness needs besides its workspace and the Python installation."""
         return (REPO_ROOT,)
 
+    def tools(self) -> tuple[tuple[Path, str], ...]:
+        """(host path, path inside): what the harness needs in a container, mounted read-only."""
+        return ()
+
     def command(self, launch: Launch) -> list[str]:
         return [*self.argv(launch), *self.extra_args]
 
@@ -108,9 +126,13 @@ class HarnessCommand(ABC):
 
 
 class DemoHarness(HarnessCommand):
+    """In a container it needs the image's python3 (3.11, the runner's ABI: Debian bookworm's): the
+    harness package and the runner's site-packages (anthropic and what it imports) are mounted."""
+
     name = "demo"
     fork_module = "harness"
     fork_paths = (str(REPO_ROOT),)
+    inside_paths = (f"{TOOLS_INSIDE}/python", f"{TOOLS_INSIDE}/site-packages")
 
     def argv(self, launch: Launch) -> list[str]:
         task = launch.task
@@ -118,7 +140,7 @@ class DemoHarness(HarnessCommand):
         # A seed per execution: tool-latency sleeps and retry jitter differ between the members of a group.
         seed = str(zlib.crc32(launch.execution_id.encode()))
         return [
-            sys.executable,
+            "python3" if launch.inside else sys.executable,
             "-m",
             "harness",
             "--task",
@@ -133,10 +155,14 @@ class DemoHarness(HarnessCommand):
     def env(self, launch: Launch) -> dict[str, str]:
         return {
             **super().env(launch),
-            "PYTHONPATH": os.pathsep.join(self.fork_paths),
+            "PYTHONPATH": os.pathsep.join(self.inside_paths if launch.inside else self.fork_paths),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
         }
+
+    def tools(self) -> tuple[tuple[Path, str], ...]:
+        site = Path(sysconfig.get_paths()["purelib"])
+        return ((REPO_ROOT / "harness", f"{self.inside_paths[0]}/harness"), (site, self.inside_paths[1]))
 
 
 def _node_binary(name: str) -> str:
@@ -144,12 +170,25 @@ def _node_binary(name: str) -> str:
     return str(local) if local.exists() else (shutil.which(name) or name)
 
 
+def _native(name: str, package: str, relative: str) -> Path:
+    """The native binary of an npm CLI (what its `node_modules/.bin` entry starts): a container has no
+    node, so the binary itself is mounted and run."""
+    root = REPO_ROOT / "node_modules" / package
+    found = root / relative
+    if not found.exists():
+        raise ValueError(f"{name}: {found} is missing (npm ci in the repository root installs it)")
+    return found.resolve()
+
+
 class ClaudeCodeHarness(HarnessCommand):
+    """In a container: its native binary (glibc: the image must be glibc-based, e.g. Debian) mounted at
+    /.gyre/tools/claude."""
+
     name = "claude_code"
 
     def argv(self, launch: Launch) -> list[str]:
         return [
-            _node_binary("claude"),
+            f"{TOOLS_INSIDE}/claude" if launch.inside else _node_binary("claude"),
             "-p",
             launch.prompt,
             "--output-format",
@@ -158,9 +197,10 @@ class ClaudeCodeHarness(HarnessCommand):
         ]
 
     def env(self, launch: Launch) -> dict[str, str]:
+        bin_dir = TOOLS_INSIDE if launch.inside else REPO_ROOT / "node_modules" / ".bin"
         return {
             **super().env(launch),
-            "PATH": f"{REPO_ROOT / 'node_modules' / '.bin'}:{BASE_PATH}",
+            "PATH": f"{bin_dir}:{launch.path}",
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",
             "DISABLE_AUTOUPDATER": "1",
@@ -171,13 +211,19 @@ class ClaudeCodeHarness(HarnessCommand):
     def limits(self, limits: SandboxLimits) -> SandboxLimits:
         return replace(limits, memory_mb=None)  # JS runtimes reserve far more address space than they use
 
+    def tools(self) -> tuple[tuple[Path, str], ...]:
+        binary = _native("claude", "@anthropic-ai/claude-code", "bin/claude.exe")
+        return ((binary, f"{TOOLS_INSIDE}/claude"),)
+
 
 class CodexHarness(HarnessCommand):
+    """In a container: its static (musl) binary and bundled ripgrep mounted at /.gyre/tools/codex."""
+
     name = "codex"
 
     def argv(self, launch: Launch) -> list[str]:
         return [
-            _node_binary("codex"),
+            f"{TOOLS_INSIDE}/codex/bin/codex" if launch.inside else _node_binary("codex"),
             "exec",
             "--skip-git-repo-check",
             "-s",
@@ -187,8 +233,9 @@ class CodexHarness(HarnessCommand):
         ]
 
     def env(self, launch: Launch) -> dict[str, str]:
+        bin_dir = f"{TOOLS_INSIDE}/codex/codex-path" if launch.inside else REPO_ROOT / "node_modules" / ".bin"
         return {
-            "PATH": f"{REPO_ROOT / 'node_modules' / '.bin'}:{BASE_PATH}",
+            "PATH": f"{bin_dir}:{launch.path}",
             "LANG": "C.UTF-8",
             "OPENAI_API_KEY": launch.api_key,
             "CODEX_HOME": str(launch.home / ".codex"),
@@ -202,6 +249,10 @@ class CodexHarness(HarnessCommand):
 
     def limits(self, limits: SandboxLimits) -> SandboxLimits:
         return replace(limits, memory_mb=None)
+
+    def tools(self) -> tuple[tuple[Path, str], ...]:
+        vendor = _native("codex", "@openai/codex-linux-x64", "vendor/x86_64-unknown-linux-musl")
+        return ((vendor, f"{TOOLS_INSIDE}/codex"),)
 
 
 class CommandHarness(HarnessCommand):
@@ -223,7 +274,7 @@ class CommandHarness(HarnessCommand):
             "{prompt}": launch.prompt,
             "{task_id}": launch.task.task_id,
             "{execution_id}": launch.execution_id,
-            "{python}": sys.executable,
+            "{python}": "python3" if launch.inside else sys.executable,
         }
         out = []
         for arg in self.template:

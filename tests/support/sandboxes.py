@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
 from gyre.sandbox import LauncherSpec, SandboxError, SandboxLauncher, launcher_class
+from gyre.sandbox.launchers.base import LABEL_RUN
 
 
 def unavailable(reason: str) -> None:
@@ -16,12 +18,19 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def launcher_for_test(name: str, uid_base: int, num_slots: int = 2) -> SandboxLauncher:
-    """The launcher `name` with `num_slots` slots (uids from `uid_base` when it uses uids)."""
+def launcher_for_test(name: str, uid_base: int, num_slots: int = 2, run: str = "") -> SandboxLauncher:
+    """The launcher `name` with `num_slots` slots (uids from `uid_base` when it uses uids; the labels of
+    run `run`, a fresh one by default, on what it keeps)."""
     cls = launcher_class(name)
     uids = range(uid_base, uid_base + num_slots) if cls.uses_uids else None
+    labels = {LABEL_RUN: run or f"t{uuid.uuid4().hex[:12]}"}
     try:
-        return cls.create(LauncherSpec(num_slots=num_slots, uids=uids))
+        launcher = cls.create(LauncherSpec(num_slots=num_slots, uids=uids, labels=labels))
+        if launcher.own_filesystem:
+            from tests.support.containers import engine_client
+
+            engine_client()
+        return launcher
     except SandboxError as e:
         unavailable(f"the {name} launcher cannot run here: {e}")
         raise

@@ -14,10 +14,13 @@ import os
 from collections.abc import Callable
 
 from gyre.sandbox.launchers.base import (
+    EnvironmentUnavailableError,
+    ExecResult,
     LauncherSpec,
     NetworkPolicy,
     SandboxError,
     SandboxHandle,
+    SandboxImage,
     SandboxLauncher,
     SandboxSpec,
     SandboxState,
@@ -39,9 +42,16 @@ def _isolated() -> type[SandboxLauncher]:
     return IsolatedLauncher
 
 
+def _container() -> type[SandboxLauncher]:
+    from gyre.sandbox.launchers.container import ContainerLauncher
+
+    return ContainerLauncher
+
+
 LAUNCHERS: dict[str, Callable[[], type[SandboxLauncher]]] = {
     "process": _process,
     "isolated": _isolated,
+    "container": _container,
 }
 """name → a function returning the launcher class (importing its module on first use)."""
 
@@ -72,10 +82,13 @@ def make_launcher(name: str, spec: LauncherSpec | None = None) -> SandboxLaunche
 __all__ = [
     "AUTO",
     "LAUNCHERS",
+    "EnvironmentUnavailableError",
+    "ExecResult",
     "LauncherSpec",
     "NetworkPolicy",
     "SandboxError",
     "SandboxHandle",
+    "SandboxImage",
     "SandboxLauncher",
     "SandboxSpec",
     "SandboxState",

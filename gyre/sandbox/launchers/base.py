@@ -15,24 +15,63 @@ subclass of `SandboxLauncher` (set `name` and the capability flags, implement `c
 `gyre/sandbox/launchers/__init__.py`. The config field `<service>.sandbox.isolation` then accepts its
 name, and tests/unit/sandbox/test_sandbox_contract.py runs the contract over it (every registered name:
 a launcher this machine cannot run fails there with the reason, or is skipped outside CI).
+
+A launcher whose sandboxes have a filesystem of their own (`own_filesystem`: the `container` launcher;
+a Kubernetes pod launcher would be one too) keeps the sandbox after its command ends and implements the
+environment operations: `exec` (the verifier, after the harness, in the same sandbox, as Harbor does),
+`copy_in` / `copy_out` (the workspace, the task's tests, the reward files), `stdout` (its logs),
+`stop`, `remove`, and `attach` / `find` / `reap` by labels (a restarted owner re-attaches or reaps).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import ClassVar, Literal
 
 from gyre.config.runner import SandboxSection
 from gyre.sandbox.limits import SandboxLimits
 from gyre.sandbox.outcome import SandboxOutcome
+from gyre.tasks import Task
 
 NetworkMode = Literal["proxy", "none", "host"]
+
+LABEL_RUN = "gyre.run"
+LABEL_RUN_DIR = "gyre.run-dir"
+"""The run's directory: two runs of the same id in different directories never touch each other's sandboxes."""
+LABEL_EXECUTION = "gyre.execution"
+LABEL_ROLE = "gyre.role"
+"""`execution` (a harness's sandbox, kept for its verifier) or `verifier` (a fresh sandbox for an
+evaluation whose execution's sandbox is gone)."""
+LABEL_SERVICE = "gyre.service"
+LABEL_SANDBOX = "gyre.sandbox"
+EXTRA_LABELS_ENV = "GYRE_SANDBOX_LABELS"
+"""`key=value,key=value`: labels added to every kept sandbox (a CI job, a test session), so that whoever
+started a set of runs can find all of their containers."""
 
 
 class SandboxError(RuntimeError):
     """The sandbox could not be created (the command never started)."""
+
+
+class EnvironmentUnavailableError(SandboxError):
+    """The task's environment cannot be had: its image failed to build or exists nowhere, or no container
+    engine answers. The message is one line naming the task and the step, or the endpoint."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxImage:
+    """The image a task's sandboxes start from (launchers with their own filesystem)."""
+
+    reference: str
+    holds_workspace: bool
+    """True when the image holds the task's workspace already (its Dockerfile's COPY steps put it there),
+    so only the task's extra files are copied in."""
+    path: str
+    """The image's PATH (a harness puts its own bin directories in front)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +79,16 @@ class NetworkPolicy:
     mode: NetworkMode = "host"
     target_host: str = ""
     target_port: int = 0
+    egress: bool = False
+    """Besides the proxy, the internet (a task's `allow_internet`), where the launcher isolates networks."""
 
     @classmethod
-    def proxy(cls, host: str, port: int) -> NetworkPolicy:
-        return cls("proxy", host, port)
+    def proxy(cls, host: str, port: int, egress: bool = False) -> NetworkPolicy:
+        return cls("proxy", host, port, egress)
+
+
+def _empty() -> Mapping[str, str]:
+    return MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +112,19 @@ class SandboxSpec:
     binds: tuple[tuple[Path, str], ...] = ()
     """(host directory or file, absolute path inside): bind mounts of the command's view of the
     filesystem; `cwd` may lie inside one. Only launchers with `mounts_paths` accept them."""
+    image: str | None = None
+    """The image of a launcher with its own filesystem (None: the launcher's default image)."""
+    copy_in: tuple[tuple[Path, str], ...] = ()
+    """(host directory, absolute path inside): contents copied into a sandbox with its own filesystem
+    before the command starts (a workspace its image does not hold)."""
+    tools: tuple[tuple[Path, str], ...] = ()
+    """(host file or directory, absolute path inside): what the command needs from the host in a sandbox
+    with its own filesystem (a harness's binary, the demo harness's packages), mounted read-only."""
+    labels: Mapping[str, str] = field(default_factory=_empty)
+    """Labels that find the sandbox again (its execution), where the launcher keeps sandboxes."""
+    resources: Mapping[str, float] = field(default_factory=_empty)  # type: ignore[arg-type]
+    """The task's own resources (`cpus`, `memory_mb`, `storage_mb`, `gpus`), applied where the launcher
+    can (a launcher that cannot give what is asked refuses the spec)."""
 
     def host_path(self, inside: Path) -> Path:
         """Where a path the command sees lies on the host (itself when no bind covers it)."""
@@ -93,6 +151,10 @@ class SandboxState:
     """Start time of `pid` (seconds since the epoch, `gyre.procs.start_time`): guards against pid reuse."""
     uid: int | None
     root: str
+    container: str = ""
+    """The container's id (launchers with their own filesystem)."""
+    command: str = ""
+    """The name of the command inside the container (its control files)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +167,19 @@ class LauncherSpec:
     """Sandboxes the service runs at once."""
     uids: range | None = None
     """The uids its sandboxes may run as (launchers with `uses_uids`; None otherwise)."""
+    labels: Mapping[str, str] = field(default_factory=_empty)
+    """Labels every sandbox of this service carries (run id, service instance), where sandboxes have labels."""
+    work_dir: Path | None = None
+    """Where the launcher writes what it keeps (image build logs); None = nowhere."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """How a command run by `SandboxHandle.exec` ended."""
+
+    outcome: SandboxOutcome
+    stdout: str
+    timed_out: bool
 
 
 class SandboxHandle(ABC):
@@ -142,6 +217,26 @@ class SandboxHandle(ABC):
     def stdout(self) -> str:
         """The command's standard output (what was kept of it)."""
 
+    # -- environment operations (launchers with `own_filesystem`) --------------------------------
+    async def exec(
+        self, name: str, argv: list[str], cwd: str, env: dict[str, str], timeout_s: float, grace_s: float
+    ) -> ExecResult:
+        """Run another command in this sandbox (the verifier) as its user, stopped (SIGTERM, `grace_s`,
+        SIGKILL) past `timeout_s`. `name` names its control files (unique per sandbox)."""
+        raise NotImplementedError(f"the {self.launcher.name} launcher has no sandbox filesystem")
+
+    async def copy_in(self, source: Path, inside: str, replace: bool = False) -> None:
+        """Copy host directory `source` to `inside` (what `inside` held emptied first with `replace`)."""
+        raise NotImplementedError(f"the {self.launcher.name} launcher has no sandbox filesystem")
+
+    async def copy_out(self, inside: str, target: Path) -> bool:
+        """Copy the contents of `inside` into host directory `target`; False when `inside` is missing."""
+        raise NotImplementedError(f"the {self.launcher.name} launcher has no sandbox filesystem")
+
+    async def remove(self) -> None:
+        """Remove the sandbox and everything in it (idempotent)."""
+        raise NotImplementedError(f"the {self.launcher.name} launcher has no sandbox filesystem")
+
 
 class SandboxLauncher(ABC):
     """Base of the launcher registry (`LAUNCHERS` in gyre/sandbox/launchers/__init__.py)."""
@@ -153,11 +248,27 @@ class SandboxLauncher(ABC):
     """True when `SandboxSpec.binds` are honoured (else a spec with binds is refused)."""
     uses_uids: ClassVar[bool] = False
     """True when sandboxes run under uids of the service's own range (`LauncherSpec.uids`)."""
+    own_filesystem: ClassVar[bool] = False
+    """True when a sandbox has a filesystem of its own (an image) that outlives its command: the
+    workspace lives in it and is copied out afterwards, and the verifier runs in it after the harness
+    (`SandboxHandle.exec`, `copy_in`, `copy_out`, `remove`; `find` and `reap` by labels)."""
 
     @classmethod
     @abstractmethod
     def create(cls, spec: LauncherSpec) -> SandboxLauncher:
         """The launcher of one service instance; `SandboxError` when this machine cannot run it."""
+
+    @classmethod
+    def check(cls, spec: LauncherSpec) -> str:
+        """Before a run starts: what the launcher will use (its engine), or `SandboxError` saying why it
+        cannot run here (`gyre up` exits 2 on it, before anything starts)."""
+        cls.create(spec)
+        return cls.name
+
+    @classmethod
+    def remove_all(cls, spec: LauncherSpec) -> int:
+        """Remove every kept sandbox carrying `spec.labels` (a run that stops); returns how many."""
+        return 0
 
     @abstractmethod
     def enforced(self) -> dict[str, str]:
@@ -174,6 +285,28 @@ class SandboxLauncher(ABC):
     @abstractmethod
     def release(self, state: SandboxState) -> None:
         """Return the sandbox's slot (uid) to the pool."""
+
+    async def environment(self, task: Task) -> SandboxImage | None:
+        """The image `task` runs in, built first where this launcher builds images; None for launchers
+        that run commands on this host. `EnvironmentUnavailableError` when it cannot be had."""
+        return None
+
+    async def provision(self, spec: SandboxSpec) -> SandboxHandle:
+        """A sandbox with its own filesystem prepared as `spec` says (image, copies, labels) but no command
+        running in it yet: `exec` runs one (a verifier in a fresh sandbox)."""
+        raise NotImplementedError(f"the {self.name} launcher has no sandbox filesystem")
+
+    def home_inside(self, root: Path) -> Path:
+        """The command's HOME as it sees it (`root` is the spec's host directory)."""
+        return root / "home"
+
+    async def find(self, labels: Mapping[str, str]) -> SandboxHandle | None:
+        """The kept sandbox carrying `labels` (launchers with `own_filesystem`), None when there is none."""
+        return None
+
+    async def reap(self, labels: Mapping[str, str]) -> int:
+        """Remove every kept sandbox carrying `labels`; returns how many there were."""
+        return 0
 
     async def close(self) -> None:
         """Free what the launcher holds (connections); sandboxes are left as they are."""

@@ -45,7 +45,7 @@ def test_check_names_every_defect_of_a_broken_set_with_its_path_and_key() -> Non
     assert len(errors) == len(expected), errors
     warnings = [ln for ln in lines if ln.startswith("warning: ")]
     assert any("[verifier] timout_sec: not a key Harbor or Gyre reads" in w for w in warnings)
-    assert any("1 RUN step(s) are not applied by the local sandbox" in w for w in warnings)
+    assert any("1 RUN step(s): applied only in the task's image" in w for w in warnings)
     assert lines[-1] == f"5 task(s) checked: {len(expected)} error(s), {len(warnings)} warning(s)"
 
 

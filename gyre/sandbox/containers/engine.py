@@ -1,0 +1,125 @@
+"""The container engine, reached through the Docker Engine API (the `docker` SDK): dockerd and podman's
+API service (`podman system service`) answer the same calls, so one code path serves both.
+
+    endpoint = resolve_endpoint(None)          # DOCKER_HOST, else podman's socket, else docker's
+    client = connect(endpoint, timeout_s=60)   # EngineUnavailableError naming the endpoint
+    remove_labelled(client, {"gyre.run": "r1"}) # every container of a run, wherever it stands
+
+Containers carry labels (`LABEL_*` of gyre/sandbox/launchers/base.py): the run, the execution or verifier attempt they serve, and the
+service instance that created them; every lookup and every cleanup filters on them, because the engine's
+state is shared with whatever else runs on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+
+from gyre.sandbox.launchers.base import EXTRA_LABELS_ENV, EnvironmentUnavailableError
+
+PODMAN_SOCKET = Path("/run/podman/podman.sock")
+DOCKER_SOCKET = Path("/var/run/docker.sock")
+
+
+class EngineUnavailableError(EnvironmentUnavailableError):
+    """No container engine answers at the endpoint (or it refused a call); the message names it."""
+
+
+def resolve_endpoint(configured: str | None) -> str:
+    """The configured endpoint, else `DOCKER_HOST`, else podman's rootful socket if it exists, else
+    docker's."""
+    if configured:
+        return configured
+    if os.environ.get("DOCKER_HOST"):
+        return os.environ["DOCKER_HOST"]
+    socket = PODMAN_SOCKET if PODMAN_SOCKET.exists() else DOCKER_SOCKET
+    return f"unix://{socket}"
+
+
+def connect(endpoint: str, timeout_s: float = 60.0) -> docker.DockerClient:
+    """A client of the engine at `endpoint` that answered a ping."""
+    try:
+        client = docker.DockerClient(base_url=endpoint, timeout=int(max(1, timeout_s)))
+        client.ping()
+    except (docker.errors.DockerException, OSError) as e:
+        raise EngineUnavailableError(f"no container engine answers at {endpoint}: {why(e)}") from None
+    return client
+
+
+def describe(client: docker.DockerClient) -> str:
+    """`podman 4.3.1 (API 1.41)` or `docker 24.0.7 (API 1.43)`."""
+    version: dict[str, Any] = client.version()
+    components = {c.get("Name", "").lower() for c in version.get("Components", [])}
+    kind = "podman" if any("podman" in c for c in components) else "docker"
+    return f"{kind} {version.get('Version', '?')} (API {version.get('ApiVersion', '?')})"
+
+
+def extra_labels() -> dict[str, str]:
+    """Labels from `GYRE_SANDBOX_LABELS`; a malformed entry is a `ValueError` naming it."""
+    out: dict[str, str] = {}
+    for item in filter(None, os.environ.get(EXTRA_LABELS_ENV, "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{EXTRA_LABELS_ENV}: {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def label_filter(labels: Mapping[str, str]) -> dict[str, list[str]]:
+    return {"label": [f"{k}={v}" for k, v in labels.items()]}
+
+
+def find(client: docker.DockerClient, labels: Mapping[str, str]) -> list[Container]:
+    """Every container (running or not) carrying all of `labels`."""
+    try:
+        found: list[Container] = client.containers.list(all=True, filters=label_filter(labels))
+    except (docker.errors.DockerException, OSError) as e:
+        raise EngineUnavailableError(f"listing containers {dict(labels)}: {why(e)}") from None
+    return found
+
+
+def remove(container: Container) -> None:
+    """SIGKILL and remove (a kept-alive init ignores SIGTERM, so a plain stop would wait for the engine's
+    timeout); a container already gone is not an error."""
+    try:
+        if container.status == "running":
+            container.kill()
+    except docker.errors.APIError:
+        pass  # it stopped meanwhile
+    with contextlib.suppress(docker.errors.NotFound):
+        container.remove(force=True, v=True)
+
+
+def remove_labelled(client: docker.DockerClient, labels: Mapping[str, str]) -> int:
+    """Remove every container carrying `labels`; returns how many there were."""
+    found = find(client, labels)
+    for container in found:
+        remove(container)
+    return len(found)
+
+
+_REASONS = (
+    ("FileNotFoundError", "no such socket"),
+    ("ConnectionRefusedError", "connection refused"),
+    ("Connection refused", "connection refused"),
+    ("PermissionError", "permission denied"),
+    ("Read timed out", "no answer within the API timeout"),
+)
+
+
+def why(error: BaseException) -> str:
+    """One line saying what went wrong in an engine call (its innermost cause where it is known)."""
+    text = str(error)
+    if isinstance(error, docker.errors.APIError) and error.explanation:
+        text = str(error.explanation)
+    for marker, reason in _REASONS:
+        if marker in text:
+            return reason
+    return text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__

@@ -1,0 +1,128 @@
+"""A container's processes and files as this host sees them, for what the engine's API cannot do
+reliably: podman 4.3 never updates a detached exec session's state (it reports it running, exit code 0,
+forever), and the API has no way to signal an exec'd process or every process of a container.
+
+    procs = container_pids(init_pid)            # every process of the container (its cgroup)
+    signal_all(init_pid, SIGTERM, keep={init_pid, wrapper_pid})
+    cpu_s(init_pid), oom_kills(init_pid)        # the container's CPU time and OOM kills
+    read_inside(init_pid, "/.gyre/control/status", max_bytes=4096)
+
+Everything goes through the container's cgroup (`/proc/<init>/cgroup`, cgroup v1 or v2) and its root
+(`/proc/<init>/root`), so the runner must run on the engine's host with root. A file is read from inside
+the container without following any symlink on the way (the harness owns that filesystem: a symlink
+there would otherwise point into the host's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _cgroup_path(init_pid: int, controller: str) -> Path | None:
+    """The container's cgroup directory for `controller` (v1), or its unified one (v2)."""
+    try:
+        lines = Path(f"/proc/{init_pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    unified: Path | None = None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            candidate = CGROUP_ROOT / controller / path.lstrip("/")
+            if candidate.is_dir():
+                return candidate
+        if controllers == "":
+            unified = CGROUP_ROOT / "unified" / path.lstrip("/")
+            if not unified.is_dir():
+                unified = CGROUP_ROOT / path.lstrip("/")
+    return unified if unified is not None and unified.is_dir() else None
+
+
+def container_pids(init_pid: int) -> list[int]:
+    """Every process of the container (its pids cgroup), the init included; [] when it is gone."""
+    path = _cgroup_path(init_pid, "pids")
+    if path is None:
+        return []
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def signal_all(init_pid: int, sig: int, keep: set[int]) -> int:
+    """Send `sig` to every process of the container except those in `keep`; returns how many got it."""
+    sent = 0
+    for pid in container_pids(init_pid):
+        if pid in keep:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+            sent += 1
+    return sent
+
+
+def _read_counter(path: Path | None, name: str, key: str | None) -> float:
+    if path is None:
+        return 0.0
+    try:
+        text = (path / name).read_text()
+    except OSError:
+        return 0.0
+    if key is None:
+        return float(text.split()[0])
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            return float(parts[1])
+    return 0.0
+
+
+def cpu_s(init_pid: int) -> float:
+    """CPU seconds of every process the container ran so far (its cgroup's accounting)."""
+    v1 = _cgroup_path(init_pid, "cpuacct")
+    if v1 is not None and (v1 / "cpuacct.usage").exists():
+        return _read_counter(v1, "cpuacct.usage", None) / 1e9
+    return _read_counter(_cgroup_path(init_pid, "cpu"), "cpu.stat", "usage_usec") / 1e6
+
+
+def oom_kills(init_pid: int) -> int:
+    """Processes of the container the kernel killed for its memory limit."""
+    path = _cgroup_path(init_pid, "memory")
+    if path is not None and (path / "memory.oom_control").exists():
+        return int(_read_counter(path, "memory.oom_control", "oom_kill"))
+    return int(_read_counter(path, "memory.events", "oom_kill"))
+
+
+def read_inside(init_pid: int, inside: str, max_bytes: int = 64 << 10) -> bytes | None:
+    """The last `max_bytes` of a regular file inside the container, never following a symlink; None
+    when it is missing, not a regular file, or the container is gone."""
+    parts = [p for p in inside.split("/") if p and p != "."]
+    if not parts or ".." in parts:
+        raise ValueError(f"an absolute path inside the container; got {inside!r}")
+    try:
+        fd = os.open(f"/proc/{init_pid}/root", os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    os.close(fd)
+    try:
+        info = os.fstat(leaf)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        os.lseek(leaf, max(0, info.st_size - max_bytes), os.SEEK_SET)
+        return os.read(leaf, max_bytes)
+    finally:
+        os.close(leaf)
