@@ -1,11 +1,17 @@
-"""`gyre tasks check` and `gyre tasks list`: validate task directories, show what a config dispatches.
+"""`gyre tasks check`, `gyre tasks list` and `gyre tasks build`: validate task directories, show what a
+config dispatches, build the tasks' images ahead of a run.
 
     gyre tasks check examples/tasks             # a set, one task directory, or a JSONL dataset
     gyre tasks list --config gyre.yaml [--json]  # suite, id, weight, share, format, source
+    gyre tasks build examples/tasks [--config gyre.yaml] [--force]
 
 `check` prints every problem as `error: PATH: what` or `warning: PATH: what` (a key is named as
 `[table] key`) and exits 1 when there is an error; warnings (what the local sandbox cannot reproduce)
 do not fail it. `list` exits 1 naming the file and key when the config's task set cannot be loaded.
+`build` builds each task's `environment/Dockerfile` with the engine of the config's
+`runner.sandbox.container` (what the `container` launcher would do at a task's first execution: tagged by
+the environment's digest, so an unchanged task is built once per host), logs in `<run dir>/builds`; it
+prints one line per task and exits 1 when a build fails, 2 when no engine answers.
 """
 
 from __future__ import annotations
@@ -66,6 +72,58 @@ def register(app: typer.Typer) -> None:
             warnings += sum(line.startswith("warning") for line in lines)
         typer.echo(f"{total} task(s) checked: {errors} error(s), {warnings} warning(s)")
         if errors:
+            raise typer.Exit(1)
+
+    @tasks_app.command("build")
+    def build_cmd(
+        paths: list[Path] = typer.Argument(..., help="Task directories or sets of them."),
+        config: Path | None = typer.Option(
+            None, "--config", "-c", help="YAML config file (its runner.sandbox.container and run dir)."
+        ),
+        force: bool = typer.Option(False, "--force", help="Build again through the engine's layer cache."),
+    ) -> None:
+        """Build the tasks' images (environment/Dockerfile); exit 1 if one fails."""
+        import asyncio
+
+        from gyre.sandbox import EnvironmentUnavailableError
+        from gyre.sandbox.containers.images import Images
+        from gyre.tasks import Task, TaskError
+        from gyre.tasks.directory import DirectorySuite
+
+        cfg = config_or_exit(config)
+        tasks: list[Task] = []
+        try:
+            for path in paths:
+                suite = DirectorySuite(path)
+                tasks += [suite.get(name) for name in suite.names()]
+        except TaskError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        try:
+            images = Images.of_engine(cfg.runner.sandbox.container, cfg.run.path / "builds")
+        except EnvironmentUnavailableError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+
+        async def build_all() -> int:
+            failed = 0
+            for task in tasks:
+                if not images.holds_workspace(task) and not task.environment.docker_image:
+                    typer.echo(f"{task.task_id}: no environment/Dockerfile; runs in {images.default_image}")
+                    continue
+                try:
+                    result = await images.build(task, force=force)
+                except EnvironmentUnavailableError as e:
+                    typer.echo(f"error: {e}", err=True)
+                    failed += 1
+                    continue
+                how = "cached" if result.cached else f"built in {result.seconds:.1f} s (log {result.log})"
+                typer.echo(f"{task.task_id}: {result.image} {how}")
+            return failed
+
+        failed = asyncio.run(build_all())
+        typer.echo(f"{len(tasks)} task(s): {failed} failed")
+        if failed:
             raise typer.Exit(1)
 
     @tasks_app.command("list")

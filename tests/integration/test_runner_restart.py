@@ -8,25 +8,21 @@ import asyncio
 import os
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-import yaml
 
 from gyre import procs
 from gyre.bus import EventBus
-from gyre.config import GyreConfig
 from gyre.stack.servers import ServerProcess
 from gyre.store import Counters, Keys
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.runner.ownership import Ownership
 from tests.support.proxy_stub import ProxyStub
-from tests.support.runner_env import EventLog, dispatch_group, run_config, write_task
+from tests.support.runner_env import EventLog, RunnerProcess, dispatch_group, run_config, write_task
 from tests.support.scripted_anthropic import ScriptedAnthropic, text
 
 pytestmark = pytest.mark.slow  # real services and sandboxes: several seconds per test
@@ -40,40 +36,6 @@ async def proxy() -> AsyncIterator[ProxyStub]:
     with ScriptedAnthropic(lambda request: text("hi")) as api:
         async with ProxyStub(api.base_url) as stub:
             yield stub
-
-
-class RunnerProcess:
-    """`python -m services.runner` as a separate process (so it can be SIGKILLed)."""
-
-    def __init__(self, config: GyreConfig, run_dir: Path) -> None:
-        self.config_path = run_dir / "runner.yaml"
-        self.config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-        self.log = run_dir / "runner.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.runner", "--config", str(self.config_path)],
-                cwd=REPO,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from google.protobuf.message import Message
 from nats.aio.msg import Msg
 
@@ -128,8 +133,6 @@ def write_task(
     files: dict[str, str] | None = None,
 ) -> str:
     """An on-disk task under `root` (a task directory); returns its id `<root name>/<name>`."""
-    import yaml
-
     task_dir = root / name
     task_dir.mkdir(parents=True, exist_ok=True)
     spec = {
@@ -166,3 +169,40 @@ async def stream_events(bus: EventBus, kind: type[Message]) -> list[Any]:
     finally:
         await psub.unsubscribe()
     return found
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RunnerProcess:
+    """`python -m services.runner` as a separate process (so it can be SIGKILLed)."""
+
+    def __init__(self, config: GyreConfig, run_dir: Path) -> None:
+        self.config_path = run_dir / "runner.yaml"
+        self.config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+        self.log = run_dir / "runner.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.runner", "--config", str(self.config_path)],
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -18,12 +18,14 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def launcher_for_test(name: str, uid_base: int, num_slots: int = 2, run: str = "") -> SandboxLauncher:
-    """The launcher `name` with `num_slots` slots (uids from `uid_base` when it uses uids; the labels of
-    run `run`, a fresh one by default, on what it keeps)."""
+def launcher_for_test(
+    name: str, uid_base: int, num_slots: int = 2, labels: dict[str, str] | None = None
+) -> SandboxLauncher:
+    """The launcher `name` with `num_slots` slots (uids from `uid_base` when it uses uids; `labels` on
+    what it keeps, by default those of a fresh run)."""
     cls = launcher_class(name)
     uids = range(uid_base, uid_base + num_slots) if cls.uses_uids else None
-    labels = {LABEL_RUN: run or f"t{uuid.uuid4().hex[:12]}"}
+    labels = labels or {LABEL_RUN: f"t{uuid.uuid4().hex[:12]}"}
     try:
         launcher = cls.create(LauncherSpec(num_slots=num_slots, uids=uids, labels=labels))
         if launcher.own_filesystem:

@@ -12,9 +12,9 @@ state is shared with whatever else runs on the host.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,10 @@ from docker.models.containers import Container
 
 from gyre.sandbox.launchers.base import EXTRA_LABELS_ENV, EnvironmentUnavailableError
 
+API_VERSION = "1.41"
+"""The Docker Engine API version Gyre speaks: podman 4's API service and dockerd 20.10 and later answer it.
+Stated, not negotiated: negotiating asks the engine's /version first, which podman answers only after
+its storage lock, held for seconds while another user builds or removes images."""
 PODMAN_SOCKET = Path("/run/podman/podman.sock")
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 
@@ -46,7 +50,7 @@ def resolve_endpoint(configured: str | None) -> str:
 def connect(endpoint: str, timeout_s: float = 60.0) -> docker.DockerClient:
     """A client of the engine at `endpoint` that answered a ping."""
     try:
-        client = docker.DockerClient(base_url=endpoint, timeout=int(max(1, timeout_s)))
+        client = docker.DockerClient(base_url=endpoint, version=API_VERSION, timeout=int(max(1, timeout_s)))
         client.ping()
     except (docker.errors.DockerException, OSError) as e:
         raise EngineUnavailableError(f"no container engine answers at {endpoint}: {why(e)}") from None
@@ -86,22 +90,24 @@ def find(client: docker.DockerClient, labels: Mapping[str, str]) -> list[Contain
 
 
 def remove(container: Container) -> None:
-    """SIGKILL and remove (a kept-alive init ignores SIGTERM, so a plain stop would wait for the engine's
-    timeout); a container already gone is not an error."""
+    """Remove, running or not (Gyre's containers stop with SIGKILL: their init has nothing to save); a
+    container already gone is not an error."""
     try:
-        if container.status == "running":
-            container.kill()
-    except docker.errors.APIError:
-        pass  # it stopped meanwhile
-    with contextlib.suppress(docker.errors.NotFound):
         container.remove(force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+    except (docker.errors.DockerException, OSError) as e:
+        raise EngineUnavailableError(f"removing container {container.name}: {why(e)}") from None
 
 
 def remove_labelled(client: docker.DockerClient, labels: Mapping[str, str]) -> int:
-    """Remove every container carrying `labels`; returns how many there were."""
+    """Remove every container carrying `labels` (a few at once); returns how many there were."""
     found = find(client, labels)
-    for container in found:
-        remove(container)
+    if len(found) > 1:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(remove, found))
+    elif found:
+        remove(found[0])
     return len(found)
 
 

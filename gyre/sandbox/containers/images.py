@@ -29,7 +29,8 @@ from typing import Any
 import docker
 import docker.errors
 
-from gyre.sandbox.containers.engine import EngineUnavailableError, why
+from gyre.config.runner import ContainerSection
+from gyre.sandbox.containers.engine import EngineUnavailableError, connect, resolve_endpoint, why
 from gyre.sandbox.launchers.base import EnvironmentUnavailableError
 from gyre.tasks import Task
 
@@ -98,6 +99,18 @@ class Images:
         self._locks: dict[str, asyncio.Lock] = {}
         self._failed: dict[str, str] = {}
         self._ready: set[str] = set()
+
+    @classmethod
+    def of_engine(cls, settings: ContainerSection, logs_dir: Path | None) -> Images:
+        """Images of the engine `settings` name (`gyre tasks build`); `EngineUnavailableError` when it
+        does not answer."""
+        endpoint = resolve_endpoint(settings.endpoint)
+        client = connect(endpoint, settings.api_timeout_s)
+
+        def client_of(timeout_s: float | None) -> docker.DockerClient:
+            return client if timeout_s is None else connect(endpoint, timeout_s)
+
+        return cls(client_of, settings.default_image, logs_dir, settings.build_timeout_s)
 
     def reference(self, task: Task) -> str:
         """The image `task` runs in (not checked for existence)."""

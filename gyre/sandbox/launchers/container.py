@@ -258,6 +258,7 @@ class ContainerLauncher(SandboxLauncher):
         mounts += [Mount(inside, str(source), type="bind", read_only=True) for source, inside in spec.tools]
         kwargs: dict[str, Any] = {
             "entrypoint": [INIT_INSIDE, "-P"],
+            "stop_signal": "SIGKILL",
             "command": [],
             "detach": True,
             "name": _name(labels, spec.name),

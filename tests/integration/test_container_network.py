@@ -1,0 +1,155 @@
+"""The network of a container sandbox, both ways: with `allow_internet = false` (the default) a command
+in the container reaches the proxy (relayed to its own 127.0.0.1:<proxy port>) and nothing else — not
+another port of the host's loopback, not the host on the engine's bridge, not an outside address; with
+`allow_internet = true` the same command also reaches an address beyond the proxy (a server on the
+bridge's host side), and still the proxy."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gyre.sandbox import NetworkPolicy, SandboxSpec
+from gyre.sandbox.launchers.base import LABEL_EXECUTION
+from tests.support.containers import engine_client
+from tests.support.sandboxes import launcher_for_test
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
+
+#: Tries to reach HOST:PORT for up to 10 s; prints `HOST:PORT ok <reply>` or the last error.
+PROBE = """
+probe() {
+  for _ in $(seq 50); do
+    if out=$( (exec 3<>/dev/tcp/$1/$2 && echo ping >&3 && head -c 64 <&3) 2>&1); then echo "$1:$2 ok $out"; return; fi
+    case $out in *unreachable*) break;; esac
+    sleep 0.2
+  done
+  echo "$1:$2 failed: ${out##*: }"
+}
+"""
+
+
+class EchoServer:
+    """A TCP server answering `<name>:` + what it received, on `host` (or on a socket bound already)."""
+
+    def __init__(self, host: str, name: str, sock: socket.socket | None = None) -> None:
+        self.name = name
+        self.sock = sock or socket.create_server((host, 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(f"{self.name}:".encode() + conn.recv(64))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def servers() -> Iterator[list[EchoServer]]:
+    started: list[EchoServer] = []
+    yield started
+    for server in started:
+        server.close()
+
+
+def _bridge_gateway() -> str:
+    """The host's address on the engine's default bridge network (podman's `podman`, docker's `bridge`)."""
+    client = engine_client()
+    for name in ("podman", "bridge"):
+        try:
+            config = client.networks.get(name).attrs["IPAM"]["Config"]
+        except Exception:  # not this engine's default network
+            continue
+        for entry in config:
+            if entry.get("Gateway"):
+                return str(entry["Gateway"])
+    pytest.fail("the engine's default bridge network has no gateway address")
+
+
+async def _run(tmp_path: Path, proxy: EchoServer, egress: bool, targets: list[tuple[str, int]]) -> list[str]:
+    launcher = launcher_for_test("container", 0, 1)
+    script = PROBE + "".join(f"probe {host} {port}\n" for host, port in targets)
+    spec = SandboxSpec(
+        name=f"net-{uuid.uuid4().hex[:8]}",
+        argv=["bash", "-c", script],
+        cwd=Path("/"),
+        env={},
+        root=tmp_path / f"box-{egress}",
+        network=NetworkPolicy.proxy("127.0.0.1", proxy.port, egress=egress),
+        labels={LABEL_EXECUTION: f"net-{egress}"},
+    )
+    handle = await launcher.launch(spec)
+    try:
+        outcome = await handle.wait()
+        assert outcome.exit_code == 0, outcome
+        return handle.stdout().splitlines()
+    finally:
+        await handle.release()
+        await handle.remove()
+        await launcher.close()
+
+
+async def test_without_internet_only_the_proxy_is_reached(tmp_path: Path, servers: list[EchoServer]) -> None:
+    gateway = _bridge_gateway()
+    proxy, other = EchoServer("127.0.0.1", "proxy"), EchoServer("127.0.0.1", "other")
+    servers += [proxy, other]
+    lines = await _run(
+        tmp_path,
+        proxy,
+        egress=False,
+        targets=[("127.0.0.1", proxy.port), ("127.0.0.1", other.port), (gateway, 9), ("1.1.1.1", 80)],
+    )
+    assert lines == [
+        f"127.0.0.1:{proxy.port} ok proxy:ping",
+        f"127.0.0.1:{other.port} failed: Connection refused",  # the container's own loopback
+        f"{gateway}:9 failed: Network is unreachable",
+        "1.1.1.1:80 failed: Network is unreachable",
+    ]
+
+
+async def test_with_internet_an_address_beyond_the_proxy_is_reached(
+    tmp_path: Path, servers: list[EchoServer]
+) -> None:
+    gateway = _bridge_gateway()
+    proxy = EchoServer("127.0.0.1", "proxy")
+    servers.append(proxy)
+    # The bridge's host address exists once a container is attached to it: the server binds it from a
+    # thread as soon as it can, and the probe retries meanwhile.
+    beyond_port = _free_port()
+    binder = threading.Thread(target=_bind_when_up, args=(gateway, beyond_port, servers), daemon=True)
+    binder.start()
+    lines = await _run(
+        tmp_path, proxy, egress=True, targets=[("127.0.0.1", proxy.port), (gateway, beyond_port)]
+    )
+    assert lines == [f"127.0.0.1:{proxy.port} ok proxy:ping", f"{gateway}:{beyond_port} ok beyond:ping"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bind_when_up(host: str, port: int, servers: list[EchoServer], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            sock = socket.create_server((host, port))
+        except OSError:
+            time.sleep(0.05)
+            continue
+        servers.append(EchoServer(host, "beyond", sock))
+        return
