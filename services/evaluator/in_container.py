@@ -81,8 +81,7 @@ class ContainerVerifier:
         tests, empty = root / "tests", root / "empty"
         await asyncio.to_thread(shutil.copytree, task.verifier.tests_dir, tests, symlinks=True)
         empty.mkdir(parents=True)
-        await handle.copy_in(tests, TESTS_DIR, replace=True)
-        await handle.copy_in(empty, VERIFIER_LOGS_DIR, replace=True)
+        await handle.copy_in([(tests, TESTS_DIR), (empty, VERIFIER_LOGS_DIR)], replace=True)
         name = f"verifier-{attempt}-{root.name.rsplit('-', 1)[-1]}"
         result = await handle.exec(
             name,
@@ -111,7 +110,7 @@ class ContainerVerifier:
         if found and await asyncio.to_thread(content_hash, check) == digest:
             return
         log.warning("container_workspace_restored", workdir=workdir, found=found)
-        await handle.copy_in(workspace, workdir, replace=True)
+        await handle.copy_in([(workspace, workdir)], replace=True)
 
     async def _fresh(self, task: Task, eid: str, workspace: Path, root: Path) -> SandboxHandle:
         image = await self.launcher.environment(task)

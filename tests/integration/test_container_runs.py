@@ -3,7 +3,9 @@ containers from the local engine: examples/tasks/fix-sum, whose Dockerfile's RUN
 checker its tests/test.sh runs, is scored right in its container and scores 0 everywhere under the
 `process` launcher (the RUN step matters); a build that fails and an image that exists nowhere exclude
 their task's executions with one line naming the task and the step; a process over the task's
-memory_mb is killed and its execution accounted. Every container is gone once its execution is."""
+memory_mb is killed and its execution accounted; a harness stopped at its timeout is scored on what its
+container holds; the demo harness runs in an image that has python3. Every container is gone once its
+execution is."""
 
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ from gyre.v1 import events_pb2 as ev
 from services.evaluator.service import EvaluatorService
 from services.runner.service import RunnerService
 from services.scheduler.dispatch import Dispatcher, QuerySource
-from tests.support.containers import containers_of, engine_client
+from tests.support.containers import PYTHON_IMAGE, containers_of, engine_client
 from tests.support.proxy_stub import ProxyStub
 from tests.support.runner_env import EventLog, run_config
+from tests.support.scripted_anthropic import ScriptedAnthropic, arithmetic_solver
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
 
@@ -207,4 +210,64 @@ async def test_a_process_over_the_tasks_memory_is_killed_and_its_execution_accou
     assert (Path(term.workspace.path) / "started.txt").is_file()
     assert (evaluation.status, evaluation.reward) == (cm.EVALUATION_STATUS_VALID, 0.0)
     assert ready.num_valid == 1
+    assert containers_of(client, **{"gyre.run": run_id}) == []
+
+
+async def test_a_harness_timeout_is_scored_on_what_the_container_holds(
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+) -> None:
+    engine_client()
+    dockerfile = (EXAMPLE / "environment" / "Dockerfile").read_text()
+    _harbor_task(tmp_path / "tasks", "fix-sum", dockerfile)
+    toml = tmp_path / "tasks" / "fix-sum" / "task.toml"
+    toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 4.0"))
+    fixes_then_hangs = ["bash", "-c", "sed -i 's/\\$1 - \\$2/$1 + $2/' sum.sh; trap '' TERM; sleep 600"]
+    config = _config(run_id, tmp_path, nats_server, redis_server, proxy, "container", fixes_then_hangs)
+    terms, done, _ = await _run_group(config, redis, keys, bus, "tasks/fix-sum", size=1)
+    (term,), (evaluation,) = terms.values(), done.values()
+    assert term.reason == cm.TERMINATION_REASON_HARNESS_TIMEOUT and "killed by SIGKILL" in term.detail
+    # The partial work (the fix, made before the timeout) is what test.sh scores, in the same container.
+    assert (evaluation.status, evaluation.reward) == (cm.EVALUATION_STATUS_VALID, 1.0)
+    assert "in the execution's container" in evaluation.detail
+
+
+async def test_the_demo_harness_runs_in_an_image_with_python(
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+) -> None:
+    client = engine_client(PYTHON_IMAGE)
+    box = {"kill_grace_s": 1.0, "isolation": "container", "container": {"default_image": PYTHON_IMAGE}}
+    with ScriptedAnthropic(arithmetic_solver) as api:
+        async with ProxyStub(api.base_url) as stub:
+            config = run_config(
+                run_id,
+                tmp_path / "runs",
+                nats_server.url,
+                redis_server.url,
+                stub.port,
+                tasks={"queries": ["add"]},
+                runner={"harness": "demo", "max_concurrent": 2, "sandbox": box},
+                # The built-in task's verifier (score_line: Gyre's own code) runs on the host.
+                evaluator={"sandbox": {**box, "uid_base": 187000}},
+            )
+            terms, done, ready = await _run_group(config, redis, keys, bus, "add", size=2)
+    assert {t.reason for t in terms.values()} == {cm.TERMINATION_REASON_COMPLETED}, terms
+    assert {(d.status, d.reward) for d in done.values()} == {(cm.EVALUATION_STATUS_VALID, 1.0)}, done
+    # Each member's calls came from inside its container, through the relay, under its own key.
+    assert {r.api_key for r in api.requests} == {
+        ProxyStub.key_for(e.execution.execution_id) for e in terms.values()
+    }
+    assert ready.mean_reward == 1.0
     assert containers_of(client, **{"gyre.run": run_id}) == []

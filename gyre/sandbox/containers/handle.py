@@ -19,8 +19,10 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,7 @@ from docker.models.containers import Container
 
 from gyre.sandbox import procs
 from gyre.sandbox.containers import archive, engine, processes
+from gyre.sandbox.containers.netns import listen_inside
 from gyre.sandbox.launchers.base import ExecResult, SandboxError, SandboxHandle, SandboxState
 from gyre.sandbox.outcome import SandboxOutcome
 
@@ -39,9 +42,13 @@ if TYPE_CHECKING:
 CONTROL = "/.gyre/control"
 WRAPPER = f'"$@" </dev/null >{CONTROL}/"$0".stdout 2>{CONTROL}/"$0".stderr; echo $? >{CONTROL}/"$0".status'
 """`sh -c WRAPPER NAME ARGV...`: run ARGV, its output and exit status in /.gyre/control/NAME.*"""
-EMPTY = '[ ! -d "$0" ] || { cd -- "$0" && rm -rf -- ./* ./.[!.]* ./..?*; }'
-"""`sh -c EMPTY DIR`: remove what DIR holds, keeping DIR itself (its owner and mode)."""
+EMPTY = (
+    'for d in "$0" "$@"; do [ ! -d "$d" ] || (cd -- "$d" && rm -rf -- ./* ./.[!.]* ./..?*) || exit 1; done'
+)
+"""`sh -c EMPTY DIR...`: remove what each DIR holds, keeping DIR itself (its owner and mode)."""
 RELAY_SCRIPT = Path(__file__).with_name("relay.py")
+
+
 _KILL_ROUND_S = 0.05
 
 
@@ -135,7 +142,21 @@ class ContainerHandle(SandboxHandle):
         outcome = await asyncio.to_thread(self.recorded)
         if outcome is None:
             return SandboxOutcome(None, None, started=True, error="the container vanished without a status")
+        self._keep(outcome)
         return outcome
+
+    def _keep(self, outcome: SandboxOutcome) -> None:
+        """The harness's outcome also on the host (`control/status.json`, the keys init.py writes), where it
+        stays after the container is removed."""
+        if self.control_dir.is_dir():
+            status = {
+                "exit_code": outcome.exit_code,
+                "signal": outcome.signal,
+                "exec_error": outcome.error or None,
+                "sandbox_cpu_s": outcome.sandbox_cpu_s,
+                "memory_killed": outcome.memory_killed,
+            }
+            (self.control_dir / "status.json").write_text(json.dumps(status))
 
     def recorded(self) -> SandboxOutcome | None:
         return self._outcome(self.command.name)
@@ -170,7 +191,10 @@ class ContainerHandle(SandboxHandle):
     async def stop(self, grace_s: float) -> SandboxOutcome:
         await self._stop(self.command, grace_s)
         outcome = await asyncio.to_thread(self._outcome, self.command.name)
-        return outcome or SandboxOutcome(None, int(signal.SIGKILL), started=True, error="container gone")
+        if outcome is None:
+            return SandboxOutcome(None, int(signal.SIGKILL), started=True, error="container gone")
+        self._keep(outcome)
+        return outcome
 
     async def _stop(self, command: Command, grace_s: float) -> None:
         """SIGTERM to every process but init and the wrapper, `grace_s` to end, then SIGKILL until the
@@ -224,31 +248,24 @@ class ContainerHandle(SandboxHandle):
     # -- the relay -----------------------------------------------------------------------------
     async def start_relay(self, init: int, port: int, target_host: str, target_port: int) -> None:
         """The container's only exit: 127.0.0.1:`port` inside, relayed to the proxy (relay.py)."""
+        try:
+            listener = await asyncio.to_thread(listen_inside, init, port)
+        except OSError as e:
+            raise SandboxError(f"the proxy relay cannot listen in the container: {e}") from None
         self.control_dir.mkdir(parents=True, exist_ok=True)
-        with (self.control_dir / "relay.log").open("ab") as log:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    str(RELAY_SCRIPT),
-                    str(init),
-                    str(port),
-                    target_host,
-                    str(target_port),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-            )
-        assert process.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), timeout=10.0)
-        process.stdout.close()
-        if line.strip() != b"ready":
-            process.kill()
-            process.wait()
-            raise SandboxError(f"the proxy relay did not start: {line.decode(errors='replace').strip()}")
+        try:
+            with (self.control_dir / "relay.log").open("ab") as log:
+                argv = [str(init), str(listener.fileno()), target_host, str(target_port)]
+                process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(RELAY_SCRIPT), *argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(listener.fileno(),),
+                    start_new_session=True,
+                )
+        finally:
+            listener.close()
         started = procs.start_time(process.pid)
         (self.control_dir / "relay.json").write_text(json.dumps({"pid": process.pid, "started": started}))
         # not waited for: it runs in a session of its own and may outlive this process (a restart)
@@ -307,21 +324,24 @@ class ContainerHandle(SandboxHandle):
             outcome = SandboxOutcome(None, None, started=False, error="the container is gone")
         return ExecResult(outcome, await asyncio.to_thread(self._read, f"{name}.stdout"), timed_out)
 
-    async def copy_in(self, source: Path, inside: str, replace: bool = False) -> None:
+    async def copy_in(self, copies: Sequence[tuple[Path, str]], replace: bool = False) -> None:
         if replace:  # as the container's user (capabilities dropped: root cannot override permissions)
             result = await self.exec(
                 f"empty-{uuid.uuid4().hex[:12]}",
-                ["/bin/sh", "-c", EMPTY, inside],
+                ["/bin/sh", "-c", EMPTY, *(inside for _, inside in copies)],
                 "/",
                 {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                 60.0,
                 1.0,
             )
             if result.outcome.exit_code != 0:
-                raise SandboxError(f"emptying {inside} in the container: {result.outcome.describe()}")
-        data = await asyncio.to_thread(
-            archive.pack, [archive.TreeEntry(source, inside.strip("/"))], self.uid, self.gid
-        )
+                raise SandboxError(
+                    f"emptying {[i for _, i in copies]} in the container: {result.outcome.describe()}"
+                )
+        entries: list[archive.Entry] = [
+            archive.TreeEntry(source, inside.strip("/")) for source, inside in copies
+        ]
+        data = await asyncio.to_thread(archive.pack, entries, self.uid, self.gid)
         await asyncio.to_thread(self.put, "/", data)
 
     def put(self, path: str, data: bytes) -> None:
@@ -343,6 +363,8 @@ class ContainerHandle(SandboxHandle):
                 archive.unpack(chunks, target)
             except docker.errors.NotFound:
                 return False
+            except tarfile.TarError as e:  # a member that would land outside the target: refused
+                raise SandboxError(f"copying {inside} out of container {container.id[:12]}: {e}") from None
             except (docker.errors.DockerException, OSError) as e:
                 raise SandboxError(
                     f"copying {inside} out of container {container.id[:12]}: {engine.why(e)}"

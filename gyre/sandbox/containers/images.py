@@ -16,6 +16,7 @@ executions fail at once with the same line instead of building again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import re
@@ -125,6 +126,12 @@ class Images:
         """True when the image itself holds the task's workspace (built from the task's Dockerfile, whose
         COPY steps put it there), so nothing needs copying in."""
         return not task.environment.docker_image and task.environment.dockerfile is not None
+
+    def remove(self, image: str) -> None:
+        """Remove an image this process built (and the layers only it used)."""
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            self._client_of(None).images.remove(image)
+        self._ready.discard(image)
 
     async def ensure(self, task: Task) -> str:
         """The task's image, built first when it is the task's own and missing; `ImageError` otherwise."""

@@ -26,7 +26,7 @@ environment operations: `exec` (the verifier, after the harness, in the same san
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -225,8 +225,8 @@ class SandboxHandle(ABC):
         SIGKILL) past `timeout_s`. `name` names its control files (unique per sandbox)."""
         raise NotImplementedError(f"the {self.launcher.name} launcher has no sandbox filesystem")
 
-    async def copy_in(self, source: Path, inside: str, replace: bool = False) -> None:
-        """Copy host directory `source` to `inside` (what `inside` held emptied first with `replace`)."""
+    async def copy_in(self, copies: Sequence[tuple[Path, str]], replace: bool = False) -> None:
+        """Copy each host directory to its path inside (what those held emptied first with `replace`)."""
         raise NotImplementedError(f"the {self.launcher.name} launcher has no sandbox filesystem")
 
     async def copy_out(self, inside: str, target: Path) -> bool:

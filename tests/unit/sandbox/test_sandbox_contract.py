@@ -171,7 +171,7 @@ async def test_a_kept_sandbox_runs_more_commands_copies_and_is_found_and_reaped(
     extra = tmp_path / "extra"
     extra.mkdir()
     (extra / "t.sh").write_text("cat /work/kept.txt /work/given.txt; echo $SEEN; sleep 600\n")
-    await found.copy_in(extra, "/tests", replace=True)
+    await found.copy_in([(extra, "/tests")], replace=True)
     result = await found.exec("check", ["bash", "/tests/t.sh"], INSIDE, {"SEEN": "yes"}, 1.0, 0.2)
     assert result.timed_out and result.stdout.split() == ["state", "given", "yes"]
     assert result.outcome.signal == signal.SIGTERM

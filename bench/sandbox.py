@@ -1,0 +1,371 @@
+"""`gyre bench sandbox`: what each sandbox launcher costs an execution, in one run, on a Harbor task with
+its own image (examples/tasks/fix-sum: FROM the local Debian base, a RUN step, a COPY).
+
+    gyre bench sandbox [--launchers process,isolated,container] [--executions 8] [--concurrency 4] [--json]
+    gyre bench sandbox --launchers process --executions 2 --concurrency 1 --no-build   # the tiny size
+
+Real nats-server and redis-server on loopback, the runner and the evaluator in-process with each
+launcher in turn, a proxy that only hands out credentials (one key per execution) pointing at a
+scripted endpoint that records when each execution's first model call arrives. The harness is a bash
+script (`HARNESS`): one model call over the base URL it was given, then the fix; so what is measured
+is the sandbox, not an agent. `isolated` and `container` need root; `container` an engine
+(deploy/local/containers.sh).
+
+Per launcher:
+
+    first_call_s_p50 / _p90       start request published → the harness's first model call arrives
+    cpu_s_per_execution           sandbox + engine + runner CPU, each also given alone:
+    sandbox_cpu_s_per_execution     inside the sandbox (status.json `sandbox_cpu_s`: the supervisor and
+                                    everything it ran, or the container's cgroup up to the harness's end)
+    engine_cpu_s_per_execution      the engine's API service and the processes it waited for (podman's
+                                    conmon, which it does not wait for, is not counted)
+    runner_cpu_s_per_execution      this process (runner, evaluator and the bench) and its waited children
+    verifier_s_p50                termination → evaluation (the verifier's attempt: in the execution's
+                                  container for `container`, its copies in and out included)
+    reward_mean                   fix-sum's test.sh: 1 in its image, 0 on the host (no check-sum there)
+
+And once: `image_build_cold_s` (fix-sum's Dockerfile with a fresh first layer: every step runs),
+`image_build_cached_s` (the same task in a new runner: its digest's image is there, nothing is built),
+`image_build_layer_cache_s` (built again through the engine's layer cache), and
+`container_over_isolated_first_call_s_p50`. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+
+from gyre.bus import EventBus, decode_event
+from gyre.bus.codec import TYPE_HEADER
+from gyre.config import load_config
+from gyre.log import configure_logging
+from gyre.stack.servers import start_nats, start_redis
+from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, connect_redis
+from gyre.v1 import common_pb2 as cm
+from gyre.v1 import events_pb2 as ev
+from gyre.v1 import proxy_pb2, proxy_pb2_grpc
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "fix-sum"
+TASK = "tasks/fix-sum"
+HARNESS = r"""
+hp=${ANTHROPIC_BASE_URL#http://}; hp=${hp%%/*}
+body='{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"fix sum.sh"}]}'
+exec 3<>"/dev/tcp/${hp%:*}/${hp##*:}"
+printf 'POST /v1/messages HTTP/1.1\r\nHost: %s\r\nx-api-key: %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s' \
+  "$hp" "$ANTHROPIC_API_KEY" "${#body}" "$body" >&3
+cat <&3 > reply.txt
+sed -i 's/$1 - $2/$1 + $2/' sum.sh
+"""
+
+
+class FirstCalls:
+    """A Messages endpoint that answers every call with a short text and records when each key's first
+    call arrived (it stands in for the model, which is not what is measured)."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, float] = {}
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            arrived = time.time()
+            headers = {
+                k.strip().lower(): v.strip()
+                for k, _, v in (ln.partition(":") for ln in head.split("\r\n")[1:])
+            }
+            await reader.readexactly(int(headers.get("content-length", "0")))
+            self.first.setdefault(headers.get("x-api-key", ""), arrived)
+            body = json.dumps(
+                {
+                    "id": "m",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "m",
+                    "stop_reason": "end_turn",
+                    "content": [{"type": "text", "text": "Done."}],
+                    "usage": {"input_tokens": 1, "output_tokens": 1},
+                }
+            ).encode()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+
+class KeyPerExecution(proxy_pb2_grpc.ProxyServicer):
+    """OpenExecution / CloseExecution only: the endpoint's URL, and the execution id as its key."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    async def OpenExecution(self, request: Any, context: Any) -> proxy_pb2.OpenExecutionResponse:
+        return proxy_pb2.OpenExecutionResponse(base_url=self.base_url, api_key=request.execution.execution_id)
+
+    async def CloseExecution(self, request: Any, context: Any) -> proxy_pb2.CloseExecutionResponse:
+        return proxy_pb2.CloseExecutionResponse()
+
+
+def _engine_cpu_s() -> float:
+    """CPU seconds of the container engine's API service (and what it waited for), 0 without one."""
+    total = 0.0
+    for p in psutil.process_iter(["name", "cmdline"]):
+        cmdline = p.info["cmdline"] or []
+        if (p.info["name"] == "podman" and "service" in cmdline) or p.info["name"] == "dockerd":
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                pass
+    return total
+
+
+def _own_cpu_s() -> float:
+    return sum(
+        u.ru_utime + u.ru_stime
+        for u in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
+
+
+def _pct(values: list[float], q: float) -> float:
+    """The median for q = 0.5, else the nearest-rank quantile."""
+    if q == 0.5:
+        return round(statistics.median(values), 3)
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))], 3)
+
+
+async def _dispatch(bus: EventBus, redis: Any, keys: Keys, executions: int, prefix: str) -> dict[str, float]:
+    """One group per execution (of one member each); when each start request was published. Execution
+    ids carry `prefix` (the launcher): they are the keys the endpoint records first calls under."""
+    published: dict[str, float] = {}
+    now_ms = int(time.time() * 1000)
+    for i in range(executions):
+        eid, gid = f"{prefix}-e{i}", f"{prefix}-g{i}"
+        group = GroupRecord(gid, TASK, TASK, (eid,), 0, 0, now_ms)
+        await Records(redis, keys).put_group(group, [ExecutionRecord(eid, gid, 0, TASK, TASK, 0, 0)])
+        await Counters(redis, keys).add("dispatched", 1)
+        published[eid] = time.time()
+        await bus.publish(
+            ev.ExecutionStartRequested(
+                execution=cm.ExecutionRef(execution_id=eid, group_id=gid, index_in_group=0, query_id=TASK),
+                task_id=TASK,
+                engine_id="cell-0",
+            )
+        )
+    return published
+
+
+async def phase(
+    launcher: str,
+    executions: int,
+    concurrency: int,
+    work: Path,
+    urls: dict[str, str],
+    proxy_port: int,
+    calls: FirstCalls,
+) -> dict[str, Any]:
+    """A runner and an evaluator with `launcher` over `executions` executions of fix-sum."""
+    from services.evaluator.service import EvaluatorService
+    from services.runner.service import RunnerService
+
+    run_id = f"bsbx{launcher[:3]}{uuid.uuid4().hex[:6]}"
+    box = {"isolation": launcher, "kill_grace_s": 1.0}
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            "run": {"id": run_id, "dir": str(work / "runs")},
+            "nats": {"url": urls["nats"]},
+            "redis": {"url": urls["redis"]},
+            "proxy": {"port": proxy_port},
+            "log": {"level": "warning"},
+            "tasks": {"dirs": [str(work / "tasks")]},
+            # uids of its own, apart from the defaults that tests and stacks on the same machine use
+            "runner": {
+                "harness": "command",
+                "command": ["bash", "-c", HARNESS],
+                "max_concurrent": concurrency,
+                "sandbox": {**box, "uid_base": 192000},
+            },
+            "evaluator": {"max_concurrent": concurrency, "sandbox": {**box, "uid_base": 193000}},
+        },
+    )
+    bus = await EventBus.connect(urls["nats"], run_id, "bench")
+    redis = await connect_redis(urls["redis"])
+    times: dict[str, dict[str, Any]] = {}
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        event = decode_event((msg.headers or {}).get(TYPE_HEADER, ""), msg.data)
+        if isinstance(event, ev.ExecutionTerminated | ev.EvaluationDone):
+            times.setdefault(event.execution.execution_id, {})[type(event).__name__] = event
+            if sum(len(t) for t in times.values()) == 2 * executions:
+                done.set()
+
+    await bus.nc.subscribe(f"gyre.{run_id}.>", cb=on_msg)
+    own_before, engine_before = _own_cpu_s(), _engine_cpu_s()
+    async with RunnerService(config), EvaluatorService(config):
+        published = await _dispatch(bus, redis, Keys(run_id), executions, launcher)
+        await asyncio.wait_for(done.wait(), timeout=900)
+    own_s, engine_s = _own_cpu_s() - own_before, _engine_cpu_s() - engine_before
+    await bus.close()
+    await redis.aclose()
+    return _phase_result(
+        config.run.path, times, published, calls, own_s, engine_s if launcher == "container" else 0.0
+    )
+
+
+def _phase_result(
+    run_dir: Path,
+    times: dict[str, dict[str, Any]],
+    published: dict[str, float],
+    calls: FirstCalls,
+    own_s: float,
+    engine_s: float,
+) -> dict[str, Any]:
+    n = len(published)
+    statuses = [json.loads(p.read_text()) for p in run_dir.glob("sandboxes/*/control/status.json")]
+    failed = [
+        t["ExecutionTerminated"].detail
+        for t in times.values()
+        if t["ExecutionTerminated"].reason != cm.TERMINATION_REASON_COMPLETED
+    ]
+    if failed or len(statuses) != n:
+        raise RuntimeError(
+            f"{len(failed)} of {n} executions failed ({len(statuses)} statuses), e.g. {failed[:1]}"
+        )
+    first = [calls.first[eid] - published[eid] for eid in published]
+    verifier = [
+        (t["EvaluationDone"].meta.emitted_at_ms - t["ExecutionTerminated"].meta.emitted_at_ms) / 1000
+        for t in times.values()
+    ]
+    sandbox_s = statistics.fmean(float(s.get("sandbox_cpu_s") or 0.0) for s in statuses)
+    return {
+        "first_call_s_p50": _pct(first, 0.5),
+        "first_call_s_p90": _pct(first, 0.9),
+        "cpu_s_per_execution": round(sandbox_s + (engine_s + own_s) / n, 3),
+        "sandbox_cpu_s_per_execution": round(sandbox_s, 3),
+        "engine_cpu_s_per_execution": round(engine_s / n, 3),
+        "runner_cpu_s_per_execution": round(own_s / n, 3),
+        "verifier_s_p50": _pct(verifier, 0.5),
+        "reward_mean": round(statistics.fmean(t["EvaluationDone"].reward for t in times.values()), 3),
+    }
+
+
+async def builds(work: Path) -> dict[str, float]:
+    """fix-sum's image built cold (a fresh first layer), then as a run finds it (its digest's image is
+    there), then again through the engine's layer cache; the images made here are removed."""
+    from gyre.config.runner import ContainerSection
+    from gyre.sandbox.containers.images import Images
+    from gyre.tasks.directory import DirectorySuite
+
+    tasks = work / "build-tasks"
+    shutil.copytree(EXAMPLE, tasks / "fix-sum")
+    dockerfile = tasks / "fix-sum" / "environment" / "Dockerfile"
+    lines = dockerfile.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("FROM")) + 1
+    lines.insert(at, f"LABEL gyre.bench={uuid.uuid4().hex}")
+    dockerfile.write_text("\n".join(lines) + "\n")
+    task = DirectorySuite(tasks).get("fix-sum")
+    images = Images.of_engine(ContainerSection(), work / "builds")
+    try:
+        cold = await images.build(task)
+        # as a runner that starts afterwards finds it: a new process, the engine asked once
+        cached = await Images.of_engine(ContainerSection(), work / "builds").build(task)
+        layers = await images.build(task, force=True)
+        assert not cold.cached and cached.cached and not layers.cached
+    finally:
+        images.remove(images.reference(task))
+    return {
+        "image_build_cold_s": round(cold.seconds, 2),
+        "image_build_cached_s": round(cached.seconds, 3),
+        "image_build_layer_cache_s": round(layers.seconds, 2),
+    }
+
+
+async def prebuild(work: Path) -> None:
+    """fix-sum's image, so that the container phase measures starts, not the build."""
+    from gyre.config.runner import ContainerSection
+    from gyre.sandbox.containers.images import Images
+    from gyre.tasks.directory import DirectorySuite
+
+    images = Images.of_engine(ContainerSection(), work / "builds")
+    await images.ensure(DirectorySuite(work / "tasks").get("fix-sum"))
+
+
+async def run(
+    launchers: list[str], executions: int, concurrency: int, build: bool, work: Path
+) -> dict[str, Any]:
+    shutil.copytree(EXAMPLE, work / "tasks" / "fix-sum")
+    out: dict[str, Any] = {"executions": executions, "concurrency": concurrency, "task": TASK}
+    if build and "container" in launchers:
+        out.update(await builds(work))
+    if "container" in launchers:
+        await prebuild(work)
+    nats, redis_server = start_nats(work / "nats"), start_redis(work / "redis", appendonly=False)
+    calls = FirstCalls()
+    proxy = grpc.aio.server()
+    try:
+        port = await calls.start()
+        proxy_pb2_grpc.add_ProxyServicer_to_server(KeyPerExecution(f"http://127.0.0.1:{port}"), proxy)  # type: ignore[abstract]
+        proxy_port = proxy.add_insecure_port("127.0.0.1:0")
+        await proxy.start()
+        urls = {"nats": nats.url, "redis": redis_server.url}
+        for name in launchers:
+            out[name] = await phase(name, executions, concurrency, work, urls, proxy_port, calls)
+    finally:
+        await proxy.stop(0)
+        await calls.stop()
+        nats.stop()
+        redis_server.stop()
+    if "container" in out and "isolated" in out:
+        out["container_over_isolated_first_call_s_p50"] = round(
+            out["container"]["first_call_s_p50"] - out["isolated"]["first_call_s_p50"], 3
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    default = "process,isolated,container" if os.geteuid() == 0 else "process"
+    parser = argparse.ArgumentParser(prog="gyre bench sandbox", description=__doc__.split("\n")[0])
+    parser.add_argument("--launchers", default=default, help=f"comma-separated (default {default})")
+    parser.add_argument("--executions", type=int, default=8, help="executions per launcher")
+    parser.add_argument("--concurrency", type=int, default=4, help="executions at once")
+    parser.add_argument("--no-build", action="store_true", help="skip the image build measurements")
+    parser.add_argument("--json", action="store_true", help="accepted; the last line is always JSON")
+    args = parser.parse_args(argv)
+    launchers = [name.strip() for name in args.launchers.split(",") if name.strip()]
+    if args.executions < 1 or args.concurrency < 1:
+        parser.error("--executions and --concurrency must be at least 1")
+    configure_logging("console", "warning")
+    with tempfile.TemporaryDirectory(prefix="gyre-bench-sandbox-") as tmp:
+        result = asyncio.run(run(launchers, args.executions, args.concurrency, not args.no_build, Path(tmp)))
+    print(json.dumps(result))
