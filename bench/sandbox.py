@@ -52,13 +52,14 @@ from gyre.bus import EventBus, decode_event
 from gyre.bus.codec import TYPE_HEADER
 from gyre.config import load_config
 from gyre.log import configure_logging
+from gyre.paths import REPO_ROOT
 from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, connect_redis
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from gyre.v1 import proxy_pb2, proxy_pb2_grpc
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "fix-sum"
+EXAMPLE = REPO_ROOT / "examples" / "tasks" / "fix-sum"
 TASK = "tasks/fix-sum"
 HARNESS = r"""
 hp=${ANTHROPIC_BASE_URL#http://}; hp=${hp%%/*}

@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as the last line."),
     ) -> None:
         """Run elastic RL on the demo tasks and write the run report."""
+        from gyre.config import ConfigError
         from gyre.demo.report import run_warnings, trained_nothing
         from gyre.demo.run import DemoRun, role_names
         from gyre.model.arch import ModelError

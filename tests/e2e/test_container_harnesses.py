@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from gyre.cli.demo import demo_config
+from gyre.demo.config import demo_config
 from gyre.demo.run import DemoRun
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
+from gyre.paths import REPO_ROOT
 from gyre.sandbox.launchers.base import LABEL_RUN
 from tests.support.containers import containers_of, engine_client
 
@@ -35,7 +36,6 @@ pytestmark = [
     pytest.mark.usefixtures("container_session"),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
 #: One group of two, trained by one step: the least the CPU engine has to serve (each CLI request is
 #: several thousand tokens).
 SHAPE: dict[str, Any] = {
@@ -81,7 +81,7 @@ def _run(
     )
     script = tmp_path / "rules.jsonl"
     script.write_text("".join(json.dumps(r) + "\n" for r in rules))
-    shutil.copytree(REPO / "examples" / "tasks" / "fix-sum", tmp_path / "tasks" / "fix-sum")
+    shutil.copytree(REPO_ROOT / "examples" / "tasks" / "fix-sum", tmp_path / "tasks" / "fix-sum")
     box = {"isolation": "container", "kill_grace_s": 2.0}
     config = demo_config(
         None,

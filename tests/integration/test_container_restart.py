@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from gyre.bus import EventBus
 from gyre.config import GyreConfig
+from gyre.paths import REPO_ROOT
 from gyre.sandbox import SandboxSpec
 from gyre.sandbox.host import run_labels
 from gyre.sandbox.launchers.base import LABEL_EXECUTION, LABEL_ROLE, LABEL_RUN
@@ -31,7 +32,6 @@ from tests.support.sandboxes import launcher_for_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
 
-REPO = Path(__file__).resolve().parents[2]
 #: Fixes sum.sh after the runner has been killed and restarted, so the adopted harness's work is scored.
 HARNESS = ["bash", "-c", "echo started > started.txt; sleep 8; sed -i 's/\\$1 - \\$2/$1 + $2/' sum.sh"]
 
@@ -55,7 +55,7 @@ async def test_a_sigkilled_runner_adopts_its_containers_and_reaps_an_unrecorded_
     runner_process: list[RunnerProcess],
 ) -> None:
     client = engine_client()
-    shutil.copytree(REPO / "examples" / "tasks" / "fix-sum", tmp_path / "tasks" / "fix-sum")
+    shutil.copytree(REPO_ROOT / "examples" / "tasks" / "fix-sum", tmp_path / "tasks" / "fix-sum")
     box = {"kill_grace_s": 1.0, "isolation": "container"}
     async with ProxyStub("http://127.0.0.1:9") as proxy:
         config = run_config(

@@ -19,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gyre.bus import EventBus
+from gyre.paths import REPO_ROOT
 from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.tasks import TaskSet
@@ -34,8 +35,7 @@ from tests.support.scripted_anthropic import ScriptedAnthropic, arithmetic_solve
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "tasks" / "fix-sum"
+EXAMPLE = REPO_ROOT / "examples" / "tasks" / "fix-sum"
 #: A stand-in agent: member 0 fixes sum.sh; every member records where it ran and what check-sum said.
 HARNESS = [
     "bash",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gyre.paths import REPO_ROOT
 from gyre.sandbox.launchers.base import LABEL_RUN
 from tests.integration.test_stack import _gyre
 from tests.support.containers import containers_of, engine_client
@@ -18,11 +19,9 @@ from tests.support.models import small_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _config(tmp_path: Path, run_id: str, **container: str) -> Path:
-    shutil.copytree(REPO / "examples" / "tasks" / "fix-sum", tmp_path / "tasks" / "fix-sum")
+    shutil.copytree(REPO_ROOT / "examples" / "tasks" / "fix-sum", tmp_path / "tasks" / "fix-sum")
     box = {"isolation": "container", "kill_grace_s": 1.0, "container": container}
     config = {
         "run": {"id": run_id, "dir": str(tmp_path / "runs")},

@@ -27,12 +27,12 @@ def session_labels() -> dict[str, str]:
 def engine_client(*images: str) -> docker.DockerClient:
     """A client of the engine the container launcher uses, with `images` (default: the local base) on
     this host; else the test fails under CI and is skipped elsewhere."""
-    from gyre.sandbox.containers.engine import EngineUnavailableError, connect, resolve_endpoint
+    from gyre.sandbox.containers.engine import ContainerEngineError, connect, resolve_endpoint
 
     endpoint = resolve_endpoint(None)
     try:
         client = connect(endpoint, 30.0)
-    except EngineUnavailableError as e:
+    except ContainerEngineError as e:
         unavailable(f"{e} (as root: bash deploy/local/containers.sh setup, or make setup)")
         raise
     for image in images or (LOCAL_BASE_IMAGE,):

@@ -2,7 +2,7 @@
 API service (`podman system service`) answer the same calls, so one code path serves both.
 
     endpoint = resolve_endpoint(None)          # DOCKER_HOST, else podman's socket, else docker's
-    client = connect(endpoint, timeout_s=60)   # EngineUnavailableError naming the endpoint
+    client = connect(endpoint, timeout_s=60)   # ContainerEngineError naming the endpoint
     remove_labelled(client, {"gyre.run": "r1"}) # every container of a run, wherever it stands
 
 Containers carry labels (`LABEL_*` of gyre/sandbox/launchers/base.py): the run, the execution or verifier attempt they serve, and the
@@ -32,7 +32,7 @@ PODMAN_SOCKET = Path("/run/podman/podman.sock")
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 
 
-class EngineUnavailableError(EnvironmentUnavailableError):
+class ContainerEngineError(EnvironmentUnavailableError):
     """No container engine answers at the endpoint (or it refused a call); the message names it."""
 
 
@@ -53,7 +53,7 @@ def connect(endpoint: str, timeout_s: float = 60.0) -> docker.DockerClient:
         client = docker.DockerClient(base_url=endpoint, version=API_VERSION, timeout=int(max(1, timeout_s)))
         client.ping()
     except (docker.errors.DockerException, OSError) as e:
-        raise EngineUnavailableError(f"no container engine answers at {endpoint}: {why(e)}") from None
+        raise ContainerEngineError(f"no container engine answers at {endpoint}: {why(e)}") from None
     return client
 
 
@@ -85,7 +85,7 @@ def find(client: docker.DockerClient, labels: Mapping[str, str]) -> list[Contain
     try:
         found: list[Container] = client.containers.list(all=True, filters=label_filter(labels))
     except (docker.errors.DockerException, OSError) as e:
-        raise EngineUnavailableError(f"listing containers {dict(labels)}: {why(e)}") from None
+        raise ContainerEngineError(f"listing containers {dict(labels)}: {why(e)}") from None
     return found
 
 
@@ -97,7 +97,7 @@ def remove(container: Container) -> None:
     except docker.errors.NotFound:
         pass
     except (docker.errors.DockerException, OSError) as e:
-        raise EngineUnavailableError(f"removing container {container.name}: {why(e)}") from None
+        raise ContainerEngineError(f"removing container {container.name}: {why(e)}") from None
 
 
 def remove_labelled(client: docker.DockerClient, labels: Mapping[str, str]) -> int:

@@ -30,7 +30,7 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
-from gyre.sandbox import procs
+from gyre import procs
 from gyre.sandbox.containers import archive, engine, processes
 from gyre.sandbox.containers.netns import listen_inside
 from gyre.sandbox.launchers.base import ExecResult, SandboxError, SandboxHandle, SandboxState
@@ -55,7 +55,7 @@ _KILL_ROUND_S = 0.05
 class Command:
     """One wrapped command in a container: its name and the wrapper's host pid."""
 
-    def __init__(self, name: str, pid: int, started: int) -> None:
+    def __init__(self, name: str, pid: int, started: float) -> None:
         self.name = name
         self.pid = pid
         self.started = started
@@ -90,7 +90,7 @@ class ContainerHandle(SandboxHandle):
             except docker.errors.NotFound:
                 return None
             except (docker.errors.DockerException, OSError) as e:
-                raise engine.EngineUnavailableError(
+                raise engine.ContainerEngineError(
                     f"container {self.state.container[:12]}: {engine.why(e)}"
                 ) from None
         return self._container

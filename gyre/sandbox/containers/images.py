@@ -31,7 +31,7 @@ import docker
 import docker.errors
 
 from gyre.config.runner import ContainerSection
-from gyre.sandbox.containers.engine import EngineUnavailableError, connect, resolve_endpoint, why
+from gyre.sandbox.containers.engine import ContainerEngineError, connect, resolve_endpoint, why
 from gyre.sandbox.launchers.base import EnvironmentUnavailableError
 from gyre.tasks import Task
 
@@ -103,7 +103,7 @@ class Images:
 
     @classmethod
     def of_engine(cls, settings: ContainerSection, logs_dir: Path | None) -> Images:
-        """Images of the engine `settings` name (`gyre tasks build`); `EngineUnavailableError` when it
+        """Images of the engine `settings` name (`gyre tasks build`); `ContainerEngineError` when it
         does not answer."""
         endpoint = resolve_endpoint(settings.endpoint)
         client = connect(endpoint, settings.api_timeout_s)
@@ -172,7 +172,7 @@ class Images:
             except docker.errors.ImageNotFound:
                 return False
             except (docker.errors.DockerException, OSError) as e:
-                raise EngineUnavailableError(f"inspecting image {image}: {why(e)}") from None
+                raise ContainerEngineError(f"inspecting image {image}: {why(e)}") from None
             return True
 
         return await asyncio.to_thread(inspect)

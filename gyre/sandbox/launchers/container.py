@@ -127,7 +127,7 @@ class ContainerLauncher(SandboxLauncher):
 
     @property
     def client(self) -> docker.DockerClient:
-        """The engine's client (connected on first use; `EngineUnavailableError` naming the endpoint)."""
+        """The engine's client (connected on first use; `ContainerEngineError` naming the endpoint)."""
         if self._client is None:
             self._client = engine.connect(self.endpoint, self.settings.api_timeout_s)
         return self._client
@@ -209,7 +209,7 @@ class ContainerLauncher(SandboxLauncher):
             except docker.errors.ImageNotFound:
                 raise ImageError(f"image {image} is not on this host") from None
             except (docker.errors.DockerException, OSError) as e:
-                raise engine.EngineUnavailableError(f"inspecting image {image}: {engine.why(e)}") from None
+                raise engine.ContainerEngineError(f"inspecting image {image}: {engine.why(e)}") from None
             env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
             path = env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             self._image_info[image] = ImageInfo(config.get("User") or "", path)
@@ -236,7 +236,7 @@ class ContainerLauncher(SandboxLauncher):
                     continue
                 raise SandboxError(f"creating a container of {image}: {text}") from None
             except (docker.errors.DockerException, OSError) as e:
-                raise engine.EngineUnavailableError(
+                raise engine.ContainerEngineError(
                     f"creating a container of {image}: {engine.why(e)}"
                 ) from None
         raise AssertionError("unreachable")

@@ -33,7 +33,7 @@ from gyre.sandbox.outcome import SandboxOutcome, read_outcome
 from gyre.sandbox.workspace import chown_tree
 from gyre.tasks import check_relative
 
-INIT_SCRIPT = Path(__file__).resolve().parents[1] / "init.py"
+INIT_SCRIPT = Path(__file__).resolve().parents[1] / "init.py"  # gyre/sandbox/init.py
 
 
 class Supervisor(Protocol):

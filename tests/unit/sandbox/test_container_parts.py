@@ -127,6 +127,6 @@ def test_extra_labels_are_key_value_pairs(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_no_engine_is_one_line_naming_the_endpoint(tmp_path: Path) -> None:
-    with pytest.raises(engine.EngineUnavailableError) as e:
+    with pytest.raises(engine.ContainerEngineError) as e:
         engine.connect(f"unix://{tmp_path}/none.sock", 2.0)
     assert str(e.value) == f"no container engine answers at unix://{tmp_path}/none.sock: no such socket"
