@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -106,18 +106,25 @@ def verify_template_cmd(
     path: Annotated[Path, typer.Argument(help="Model directory whose chat template to check.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as one JSON line.")] = False,
 ) -> None:
-    """Render multi-turn conversations turn by turn; exit 1 naming the first turn that is not append-only."""
+    """Render multi-turn conversations turn by turn with the directory's own chat template; exit 1 naming
+    the first turn that is not append-only, and show what `proxy.template: auto` renders instead."""
     from gyre.trajectory.templates import TemplateError, template_for_model
     from gyre.trajectory.templates.verify import verify_template
 
     try:
-        template = template_for_model(path, strict=False)
-    except (ModelError, TemplateError, ValueError) as e:
-        raise _fail(e) from None
-    report = verify_template(template)
+        shipped = template_for_model(path, mode="shipped")
+    except (ModelError, ValueError) as e:  # TemplateError included: a template that cannot render at all
+        if not isinstance(e, TemplateError) or not path.is_dir():
+            raise _fail(e) from None
+        shipped, shipped_error = None, str(e)
+    else:
+        shipped_error = ""
+    report = verify_template(shipped) if shipped is not None else None
+    auto = _auto_report(path, shipped)
     data = {
-        "template": template.name,
-        "append_only": report.ok,
+        "template": shipped.name if shipped is not None else None,
+        "append_only": report is not None and report.ok,
+        "error": shipped_error or None,
         "conversations": [
             {
                 "name": c.name,
@@ -125,28 +132,82 @@ def verify_template_cmd(
                 "turns": [asdict(t) for t in c.turns],
                 "first_break": asdict(c.first_break) if c.first_break else None,
             }
-            for c in report.conversations
+            for c in (report.conversations if report is not None else [])
         ],
+        "auto": auto,
     }
     if as_json:
         typer.echo(json.dumps(data))
     else:
-        for c in report.conversations:
-            marks = " ".join(("ok" if t.append_only else "BREAK") + f":{t.index}/{t.role}" for t in c.turns)
-            typer.echo(f"{c.name}: {c.error or marks}")
+        _print_report(data)
+    if report is None:
+        typer.echo(f"not usable as it is: {shipped_error}", err=True)
+        raise typer.Exit(1)
     broken = report.first_break
     if broken is not None:
         name, turn = broken
         typer.echo(
-            f"not append-only: {name!r}, turn {turn.index} ({turn.role}) rewrites earlier tokens from token "
-            f"{turn.first_difference} ({turn.detail})",
+            f"not append-only: {name!r}, turn {turn.index} ({turn.role}) "
+            + (
+                f"rewrites earlier tokens from token {turn.first_difference} ({turn.detail})"
+                if turn.first_difference is not None
+                else turn.detail
+            ),
             err=True,
         )
         raise typer.Exit(1)
     if not report.ok:
         raise typer.Exit(1)
-    if not as_json:
+
+
+def _auto_report(path: Path, shipped: Any) -> dict[str, Any]:
+    """What `proxy.template: auto` renders with, and how its last-turn prompts compare to the shipped ones."""
+    from gyre.trajectory.templates import VERIFIED, TemplateError, template_for_model
+    from gyre.trajectory.templates.verify import compare_last_turns, verify_template
+
+    try:
+        auto = template_for_model(path, mode="auto")
+    except (ModelError, ValueError, TemplateError) as e:
+        return {"error": str(e)}
+    substitution = auto.substitution
+    if substitution is None:
+        return {"template": auto.name, "source": "model"}
+    return {
+        "template": auto.name,
+        "source": "registry",
+        "family": substitution.family,
+        "append_only": verify_template(auto).ok,
+        "last_turn": [asdict(t) for t in compare_last_turns(shipped, auto)] if shipped is not None else [],
+        "differences": VERIFIED[substitution.family].differences,
+    }
+
+
+def _print_report(data: dict[str, Any]) -> None:
+    for c in data["conversations"]:
+        marks = " ".join(
+            ("ok" if t["append_only"] else "BREAK") + f":{t['index']}/{t['role']}" for t in c["turns"]
+        )
+        typer.echo(f"{c['name']}: {(c['error'] + ' | ') if c['error'] else ''}{marks}")
+    auto = data["auto"]
+    if data["append_only"]:
         typer.echo("append-only: every render is a token prefix of the next")
+    elif "error" in auto:
+        typer.echo(f"proxy.template: auto refuses it: {auto['error']}")
+    elif auto["source"] == "registry":
+        ok = "append-only" if auto["append_only"] else "NOT append-only"
+        typer.echo(
+            f"proxy.template: auto renders with the verified {auto['family']} template instead "
+            f"({auto['template']}, {ok}); its prompt of each conversation's last assistant turn:"
+        )
+        for t in auto["last_turn"]:
+            if t["equal"]:
+                typer.echo(f"  {t['conversation']}: the same tokens as the model's own template")
+            elif t["first_difference"] is None:
+                typer.echo(f"  {t['conversation']}: {t['detail']}")
+            else:
+                typer.echo(
+                    f"  {t['conversation']}: differs from token {t['first_difference']} ({t['detail']})"
+                )
 
 
 def register(app: typer.Typer) -> None:

@@ -176,6 +176,14 @@ def _proxy_state(port: int) -> str:
     ]
     for reason, n in sorted(st.refused_calls.items(), key=lambda kv: -kv[1]):
         lines.append(f"  refused {reason}: {n} (latest: {st.refusal_messages.get(reason, '')[:160]})")
+    t = st.chat_template
+    if t.source == "registry":
+        lines.append(
+            f"  chat template {t.name}: the verified {t.family} template, in place of the model's own {t.replaced}"
+            " (not append-only; `gyre model verify-template` shows the difference)"
+        )
+    elif t.name:
+        lines.append(f"  chat template {t.name}: the model's own")
     return "\n".join(lines)
 
 

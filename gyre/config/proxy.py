@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gyre.config.base import AtLeastOne, NonNegativeFloat, NonNegativeInt, Port, Section
 
@@ -29,10 +29,14 @@ class ProxySection(Section):
     tool_call_parser: str | None = None
     """Tool-call parser of engine outputs (a name in `gyre.trajectory.output.PARSERS`: `hermes`,
     `llama3_json`); None = the chat family's."""
-    template_strict: bool = True
-    """Refuse (at start) a chat template that is not append-only — e.g. one that drops the reasoning of
-    earlier turns (`gyre model verify-template` shows where). False keeps it: trees then record every
-    turn as sampled, which the template would have rendered differently."""
+    template: Literal["auto", "strict", "shipped"] = "auto"
+    """What to do with a model whose own chat template is not append-only — e.g. Qwen3's, which drops the
+    reasoning of earlier turns (`gyre model verify-template DIR` shows where it breaks and what `auto`
+    renders instead). `auto`: render with the verified append-only template of its family
+    (gyre.trajectory.templates.registry: the shipped template's format, earlier turns as sampled),
+    recorded in the proxy's stats and the run's summary and logged once at start; `strict`: refuse it at
+    start; `shipped`: keep it (trees then record every turn as sampled, which that template would have
+    rendered differently)."""
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra variables for the chat template (e.g. `enable_thinking: false` for Qwen3)."""
     encode_threads: NonNegativeInt = 2
@@ -62,3 +66,21 @@ class ProxySection(Section):
     tree holds each call once (services/proxy/replay.py). False: such a call is sampled anew."""
     drain_timeout_s: NonNegativeFloat = 60.0
     """Longest a Drain waits for one in-flight call to leave the drained engine."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "template_strict" in data:
+            strict = data["template_strict"]
+            fix = (
+                "template: strict"
+                if strict is True
+                else "template: shipped"
+                if strict is False
+                else "template"
+            )
+            raise ValueError(
+                f"proxy.template_strict was replaced by proxy.template (auto, strict or shipped): write `{fix}` "
+                "instead (auto, the default, renders with the verified template of the model's family)"
+            )
+        return data

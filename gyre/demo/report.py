@@ -55,6 +55,9 @@ class RunFacts:
     refusal_messages: dict[str, str] = field(default_factory=dict)
     """The latest message per refusal reason."""
     wall_s: float = 0.0
+    chat_template: dict[str, Any] = field(default_factory=dict)
+    """The chat template the proxy rendered with (ProxyStats.chat_template: name, source, and for a
+    registry template standing in for the model's own, its family and what it replaced)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -190,6 +193,7 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
         "history_mismatch_rate": round(facts.history_mismatches / facts.recorded_calls, 4)
         if facts.recorded_calls
         else 0.0,
+        "chat_template": facts.chat_template,
         "wall_s": round(facts.wall_s, 1),
         "loss_by_step": [round(completed[s].loss, 5) for s in steps],
         "clip_fraction_by_step": [round(completed[s].clip_fraction, 4) for s in steps],

@@ -211,6 +211,7 @@ class DemoRun:
             side_calls=stats.side_calls,
             refused_calls=dict(stats.refused_calls),
             refusal_messages=dict(stats.refusal_messages),
+            chat_template=_chat_template(stats.chat_template),
             extra={"run_id": self.config.run.id, "run_dir": str(self.run_dir)},
         )
         self._save_events(events)
@@ -228,6 +229,13 @@ class DemoRun:
             summary.update(self._memory.report(summary["steps"]))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+def _chat_template(info: proxy_pb2.ChatTemplateInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": info.name, "source": info.source}
+    if info.source == "registry":
+        out.update(family=info.family, replaced=info.replaced, replaced_breaks=list(info.replaced_breaks))
+    return out
 
 
 def _event_line(r: Any) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+import structlog
 
 from gyre.config import GyreConfig, ProxySection
 from gyre.store import Keys
@@ -31,6 +32,8 @@ from services.proxy.metrics import OverheadClock, ProxyMetrics
 from services.proxy.route_store import RouteStore
 from services.proxy.routing import DrainResult, EngineSpec, Router
 
+log = structlog.get_logger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class CloseSummary:
@@ -40,16 +43,31 @@ class CloseSummary:
 
 
 def build_template(config: GyreConfig) -> ChatTemplate:
-    """The chat template of `model.path` (its tokenizer, template, family), as `proxy` configures it;
-    raises `TemplateError` for a template that is not append-only when `proxy.template_strict`."""
+    """The chat template of `model.path` (its tokenizer, template, family), as `proxy` configures it.
+    A model's own template that is not append-only is replaced by its family's verified one
+    (`proxy.template: auto`, logged here once) or refused with `TemplateError` (`strict`)."""
     section = config.proxy
-    return template_for_model(
-        config.model.require_path(),
+    path = config.model.require_path()
+    template = template_for_model(
+        path,
         end_of_turn=section.end_of_turn,
         tool_call_parser=section.tool_call_parser,
         template_kwargs=section.template_kwargs,
-        strict=section.template_strict,
+        mode=section.template,
     )
+    if template.substitution is not None:
+        log.warning(
+            "chat_template_replaced",
+            model=str(path),
+            template=template.name,
+            family=template.substitution.family,
+            replaced=template.substitution.shipped,
+            replaced_breaks=list(template.substitution.shipped_breaks),
+            why="the model's own chat template is not append-only; proxy.template: auto renders with the "
+            "verified template of its family (`gyre model verify-template` shows the difference; "
+            "proxy.template: strict refuses, shipped keeps it)",
+        )
+    return template
 
 
 class ProxyCore:

@@ -108,4 +108,18 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServicer):
             side_calls=s.side_calls,
             refused_calls=s.refused_calls,
             refusal_messages=s.refusal_messages,
+            chat_template=self._chat_template(),
+        )
+
+    def _chat_template(self) -> pb.ChatTemplateInfo:
+        template = self.core.template
+        substitution = getattr(template, "substitution", None)
+        if substitution is None:
+            return pb.ChatTemplateInfo(name=template.name, source="model")
+        return pb.ChatTemplateInfo(
+            name=template.name,
+            source="registry",
+            family=substitution.family,
+            replaced=substitution.shipped,
+            replaced_breaks=list(substitution.shipped_breaks),
         )

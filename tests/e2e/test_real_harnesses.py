@@ -9,6 +9,11 @@ sub-agent, read its report after a compaction, fix the bug (or, for some calls, 
 finish — so every tree holds a main root with the paths before and after the compaction, a
 compaction summary leaf and a sub-agent root, and the members of a group can earn different rewards.
 
+The Claude Code run follows the README's walkthrough with a real checkpoint's chat template: its model
+directory carries the template Qwen3 checkpoints ship (tests/fixtures/templates/shipped_qwen3.json),
+which is not append-only, and the settings are the defaults, so the proxy renders with the verified
+qwen3 template in its place (`proxy.template: auto`) and the run's summary records that.
+
 Claude Code is shrunk only with its own flags (`runner.harness_args`, `runner.harness_env`):
 `--system-prompt` replaces its ~7 KB system prompt with one line and `--tools Bash,Agent` keeps two of
 its twelve tools, so its first request is ~13 KB instead of ~50 KB (fidelity: the policy never sees
@@ -27,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from gyre.cli.demo import demo_config
+from gyre.demo.config import demo_config
 from gyre.demo.run import DemoRun
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
@@ -131,12 +136,22 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
+SHIPPED_QWEN3 = REPO / "tests" / "fixtures" / "templates" / "shipped_qwen3.json"
+
+
 def _run(
-    tmp_path: Path, run_id: str, harness: dict[str, Any], rules: list[dict[str, Any]], notes: str = ""
+    tmp_path: Path,
+    run_id: str,
+    harness: dict[str, Any],
+    rules: list[dict[str, Any]],
+    notes: str = "",
+    chat_template: str | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     model_dir = init_model_dir(
         tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0, max_position_embeddings=32768
     )
+    if chat_template is not None:  # the model directory ships this template instead of Gyre's
+        (model_dir / "chat_template.jinja").write_text(chat_template)
     script = tmp_path / "rules.jsonl"
     script.write_text("".join(json.dumps(r) + "\n" for r in rules))
     config = demo_config(
@@ -187,9 +202,14 @@ def test_claude_code_executions_are_trained_on(tmp_path: Path) -> None:
         },
         CLAUDE_RULES,
         notes=NOTES,  # what pushes the main agent's second request over the compaction threshold
+        chat_template=json.loads(SHIPPED_QWEN3.read_text())["chat_template"],
     )
     events = _events(config.run.path)
     _assert_trained_one_step(config, summary, events)
+    # Default settings, the shipped Qwen3 template: the verified qwen3 template rendered in its place.
+    template = summary["chat_template"]
+    assert template["source"] == "registry" and template["family"] == "qwen3", template
+    assert template["replaced"] != template["name"] and template["replaced_breaks"]
     # Every trained execution's tree (`gyre trace replay RUN_DIR --execution ID` shows one): two main
     # leaves (the path up to the compaction, and the continued session after it), the compaction
     # summary leaf and the sub-agent's root; admission took all of them.

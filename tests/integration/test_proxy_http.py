@@ -140,6 +140,7 @@ async def test_refused_requests_are_4xx_in_the_callers_format_and_record_nothing
     assert sum(stats.refused_calls.values()) == 8, dict(stats.refused_calls)
     assert stats.refused_calls["body_too_large"] == 2 and stats.refused_calls["invalid_request"] == 6
     assert set(stats.refusal_messages) == set(stats.refused_calls) and all(stats.refusal_messages.values())
+    assert stats.chat_template.source == "model" and stats.chat_template.name.startswith("hf-")
 
     await stack.script("cell-0", ["fine<|im_end|>"])
     newer = {

@@ -151,30 +151,45 @@ class ChatTemplate(ABC):
         self, system: str, tools: Sequence[ToolSpec], messages: Sequence[Message]
     ) -> AppendOnlyReport:
         """Check on one conversation that segments concatenate to the full render, that every
-        prefix renders to a prefix, and that assistant turns split as the class docstring says."""
+        prefix renders to a prefix, and that assistant turns split as the class docstring says. A
+        render the template refuses (it raises) is a violation too."""
         report = AppendOnlyReport()
+
+        def render(count: int, add_generation_prompt: bool) -> list[int] | None:
+            try:
+                return self.render_conversation(system, tools, messages[:count], add_generation_prompt)
+            except TemplateError as e:
+                if str(e) not in report.violations:
+                    report.violations.append(str(e))
+                return None
+
         try:
             segments = self.render_segments(system, tools, messages)
         except TemplateError as e:
             report.violations.append(str(e))
             segments = []
         joined = [t for seg in segments for t in seg]
-        full = self.render_conversation(system, tools, messages, add_generation_prompt=False)
-        if segments and joined != full:
+        full = render(len(messages), False)
+        if segments and full is not None and joined != full:
             report.violations.append(
                 f"per-message segments differ from the full render at token {_first_diff(joined, full)}"
             )
-        previous = self.render_conversation(system, tools, [], add_generation_prompt=False)
+        previous = render(0, False)
         for k in range(1, len(messages) + 1):
-            current = self.render_conversation(system, tools, messages[:k], add_generation_prompt=False)
-            if current[: len(previous)] != previous:
+            current = render(k, False)
+            if previous is not None and current is not None and current[: len(previous)] != previous:
                 report.violations.append(
                     f"adding message {k - 1} ({messages[k - 1].role}) rewrites earlier tokens "
                     f"(first change at token {_first_diff(previous, current)})"
                 )
             previous = current
-            prompt = self.render_conversation(system, tools, messages[: k - 1], add_generation_prompt=True)
-            if messages[k - 1].role == "assistant" and current[: len(prompt)] != prompt:
+            prompt = render(k - 1, True)
+            if (
+                messages[k - 1].role == "assistant"
+                and prompt is not None
+                and current is not None
+                and current[: len(prompt)] != prompt
+            ):
                 report.violations.append(f"assistant message {k - 1} does not extend the generation prompt")
         for i, message in enumerate(messages):
             if message.role != "assistant" or not segments:

@@ -11,7 +11,8 @@ fresh system prompt, and raises `TemplateError` when `check_append_only` finds a
 usual culprit: a template that drops the reasoning of turns before the last user query, as the
 template Qwen3 checkpoints ship does). `strict=False` keeps such a template anyway: segments then
 carry every turn as it was sampled (the TITO rule), which is not what the template would render,
-and `report` says where the two part.
+and `report` says where the two part; `template_for_model` puts the registry's verified template of
+the family in its place instead (gyre.trajectory.templates.registry).
 
     template = HFChatTemplate(Tokenizer.from_dir(path), end_of_turn="<|im_end|>", tool_call_parser="hermes")
     template = template_for_family("chatml")        # the embedded demo model's format, no files needed
@@ -39,6 +40,7 @@ from gyre.trajectory.messages import (
     root_digest,
 )
 from gyre.trajectory.templates.base import AppendOnlyReport, ChatTemplate, TemplateError
+from gyre.trajectory.templates.registry import Substitution
 
 _STUB = "S"
 _ROOTS_KEPT = 16
@@ -74,8 +76,9 @@ class HFChatTemplate(ChatTemplate):
         if len(eot_id) != 1:
             raise TemplateError(f"end-of-turn marker {end_of_turn!r} is not a single token of this tokenizer")
         self._stop = frozenset((eot_id[0], *stop_token_ids))
-        digest = hashlib.sha256(f"{template}\0{end_of_turn}\0{tool_call_parser}".encode()).hexdigest()
-        self.name = f"hf-{digest[:12]}"
+        self.name = template_name(template, end_of_turn, tool_call_parser)
+        self.substitution: Substitution | None = None
+        """Set when this template renders in place of the model's own (`template_for_model`, mode auto)."""
         base = [{"role": "system", "content": _STUB}, {"role": "user", "content": _STUB}]
         without = self._text(base, None, False)
         with_prompt = self._text(base, None, True)
@@ -192,6 +195,12 @@ class HFChatTemplate(ChatTemplate):
             raise TemplateError(f"the chat template failed to render: {e}") from e
 
 
+def template_name(chat_template: str, end_of_turn: str, tool_call_parser: str) -> str:
+    """The name trees record a rendering under: `hf-` and a digest of what decides it."""
+    digest = hashlib.sha256(f"{chat_template}\0{end_of_turn}\0{tool_call_parser}".encode()).hexdigest()
+    return f"hf-{digest[:12]}"
+
+
 def _to_dicts(message: Message) -> list[dict[str, Any]]:
     """One internal message → the OpenAI-style dicts HF chat templates read."""
     if message.role == "assistant":
@@ -255,4 +264,4 @@ def probe_conversation() -> tuple[str, list[ToolSpec], list[Message]]:
     return "You are a probe.", tools, messages
 
 
-__all__ = ["AppendOnlyReport", "HFChatTemplate", "probe_conversation"]
+__all__ = ["AppendOnlyReport", "HFChatTemplate", "probe_conversation", "template_name"]

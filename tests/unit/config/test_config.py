@@ -34,7 +34,8 @@ def test_yaml_then_env_then_overrides(tmp_path: Path) -> None:
         ("proxy:\n  engine_timeout_s: -1\n", "proxy.engine_timeout_s", "must be >= 0; got -1.0"),
         ("cell_agent:\n  trainer:\n    lr: 0\n", "cell_agent.trainer.lr", "must be > 0; got 0.0"),
         ("evaluator:\n  sandbox:\n    cpu_s: 0\n", "evaluator.sandbox.cpu_s", "at least 1, or null; got 0"),
-        ("proxy:\n  template_strict: maybe\n", "proxy.template_strict", "valid boolean"),
+        ("proxy:\n  template: loose\n", "proxy.template", "'auto', 'strict' or 'shipped'"),
+        ("proxy:\n  template_strict: false\n", "proxy.template_strict", "write `template: shipped` instead"),
         ("cell_agent:\n  ports: [1, 70000]\n", "cell_agent.ports.1", "in 0..65535"),
     ],
 )

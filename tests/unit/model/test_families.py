@@ -1,11 +1,11 @@
 """Contract of the chat families: every template is append-only, its tool calls parse back with the
 family's parser, directories are recognized; `gyre model verify-template` names the first turn of a
-template that drops earlier reasoning, and the proxy refuses that template unless told otherwise."""
+template that drops earlier reasoning (the one Qwen3 checkpoints ship), which the proxy replaces by its
+family's verified template (`auto`), refuses (`strict`) or keeps (`shipped`)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from gyre.trajectory.messages import Message, TextBlock, ThinkingBlock, ToolUseB
 from gyre.trajectory.templates import TemplateError, template_for_family, template_for_model
 from tests.support.models import copy_dir, hf_dir, small_dir
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "templates" / "qwen3_drops_reasoning.jinja"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "templates" / "shipped_qwen3.json"
 runner = CliRunner()
 
 
@@ -64,7 +64,7 @@ def test_verify_template_passes_on_the_three_families(arch: str) -> None:
 
 def _drops_reasoning(tmp_path: Path) -> Path:
     path = copy_dir(hf_dir("qwen3"), tmp_path / "qwen3-drops")
-    shutil.copy(FIXTURE, path / "chat_template.jinja")
+    (path / "chat_template.jinja").write_text(json.loads(FIXTURE.read_text())["chat_template"])
     return path
 
 
@@ -79,12 +79,16 @@ def test_verify_template_names_the_turn_where_earlier_reasoning_is_dropped(tmp_p
     assert "turn 6 (user)" in result.stderr
 
 
-def test_the_proxy_refuses_a_template_that_is_not_append_only(tmp_path: Path) -> None:
+def test_a_template_that_is_not_append_only_is_replaced_refused_or_kept(tmp_path: Path) -> None:
     path = _drops_reasoning(tmp_path)
-    with pytest.raises(TemplateError, match="not append-only"):
-        template_for_model(path)
-    kept = template_for_model(path, strict=False)  # proxy.template_strict: false keeps it, with the report
-    assert not kept.report.ok
+    replaced = template_for_model(path)  # proxy.template: auto
+    assert replaced.substitution is not None and replaced.substitution.family == "qwen3"
+    assert replaced.report.ok and replaced.chat_template == FAMILIES["qwen3"].chat_template
+    with pytest.raises(TemplateError, match=r"not append-only: .*proxy.template: auto renders"):
+        template_for_model(path, mode="strict")
+    kept = template_for_model(path, mode="shipped")  # kept, with the report of where it breaks
+    assert not kept.report.ok and kept.substitution is None
+    assert kept.name == replaced.substitution.shipped
 
 
 def test_thinking_is_parsed_from_qwen3_outputs() -> None:
