@@ -5,6 +5,7 @@ that the stop lands while harness executions are live in their sandboxes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from gyre.procs import ProcessId, alive
+from tests.support.eventually import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -47,21 +49,29 @@ def _start_demo(tmp_path: Path, run_id: str) -> tuple[subprocess.Popen[bytes], P
 def _tree_once_harnesses_run(
     demo: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0
 ) -> list[ProcessId]:
-    """Every process of the run (the demo and its descendants) once a harness execution is live."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """Every process of the run (the demo and its descendants) once a harness execution is live and the
+    process tree has stopped growing (the sandboxes settled into their tool sleeps)."""
+    seen: list[set[int]] = []
+
+    def tree() -> list[psutil.Process]:
         assert demo.poll() is None, log.read_text()[-3000:]
         try:
-            tree = [psutil.Process(demo.pid), *psutil.Process(demo.pid).children(recursive=True)]
-            if any("harness" in " ".join(p.cmdline()) for p in tree):
-                time.sleep(0.5)  # let the sandboxes settle into their tool sleeps
-                tree = [psutil.Process(demo.pid), *psutil.Process(demo.pid).children(recursive=True)]
-                found = [ProcessId.of(p.pid) for p in tree]
-                return [p for p in found if p is not None]
+            return [psutil.Process(demo.pid), *psutil.Process(demo.pid).children(recursive=True)]
         except psutil.Error:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"no harness execution started within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+            return []
+
+    def settled() -> bool:
+        processes = tree()
+        try:
+            running = any("harness" in " ".join(p.cmdline()) for p in processes)
+        except psutil.Error:
+            return False
+        seen.append({p.pid for p in processes})
+        return running and len(seen) >= 2 and seen[-1] == seen[-2]
+
+    eventually_sync(settled, timeout_s=timeout_s, interval_s=0.5, what=f"a harness execution ({log})")
+    found = [ProcessId.of(p.pid) for p in tree()]
+    return [p for p in found if p is not None]
 
 
 def _command(pid: int) -> str:
@@ -72,12 +82,16 @@ def _command(pid: int) -> str:
 
 
 def _left_after(tree: list[ProcessId], bound_s: float) -> list[str]:
-    deadline = time.monotonic() + bound_s
-    while True:
-        left = [p for p in tree if alive(p.pid, p.started)]
-        if not left or time.monotonic() > deadline:
-            return [_command(p.pid) for p in left if alive(p.pid, p.started)]
-        time.sleep(0.2)
+    """The commands of `tree` still running `bound_s` from now (none once every process has exited)."""
+
+    def left() -> list[ProcessId]:
+        return [p for p in tree if alive(p.pid, p.started)]
+
+    with contextlib.suppress(AssertionError):
+        eventually_sync(
+            lambda: not left(), timeout_s=bound_s, interval_s=0.2, what="the run's processes to exit"
+        )
+    return [_command(p.pid) for p in left()]
 
 
 def test_sigterm_mid_run_stops_every_process_within_the_bound(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from services.evaluator.store import Evaluation, EvaluationStore
 from services.packer.service import PackerService
 from services.proxy.credentials import Credentials
 from services.runner.ownership import Ownership
+from tests.support.eventually import eventually
 
 N = 2
 
@@ -157,21 +158,15 @@ def packer_config(run_id: str, tmp_path: Path, nats: ServerProcess, redis: Serve
 
 
 async def _wait(path: Path, timeout_s: float = 20.0) -> None:
-    for _ in range(int(timeout_s / 0.05)):
-        if path.exists():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{path} did not appear within {timeout_s} s")
+    await eventually(path.exists, timeout_s=timeout_s, interval_s=0.05, what=f"{path} to appear")
 
 
 async def _step(packer: PackerService, bus: EventBus, redis: aioredis.Redis, keys: Keys, step: int) -> str:
     """Pack one batch of one group, train it as the core does (claim, ack) and commit the step."""
     progress = await packer.open_batch(step, num_groups=1, policy_version=step)
-    for _ in range(400):
-        if progress.closed:
-            break
-        await asyncio.sleep(0.05)
-    assert progress.closed
+    await eventually(
+        lambda: progress.closed, timeout_s=20, interval_s=0.05, what="the batch's stream to close"
+    )
     queue = WorkQueue(redis, keys, microstep_queue(progress.batch_id))
     while (claim := await queue.claim("cell-0")) is not None:
         assert await queue.ack(claim)
@@ -308,6 +303,6 @@ async def test_archiving_off_keeps_the_group_in_redis(
     await leave_group(redis, keys, "g00001", [1.0, 0.0])
     async with PackerService(config) as packer:  # type: ignore[arg-type]
         await _step(packer, bus, redis, keys, 0)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # scenario: the time an enabled archiver would have taken to act
         assert len(await mentions(redis, keys, ["g00001"])) > 10
     assert not (tmp_path / "runs" / run_id / "archive").exists()

@@ -16,6 +16,7 @@ from gyre.bus import Delivery, EventBus
 from gyre.stack.servers import ServerProcess
 from gyre.v1 import common_pb2 as common
 from gyre.v1 import events_pb2 as ev
+from tests.support.eventually import eventually
 
 
 def _terminated(execution_id: str) -> ev.ExecutionTerminated:
@@ -85,9 +86,9 @@ _DYING_CONSUMER = textwrap.dedent(
         bus = await EventBus.connect(sys.argv[1], run_id=sys.argv[2], source="dying")
         async def handle(event, delivery):
             print("got", event.execution.execution_id, flush=True)
-            await asyncio.sleep(3600)  # never returns, so never acks
+            await asyncio.sleep(3600)  # scenario: never returns, so never acks
         await bus.consume("shared", [ev.ExecutionTerminated], handle, ack_wait_s=1.0)
-        await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # scenario: it consumes until it is killed
 
     asyncio.run(main())
     """
@@ -129,9 +130,11 @@ async def test_command_work_queue_delivers_each_command_to_one_consumer(bus: Eve
     a = await bus.consume("runners", [ev.ExecutionStartRequested], handle)
     b = await bus.consume("runners", [ev.ExecutionStartRequested], handle)
     await asyncio.wait_for(done.wait(), timeout=15)
-    await asyncio.sleep(0.3)
+
+    async def acknowledged() -> bool:  # work-queue retention: acknowledged commands are removed
+        return (await bus.js.stream_info(f"GYRE_{bus.run_id}_COMMANDS")).state.messages == 0
+
+    await eventually(acknowledged, what="every command to be acknowledged")
     await a.stop()
     await b.stop()
     assert sorted(seen) == [f"e{i}" for i in range(6)]
-    info = await bus.js.stream_info(f"GYRE_{bus.run_id}_COMMANDS")
-    assert info.state.messages == 0  # work-queue retention: acknowledged commands are removed

@@ -26,6 +26,7 @@ from services.cell_agent.agent import CellAgent
 from services.cell_agent.errors import CellStateError
 from services.cell_agent.step_record import StepRecord, consumer_name
 from tests.support.cells import cell_config, enqueue
+from tests.support.eventually import eventually
 
 Events = list[tuple[Message, str]]
 
@@ -128,8 +129,11 @@ async def test_a_core_that_lapses_mid_step_starts_over_and_stays_exact(
     await enqueue(record.queue, steps, close=True)
     await agent.switch_role(TRAINING)
     join = asyncio.create_task(agent.join_batch("b0", 0, True))
-    while await redis.scard(record.done_key(0)) < 2:
-        await asyncio.sleep(0.005)
+
+    async def two_done() -> bool:
+        return int(await redis.scard(record.done_key(0))) >= 2
+
+    await eventually(two_done, what="the core to finish two micro-steps")
     taken: list[str] = []
     while not taken:  # what a starved event loop looks like to the others: a stale heartbeat
         await redis.zadd(record.heartbeats_key, {consumer_name(0): 1.0})

@@ -21,6 +21,7 @@ from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
 from gyre.trainer.synthetic import synthetic_microsteps
 from services.cell_agent.trainer_state import TrainerState
 from tests.support.cells import ROLLOUT, TRAINING, CellStack, enqueue
+from tests.support.eventually import eventually
 from tests.support.torch_threads import one_torch_thread  # noqa: F401  (autouse: the references run here)
 
 pytestmark = pytest.mark.slow
@@ -30,12 +31,11 @@ LONG = {"max_new_tokens": 400, "ignore_eos": True, "temperature": 1.0}
 
 
 async def _in_flight(client: EngineClient, n: int) -> None:
-    for _ in range(1000):
+    async def enough() -> bool:
         states = (await client.get_server_info())["internal_states"][0]
-        if states["num_running_reqs"] + states["num_waiting_reqs"] >= n:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{n} requests never got in flight")
+        return bool(states["num_running_reqs"] + states["num_waiting_reqs"] >= n)
+
+    await eventually(enough, what=f"{n} requests in flight")
 
 
 async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(

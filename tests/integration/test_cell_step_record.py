@@ -108,7 +108,7 @@ async def test_a_dead_participant_is_left_out_and_its_claims_redone(
     dead_done = await _work(record, 1, 2)  # cell 1 finishes two micro-steps, then dies
     assert (await record.try_close()).reason == "pending"
     await _work(record, 0, 1)
-    await asyncio.sleep(TIMEOUT_S + 0.2)
+    await asyncio.sleep(TIMEOUT_S + 0.2)  # scenario: the heartbeat timeout lapses
     await record.heartbeat(0)
     assert (await record.try_close()).reason == "stale", "its claims are not back in the queue yet"
     assert sorted(await record.queue.reclaim_dead()) == sorted(dead_done)
@@ -129,7 +129,7 @@ async def test_a_candidate_that_dies_before_confirming_is_left_out(redis: aiored
     assert (await record.try_close()).cells == (0, 1, 2)
     assert await record.confirm(1)  # cell 2 died after its last micro-step: it never confirms
     assert (await record.try_close()).reason == "confirming"
-    await asyncio.sleep(TIMEOUT_S + 0.2)
+    await asyncio.sleep(TIMEOUT_S + 0.2)  # scenario: the heartbeat timeout lapses
     for cell in (0, 1):
         await record.heartbeat(cell)
     reopened = await record.try_close()
@@ -148,7 +148,7 @@ async def test_a_lapsed_cell_whose_work_was_reclaimed_is_evicted(redis: aioredis
     await record.register(1, 0)
     await _fill(record, 3)
     lapsed = await _work(record, 1, 1)
-    await asyncio.sleep(TIMEOUT_S + 0.2)
+    await asyncio.sleep(TIMEOUT_S + 0.2)  # scenario: the heartbeat timeout lapses
     await record.heartbeat(0)
     assert await record.queue.reclaim_dead() == lapsed
     await _work(record, 0, 2)  # takes the reclaimed item and one more
@@ -170,7 +170,7 @@ async def test_finishing_an_item_twice_evicts(redis: aioredis.Redis, keys: Keys)
         await record.register(cell, 0)
     await _fill(record, 2)
     first = await _work(record, 1, 1)
-    await asyncio.sleep(TIMEOUT_S + 0.2)
+    await asyncio.sleep(TIMEOUT_S + 0.2)  # scenario: the heartbeat timeout lapses
     await record.heartbeat(0)
     assert await record.queue.reclaim_dead() == first
     again = await record.queue.claim(consumer_name(1))  # its own item comes back to it
@@ -200,7 +200,7 @@ async def test_a_live_cell_above_a_dead_one_is_evicted(redis: aioredis.Redis, ke
         await record.register(cell, 0)
     await _fill(record, 2)
     await _work(record, 2, 2)
-    await asyncio.sleep(TIMEOUT_S + 0.2)  # cell 1 never heartbeats again
+    await asyncio.sleep(TIMEOUT_S + 0.2)  # scenario: cell 1 never heartbeats again
     await record.heartbeat(0)
     await record.heartbeat(2)
     await record.queue.reclaim_dead()
@@ -230,7 +230,7 @@ async def test_the_core_is_never_evicted_it_starts_over(redis: aioredis.Redis, k
     await record.register(1, 0)
     await _fill(record, 3)
     core_done = await _work(record, 0, 2)
-    await asyncio.sleep(TIMEOUT_S + 0.2)  # the core's loop was starved past the heartbeat timeout
+    await asyncio.sleep(TIMEOUT_S + 0.2)  # scenario: the core's loop starved past the heartbeat timeout
     await record.heartbeat(1)
     assert sorted(await record.queue.reclaim_dead()) == sorted(core_done)
     await _work(record, 1, 5)  # the satellite redoes everything meanwhile
@@ -250,7 +250,7 @@ async def test_the_core_finishing_an_item_twice_is_told_not_evicted(
     await record.register(0, 0)
     await _fill(record, 2)
     core_done = await _work(record, 0, 1)
-    await asyncio.sleep(TIMEOUT_S + 0.2)
+    await asyncio.sleep(TIMEOUT_S + 0.2)  # scenario: the heartbeat timeout lapses
     assert await record.queue.reclaim_dead() == core_done
     again = await record.queue.claim(consumer_name(0))
     assert again is not None and again.item_id == core_done[0]

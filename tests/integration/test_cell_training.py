@@ -29,6 +29,7 @@ from gyre.v1 import events_pb2 as ev
 from services.cell_agent.step_record import StepRecord
 from services.cell_agent.trainer_state import TrainerState
 from tests.support.cells import TRAINING, CellStack, enqueue
+from tests.support.eventually import eventually
 from tests.support.torch_threads import one_torch_thread  # noqa: F401  (autouse: the references run here)
 
 #: The embedded default pulls snapshots over torch.distributed; clusters select Mooncake, tested here.
@@ -82,11 +83,7 @@ def _max_diff(published: str, expected: dict[str, torch.Tensor]) -> float:
 
 
 async def _until(predicate: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 60) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    await eventually(predicate, timeout_s=timeout_s, interval_s=0.02, what=what)
 
 
 async def _collect(bus: EventBus, name: str, kinds: list[type[Message]]) -> list[Message]:
@@ -184,14 +181,18 @@ async def test_satellite_killed_mid_batch_is_reclaimed_and_the_step_matches(
         for cell in (0, 1, 2):
             await _until(lambda c=cell: _registered(redis, record, c), f"cell {cell} to register")
         fed = 0
-        while not await _done_at_least(
-            record, 1, cells=(2,)
-        ):  # feed one at a time until cell 2 has work done
+
+        async def fed_until_cell_2_worked() -> bool:  # one micro-step at a time, while the queue is empty
+            nonlocal fed
+            if await _done_at_least(record, 1, cells=(2,)):
+                return True
             if await record.queue.pending() == 0:
                 assert fed < len(steps) - 1, "cell 2 never got a micro-step"
                 await enqueue(record.queue, steps[fed : fed + 1], close=False)
                 fed += 1
-            await asyncio.sleep(0.01)
+            return False
+
+        await eventually(fed_until_cell_2_worked, what="cell 2 to finish a micro-step")
         lost = await redis.lrange(record.processing_key(2), 0, -1)
         cells.kill(2)
         await enqueue(record.queue, steps[fed:], close=True)

@@ -3,7 +3,6 @@ redis-server, started as `gyre up` starts them), and each user reaches only what
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from gyre.stack.credentials import RunCredentials, generate
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.store import Keys, connect_redis
 from gyre.v1 import events_pb2 as ev
+from tests.support.eventually import eventually
 
 RUN = "credtest"
 
@@ -86,11 +86,19 @@ async def test_a_nats_user_cannot_publish_another_services_events(
         await nc.publish(f"gyre.{RUN}.train.step_completed", b"{}")
         await nc.subscribe(f"gyre.{RUN}.>")
         await nc.flush()
-        await asyncio.sleep(0.3)
+
+        def refused_both() -> bool:
+            text = " ".join(str(e) for e in errors).lower()
+            return (
+                "permissions violation for publish" in text
+                and "permissions violation for subscription" in text
+            )
+
+        await eventually(
+            refused_both, timeout_s=10, what="the server to refuse the publish and the subscription"
+        )
     finally:
         await nc.close()
-    text = " ".join(str(e) for e in errors).lower()
-    assert "permissions violation for publish" in text and "permissions violation for subscription" in text
 
 
 async def test_redis_refuses_a_client_without_or_with_wrong_credentials(

@@ -71,7 +71,7 @@ async def test_claim_takes_oldest_policy_version_first_then_oldest_ready_and_nev
     outcomes = GroupOutcomes(redis, keys)
     for group, version in [("late-v1", 1), ("v2", 2), ("v0", 0), ("v10", 10)]:
         await outcomes.resolve(group, 1, version, member(0))
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # scenario: each group gets a later ready time
     await outcomes.resolve("early-v1", 1, 1, member(0))  # readied after late-v1: same version, later
     assert [g.group_id for g in await outcomes.list_ready()] == ["v0", "late-v1", "early-v1", "v2", "v10"]
     claims = await asyncio.gather(*(outcomes.claim_ready(2, f"b{i}") for i in range(4)))

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ import pytest
 from gyre.config import ConfigError, load_config
 from gyre.service import GyreService
 from services.scheduler.service import SchedulerService
+from tests.support.eventually import eventually_sync
 from tests.support.models import small_dir
 
 GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
@@ -116,7 +116,11 @@ def test_every_service_serves_its_named_series_and_logs_json_only(tmp_path: Path
         with socket.create_connection(("127.0.0.1", resolved.proxy.http_port), timeout=5) as s:
             s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
             s.recv(1024)
-        time.sleep(0.5)
+        eventually_sync(
+            lambda: "uvicorn.error" in (run_dir / "logs" / "proxy.log").read_text(),
+            timeout_s=10,
+            what="the proxy to log the malformed request",
+        )
     finally:
         down = _gyre("down", config=config)
     assert down.returncode == 0, down.stderr

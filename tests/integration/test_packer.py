@@ -9,8 +9,6 @@ rows that hold the same targets as path rows in fewer tokens.
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
@@ -30,6 +28,7 @@ from gyre.trajectory.messages import Api, ModelRequest
 from gyre.v1 import events_pb2 as ev
 from services.packer.batch import BatchProgress, fill_batch
 from services.packer.sources import GroupSource, TreeSource
+from tests.support.eventually import eventually
 
 N = 2
 
@@ -101,7 +100,7 @@ async def test_batch_stream_packs_b_groups_oldest_first(
     assert packed == ["g-old", "g-mid"]
     staleness = {e.group_id: e.staleness for e in seen if isinstance(e, ev.GroupPacked)}
     assert staleness == {"g-old": 2, "g-mid": 1}
-    await asyncio.sleep(0.5)
+    await eventually(lambda: any(isinstance(e, ev.StreamClosed) for e in seen), what="StreamClosed")
     await consumer.stop()
     order = [type(e).__name__ for e in seen]
     assert order[0] == "GroupPacked" and order[-1] == "StreamClosed" and order.count("StreamClosed") == 1
@@ -219,7 +218,7 @@ async def test_row_layout_tree_enqueues_tree_rows_with_the_same_targets(
         assert paths.num_rows == 2 * N and paths.num_tokens > step.num_tokens
     else:
         assert step.tree is None and step.num_rows == 2 * N
-    await asyncio.sleep(0.3)
+    await eventually(lambda: any(isinstance(e, ev.GroupPacked) for e in seen), what="GroupPacked")
     await consumer.stop()
     (packed,) = [e for e in seen if isinstance(e, ev.GroupPacked)]
     assert packed.num_trajectories == 2 * N and packed.num_targets == 18

@@ -19,6 +19,7 @@ import pytest
 from gyre.stack.servers import ServerProcess
 from gyre.trajectory import NodeKind, to_anthropic_content
 from gyre.v1 import proxy_pb2
+from tests.support.eventually import eventually
 from tests.support.proxy_stack import ProxyStack, model_engine, proxy_stack
 
 pytestmark = pytest.mark.slow
@@ -70,8 +71,10 @@ async def test_drain_mid_stream_moves_every_call_without_a_visible_seam(
 
         plains = [asyncio.create_task(plain(k)) for k in plain_keys]
         await asyncio.wait_for(asyncio.gather(*(c.started.wait() for c in clients)), 120)
-        while sum(1 for c in clients if c.text_deltas) < 4 and not all(t.done() for t in streams):
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: sum(1 for c in clients if c.text_deltas) >= 4 or all(t.done() for t in streams),
+            what="four streams to be answering",
+        )
         for c in clients:
             c.text_before_drain = "".join(c.text_deltas)
         drained = await stack.stub.Drain(

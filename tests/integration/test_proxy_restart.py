@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from gyre.store.trees import TreeStore
 from gyre.trajectory.node import NodeKind
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 from services.cell_agent.engine import EngineServer
+from tests.support.eventually import eventually, eventually_sync
 from tests.support.proxy_stack import ProxyStack, proxy_stack, scripted_engine, scripted_model_dir
 
 pytestmark = pytest.mark.slow
@@ -133,7 +133,12 @@ async def test_a_streaming_call_cut_by_a_proxy_kill_is_retried_on_the_restarted_
                 client.messages.create(model="m", max_tokens=64, messages=MESSAGES)  # type: ignore[arg-type]
             # ... and once it is back on its port (keys, trees and routes from Redis) the retry succeeds.
             proxy = _start_proxy(config_file, tmp_path / "proxy-2.log", config.proxy.port)
-            await asyncio.sleep(4.0)  # the killed call's generation ends on the engine (nobody aborted it)
+
+            def engine_idle() -> bool:  # the killed call's generation ends on the engine (nobody aborted it)
+                stats = engine.core.stats()
+                return stats["num_running_reqs"] + stats["num_waiting_reqs"] == 0
+
+            await eventually(engine_idle, timeout_s=60, what="the cut call's generation to end")
             retried = await asyncio.to_thread(
                 lambda: client.messages.create(model="m", max_tokens=64, messages=MESSAGES)  # type: ignore[arg-type]
             )
@@ -159,10 +164,12 @@ def _start_proxy(config_file: Path, log: Path, grpc_port: int) -> subprocess.Pop
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": os.getcwd()},
         )
-    deadline = time.monotonic() + 60
-    while grpc_health(grpc_port) != "SERVING":
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.1)
+
+    def serving() -> bool:
+        assert proc.poll() is None, log.read_text()[-2000:]
+        return grpc_health(grpc_port) == "SERVING"
+
+    eventually_sync(serving, timeout_s=60, interval_s=0.1, what=f"the proxy to serve ({log})")
     return proc
 
 

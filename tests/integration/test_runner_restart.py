@@ -4,7 +4,6 @@ their deadline; sandboxes that died meanwhile are reported with what is known of
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -21,6 +20,7 @@ from gyre.store import Counters, Keys
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.runner.ownership import Ownership
+from tests.support.eventually import eventually
 from tests.support.proxy_stub import ProxyStub
 from tests.support.runner_env import EventLog, RunnerProcess, dispatch_group, run_config, write_task
 from tests.support.scripted_anthropic import ScriptedAnthropic, text
@@ -95,8 +95,9 @@ async def test_sigkilled_runner_reconciles_every_execution_on_restart(
     assert dead is not None
     os.killpg(dead.pid, signal.SIGKILL)
     (Path(owned["finishes"].workspace) / "go").touch()
-    while procs.alive(owned["finishes"].sandbox.pid, owned["finishes"].sandbox.started):  # type: ignore[union-attr]
-        await asyncio.sleep(0.05)
+    sandbox = owned["finishes"].sandbox
+    assert sandbox is not None
+    await eventually(lambda: not procs.alive(sandbox.pid, sandbox.started), what="the sandbox to finish")
 
     runner.start()
     terms = {e.execution.group_id: e for e in await events.wait_for(ev.ExecutionTerminated, 3, timeout_s=60)}
@@ -106,10 +107,11 @@ async def test_sigkilled_runner_reconciles_every_execution_on_restart(
     assert "runner lost the process" in terms["dies"].detail and terms["dies"].workspace.content_hash
     assert terms["survives"].reason == cm.TERMINATION_REASON_HARNESS_TIMEOUT  # adopted, held to its deadline
     assert (Path(terms["survives"].workspace.path) / "s.txt").read_text() == "started\n"
-    for _ in range(100):  # the record is dropped right after the termination is published
-        if not await ownership.owned():
-            break
-        await asyncio.sleep(0.05)
+
+    async def dropped() -> bool:  # the record is dropped right after the termination is published
+        return not await ownership.owned()
+
+    await eventually(dropped, timeout_s=5, what="the ownership record to be dropped")
     assert await ownership.owned() == []
     assert [p for uid in range(UID_BASE, UID_BASE + 4) for p in procs.pids_of_uid(uid)] == []
     for record in owned.values():

@@ -83,7 +83,7 @@ _DYING_CLAIMER = textwrap.dedent(
         queue = WorkQueue(redis, Keys(sys.argv[2]), "work", heartbeat_timeout_s=1.0)
         claim = await queue.claim("doomed", timeout_s=10)
         print("claimed", claim.item_id, flush=True)
-        await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # scenario: it holds its claim until it is killed
 
     asyncio.run(main())
     """

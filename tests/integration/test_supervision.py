@@ -6,6 +6,7 @@ process within the stated bound (20 s)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from gyre.demo.events import read_events
 from gyre.procs import alive
 from gyre.stack.health import grpc_health
 from gyre.stack.state import ProcessEntry, StackState
+from tests.support.eventually import eventually_sync
 from tests.support.models import small_dir
 
 pytestmark = pytest.mark.slow
@@ -66,10 +68,7 @@ def _rows(config: Path) -> dict[str, dict[str, Any]]:
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
+    eventually_sync(check, timeout_s=timeout_s, interval_s=0.3, what=what)
 
 
 def _recorded(config: Path) -> dict[str, ProcessEntry]:
@@ -89,12 +88,14 @@ def _restarted(config: Path, name: str, old_pid: int) -> Callable[[], bool]:
 
 
 def _all_gone(pids: set[int], timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = [p for p in pids if alive(p)]  # not pid_exists + Process: the pid may exit in between
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
+    """The pids of `pids` still alive after `timeout_s` (none, once they have all exited)."""
+
+    def left() -> list[int]:  # not pid_exists + Process: the pid may exit in between
+        return [p for p in pids if alive(p)]
+
+    with contextlib.suppress(AssertionError):
+        eventually_sync(lambda: not left(), timeout_s=timeout_s, interval_s=0.2, what="the processes to exit")
+    return left()
 
 
 def test_killed_service_nats_and_redis_are_restarted_with_their_data(tmp_path: Path) -> None:

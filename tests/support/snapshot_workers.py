@@ -18,6 +18,7 @@ from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys, connect_redis
 from services.cell_agent.errors import SnapshotError
 from services.cell_agent.training import TrainingSide
+from tests.support.eventually import eventually
 from tests.support.models import byte_dir
 
 MODEL = ModelSection(
@@ -80,10 +81,8 @@ def satellite_worker(
         side = await _side(1, redis_url, run_id, Path(root))
         got, stale, deadline = 0, 0, time.monotonic() + 60
         while got < count and time.monotonic() < deadline:
-            read = await side.state.read_snapshot()
-            if read is None:  # the core announces its first snapshot right after the world forms
-                await asyncio.sleep(0.01)
-                continue
+            # the core announces its first snapshot right after the world forms
+            read = await eventually(side.state.read_snapshot, timeout_s=60, what="the core's first snapshot")
             try:
                 ok = await side.pull_snapshot(read.record.version)
             except SnapshotError as e:

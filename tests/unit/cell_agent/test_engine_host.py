@@ -17,6 +17,7 @@ from gyre.engine import EngineClient, GenerateResult
 from gyre.trainer.checkpoint import write_published
 from services.cell_agent.engine import EngineServer
 from services.cell_agent.engine_host import EmbeddedEngineHost, EngineHost, HttpEngineHost
+from tests.support.eventually import eventually
 from tests.unit.cell_agent.helpers import SMALL, trainer
 
 SECTION = EngineSection(kv_cache_tokens=4096, max_batch_size=8)
@@ -43,12 +44,11 @@ async def _host(kind: str) -> AsyncIterator[EngineHost]:
 
 
 async def _running(client: EngineClient, n: int) -> None:
-    for _ in range(500):
+    async def enough() -> bool:
         states = (await client.get_server_info())["internal_states"][0]
-        if states["num_running_reqs"] + states["num_waiting_reqs"] >= n:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{n} requests never got in flight")
+        return bool(states["num_running_reqs"] + states["num_waiting_reqs"] >= n)
+
+    await eventually(enough, what=f"{n} requests in flight")
 
 
 @pytest.mark.parametrize("kind", ["embedded", "http"])

@@ -23,6 +23,7 @@ from gyre.trainer.backends.torch_backend import TorchTrainer
 from services.cell_agent.agent import CellAgent, PublishTarget
 from services.cell_agent.engine import EngineServer
 from tests.support.cells import SMALL_MODEL, cell_config
+from tests.support.eventually import eventually
 from tests.unit.cell_agent.helpers import batch
 from tests.unit.engine.helpers import max_logprob_error, prompt
 
@@ -69,8 +70,11 @@ async def test_core_publishes_to_another_cells_engine(
             running = asyncio.ensure_future(
                 client.generate(prompt(20, seed=4), {"max_new_tokens": 400, "ignore_eos": True})
             )
-            while (await client.get_server_info())["internal_states"][0]["num_running_reqs"] == 0:
-                await asyncio.sleep(0.01)
+
+            async def generating() -> bool:
+                return bool((await client.get_server_info())["internal_states"][0]["num_running_reqs"])
+
+            await eventually(generating, what="the generation to run")
             result = await agent.publish_weights([PublishTarget("cell-1", rollout.url, 1)])
             assert result.engine_ids == ("cell-1",) and result.policy_version == 1
             survived = await running

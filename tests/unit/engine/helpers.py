@@ -61,5 +61,15 @@ async def engine_stats(client: EngineClient) -> dict[str, Any]:
     return dict((await client.get_server_info())["internal_states"][0])
 
 
+async def steps_at_least(client: EngineClient, n: int) -> bool:
+    """The engine has taken `n` scheduling steps (for `eventually`)."""
+    return bool((await engine_stats(client))["num_steps"] >= n)
+
+
+async def running_at_least(client: EngineClient, n: int) -> bool:
+    """`n` requests are running (for `eventually`)."""
+    return bool((await engine_stats(client))["num_running_reqs"] >= n)
+
+
 def prompt(length: int, seed: int) -> list[int]:
     return torch.randint(0, 256, (length,), generator=torch.Generator().manual_seed(seed)).tolist()

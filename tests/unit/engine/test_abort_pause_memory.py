@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gyre.engine import EngineClient, EngineRequestError
+from tests.support.eventually import eventually
 from tests.unit.engine.helpers import (
     engine_section,
     engine_stats,
@@ -22,8 +23,7 @@ LONG = {"max_new_tokens": 900, "ignore_eos": True}
 
 
 async def until(check: Callable[[], Awaitable[bool]]) -> None:
-    while not await check():
-        await asyncio.sleep(0.01)
+    await eventually(check, what="the engine's state")
 
 
 async def running(client: EngineClient, n: int = 1, min_steps: int = 2) -> None:
@@ -88,7 +88,7 @@ async def test_pause_in_place_keeps_kv_and_continues_exactly() -> None:
         await running(client)
         await client.pause_generation("in_place")
         frozen = await engine_stats(client)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # scenario: a paused engine takes no step meanwhile
         again = await engine_stats(client)
         assert frozen["num_steps"] == again["num_steps"] and again["num_running_reqs"] == 1
         assert again["kv_blocks_in_use"] > 0

@@ -20,7 +20,14 @@ from gyre.engine import EngineClient, EngineNotFound, EngineRequestError
 from gyre.engine.migration import migrate_request_kv
 from services.cell_agent.engine import EngineServer
 from services.cell_agent.engine.sources import OUTPUT_SOURCES, check_output_source
-from tests.unit.engine.helpers import engine_section, engine_stats, prompt, serve
+from tests.support.eventually import eventually
+from tests.unit.engine.helpers import (
+    engine_section,
+    prompt,
+    running_at_least,
+    serve,
+    steps_at_least,
+)
 
 
 @dataclass
@@ -84,8 +91,7 @@ async def test_abort_ends_the_call_with_abort(engine: Engine) -> None:
     task = asyncio.create_task(
         engine.client.generate(prompt(4, 2), {"max_new_tokens": 900, "ignore_eos": True}, rid="a")
     )
-    while (await engine_stats(engine.client))["num_running_reqs"] == 0:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: running_at_least(engine.client, 1), what="the request to run")
     await engine.client.abort("a")
     result = await task
     assert result.finish_reason is not None and result.finish_reason.aborted
@@ -97,7 +103,7 @@ async def test_pause_continue_flush_and_memory(engine: Engine) -> None:
     await client.pause_generation("in_place")
     await engine.expect(3)
     task = asyncio.create_task(client.generate(prompt(4, 3), {"max_new_tokens": 3, "ignore_eos": True}))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # scenario: a paused engine answers nothing meanwhile
     assert not task.done()
     await client.continue_generation()
     assert (await task).completion_tokens == 3
@@ -134,8 +140,7 @@ async def test_errors_map_to_client_exceptions(engine: Engine) -> None:
         await client.pin_kv("no-such-request")
     await engine.expect(900, token_interval_s=0.005)
     task = asyncio.create_task(client.generate([1], {"max_new_tokens": 900, "ignore_eos": True}, rid="dup"))
-    while (await engine_stats(client))["num_running_reqs"] == 0:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: running_at_least(client, 1), what="the request to run")
     with pytest.raises(EngineRequestError, match="Duplicate"):
         await client.generate([1], {"max_new_tokens": 1}, rid="dup")
     await client.abort("dup")
@@ -149,8 +154,7 @@ async def test_kv_migration_between_two_engines(engine: Engine) -> None:
         task = asyncio.create_task(
             engine.client.generate(ids, {"max_new_tokens": 900, "ignore_eos": True}, rid="mv")
         )
-        while (await engine_stats(engine.client))["num_steps"] < 3:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: steps_at_least(engine.client, 3), what="three engine steps")
         moved = await migrate_request_kv(engine.client, destination, "mv")
         first = await task
         assert first.finish_reason is not None and first.finish_reason.aborted

@@ -90,7 +90,7 @@ async def test_failed_connects_are_retried_until_the_server_listens() -> None:
     client = EngineClient(f"http://127.0.0.1:{server.port}", max_connect_retries=6, retry_backoff_s=0.05)
     try:
         request = asyncio.create_task(client.generate([1]))
-        await asyncio.sleep(0.3)  # refused at first: nothing listens yet
+        await asyncio.sleep(0.3)  # scenario: refused at first, nothing listens yet
         assert not request.done()
         await server.start()
         result = await request
@@ -113,7 +113,7 @@ async def test_connects_give_up_after_the_retry_budget() -> None:
 
 async def test_a_read_timeout_is_not_retried(serve: Any) -> None:
     async def slow(request: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # scenario: a server slower than the read timeout
         return web.json_response(OK_BODY)
 
     server = await serve(slow)
@@ -127,7 +127,7 @@ async def test_a_connection_lost_after_the_request_was_sent_is_not_retried(serve
     async def hang_up(request: web.Request) -> web.StreamResponse:
         assert request.transport is not None
         request.transport.abort()
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # scenario: it hung up and answers nothing
         return web.Response()
 
     server = await serve(hang_up)

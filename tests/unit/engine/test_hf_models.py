@@ -18,8 +18,9 @@ from gyre.engine.migration import migrate_request_kv
 from gyre.model.architectures import ARCHITECTURES
 from gyre.model.logprobs import token_logprobs
 from services.cell_agent.engine import EngineServer
+from tests.support.eventually import eventually
 from tests.support.models import hf_dir
-from tests.unit.engine.helpers import engine_section, engine_stats
+from tests.unit.engine.helpers import engine_section, engine_stats, steps_at_least
 
 TOL = 1e-4
 ARCHES = tuple(sorted(ARCHITECTURES))
@@ -57,7 +58,7 @@ async def test_concurrent_requests_sharing_a_prefix_match_transformers(arch: str
         await client.generate(prefix, {"max_new_tokens": 1})  # the shared prefix enters the cache
 
         async def one(i: int) -> Any:
-            await asyncio.sleep(0.005 * i)  # staggered: later requests join a running batch
+            await asyncio.sleep(0.005 * i)  # scenario: staggered, later requests join a running batch
             return await client.generate(prompts[i], params[i])
 
         results = await asyncio.gather(*(one(i) for i in range(8)))
@@ -82,8 +83,7 @@ async def test_a_request_continued_after_kv_import_matches_transformers(arch: st
         EngineClient(b.url) as destination,
     ):
         task = asyncio.create_task(source.generate(ids, {"max_new_tokens": 400, "ignore_eos": True}, rid="m"))
-        while (await engine_stats(source))["num_steps"] < 8:
-            await asyncio.sleep(0.005)
+        await eventually(lambda: steps_at_least(source, 8), what="eight engine steps")
         moved = await migrate_request_kv(source, destination, "m")
         first = await task
         continued = [*ids, *first.output_ids]

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from gyre.engine.http1 import Http1BrokenError, Http1ConnectError, Http1Pool
+from tests.support.eventually import eventually
 
 Answer = Callable[[bytes], bytes | None]
 """Request head + body → raw answer bytes; None: hang up without answering."""
@@ -142,7 +143,7 @@ async def test_an_idle_connection_is_not_reused_past_idle_s(pools: Callable[...,
     async with RawServer(lambda request: _ok(b"x")) as server:
         pool = pools(server.port, idle_s=0.2)
         await pool.request("GET", "/", None, None, timeout_s=5)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # scenario: the connection stays idle past idle_s
         await pool.request("GET", "/", None, None, timeout_s=5)
         assert server.connections == 2
 
@@ -176,7 +177,7 @@ async def test_a_timed_out_or_cancelled_request_closes_its_connection(
         task: asyncio.Task[tuple[int, str, bytes]] = asyncio.create_task(
             pool.request("GET", "/", None, None, timeout_s=5)
         )
-        await asyncio.sleep(0.1)
+        await eventually(lambda: server.connections == 2, what="the second request's connection")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -9,6 +9,7 @@ import pytest
 
 from gyre.engine import EngineConflict, EngineNotFound
 from gyre.engine.migration import migrate_request_kv
+from tests.support.eventually import eventually
 from tests.unit.engine.helpers import (
     engine_section,
     engine_stats,
@@ -20,8 +21,10 @@ from tests.unit.engine.helpers import (
 
 
 async def _wait_steps(client: object, n: int) -> None:
-    while (await engine_stats(client))["num_steps"] < n:  # type: ignore[arg-type]
-        await asyncio.sleep(0.01)
+    async def stepped() -> bool:
+        return bool((await engine_stats(client))["num_steps"] >= n)  # type: ignore[arg-type]
+
+    await eventually(stepped, what=f"{n} engine steps")
 
 
 async def test_imported_kv_continues_exactly_without_recompute() -> None:

@@ -42,7 +42,7 @@ async def test_logprobs_are_exact_under_continuous_batching() -> None:
     async with serve(section, model=model) as (_, client):
 
         async def one(i: int) -> object:
-            await asyncio.sleep(0.01 * i)  # staggered arrivals join a running batch
+            await asyncio.sleep(0.01 * i)  # scenario: staggered arrivals join a running batch
             ids, params = cases[i]
             return await client.generate(ids, params, rid=f"r{i}")
 

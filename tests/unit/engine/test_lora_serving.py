@@ -22,8 +22,9 @@ from gyre.model.lora import LoraAdapter, write_adapter_dir
 from gyre.model.lora_spec import LoraSpec, adapter_config
 from gyre.model.weights import load_model
 from services.cell_agent.engine import EngineServer
+from tests.support.eventually import eventually
 from tests.support.models import hf_dir
-from tests.unit.engine.helpers import engine_section, engine_stats
+from tests.unit.engine.helpers import engine_section, engine_stats, steps_at_least
 
 TOL = 1e-4
 LORA = {"enable_lora": True, "max_lora_rank": 8, "max_loaded_loras": 3}
@@ -82,7 +83,7 @@ async def test_requests_on_two_adapters_and_the_base_equal_peft(adapters: tuple[
         await client.load_lora_adapter("b", str(b))
 
         async def one(i: int) -> Any:
-            await asyncio.sleep(0.005 * i)
+            await asyncio.sleep(0.005 * i)  # scenario: staggered, later requests join a running batch
             params = {"max_new_tokens": 10, "ignore_eos": True, "temperature": temps[i]}
             return await client.generate(prompts[i], params, lora_path=names[i])
 
@@ -120,8 +121,11 @@ async def test_an_unload_lets_running_requests_finish(adapters: tuple[Path, Path
         running = asyncio.create_task(
             client.generate(_ids(20, 4, 100), {"max_new_tokens": 120, "ignore_eos": True}, lora_path="a")
         )
-        while (await engine_stats(client)).get("lora_requests_in_flight", 0) == 0:
-            await asyncio.sleep(0.005)
+
+        async def in_flight() -> bool:
+            return bool((await engine_stats(client)).get("lora_requests_in_flight", 0))
+
+        await eventually(in_flight, what="an adapter's request in flight")
         left = await client.unload_lora_adapter("a")
         result = await running
         assert left == {} and result.finish_reason.type == "length" and len(result.output_ids) == 120
@@ -150,8 +154,7 @@ async def test_kv_moves_only_to_an_engine_serving_the_same_adapter(adapters: tup
             task = asyncio.create_task(
                 source.generate(ids, {"max_new_tokens": 300, "ignore_eos": True}, rid=rid, lora_path="a")
             )
-            while (await engine_stats(source))["num_steps"] < steps + 8:
-                await asyncio.sleep(0.005)
+            await eventually(lambda s=steps: steps_at_least(source, s + 8), what="eight more engine steps")
             moved.append(await migrate_request_kv(source, destination, rid))
             firsts.append(await task)
         continued = [*ids, *firsts[0].output_ids]

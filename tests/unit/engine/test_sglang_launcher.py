@@ -5,7 +5,6 @@ SGLang cannot run here, so supervision is exercised with a stand-in `sglang.laun
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ import pytest
 from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
 from gyre.engine.sglang_launcher import SGLangLauncher, build_sglang_command
+from tests.support.eventually import eventually
 
 STAND_IN = """
 import argparse, http.server, os, sys
@@ -113,8 +113,11 @@ async def test_launcher_waits_for_health_restarts_a_dead_server_and_stops(stand_
         first_pid = launcher.pid
         assert first_pid is not None
         os.killpg(first_pid, signal.SIGKILL)
-        while launcher.pid == first_pid or not await client.health():
-            await asyncio.sleep(0.05)
+
+        async def restarted() -> bool:
+            return launcher.pid != first_pid and await client.health()
+
+        await eventually(restarted, timeout_s=60, interval_s=0.05, what="the SGLang server to restart")
         assert launcher.num_restarts == 1
     assert launcher.pid is not None
     with pytest.raises(ProcessLookupError):

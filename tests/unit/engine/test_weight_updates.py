@@ -11,6 +11,7 @@ import torch
 from gyre.engine import EngineRequestError
 from gyre.model.init import init_model_dir
 from gyre.model.weights import write_model_dir
+from tests.support.eventually import eventually
 from tests.support.models import SMALL, small_dir
 from tests.unit.engine.helpers import (
     engine_section,
@@ -19,6 +20,7 @@ from tests.unit.engine.helpers import (
     prompt,
     serve,
     small_model,
+    steps_at_least,
 )
 
 
@@ -64,8 +66,7 @@ async def test_a_request_spanning_an_update_caches_and_pins_nothing() -> None:
         task = asyncio.create_task(
             client.generate(ids, {"max_new_tokens": 300, "ignore_eos": True}, rid="long")
         )
-        while (await engine_stats(client))["num_steps"] < 3:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: steps_at_least(client, 3), what="three engine steps")
         await client.pause_generation("in_place")
         await server.update_weights(dict(new.named_parameters()), weight_version="1", flush_cache=False)
         pin = await client.pin_kv("long")

@@ -5,7 +5,6 @@ same way; what the server cannot take starts the plain way."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -19,6 +18,7 @@ import pytest
 from gyre import procs
 from gyre.sandbox import NetworkPolicy, SandboxLimits, SandboxSpec
 from gyre.sandbox.forkclient import ForkedProcess, ForkServer
+from tests.support.eventually import eventually
 from tests.support.sandboxes import launcher_for_test
 
 SUPPORTED = ["process", "isolated"] if os.geteuid() == 0 else ["process"]
@@ -38,7 +38,7 @@ def main():
     if sys.argv[1:2] == ["hang"]:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         open("ready", "w").close()
-        time.sleep(600)
+        time.sleep(600)  # scenario: it hangs until killed
     limits = ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE")
     print(json.dumps({
         "uid": [os.getuid(), os.geteuid(), os.getgid()], "groups": os.getgroups(), "env": dict(os.environ),
@@ -133,8 +133,7 @@ async def test_a_forked_sandbox_is_stopped_and_swept_like_any_other(
     box = spec(tmp_path, probe, "hang", "hang")
     handle = await launcher.launch(box)
     assert isinstance(handle._process, ForkedProcess)
-    while not (box.cwd / "ready").exists():
-        await asyncio.sleep(0.02)
+    await eventually((box.cwd / "ready").exists, what="the forked command to start")
     assert handle.running()
     outcome = await handle.stop(grace_s=0.3)  # SIGTERM is ignored: SIGKILL after the grace
     await handle.release()
@@ -150,8 +149,7 @@ async def test_a_sandbox_outlives_its_fork_server_and_is_then_polled(probe: Path
     launcher.fork_server = server
     box = spec(tmp_path, probe, "orphan", "hang")
     handle = await launcher.launch(box)
-    while not (box.cwd / "ready").exists():
-        await asyncio.sleep(0.02)
+    await eventually((box.cwd / "ready").exists, what="the forked command to start")
     await server.stop()
     assert not server.alive and handle.running()
     outcome = await handle.stop(grace_s=0.3)

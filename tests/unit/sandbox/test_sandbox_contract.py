@@ -5,7 +5,6 @@ results copied out; the environment operations (exec, copies, find, reap) are it
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import sys
 import uuid
@@ -28,6 +27,7 @@ from gyre.sandbox import (
     uid_range,
 )
 from gyre.sandbox.launchers.base import LABEL_EXECUTION
+from tests.support.eventually import eventually
 from tests.support.sandboxes import launcher_for_test
 
 UID_BASE = 150000
@@ -114,8 +114,7 @@ async def test_runs_in_the_workspace_with_exactly_the_given_environment(
 
 async def test_stop_kills_a_command_that_ignores_sigterm(launcher: SandboxLauncher, tmp_path: Path) -> None:
     handle = await launcher.launch(spec(launcher, tmp_path, "trap '' TERM; echo ready; sleep 600"))
-    while "ready" not in handle.stdout():
-        await asyncio.sleep(0.02)
+    await eventually(lambda: "ready" in handle.stdout(), what="the command to trap SIGTERM")
     outcome = await handle.stop(grace_s=0.3)
     await handle.release()
     assert (outcome.started, outcome.signal) == (True, signal.SIGKILL)

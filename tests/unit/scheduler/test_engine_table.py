@@ -24,13 +24,13 @@ class FakeProxy:
 
     async def Drain(self, request: proxy_pb2.DrainRequest, timeout: float) -> proxy_pb2.DrainResponse:
         self.draining += 1
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # scenario: a drain takes a while
         self.draining -= 1
         return proxy_pb2.DrainResponse()
 
     async def UpdateRoutes(self, request: proxy_pb2.UpdateRoutesRequest, timeout: float) -> Any:
         self.updates_during_drain += self.draining > 0
-        await asyncio.sleep(0.01)  # replies come back in any order
+        await asyncio.sleep(0.01)  # scenario: replies come back in any order
         if request.engines:
             self.tables.append([e.engine_id for e in request.engines])
         return proxy_pb2.UpdateRoutesResponse()
@@ -38,7 +38,7 @@ class FakeProxy:
 
 class FakeCell:
     async def SwitchRole(self, request: Any, timeout: float) -> cell_agent_pb2.SwitchRoleResponse:
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # scenario: a switch takes a while
         return cell_agent_pb2.SwitchRoleResponse()
 
 

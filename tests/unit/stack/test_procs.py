@@ -9,33 +9,30 @@ import time
 import psutil
 
 from gyre.procs import ProcessId, alive, describe_exit, stop_processes
+from tests.support.eventually import eventually_sync
 
 # A parent that spawns a sleeping child tied to it by PR_SET_PDEATHSIG, prints the child's pid, then waits.
 PARENT = """
 import subprocess, sys, time
 from gyre.procs import die_with_parent
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=die_with_parent())
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=die_with_parent())  # scenario: idles
 print(child.pid, flush=True)
-time.sleep(60)
+time.sleep(60)  # scenario: it idles until killed
 """
 
 # Ignores SIGTERM and has a grandchild that does too.
 STUBBORN = """
 import signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])  # scenario: idles
 print(child.pid, flush=True)
-time.sleep(60)
+time.sleep(60)  # scenario: it idles until killed
 """
 
 
 def _gone_within(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
+    eventually_sync(lambda: not alive(pid), timeout_s=timeout_s, interval_s=0.05, what=f"pid {pid} to exit")
+    return True
 
 
 def test_a_child_gets_sigterm_when_its_parent_is_killed() -> None:
