@@ -12,7 +12,9 @@ a backend; tests/unit/cell_agent/test_trainer_contract.py runs the contract for 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gyre.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from gyre.trainer.backends.base import TrainerBackend, TrainerSpec
@@ -52,22 +54,16 @@ def create_trainer(name: str, spec: TrainerSpec) -> TrainerBackend:
     return trainer_class(name).create(spec)
 
 
-_EXPORTS = {
-    "TorchTrainer": ("gyre.trainer.backends.torch_backend", "TorchTrainer"),
-    "TrainerBackend": ("gyre.trainer.backends.base", "TrainerBackend"),
-    "TrainerSpec": ("gyre.trainer.backends.base", "TrainerSpec"),
-    "check_trainer": ("gyre.trainer.layout", "check_trainer"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The package's classes, imported on first use (importing the registry stays free of torch)."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _EXPORTS[name]
-    import importlib
-
-    return getattr(importlib.import_module(module), attribute)
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "TorchTrainer": "gyre.trainer.backends.torch_backend",
+        "TrainerBackend": "gyre.trainer.backends.base",
+        "TrainerSpec": "gyre.trainer.backends.base",
+        "check_trainer": "gyre.trainer.layout",
+    },
+)
+"""The package's classes, imported on first use (importing the registry stays free of torch)."""
 
 
 __all__ = [

@@ -11,7 +11,9 @@ tests/unit/cell_agent/test_weight_transports.py runs every name here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gyre.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from gyre.weights.transports.base import TransportOptions, WeightTransport
@@ -61,20 +63,14 @@ def create_transport(name: str, options: TransportOptions) -> WeightTransport:
     return transport_class(name).create(options)
 
 
-_EXPORTS = {
-    "MooncakeTransport": ("gyre.weights.transports.mooncake", "MooncakeTransport"),
-    "TorchBroadcastTransport": ("gyre.weights.transports.torch_dist", "TorchBroadcastTransport"),
-    "TransportError": ("gyre.weights.transports.base", "TransportError"),
-    "TransportOptions": ("gyre.weights.transports.base", "TransportOptions"),
-    "WeightTransport": ("gyre.weights.transports.base", "WeightTransport"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The package's classes, imported on first use (importing the registry stays free of torch)."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _EXPORTS[name]
-    import importlib
-
-    return getattr(importlib.import_module(module), attribute)
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "MooncakeTransport": "gyre.weights.transports.mooncake",
+        "TorchBroadcastTransport": "gyre.weights.transports.torch_dist",
+        "TransportError": "gyre.weights.transports.base",
+        "TransportOptions": "gyre.weights.transports.base",
+        "WeightTransport": "gyre.weights.transports.base",
+    },
+)
+"""The package's classes, imported on first use (importing the registry stays free of torch)."""
