@@ -6,9 +6,9 @@ bridge's host side), and still the proxy."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +18,7 @@ import pytest
 from gyre.sandbox import NetworkPolicy, SandboxSpec
 from gyre.sandbox.launchers.base import LABEL_EXECUTION
 from tests.support.containers import engine_client
+from tests.support.eventually import eventually_sync
 from tests.support.sandboxes import launcher_for_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
@@ -144,12 +145,13 @@ def _free_port() -> int:
 
 
 def _bind_when_up(host: str, port: int, servers: list[EchoServer], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def bound() -> socket.socket | None:
         try:
-            sock = socket.create_server((host, port))
+            return socket.create_server((host, port))
         except OSError:
-            time.sleep(0.05)
-            continue
-        servers.append(EchoServer(host, "beyond", sock))
-        return
+            return None
+
+    with contextlib.suppress(AssertionError):
+        servers.append(
+            EchoServer(host, "beyond", eventually_sync(bound, timeout_s=timeout_s, interval_s=0.05))
+        )

@@ -5,7 +5,6 @@ run's executions get containers and `gyre down` leaves none of them."""
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from gyre.paths import REPO_ROOT
 from gyre.sandbox.launchers.base import LABEL_RUN
 from tests.integration.test_stack import _gyre
 from tests.support.containers import containers_of, engine_client
+from tests.support.eventually import eventually_sync
 from tests.support.models import small_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
@@ -53,10 +53,12 @@ def test_down_leaves_no_container_of_the_run(tmp_path: Path, run_id: str) -> Non
     up = _gyre("up", "--detach", "--wait", "60", config=config)
     assert up.returncode == 0, up.stderr
     try:
-        deadline = time.monotonic() + 120
-        while not containers_of(client, **{LABEL_RUN: run_id}):
-            assert time.monotonic() < deadline, "no execution of the run got a container"
-            time.sleep(0.5)
+        eventually_sync(
+            lambda: containers_of(client, **{LABEL_RUN: run_id}),
+            timeout_s=120,
+            interval_s=0.5,
+            what="an execution of the run to get a container",
+        )
     finally:
         down = _gyre("down", config=config)
     assert down.returncode == 0, down.stderr
