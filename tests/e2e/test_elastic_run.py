@@ -6,8 +6,8 @@ heavy-tailed tool sleeps), the core joins training while executions are live, an
 a batch the core is already in. Asserted from the run's stored events. The models: the demo's warm
 start (sampled), a tiny random Qwen3-MoE made by `gyre model init` whose engines emit a scripted
 write_file call with the model's own log-probs (`scored_script`), its published weights then loaded by
-`transformers`, and the same on a tiny Qwen3 training a LoRA adapter: satellites pull the adapter,
-the engines serve it by name, and `peft` loads its publication.
+`transformers`, and the same on a tiny Qwen3 training a LoRA adapter: satellites pull the adapter and
+`peft` loads its publication.
 """
 
 from __future__ import annotations
@@ -120,9 +120,10 @@ def test_two_elastic_steps_on_a_tiny_qwen3_moe_and_its_publication_loads_in_tran
 
 
 def test_two_elastic_steps_training_a_lora_adapter_on_a_tiny_qwen3(tmp_path: Path) -> None:
-    """LoRA: satellites pull the adapter alone (its bytes, not the model's), the engines serve base +
-    adapter by name, and the published PEFT directory, loaded by peft on transformers, gives the
-    trainer's logits."""
+    """LoRA: satellites pull the adapter alone (its bytes, not the model's), and the published PEFT
+    directory, loaded by peft on transformers, gives the trainer's logits. (Which engines load version 2
+    depends on where the cells are when the burst ends; engines serving a publication by name:
+    tests/unit/cell_agent/test_publication.py, tests/unit/proxy/test_lora_routing.py.)"""
     model_dir = init_model_dir(tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0)
     lora = {"rank": 8, "alpha": 16.0, "target_modules": ["all-linear"]}
     config = _tiny_config(tmp_path, "e2elora", model_dir, {"lora": lora, "lr": 1e-3})
@@ -154,12 +155,6 @@ def test_two_elastic_steps_training_a_lora_adapter_on_a_tiny_qwen3(tmp_path: Pat
         initial = base(ids, torch.arange(64), [0, 64])
     assert float((ours - theirs).abs().max()) <= 1e-5
     assert float((initial - theirs).abs().max()) > 1e-6, "two steps changed the adapter"
-    served = [
-        e["event"]
-        for e in events
-        if e["type"] == "gyre.v1.WeightsPublished" and int(e["event"].get("policyVersion", 0)) == 2
-    ]
-    assert served and served[0].get("engineIds"), "version 2 reached the rollout engines"
 
 
 def _run_with_status(config: Any, tmp_path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
