@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
-import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.message import Message
 
+from bench._startup import run_bench
 from gyre.bus import EventBus
 from gyre.config import load_config
 from gyre.demo.config import embedded_model_path
 from gyre.engine import EngineClient, EngineError
-from gyre.log import configure_logging
 from gyre.rl.codec import encode_microstep
 from gyre.roles import ROLLOUT, TRAINING
 from gyre.stack.servers import start_nats, start_redis
@@ -140,13 +139,13 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("--release-weights", action="store_true", help="also release the engine's weights")
     args = parser.parse_args(argv)
-    configure_logging("console", "warning")
-    with tempfile.TemporaryDirectory(prefix="gyre-bench-switch-") as tmp:
-        root = Path(tmp)
+
+    async def body(root: Path) -> dict[str, Any]:
         nats, redis = start_nats(root / "nats"), start_redis(root / "redis", appendonly=False)
         try:
-            result = asyncio.run(_run(args, root, nats.url, redis.url))
+            return await _run(args, root, nats.url, redis.url)
         finally:
             nats.stop()
             redis.stop()
-    print(json.dumps(result))
+
+    run_bench("switch", body)
