@@ -89,3 +89,14 @@ async def start_engine_and_proxy(
         Path(run["dir"]) / run["id"] / "services" / "proxy.json", proxy_proc, 60
     )
     return engine_url, endpoint
+
+
+def stop_processes(processes: list[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:
+    """SIGTERM every process `start_engine_and_proxy` started, then SIGKILL what outlives `timeout_s`."""
+    for proc in processes:
+        proc.terminate()
+    for proc in processes:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()

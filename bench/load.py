@@ -67,7 +67,7 @@ import orjson
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench._startup import bench_model, run_bench, start_engine_and_proxy
+from bench._startup import bench_model, run_bench, start_engine_and_proxy, stop_processes
 from bench.proxy import _ms, _percentile, claude_code_body
 from gyre.bus import EventBus
 from gyre.config.infra import DEFAULT_APPENDFSYNC
@@ -521,16 +521,6 @@ def _stack_config(args: argparse.Namespace, workdir: Path, nats_url: str, redis_
     }
 
 
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    for proc in processes:
-        proc.terminate()
-    for proc in processes:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     nats: ServerProcess = start_nats(workdir / "nats")
     off = args.aof == "off"
@@ -595,7 +585,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         await bus.close()
         await redis.aclose()
     finally:
-        _stop(processes)
+        stop_processes(processes)
         nats.stop()
         redis_server.stop()
     return _summary(args, levels, load, measured)

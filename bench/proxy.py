@@ -35,7 +35,7 @@ from typing import Any, cast
 
 import httpx
 
-from bench._startup import bench_model, run_bench, start_engine_and_proxy
+from bench._startup import bench_model, run_bench, start_engine_and_proxy, stop_processes
 from gyre.engine import EngineClient
 from gyre.rpc import aio_channel
 from gyre.stack.servers import ServerProcess, start_nats, start_redis
@@ -304,13 +304,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             executions = [await open_execution(f"c{i}", small_body(i)) for i in range(args.concurrency)]
             proxy_rate, direct_rate = await bench.throughput(executions, args.duration_s)
     finally:
-        for proc in processes:
-            proc.terminate()
-        for proc in processes:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(processes)
         nats.stop()
         redis.stop()
     p50_small = statistics.median(small_overheads)

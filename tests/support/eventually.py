@@ -31,15 +31,14 @@ async def eventually(
     what: str = "the condition",
 ) -> T:
     """The first truthy value `check` returns, polled every `interval_s`; AssertionError after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
+    give_up = _deadline(timeout_s, what)
     while True:
         value = check()
         if inspect.isawaitable(value):
             value = await value
         if value:
             return value  # type: ignore[return-value]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        give_up()
         await asyncio.sleep(interval_s)
 
 
@@ -51,11 +50,21 @@ def eventually_sync(
     what: str = "the condition",
 ) -> T:
     """`eventually` for code without an event loop (subprocesses, threads)."""
-    deadline = time.monotonic() + timeout_s
+    give_up = _deadline(timeout_s, what)
     while True:
         value = check()
         if value:
             return value
+        give_up()
+        time.sleep(interval_s)
+
+
+def _deadline(timeout_s: float, what: str) -> Callable[[], None]:
+    """A function that raises once `timeout_s` has passed since now."""
+    deadline = time.monotonic() + timeout_s
+
+    def give_up() -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(interval_s)
+
+    return give_up
