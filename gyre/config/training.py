@@ -70,7 +70,9 @@ class LoraSection(Section):
     alpha: PositiveFloat = 32.0
     """lora_alpha: the delta is scaled by alpha / r (alpha / √r with `use_rslora`)."""
     dropout: float = 0.0
-    """lora_dropout: dropout on the adapter's input in training forwards (never when serving)."""
+    """lora_dropout: dropout on the adapter's input in training forwards (never when serving). Above 0
+    every training forward is random: π_θ of the importance ratio is then a dropout sample, and a
+    chunked micro-step's two passes see different masks."""
     target_modules: list[str] = Field(default_factory=lambda: ["all-linear"])
     """Modules adapted, PEFT's names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; a
     name matches every layer's module of that name, `all-linear` all seven). A name that matches no module
