@@ -3,6 +3,7 @@ its own image (examples/tasks/fix-sum: FROM the local Debian base, a RUN step, a
 
     gyre bench sandbox [--launchers process,isolated,container] [--executions 8] [--concurrency 4] [--json]
     gyre bench sandbox --launchers process --executions 2 --concurrency 1 --no-build   # the tiny size
+                       [--uid-base 194000]    # sandbox uids of its own (the evaluator's 1000 above)
 
 Real nats-server and redis-server on loopback, the runner and the evaluator in-process with each
 launcher in turn, a proxy that only hands out credentials (one key per execution) pointing at a
@@ -13,12 +14,14 @@ is the sandbox, not an agent. `isolated` and `container` need root; `container` 
 
 Per launcher:
 
-    first_call_s_p50 / _p90       start request published → the harness's first model call arrives
+    first_call_s_p50 / _p90       start request published (when a runner slot is free) → the harness's
+                                  first model call arrives
     cpu_s_per_execution           sandbox + engine + runner CPU, each also given alone:
     sandbox_cpu_s_per_execution     inside the sandbox (status.json `sandbox_cpu_s`: the supervisor and
                                     everything it ran, or the container's cgroup up to the harness's end)
-    engine_cpu_s_per_execution      the engine's API service and the processes it waited for (podman's
-                                    conmon, which it does not wait for, is not counted)
+    engine_cpu_s_per_execution      the engine's API service and the processes it waited for, and podman's
+                                    conmon processes with the runc runs they start (their cgroup, shared
+                                    with every other podman user of the host: quote it from a quiet one)
     runner_cpu_s_per_execution      this process (runner, evaluator and the bench) and its waited children
     verifier_s_p50                termination → evaluation (the verifier's attempt: in the execution's
                                   container for `container`, its copies in and out included)
@@ -39,7 +42,6 @@ import os
 import resource
 import shutil
 import statistics
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -48,10 +50,10 @@ from typing import Any
 import grpc
 import psutil
 
+from bench._startup import run_bench
 from gyre.bus import EventBus, decode_event
 from gyre.bus.codec import TYPE_HEADER
 from gyre.config import load_config
-from gyre.log import configure_logging
 from gyre.paths import REPO_ROOT
 from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, connect_redis
@@ -134,9 +136,14 @@ class KeyPerExecution(proxy_pb2_grpc.ProxyServicer):
         return proxy_pb2.CloseExecutionResponse()
 
 
+CONMON_CGROUP = Path("/sys/fs/cgroup/cpuacct/libpod_parent/conmon/cpuacct.usage")
+"""podman's conmon processes and the runc runs they start (cgroup v1, cgroupfs manager)."""
+
+
 def _engine_cpu_s() -> float:
-    """CPU seconds of the container engine's API service (and what it waited for), 0 without one."""
-    total = 0.0
+    """CPU seconds of the container engine: its API service (and what it waited for) and, for podman,
+    every conmon and the runc processes they start (their cgroup); 0 without an engine."""
+    total = float(CONMON_CGROUP.read_text()) / 1e9 if CONMON_CGROUP.exists() else 0.0
     for p in psutil.process_iter(["name", "cmdline"]):
         cmdline = p.info["cmdline"] or []
         if (p.info["name"] == "podman" and "service" in cmdline) or p.info["name"] == "dockerd":
@@ -163,25 +170,35 @@ def _pct(values: list[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))], 3)
 
 
-async def _dispatch(bus: EventBus, redis: Any, keys: Keys, executions: int, prefix: str) -> dict[str, float]:
-    """One group per execution (of one member each); when each start request was published. Execution
-    ids carry `prefix` (the launcher): they are the keys the endpoint records first calls under."""
-    published: dict[str, float] = {}
-    now_ms = int(time.time() * 1000)
-    for i in range(executions):
-        eid, gid = f"{prefix}-e{i}", f"{prefix}-g{i}"
-        group = GroupRecord(gid, TASK, TASK, (eid,), 0, 0, now_ms)
-        await Records(redis, keys).put_group(group, [ExecutionRecord(eid, gid, 0, TASK, TASK, 0, 0)])
-        await Counters(redis, keys).add("dispatched", 1)
-        published[eid] = time.time()
-        await bus.publish(
+class Dispatch:
+    """One group per execution (of one member each), started `concurrency` at a time: a start request is
+    published when a runner slot is free (at first, and at each termination), so the time from it to the
+    first model call is the sandbox's start, not a wait in the queue. Execution ids carry `prefix` (the
+    launcher): they are the keys the endpoint records first calls under."""
+
+    def __init__(self, bus: EventBus, redis: Any, keys: Keys, executions: int, prefix: str) -> None:
+        self.bus, self.redis, self.keys = bus, redis, keys
+        self.waiting = [f"{prefix}-e{i}" for i in range(executions)]
+        self.published: dict[str, float] = {}
+
+    async def next(self) -> None:
+        if not self.waiting:
+            return
+        eid = self.waiting.pop(0)
+        gid = f"{eid}-g"
+        group = GroupRecord(gid, TASK, TASK, (eid,), 0, 0, int(time.time() * 1000))
+        await Records(self.redis, self.keys).put_group(
+            group, [ExecutionRecord(eid, gid, 0, TASK, TASK, 0, 0)]
+        )
+        await Counters(self.redis, self.keys).add("dispatched", 1)
+        self.published[eid] = time.time()
+        await self.bus.publish(
             ev.ExecutionStartRequested(
                 execution=cm.ExecutionRef(execution_id=eid, group_id=gid, index_in_group=0, query_id=TASK),
                 task_id=TASK,
                 engine_id="cell-0",
             )
         )
-    return published
 
 
 async def phase(
@@ -192,6 +209,7 @@ async def phase(
     urls: dict[str, str],
     proxy_port: int,
     calls: FirstCalls,
+    uid_base: int,
 ) -> dict[str, Any]:
     """A runner and an evaluator with `launcher` over `executions` executions of fix-sum."""
     from services.evaluator.service import EvaluatorService
@@ -209,33 +227,38 @@ async def phase(
             "proxy": {"port": proxy_port},
             "log": {"level": "warning"},
             "tasks": {"dirs": [str(work / "tasks")]},
-            # uids of its own, apart from the defaults that tests and stacks on the same machine use
+            # uids of its own (--uid-base), apart from those of tests and stacks on the same machine
             "runner": {
                 "harness": "command",
                 "command": ["bash", "-c", HARNESS],
                 "max_concurrent": concurrency,
-                "sandbox": {**box, "uid_base": 192000},
+                "sandbox": {**box, "uid_base": uid_base},
             },
-            "evaluator": {"max_concurrent": concurrency, "sandbox": {**box, "uid_base": 193000}},
+            "evaluator": {"max_concurrent": concurrency, "sandbox": {**box, "uid_base": uid_base + 1000}},
         },
     )
     bus = await EventBus.connect(urls["nats"], run_id, "bench")
     redis = await connect_redis(urls["redis"])
     times: dict[str, dict[str, Any]] = {}
     done = asyncio.Event()
+    dispatch = Dispatch(bus, redis, Keys(run_id), executions, launcher)
 
     async def on_msg(msg: Any) -> None:
         event = decode_event((msg.headers or {}).get(TYPE_HEADER, ""), msg.data)
         if isinstance(event, ev.ExecutionTerminated | ev.EvaluationDone):
             times.setdefault(event.execution.execution_id, {})[type(event).__name__] = event
+            if isinstance(event, ev.ExecutionTerminated):
+                await dispatch.next()
             if sum(len(t) for t in times.values()) == 2 * executions:
                 done.set()
 
     await bus.nc.subscribe(f"gyre.{run_id}.>", cb=on_msg)
     own_before, engine_before = _own_cpu_s(), _engine_cpu_s()
     async with RunnerService(config), EvaluatorService(config):
-        published = await _dispatch(bus, redis, Keys(run_id), executions, launcher)
+        for _ in range(min(concurrency, executions)):
+            await dispatch.next()
         await asyncio.wait_for(done.wait(), timeout=900)
+    published = dispatch.published
     own_s, engine_s = _own_cpu_s() - own_before, _engine_cpu_s() - engine_before
     await bus.close()
     await redis.aclose()
@@ -323,7 +346,7 @@ async def prebuild(work: Path) -> None:
 
 
 async def run(
-    launchers: list[str], executions: int, concurrency: int, build: bool, work: Path
+    launchers: list[str], executions: int, concurrency: int, build: bool, uid_base: int, work: Path
 ) -> dict[str, Any]:
     shutil.copytree(EXAMPLE, work / "tasks" / "fix-sum")
     out: dict[str, Any] = {"executions": executions, "concurrency": concurrency, "task": TASK}
@@ -341,7 +364,7 @@ async def run(
         await proxy.start()
         urls = {"nats": nats.url, "redis": redis_server.url}
         for name in launchers:
-            out[name] = await phase(name, executions, concurrency, work, urls, proxy_port, calls)
+            out[name] = await phase(name, executions, concurrency, work, urls, proxy_port, calls, uid_base)
     finally:
         await proxy.stop(0)
         await calls.stop()
@@ -361,12 +384,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--executions", type=int, default=8, help="executions per launcher")
     parser.add_argument("--concurrency", type=int, default=4, help="executions at once")
     parser.add_argument("--no-build", action="store_true", help="skip the image build measurements")
+    parser.add_argument("--uid-base", type=int, default=194000, help="sandbox uids (the evaluator's +1000)")
     parser.add_argument("--json", action="store_true", help="accepted; the last line is always JSON")
     args = parser.parse_args(argv)
     launchers = [name.strip() for name in args.launchers.split(",") if name.strip()]
     if args.executions < 1 or args.concurrency < 1:
         parser.error("--executions and --concurrency must be at least 1")
-    configure_logging("console", "warning")
-    with tempfile.TemporaryDirectory(prefix="gyre-bench-sandbox-") as tmp:
-        result = asyncio.run(run(launchers, args.executions, args.concurrency, not args.no_build, Path(tmp)))
-    print(json.dumps(result))
+    run_bench(
+        "sandbox",
+        lambda work: run(
+            launchers, args.executions, args.concurrency, not args.no_build, args.uid_base, work
+        ),
+    )

@@ -72,9 +72,9 @@ def _config(
             "harness": "command",
             "command": harness,
             "max_concurrent": 4,
-            "sandbox": {**box, "uid_base": 185000},
+            "sandbox": {**box, "uid_base": 196000},
         },
-        evaluator={"backoff_s": 0.2, "max_concurrent": 2, "sandbox": {**box, "uid_base": 186000}},
+        evaluator={"backoff_s": 0.2, "max_concurrent": 2, "sandbox": {**box, "uid_base": 197000}},
     )
 
 
@@ -260,7 +260,7 @@ async def test_the_demo_harness_runs_in_an_image_with_python(
                 tasks={"queries": ["add"]},
                 runner={"harness": "demo", "max_concurrent": 2, "sandbox": box},
                 # The built-in task's verifier (score_line: Gyre's own code) runs on the host.
-                evaluator={"sandbox": {**box, "uid_base": 187000}},
+                evaluator={"sandbox": {**box, "uid_base": 198000}},
             )
             terms, done, ready = await _run_group(config, redis, keys, bus, "add", size=2)
     assert {t.reason for t in terms.values()} == {cm.TERMINATION_REASON_COMPLETED}, terms

@@ -1,13 +1,10 @@
-"""Tar archives in and out of containers (the engine's copy API speaks tar).
+"""Tar archives into containers (the engine's copy API speaks tar; what comes out is copied by the
+host's view of the container instead, gyre/sandbox/containers/processes.py `copy_out`).
 
     data = pack([TreeEntry(workspace, "app"), DirEntry(".gyre/control", mode=0o755)], uid=0, gid=0)
     container.put_archive("/", data)
-    stream, _ = container.get_archive("/app")
-    unpack(stream, host_dir)               # the contents of /app, into host_dir
 
-Names inside an archive are relative to the directory it is put at. Unpacking uses tarfile's `tar`
-filter (no absolute names, nothing outside the target, no device files, no setuid bits): what comes out
-of a container was written by the harness, which is not trusted.
+Names inside an archive are relative to the directory it is put at.
 """
 
 from __future__ import annotations
@@ -99,41 +96,3 @@ def _walk(root: Path) -> Iterator[Path]:
             mode = path.lstat().st_mode
             if stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode):
                 yield path
-
-
-class _Stream(io.RawIOBase):
-    """A file over the engine's chunk iterator, so tarfile reads the archive as it arrives."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._rest = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        while not self._rest:
-            try:
-                self._rest = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buffer), len(self._rest))
-        buffer[:n] = self._rest[:n]
-        self._rest = self._rest[n:]
-        return n
-
-
-def unpack(chunks: Iterable[bytes], target: Path) -> None:
-    """Extract an archive of one directory (the engine names its members `<dir>/...`) so that the
-    directory's contents land in `target`."""
-    target.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BufferedReader(_Stream(chunks)), mode="r|") as tar:
-        for member in tar:
-            _, sep, rest = member.name.partition("/")
-            if not sep or not rest:
-                continue  # the directory itself
-            member.name = rest
-            if member.islnk():
-                _, _, link_rest = member.linkname.partition("/")
-                member.linkname = link_rest
-            tar.extract(member, target, filter="tar")

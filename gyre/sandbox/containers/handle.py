@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -325,19 +324,21 @@ class ContainerHandle(SandboxHandle):
         return ExecResult(outcome, await asyncio.to_thread(self._read, f"{name}.stdout"), timed_out)
 
     async def copy_in(self, copies: Sequence[tuple[Path, str]], replace: bool = False) -> None:
-        if replace:  # as the container's user (capabilities dropped: root cannot override permissions)
+        init = await asyncio.to_thread(self.init_pid)
+        there = [inside for _, inside in copies if init and processes.exists_inside(init, inside)]
+        # Emptied as the container's user (capabilities dropped: root cannot override permissions), and
+        # only what exists: an exec is a runc start.
+        if replace and there:
             result = await self.exec(
                 f"empty-{uuid.uuid4().hex[:12]}",
-                ["/bin/sh", "-c", EMPTY, *(inside for _, inside in copies)],
+                ["/bin/sh", "-c", EMPTY, *there],
                 "/",
                 {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                 60.0,
                 1.0,
             )
             if result.outcome.exit_code != 0:
-                raise SandboxError(
-                    f"emptying {[i for _, i in copies]} in the container: {result.outcome.describe()}"
-                )
+                raise SandboxError(f"emptying {there} in the container: {result.outcome.describe()}")
         entries: list[archive.Entry] = [
             archive.TreeEntry(source, inside.strip("/")) for source, inside in copies
         ]
@@ -354,24 +355,10 @@ class ContainerHandle(SandboxHandle):
             raise SandboxError(f"copying into container {container.id[:12]}: {engine.why(e)}") from None
 
     async def copy_out(self, inside: str, target: Path) -> bool:
-        def get() -> bool:
-            container = self.container()
-            if container is None:
-                return False
-            try:
-                chunks, _ = container.get_archive(inside)
-                archive.unpack(chunks, target)
-            except docker.errors.NotFound:
-                return False
-            except tarfile.TarError as e:  # a member that would land outside the target: refused
-                raise SandboxError(f"copying {inside} out of container {container.id[:12]}: {e}") from None
-            except (docker.errors.DockerException, OSError) as e:
-                raise SandboxError(
-                    f"copying {inside} out of container {container.id[:12]}: {engine.why(e)}"
-                ) from None
-            return True
-
-        return await asyncio.to_thread(get)
+        init = await asyncio.to_thread(self.init_pid)
+        if init is None:
+            return False
+        return await asyncio.to_thread(processes.copy_out, init, inside, target)
 
     async def remove(self) -> None:
         self.stop_relay()

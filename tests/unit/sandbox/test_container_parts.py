@@ -1,7 +1,7 @@
 """The parts of the container launcher that need no engine: the environment digest that tags a task's
-image, the tar archives in and out of containers (nothing of an archive lands outside its target), files
-read from inside a container without following a symlink, the endpoint and label settings, and the
-failing step named from an engine's build output (podman's and dockerd's)."""
+image, the tar archives put into containers, files and directories read out of a container without
+following a symlink, the endpoint and label settings, and the failing step named from an engine's
+build output (podman's and dockerd's)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gyre.sandbox.containers import archive, engine, images, processes
+from gyre.sandbox.workspace import content_hash
 
 
 def _env(tmp_path: Path) -> Path:
@@ -51,7 +52,7 @@ def test_the_failing_step_is_found_in_podmans_and_dockers_output(line: str, step
     assert (found.group(1) if found else None) == step
 
 
-def test_an_archive_round_trips_files_modes_and_symlinks(tmp_path: Path) -> None:
+def test_an_archive_carries_files_modes_symlinks_and_its_owner(tmp_path: Path) -> None:
     source = tmp_path / "ws"
     (source / "sub").mkdir(parents=True)
     (source / "a.txt").write_text("a\n")
@@ -64,32 +65,41 @@ def test_an_archive_round_trips_files_modes_and_symlinks(tmp_path: Path) -> None
         gid=1000,
     )
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        names = {m.name: m for m in tar.getmembers()}
-    assert {"app", "app/a.txt", "app/sub/run.sh", "app/py", ".gyre", ".gyre/control", "h", "h/x"} <= set(
-        names
-    )
-    assert all((m.uid, m.gid) == (1000, 1000) for m in names.values())
-    # What get_archive of /app returns (members under `app/`) unpacks into the target's top level.
+        members = {m.name: m for m in tar.getmembers()}
+    expected = {
+        "app",
+        "app/a.txt",
+        "app/sub",
+        "app/sub/run.sh",
+        "app/py",
+        ".gyre",
+        ".gyre/control",
+        "h",
+        "h/x",
+    }
+    assert set(members) == expected
+    assert all((m.uid, m.gid) == (1000, 1000) for m in members.values())
+    assert members["app/sub/run.sh"].mode & 0o111 and members["app/py"].linkname == "/usr/bin/python3"
+
+
+def test_a_directory_is_copied_out_as_it_is_without_following_a_symlink(tmp_path: Path) -> None:
+    """/proc/<pid>/root of this process is the host root: the same walk a container's directory gets."""
+    inside = tmp_path / "app"
+    (inside / "sub").mkdir(parents=True)
+    (inside / "a.txt").write_text("a\n")
+    (inside / "sub" / "run.sh").write_text("#!/bin/sh\n")
+    (inside / "sub" / "run.sh").chmod(0o4755)
+    (inside / "etc").symlink_to("/etc")  # a link out of the tree stays a link
+    os.mkfifo(inside / "fifo")
     out = tmp_path / "out"
-    archive.unpack([data[:100], data[100:]], out)
-    assert (out / "app" / "a.txt").exists() is False and (out / "a.txt").read_text() == "a\n"
-    assert os.access(out / "sub" / "run.sh", os.X_OK) and os.readlink(out / "py") == "/usr/bin/python3"
-
-
-def test_nothing_of_an_archive_lands_outside_its_target(tmp_path: Path) -> None:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in ("app/../../evil.txt", "app/link"):
-            info = tarfile.TarInfo(name)
-            if name.endswith("link"):
-                info.type, info.linkname = tarfile.SYMTYPE, "/etc"
-            tar.addfile(info, io.BytesIO(b""))
-        info = tarfile.TarInfo("app/link/passwd")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(tarfile.FilterError):
-        archive.unpack([buf.getvalue()], tmp_path / "out")
-    assert not (tmp_path / "evil.txt").exists()
+    assert processes.copy_out(os.getpid(), str(inside), out)
+    assert not (out / "fifo").exists()
+    os.unlink(inside / "fifo")
+    assert content_hash(out) == content_hash(inside)
+    assert (out / "etc").is_symlink() and os.readlink(out / "etc") == "/etc"
+    assert oct((out / "sub" / "run.sh").stat().st_mode & 0o7777) == "0o755"  # no setuid
+    assert not processes.copy_out(os.getpid(), str(tmp_path / "missing"), tmp_path / "none")
+    assert not processes.copy_out(os.getpid(), str(inside / "etc"), tmp_path / "none")  # a symlinked dir
 
 
 def test_a_file_inside_is_read_without_following_a_symlink(tmp_path: Path) -> None:
@@ -130,3 +140,14 @@ def test_no_engine_is_one_line_naming_the_endpoint(tmp_path: Path) -> None:
     with pytest.raises(engine.ContainerEngineError) as e:
         engine.connect(f"unix://{tmp_path}/none.sock", 2.0)
     assert str(e.value) == f"no container engine answers at unix://{tmp_path}/none.sock: no such socket"
+
+
+def test_what_is_inside_is_found_without_following_a_symlink(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    me = os.getpid()
+    assert processes.exists_inside(me, f"{tmp_path}/real")
+    assert processes.exists_inside(me, f"{tmp_path}/real/dangling")  # a symlink is something
+    assert not processes.exists_inside(me, f"{tmp_path}/link/dangling")  # not through a symlinked dir
+    assert not processes.exists_inside(me, f"{tmp_path}/missing/x")
