@@ -36,12 +36,13 @@ from tests.support.scripted_anthropic import ScriptedAnthropic, arithmetic_solve
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
 
 EXAMPLE = REPO_ROOT / "examples" / "tasks" / "fix-sum"
-#: A stand-in agent: member 0 fixes sum.sh; every member records where it ran and what check-sum said.
+#: A stand-in agent: member 0 fixes sum.sh; every member records where it ran, what check-sum said and
+#: whether it can see the verifier's tests (it must not: they are copied in after it ends).
 HARNESS = [
     "bash",
     "-c",
     "case {execution_id} in *-e00) sed -i 's/\\$1 - \\$2/$1 + $2/' sum.sh;; esac; pwd > where.txt; "
-    "check-sum sum.sh > check.txt 2>&1; true",
+    "check-sum sum.sh > check.txt 2>&1; ls /tests > tests.txt 2>&1; true",
 ]
 
 
@@ -122,6 +123,7 @@ async def test_the_image_run_steps_decide_the_reward(
         assert (workspace["e00"] / "where.txt").read_text().strip() == "/app"
         assert "all 4 checks passed" in (workspace["e00"] / "check.txt").read_text()
         assert "printed -1, not 5" in (workspace["e01"] / "check.txt").read_text()
+        assert "No such file or directory" in (workspace["e00"] / "tests.txt").read_text()
         assert terms["e00"].workspace.content_hash != terms["e01"].workspace.content_hash
     else:
         # On the host there is no check-sum: the same fix scores 0, like no fix at all.
@@ -271,3 +273,27 @@ async def test_the_demo_harness_runs_in_an_image_with_python(
     }
     assert ready.mean_reward == 1.0
     assert containers_of(client, **{"gyre.run": run_id}) == []
+
+
+async def test_no_engine_answering_excludes_the_executions_naming_the_endpoint(
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+) -> None:
+    shutil.copytree(EXAMPLE, tmp_path / "tasks" / "fix-sum")
+    config = _config(run_id, tmp_path, nats_server, redis_server, proxy, "container")
+    endpoint = f"unix://{tmp_path}/gone.sock"
+    for section in (config.runner, config.evaluator):
+        section.sandbox.container.endpoint = endpoint
+    terms, done, ready = await _run_group(config, redis, keys, bus, "tasks/fix-sum")
+    line = f"environment unavailable: no container engine answers at {endpoint}: no such socket"
+    assert {(t.reason, t.detail) for t in terms.values()} == {
+        (cm.TERMINATION_REASON_ENVIRONMENT_UNAVAILABLE, line)
+    }
+    assert {(d.status, d.detail) for d in done.values()} == {(cm.EVALUATION_STATUS_EXCLUDED, line)}
+    assert (ready.num_excluded, ready.num_valid) == (2, 0)

@@ -1,9 +1,11 @@
-"""`gyre up` / `gyre down` with the container launcher, as a user runs them: with no engine answering,
-`gyre up` exits 2 with one line naming the field and the endpoint before anything starts; with one, the
-run's executions get containers and `gyre down` leaves none of them."""
+"""`gyre up` / `gyre down` / `gyre tasks build` with the container launcher, as a user runs them: with no
+engine answering, `gyre up` exits 2 with one line naming the field and the endpoint before anything
+starts; with one, the run's executions get containers and `gyre down` leaves none of them; `gyre tasks
+build` builds ahead of a run, names a failing step in one line (exit 1) and a missing engine (exit 2)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -63,3 +65,33 @@ def test_down_leaves_no_container_of_the_run(tmp_path: Path, run_id: str) -> Non
         down = _gyre("down", config=config)
     assert down.returncode == 0, down.stderr
     assert containers_of(client, **{LABEL_RUN: run_id}) == []
+
+
+def test_tasks_build_builds_ahead_and_names_the_failing_step(tmp_path: Path) -> None:
+    engine_client()
+    shutil.copytree(REPO_ROOT / "examples" / "tasks" / "fix-sum", tmp_path / "tasks" / "fix-sum")
+    broken = tmp_path / "tasks" / "broken"
+    shutil.copytree(REPO_ROOT / "examples" / "tasks" / "fix-sum", broken)
+    (broken / "environment" / "Dockerfile").write_text(
+        "FROM localhost/gyre/debian-base:bookworm\nRUN exit 7\n"
+    )
+    config = tmp_path / "gyre.yaml"
+    config.write_text(yaml.safe_dump({"run": {"id": "build", "dir": str(tmp_path / "runs")}}))
+    build = _gyre("tasks", "build", str(tmp_path / "tasks"), config=config)
+    assert build.returncode == 1, build.stderr
+    assert re.fullmatch(
+        r"tasks/fix-sum: localhost/gyre/env:[0-9a-f]{24} (cached|built in [0-9.]+ s \(log \S+\))",
+        build.stdout.splitlines()[0],
+    )
+    (error,) = build.stderr.strip().splitlines()
+    assert (
+        error.startswith("error: task tasks/broken: image build failed at STEP 2/") and "RUN exit 7" in error
+    )
+    assert "exit status 7" in error and str(tmp_path / "runs" / "build" / "builds") in error
+    config.write_text(
+        yaml.safe_dump({"runner": {"sandbox": {"container": {"endpoint": f"unix://{tmp_path}/x.sock"}}}})
+    )
+    none = _gyre("tasks", "build", str(tmp_path / "tasks" / "fix-sum"), config=config)
+    assert none.returncode == 2 and none.stderr.strip() == (
+        f"error: no container engine answers at unix://{tmp_path}/x.sock: no such socket"
+    )

@@ -271,7 +271,7 @@ class ContainerLauncher(SandboxLauncher):
             "privileged": False,
             "mounts": mounts,
             "ulimits": ulimits,
-            "pids_limit": box.max_processes or -1,
+            "pids_limit": limits.max_processes or -1,
         }
         if memory_mb:
             kwargs["mem_limit"] = kwargs["memswap_limit"] = f"{int(memory_mb)}m"
