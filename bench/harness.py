@@ -46,7 +46,7 @@ from bench._scripted_messages import ScriptedMessages
 from bench._startup import run_bench
 from gyre.bus import EventBus, decode_event
 from gyre.bus.codec import TYPE_HEADER
-from gyre.config import load_config
+from gyre.config import GyreConfig, load_config
 from gyre.paths import REPO_ROOT
 from gyre.rpc import bind, new_server
 from gyre.stack.servers import start_nats, start_redis
@@ -101,28 +101,17 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def phase(
-    start: str,
-    task: str,
-    executions: int,
-    concurrency: int,
-    group_size: int,
-    work: Path,
-    urls: dict[str, str],
-    proxy_port: int,
-) -> dict[str, Any]:
-    """One runner + evaluator over `executions` executions of `task` with one start mode."""
-    from services.evaluator.service import EvaluatorService
-    from services.runner.service import RunnerService
-
-    run_id = f"bench{start}"
+def _phase_config(
+    start: str, task: str, concurrency: int, work: Path, urls: dict[str, str], proxy_port: int
+) -> tuple[str, GyreConfig]:
+    """The task id and the config of one phase: its own run, runner and evaluator settings."""
     task_id, runner = _runner_settings(task, work)
     dirs = [str(work / "tasks")] if task != "demo" else []
     config = load_config(
         None,
         environ={},
         overrides={
-            "run": {"id": run_id, "dir": str(work / "runs")},
+            "run": {"id": f"bench{start}", "dir": str(work / "runs")},
             "nats": {"url": urls["nats"]},
             "redis": {"url": urls["redis"]},
             "proxy": {"port": proxy_port},
@@ -138,9 +127,50 @@ async def phase(
             "evaluator": {"max_concurrent": concurrency, "sandbox": {"uid_base": 191000}},
         },
     )
+    return task_id, config
+
+
+async def _dispatch(
+    bus: EventBus, redis: Any, keys: Keys, task_id: str, executions: int, group_size: int, start_ms: int
+) -> None:
+    """Dispatch `executions` executions of `task_id` in groups, as the scheduler would."""
+    for g in range(0, executions, group_size):
+        eids = [f"e{i}" for i in range(g, min(executions, g + group_size))]
+        group = GroupRecord(f"g{g}", task_id, task_id, tuple(eids), 0, 0, start_ms)
+        await Records(redis, keys).put_group(
+            group,
+            [ExecutionRecord(e, group.group_id, i, task_id, task_id, 0, 0) for i, e in enumerate(eids)],
+        )
+        await Counters(redis, keys).add("dispatched", len(eids))
+        for i, e in enumerate(eids):
+            await bus.publish(
+                ev.ExecutionStartRequested(
+                    execution=cm.ExecutionRef(
+                        execution_id=e, group_id=group.group_id, index_in_group=i, query_id=task_id
+                    ),
+                    task_id=task_id,
+                )
+            )
+
+
+async def phase(
+    start: str,
+    task: str,
+    executions: int,
+    concurrency: int,
+    group_size: int,
+    work: Path,
+    urls: dict[str, str],
+    proxy_port: int,
+) -> dict[str, Any]:
+    """One runner + evaluator over `executions` executions of `task` with one start mode."""
+    from services.evaluator.service import EvaluatorService
+    from services.runner.service import RunnerService
+
+    task_id, config = _phase_config(start, task, concurrency, work, urls, proxy_port)
+    run_id = config.run.id
     bus = await EventBus.connect(urls["nats"], run_id, "bench")
     redis = await connect_redis(urls["redis"])
-    keys = Keys(run_id)
     times: dict[str, dict[str, int]] = {}
     done = asyncio.Event()
 
@@ -162,28 +192,25 @@ async def phase(
             raise RuntimeError(f"the fork server did not start: {server.error}")
         preload_cpu_s = float(server.info.get("preload_cpu_s", 0.0)) if server is not None else 0.0
         start_ms = int(time.time() * 1000)
-        for g in range(0, executions, group_size):
-            eids = [f"e{i}" for i in range(g, min(executions, g + group_size))]
-            group = GroupRecord(f"g{g}", task_id, task_id, tuple(eids), 0, 0, start_ms)
-            await Records(redis, keys).put_group(
-                group,
-                [ExecutionRecord(e, group.group_id, i, task_id, task_id, 0, 0) for i, e in enumerate(eids)],
-            )
-            await Counters(redis, keys).add("dispatched", len(eids))
-            for i, e in enumerate(eids):
-                await bus.publish(
-                    ev.ExecutionStartRequested(
-                        execution=cm.ExecutionRef(
-                            execution_id=e, group_id=group.group_id, index_in_group=i, query_id=task_id
-                        ),
-                        task_id=task_id,
-                    )
-                )
+        await _dispatch(bus, redis, Keys(run_id), task_id, executions, group_size, start_ms)
         await asyncio.wait_for(done.wait(), timeout=900)
         isolation = runner_service.launcher.name
     children_cpu_s = _children_cpu_s() - cpu_before  # the fork server included: it exited with the runner
     await bus.close()
     await redis.aclose()
+    return _phase_figures(config, times, executions, start_ms, preload_cpu_s, children_cpu_s, isolation)
+
+
+def _phase_figures(
+    config: GyreConfig,
+    times: dict[str, dict[str, int]],
+    executions: int,
+    start_ms: int,
+    preload_cpu_s: float,
+    children_cpu_s: float,
+    isolation: str,
+) -> dict[str, Any]:
+    """What one phase measured, from the sandboxes' status files and the events' times."""
     statuses = [
         json.loads(p.read_text()) for p in (config.run.path / "sandboxes").glob("*/control/status.json")
     ]
