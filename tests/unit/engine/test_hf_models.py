@@ -47,7 +47,8 @@ async def test_concurrent_requests_sharing_a_prefix_match_transformers(arch: str
     path = hf_dir(arch)
     hf = _hf(path)
     vocab = hf.config.vocab_size
-    section = engine_section(block_size=8, max_batch_size=8, max_prefill_tokens=64)
+    # inline_step_ms far above any step here: which steps run on the loop does not depend on the load.
+    section = engine_section(block_size=8, max_batch_size=8, max_prefill_tokens=64, inline_step_ms=1000.0)
     prefix = _ids(48, 1, vocab)
     prompts = [prefix + _ids(3 + 2 * i, 10 + i, vocab) for i in range(8)]
     params = [
@@ -65,6 +66,7 @@ async def test_concurrent_requests_sharing_a_prefix_match_transformers(arch: str
         stats = await engine_stats(client)
     assert all(r.cached_tokens >= 40 for r in results), [r.cached_tokens for r in results]
     assert stats["num_steps"] < 8 * 12, "requests shared steps (continuous batching)"
+    assert 0 < stats["num_inline_steps"] < stats["num_steps"], "decode steps on the loop, prefill chunks not"
     for ids, p, r in zip(prompts, params, results, strict=True):
         temperature = float(p["temperature"]) or 1.0
         assert _hf_error(hf, ids, r, temperature) <= TOL

@@ -17,7 +17,7 @@ from gyre.model.tokenizer import Tokenizer
 from gyre.model.weights import load_model
 from services.cell_agent.engine import EngineServer
 from tests.support.models import hf_dir
-from tests.unit.engine.helpers import engine_section
+from tests.unit.engine.helpers import engine_section, engine_stats
 
 CALL = '<tool_call>\n{"name": "write_file", "arguments": {"path": "a.txt", "content": "8"}}\n</tool_call>'
 
@@ -58,6 +58,8 @@ async def test_scripted_tokens_carry_the_models_logprobs(tmp_path: Path) -> None
         )
         with pytest.raises(EngineRequestError, match="unexpected"):
             await client.update_weights_from_tensor({"nope": torch.zeros(1)})
+        # Scoring a prompt is a whole forward in a one-token step: never on the engine's event loop.
+        assert (await engine_stats(client))["num_inline_steps"] == 0
 
 
 def test_a_script_file_line_that_is_not_an_object_names_the_line(tmp_path: Path) -> None:
