@@ -3,6 +3,8 @@ run in the training role, and the time limits of switching between the two."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from gyre.config.base import Port, PositiveFloat, Section
@@ -27,6 +29,20 @@ class CellAgentSection(Section):
     """How long a switch to rollout waits for the engine to serve (SGLang start-up included)."""
     publish_timeout_s: PositiveFloat = 120.0
     """Time limit of pushing weights to one rollout engine."""
+    published_weights: Literal["core", "shared"] = "core"
+    """Where a cell gets the published weights it loads (on its way back to rollout, and at start): `core` =
+    streamed from the core over gRPC (`FetchPublished`) into the cell's own `<checkpoint root>/cells/<k>/`,
+    so cells share no disk (per-cell compose volumes, Kubernetes ReadWriteOnce claims); `shared` = read
+    where the core wrote them (every cell mounts the core's `trainer.checkpoint_dir`)."""
+
+    @model_validator(mode="after")
+    def _disk_publication_reads_the_core_directory(self) -> CellAgentSection:
+        if self.trainer.publication == "disk" and self.published_weights != "shared":
+            raise ValueError(
+                "trainer.publication: disk has every engine read the core's published directory: set "
+                "published_weights: shared (one volume mounted by every cell), or publication: tensor"
+            )
+        return self
 
     @model_validator(mode="after")
     def _engines_serve_the_adapter(self) -> CellAgentSection:

@@ -10,8 +10,9 @@ calls (the gRPC servicer is a thin translation of these).
 Rollout → training: stop admitting, abort what is in flight (the proxy retries it elsewhere; the
 count is reported), release the engine's KV cache (and weights where configured). The trainer and the
 communication groups stay resident across switches. Training → rollout: take the memory back, load the
-newest published weights (the core's published HF directory `published/v<version>/` under the
-checkpoint root, named in Redis), admit again, report ready. A switch to rollout asking for version v
+newest published weights (the core's published HF directory `published/v<version>/`, named in Redis;
+a satellite streams it from the core first unless `cell_agent.published_weights: shared`:
+published_weights.py), admit again, report ready. A switch to rollout asking for version v
 waits until v is published.
 
 Weight publication (core): after the final step of a burst, and on an explicit PublishWeights, the
@@ -25,30 +26,36 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import grpc
 import redis.asyncio as aioredis
 import torch
 from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry
 
 from gyre.config import GyreConfig
+from gyre.config.infra import WILDCARD_HOSTS
 from gyre.ids import cell_engine_id
 from gyre.log import get_logger
 from gyre.model.lora import LoraAdapter, frozen_adapter
 from gyre.rl.loss import ObjectiveParams
 from gyre.roles import ROLLOUT, TRAINING, CellRole, role_name
+from gyre.rpc import aio_channel
 from gyre.store import Keys
 from gyre.trainer.checkpoint import published_path, write_published
+from gyre.v1 import cell_agent_pb2
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.detached import Detached
 from services.cell_agent.engine_host import EngineHost, create_engine_host
-from services.cell_agent.errors import CellStateError
+from services.cell_agent.errors import CellStateError, CellUnavailableError
 from services.cell_agent.metrics import CellAgentMetrics
 from services.cell_agent.publication import Publisher
+from services.cell_agent.published_weights import PublishedWeights, stream_publication
 from services.cell_agent.replay import report_replayed
 from services.cell_agent.roles import RoleMachine
 from services.cell_agent.step_runner import StepOutcome, StepRunner
@@ -149,6 +156,16 @@ class CellAgent:
             timeout_s=self.section.publish_timeout_s,
             run_id=config.run.id,
         )
+        self._core_channel: grpc.aio.Channel | None = None
+        self.published_weights = PublishedWeights(
+            mode=self.section.published_weights,
+            cell=cell,
+            own_root=self.checkpoint_root,
+            channel=self._channel_to_core,
+            newest=self.state.published,
+            timeout_s=self.section.engine_ready_timeout_s,
+            keep=2,
+        )
         self.roles = RoleMachine(ROLLOUT)
         self.metrics.role = lambda: role_name(self.roles.role)
         self.metrics.policy_version = lambda: self.training.trainer.version
@@ -170,10 +187,10 @@ class CellAgent:
         await report_replayed(self.training, self.emit, replayed)
         published = await self.state.published()
         if published is not None and await self.engine.weight_version() != str(published.version):
-            await self.engine.load_weights(Path(published.path), published.version)
+            await self.engine.load_weights(*await self.published_weights.local(published))
         await self._register_engine()
         log.info(
-            "cell_agent_started", cell=self.cell, engine=self.engine.url, role=role_name(self.roles.role)
+            "cell_agent_started", cell=self.cell, engine=self.engine_url, role=role_name(self.roles.role)
         )
 
     async def background(self) -> list[Coroutine[Any, Any, None]]:
@@ -190,6 +207,8 @@ class CellAgent:
             await self.publisher.close()
         await self.engine.stop()
         await self.training.close()
+        if self._core_channel is not None:
+            await self._core_channel.close()
 
     # -- roles -----------------------------------------------------------------------------------------
     async def switch_role(self, to_role: CellRole, weight_version: int = 0) -> SwitchResult:
@@ -264,7 +283,7 @@ class CellAgent:
         await self.engine.resume()
         serving = await self.engine.weight_version()
         if published is not None and (self.engine.weights_released or serving != str(published.version)):
-            await self.engine.load_weights(Path(published.path), published.version)
+            await self.engine.load_weights(*await self.published_weights.local(published))
         elif self.engine.weights_released:
             await self.engine.load_weights(self.config.model.require_path(), 0)
         torch.set_num_threads(self.section.engine.num_threads)
@@ -272,13 +291,40 @@ class CellAgent:
         await self.engine.wait_ready(self.section.engine_ready_timeout_s)
         return self._as_version(await self.engine.weight_version())
 
+    @property
+    def engine_url(self) -> str:
+        """The engine's URL as other hosts dial it: an engine bound to every interface (`0.0.0.0`, a
+        container's or pod's) is reached at this cell's peer host (`run.peer_hosts`), not at 0.0.0.0."""
+        url = urlsplit(self.engine.url)
+        if url.hostname not in WILDCARD_HOSTS:
+            return self.engine.url
+        port = f":{url.port}" if url.port else ""
+        return urlunsplit(url._replace(netloc=f"{self.config.run.peer_host('cell_agent', self.cell)}{port}"))
+
+    def _channel_to_core(self) -> grpc.aio.Channel:
+        """The gRPC channel to the core's agent (opened at first use, on the running event loop)."""
+        if self._core_channel is None:
+            ports = self.section.ports
+            if not ports:
+                raise CellUnavailableError("cell_agent.ports must name the core's port to fetch its weights")
+            target = f"{self.config.run.peer_host('cell_agent', 0)}:{ports[0]}"
+            self._core_channel = aio_channel(target)
+        return self._core_channel
+
+    async def stream_published(self, version: int) -> AsyncIterator[cell_agent_pb2.PublishedChunk]:
+        """Core: the files of publication `version` for a cell that shares no disk with it."""
+        if not self.is_core:
+            raise CellStateError(f"cell {self.cell} is a satellite; publications are fetched from the core")
+        async for chunk in stream_publication(self.checkpoint_root, version):
+            yield chunk
+
     async def _register_engine(self) -> None:
         role = self.roles.role
         await self.state.set_engine(
             EngineEntry(
                 self.cell,
                 self.engine_id,
-                self.engine.url,
+                self.engine_url,
                 role_name(role),
                 await self.engine.weight_version(),
             )
@@ -458,7 +504,7 @@ class CellAgent:
             cell=self.cell,
             role=self.roles.role,
             engine_id=self.engine_id,
-            engine_url=self.engine.url,
+            engine_url=self.engine_url,
             policy_version=version,
             engine_weight_version=await self.engine.weight_version(),
             batch_id=self.batch_id,

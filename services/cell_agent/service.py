@@ -82,4 +82,4 @@ class CellAgentService(GyreService):
         return [engine] if engine is not None else []
 
     def endpoint_info(self) -> dict[str, object]:
-        return {"cell": self.cell, "engine_url": self.agent.engine.url} if hasattr(self, "agent") else {}
+        return {"cell": self.cell, "engine_url": self.agent.engine_url} if hasattr(self, "agent") else {}

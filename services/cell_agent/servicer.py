@@ -1,9 +1,12 @@
 """The cell agent's gRPC API (`gyre.v1.CellAgent`): translates requests into `CellAgent` calls. Nothing
 else happens here; the status code of each domain error is `errors.ERROR_STATUSES`, applied by the
-server's interceptor (`gyre.rpc`).
+server's interceptor (`gyre.rpc`). The interceptor guards unary calls; the one stream, FetchPublished,
+maps its two errors itself (a publication no longer on the core: NOT_FOUND).
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -13,6 +16,8 @@ from gyre.v1 import cell_agent_pb2 as pb
 from gyre.v1 import cell_agent_pb2_grpc as pb_grpc
 from gyre.v1 import common_pb2
 from services.cell_agent.agent import CellAgent, PublishTarget
+from services.cell_agent.errors import CellStateError
+from services.cell_agent.published_weights import PublicationGone
 
 
 class CellAgentServicer(pb_grpc.CellAgentServicer):
@@ -69,3 +74,14 @@ class CellAgentServicer(pb_grpc.CellAgentServicer):
         targets = [PublishTarget(e.engine_id, e.url, e.cell) for e in request.engines] or None
         result = await self.agent.publish_weights(targets)
         return pb.PublishWeightsResponse(policy_version=result.policy_version, duration_s=result.duration_s)
+
+    async def FetchPublished(
+        self, request: pb.FetchPublishedRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.PublishedChunk]:
+        try:
+            async for chunk in self.agent.stream_published(int(request.policy_version)):
+                yield chunk
+        except PublicationGone as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except CellStateError as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))

@@ -40,7 +40,13 @@ async def test_core_publishes_to_another_cells_engine(
         redis_url=redis_server.url,
         run_id=run_id,
         num_cells=1,
-        overrides={"cell_agent": {"trainer": {"publication": publication}}},
+        overrides={
+            "cell_agent": {
+                "trainer": {"publication": publication},
+                # the engine reads the core's published directory: a disk both see
+                "published_weights": "shared" if publication == "disk" else "core",
+            }
+        },
     )
     events: list[Message] = []
 

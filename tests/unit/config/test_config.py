@@ -37,6 +37,11 @@ def test_yaml_then_env_then_overrides(tmp_path: Path) -> None:
         ("proxy:\n  template: loose\n", "proxy.template", "'auto', 'strict' or 'shipped'"),
         ("proxy:\n  template_strict: false\n", "proxy.template_strict", "write `template: shipped` instead"),
         ("cell_agent:\n  ports: [1, 70000]\n", "cell_agent.ports.1", "in 0..65535"),
+        (
+            "cell_agent:\n  trainer:\n    publication: disk\n",
+            "cell_agent",
+            "set published_weights: shared",
+        ),
     ],
 )
 def test_bad_values_name_the_field(tmp_path: Path, yaml_text: str, field: str, hint: str) -> None:
