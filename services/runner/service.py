@@ -76,7 +76,7 @@ class RunnerService(GyreService):
             )
             self.launcher.fork_server = self.fork_server
         self.proxy = ProxyClient(
-            f"{self.config.run.host}:{self.config.proxy.port}",
+            f"{self.config.run.peer_host('proxy')}:{self.config.proxy.port}",
             attempts=section.open_attempts,
             retry_s=section.open_retry_s,
         )

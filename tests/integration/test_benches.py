@@ -49,6 +49,9 @@ TINY_DEMO = {
 TINY_HARNESS = ["--tool-latency-s", "0.2", "--tool-latency-max-s", "0.5"]
 
 TINY: dict[str, list[str] | Covered] = {
+    "cluster": Covered(
+        "tests/integration/test_compose_cluster.py::test_reduced_compose_run_trains_through_a_satellite_container_kill"
+    ),
     "e2e": ["--steps", "1", "--modes", "elastic", "--config", "{tiny_demo}", *TINY_HARNESS],
     "engine": ["--decode-tokens", "4", "--long-prompt", "32"],
     "faults": ["--steps", "1", "--only", "scheduler"],

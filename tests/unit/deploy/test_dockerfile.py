@@ -1,6 +1,7 @@
-"""The image recipe (no docker engine here, so these read deploy/docker/Dockerfile and .dockerignore):
-the base and torch pins, protos generated as `make protos` does, every package of pyproject copied and
-admitted by .dockerignore, a non-root user, no secret, the Mooncake system library, the ports exposed.
+"""The image recipe, read (tests/integration/test_compose_cluster.py builds and runs it with podman): a
+Debian bookworm base as a build argument, the torch pin, protos generated as `make protos` does, every
+package of pyproject copied and admitted by .dockerignore, Node.js and the CLIs of package-lock.json, a
+non-root user, no secret, the Mooncake system library, the ports exposed.
 
     PYTHONPATH=. python -m pytest -q tests/unit/deploy/test_dockerfile.py
 """
@@ -61,10 +62,23 @@ def pyproject() -> dict[str, object]:
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
-def test_base_image_is_python_311_slim() -> None:
-    assert arg_default("PYTHON_IMAGE").startswith("python:3.11-slim")
+def test_base_image_is_a_bookworm_build_argument() -> None:
+    assert arg_default("BASE_IMAGE") == "debian:bookworm-slim"
     froms = [stage[0].value for stage in stages()[1:]]
-    assert froms and all(f.startswith("${PYTHON_IMAGE}") for f in froms), froms
+    assert froms[0] == "${BASE_IMAGE} AS system", "the first stage starts from the build argument"
+    assert all(f.split()[0] in ("system", "${BASE_IMAGE}") for f in froms), froms
+    system = " ".join(i.value for i in stages()[1] if i.keyword == "RUN")
+    assert "python3 python3-venv nodejs" in system, "Python 3.11 and Node.js from Debian's own packages"
+
+
+def test_the_harness_clis_are_the_pinned_ones_on_path() -> None:
+    (clis,) = [stage for stage in stages() if stage[0].value == "system AS clis"]
+    copied = [i.value for i in clis if i.keyword == "COPY"]
+    assert copied == ["package.json package-lock.json ./"]
+    runs = " ".join(i.value for i in clis if i.keyword == "RUN")
+    assert "npm ci --omit=dev" in runs, "installed exactly as package-lock.json pins them"
+    runtime = " ".join(i.value for i in stages()[-1] if i.keyword == "RUN")
+    assert "/usr/local/bin/claude" in runtime and "/usr/local/bin/codex" in runtime
 
 
 def test_torch_pin_matches_pyproject() -> None:
@@ -78,8 +92,8 @@ def test_protos_are_generated_like_make_protos() -> None:
     makefile = (REPO / "Makefile").read_text()
     (make_cmd,) = re.findall(r"grpc_tools\.protoc ([^\n\\]+)", makefile)
     wanted = [a for a in shlex.split(make_cmd) if not a.startswith("--mypy")]
-    runs = " ".join(i.value for i in stages()[-2] if i.keyword == "RUN")
-    (docker_cmd,) = re.findall(r"grpc_tools\.protoc ([^&]+)", runs)
+    runs = " ".join(i.value for i in stages()[-1] if i.keyword == "RUN")
+    (docker_cmd,) = re.findall(r"grpc_tools\.protoc ([^&;]+)", runs)
     assert [a for a in shlex.split(docker_cmd) if not a.startswith("protos/")] == wanted
     assert "protos/gyre/v1/*.proto" in docker_cmd and "gyre/v1/__init__.py" in runs
 
@@ -88,11 +102,13 @@ def test_every_package_is_copied_and_admitted_by_dockerignore() -> None:
     includes = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]  # type: ignore[index]
     packages = {pattern.rstrip("*") for pattern in includes}
     copied = set()
-    for ins in stages()[-2]:
+    for ins in (i for stage in stages() for i in stage):
         if ins.keyword == "COPY" and not ins.value.startswith("--from"):
             *sources, _dest = ins.value.split()
             copied.update(sources)
-    assert packages | {"pyproject.toml", "README.md", "protos"} <= copied, copied
+    assert (
+        packages | {"pyproject.toml", "README.md", "protos", "package.json", "package-lock.json"} <= copied
+    ), copied
     rules = [
         r.strip()
         for r in (REPO / ".dockerignore").read_text().splitlines()
@@ -111,9 +127,10 @@ def test_runtime_stage_is_non_root_with_mooncake_libraries() -> None:
     (user,) = [i.value for i in runtime if i.keyword == "USER"]
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "USER must be a numeric non-root uid (runAsNonRoot checks it)"
-    runs = " ".join(i.value for i in runtime if i.keyword == "RUN")
+    assert runtime[0].value == "system", "the image is the system stage plus what it installs"
+    runs = " ".join(i.value for i in stages()[1] if i.keyword == "RUN")
     assert "libibverbs1" in runs and "rm -rf /var/lib/apt/lists/*" in runs
-    assert any(i.keyword == "COPY" and i.value.startswith("--from=build /opt/gyre") for i in runtime)
+    assert any(i.keyword == "COPY" and i.value.startswith("--from=clis /opt/gyre-clis") for i in runtime)
 
 
 def test_no_secret_is_baked_in() -> None:

@@ -22,6 +22,7 @@ from tests.unit.deploy.support import (
     COMPOSE_FILE,
     DEPLOY,
     OVERLAYS,
+    REPO,
     Manifest,
     find,
     grpc_port,
@@ -127,18 +128,30 @@ def test_compose_gyre_services_wait_for_healthy_brokers(compose: dict[str, Any])
             assert spec["depends_on"][broker]["condition"] == "service_healthy", name
 
 
+def _default(source: str) -> str:
+    """A bind source as compose resolves it with the variable unset (`${VAR:-default}` → default)."""
+    match = re.fullmatch(r"\$\{[A-Z_]+:-(.+)\}", source)
+    return match.group(1) if match else source
+
+
 def test_compose_mounts_the_deploy_configs(compose: dict[str, Any]) -> None:
-    """Every bind mount names a file of this repository, mounted read-only."""
+    """Every bind mount names a file or directory of this repository by default, mounted read-only."""
     base = COMPOSE_FILE.parent
     sources = set()
     for name, spec in compose["services"].items():
         for volume in spec.get("volumes", []):
             if isinstance(volume, dict) and volume["type"] == "bind":
-                source = (base / volume["source"]).resolve()
-                assert source.is_file(), f"{name} mounts missing {source}"
+                source = (base / _default(volume["source"])).resolve()
+                assert source.exists(), f"{name} mounts missing {source}"
                 assert volume.get("read_only") is True, f"{name}: {volume['target']} must be read-only"
-                sources.add(source.relative_to(DEPLOY).as_posix())
-    assert sources == {"compose/gyre.yaml", "nats/nats.conf", "redis/redis.conf"}
+                sources.add(source.relative_to(REPO).as_posix())
+    assert sources == {
+        "deploy/compose/gyre.yaml",
+        "deploy/nats/nats.conf",
+        "deploy/redis/redis.conf",
+        "harness/checkpoints/warmstart",
+        "examples/tasks",
+    }
 
 
 # -- kubernetes ------------------------------------------------------------------------------------------
@@ -347,7 +360,7 @@ def test_broker_images_match_between_compose_and_kubernetes(
 ) -> None:
     for server in ("nats", "redis"):
         (container,) = find(rendered["cpu"], "StatefulSet", server)["spec"]["template"]["spec"]["containers"]
-        assert compose["services"][server]["image"] == container["image"]
+        assert _default(compose["services"][server]["image"]) == container["image"]
 
 
 def test_broker_configs_enable_jetstream_monitoring_and_aof() -> None:

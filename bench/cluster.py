@@ -1,0 +1,201 @@
+"""`gyre bench cluster`: the compose deployment for real — every service its own container with its own
+address, node-level faults, the run's invariants.
+
+    gyre bench cluster --json                                    # 6 steps, every fault below
+    gyre bench cluster --json --steps 2 --faults satellite-kill  # the reduced run `make test` makes
+    gyre bench cluster --json --bad-input model-missing          # the model directory absent: who says so
+
+It builds the images with podman (bench/_images.py: deploy/docker/Dockerfile from the local Debian base,
+offline), then runs deploy/compose/compose.yaml as written through podman-compose (bench/_compose.py) under
+a project name of its own, image names, host ports, the model directory and the Gyre config given by the
+file's own variables. The config is deploy/compose/gyre.yaml with the demo's run settings on top
+(gyre/demo/demo.yaml: K = 3 cells, the demo tasks, the demo harness; `--config` overlays more). Once every
+container passes its healthcheck, it trains `--steps` steps, injecting the faults one after another, each
+once the previous one recovered:
+
+    satellite-kill       SIGKILL of the last satellite's container process (its restart policy restarts it)
+    satellite-partition  the last satellite off the network for 10 s, back at the same address
+    redis-restart        `podman restart` of the Redis container (its AOF volume kept)
+    core-kill            SIGKILL of the core's container while it trains
+
+`recovery_s`: injection → the container passes its healthcheck again (a partition: from reconnection).
+Then the scheduler is shut down, the run's events are read from NATS into `runs/<run>/events.jsonl`, and the
+invariants of tests/faults (gyre/demo/ledger.py) are checked: `lost`, `double_trained`, `harness_errors` per
+fault window. Evidence that traffic crossed hosts: every container's address, the engines the scheduler
+handed the proxy and the addresses they resolve to, and the address each NATS client connected from
+(NATS's own /connz). Everything the project created is removed at the end (`left_running` must be empty);
+logs of every container stay in `runs/<run>/logs/`.
+
+Last line: {"completed", "steps", "lost", "double_trained", "harness_errors", "faults": {NAME: {...,
+"recovery_s"}}, "hosts", "engines", "nats_clients", "crossed_hosts", "build_s", "wall_s", "left_running",
+"run_dir"}; with `--bad-input`: {"bad_input", "exited": {service: {"exit_code", "error"}}, "left_running"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench._compose import ComposeProject
+from bench._images import build_images
+from gyre.paths import REPO_ROOT
+
+FAULTS = ("satellite-kill", "satellite-partition", "redis-restart", "core-kill")
+GYRE_SERVICES = (
+    "scheduler",
+    "proxy",
+    "runner",
+    "evaluator",
+    "packer",
+    "cell-agent-0",
+    "cell-agent-1",
+    "cell-agent-2",
+)
+MODEL_USERS = ("proxy", "cell-agent-0", "cell-agent-1", "cell-agent-2")
+"""The services that load the model (the proxy's tokenizer, the cells' engines and trainers)."""
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="gyre bench cluster", description=__doc__)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help=f"comma-separated, in order: {', '.join(FAULTS)}"
+    )
+    parser.add_argument("--config", type=Path, default=None, help="YAML overlaid on the demo's run settings")
+    parser.add_argument("--bad-input", choices=["model-missing"], default=None)
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    parser.add_argument("--start-timeout-s", type=float, default=420.0)
+    parser.add_argument(
+        "--json", action="store_true", help="accepted: the last line is always the JSON object"
+    )
+    args = parser.parse_args(argv)
+    faults = [f for f in args.faults.split(",") if f]
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        print(
+            f"error: --faults: unknown {', '.join(unknown)}; choose from {', '.join(FAULTS)}", file=sys.stderr
+        )
+        raise SystemExit(2)
+    result = run(args, faults)
+    print(json.dumps(result))
+
+
+def _log(message: str) -> None:
+    print(f"[cluster] {message}", file=sys.stderr, flush=True)
+
+
+def run_config(run_id: str, steps: int, overlay: Path | None) -> dict[str, Any]:
+    """deploy/compose/gyre.yaml ← the demo's run settings ← `overlay`, validated as Gyre would."""
+    from gyre.config import load_config
+
+    compose = yaml.safe_load((REPO_ROOT / "deploy" / "compose" / "gyre.yaml").read_text())
+    demo = yaml.safe_load((REPO_ROOT / "gyre" / "demo" / "demo.yaml").read_text())
+    demo.pop("model", None)  # the compose file mounts the model at /models/policy
+    demo["tasks"].pop("held_out", None)  # the held-out evaluation is the demo's report, not this bench's
+    merged = _merge(compose, demo)
+    if overlay is not None:
+        merged = _merge(merged, yaml.safe_load(overlay.read_text()) or {})
+    merged = _merge(merged, {"run": {"id": run_id}, "scheduler": {"max_steps": steps}})
+    load_config(None, environ={}, overrides=_merge(merged, {"model": {"path": None}}))
+    return merged
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
+    from gyre.stack.servers import free_port
+
+    t0 = time.monotonic()
+    run_id = time.strftime("cluster-%Y%m%d-%H%M%S")
+    run_dir = (args.runs_dir / run_id).resolve()
+    (run_dir / "logs").mkdir(parents=True)
+    config = run_config(run_id, args.steps, args.config)
+    (run_dir / "gyre.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    _log(f"building images (run dir {run_dir})")
+    images = build_images(run_dir / "build")
+    _log(f"images built in {images.build_s}")
+    model_dir = REPO_ROOT / "harness" / "checkpoints" / "warmstart"
+    if args.bad_input == "model-missing":
+        model_dir = run_dir / "no-model"
+        model_dir.mkdir()
+    ports = {
+        name: free_port()
+        for name in (
+            "GYRE_NATS_PORT",
+            "GYRE_NATS_MONITOR_PORT",
+            "GYRE_REDIS_PORT",
+            "GYRE_SCHEDULER_PORT",
+            "GYRE_PROXY_HTTP_PORT",
+        )
+    }
+    env = {
+        "GYRE_IMAGE": images.gyre,
+        "GYRE_NATS_IMAGE": images.nats,
+        "GYRE_REDIS_IMAGE": images.redis,
+        "GYRE_CONFIG": str(run_dir / "gyre.yaml"),
+        "GYRE_MODEL_DIR": str(model_dir),
+        **{k: str(v) for k, v in ports.items()},
+    }
+    project = ComposeProject(f"gyre-bench-{uuid.uuid4().hex[:8]}", env, run_dir / "logs")
+    (run_dir / "compose.json").write_text(json.dumps({"project": project.name, "env": env}, indent=1))
+    try:
+        project.up()
+        if args.bad_input is not None:
+            result: dict[str, Any] = {"bad_input": args.bad_input, **_bad_input(project)}
+        else:
+            from bench._cluster_run import ClusterRun
+
+            result = ClusterRun(project, run_dir, config, ports, args.steps, faults).execute(
+                args.start_timeout_s
+            )
+    finally:
+        project.save_logs()
+        left = project.down()
+        shutil.rmtree(run_dir / "build", ignore_errors=True)
+    return {
+        **result,
+        "build_s": images.build_s,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "left_running": left,
+        "project": project.name,
+        "run_dir": str(run_dir),
+    }
+
+
+def _bad_input(project: ComposeProject, timeout_s: float = 240.0) -> dict[str, Any]:
+    """Wait until every service that needs the model has exited with its one-line error; name them."""
+    deadline = time.monotonic() + timeout_s
+    exited: dict[str, dict[str, Any]] = {}
+    while time.monotonic() < deadline and len(exited) < len(MODEL_USERS):
+        found = project.containers()
+        for service in MODEL_USERS:
+            c = found.get(service)
+            if service in exited or c is None or c.exit_code == 0:
+                continue
+            errors = [line for line in project.logs(service).splitlines() if line.startswith("error: ")]
+            if errors:
+                exited[service] = {"exit_code": c.exit_code, "error": errors[-1], "restarts": c.restarts}
+        time.sleep(1.0)
+    healthy = {
+        s: project.healthcheck(s)
+        for s in ("scheduler", "runner", "evaluator", "packer")
+        if s in project.containers()
+    }
+    return {"exited": exited, "named": sorted(exited), "others_healthy": healthy}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,105 @@
+"""The compose deployment runs for real (`gyre bench cluster` at its reduced size): the images built with
+podman from this checkout, deploy/compose/compose.yaml run by podman-compose, every service its own
+container with its own address, K = 3 cells, 2 steps with one satellite's container SIGKILLed (its restart
+policy brings it back); then the run's invariants. And bad input: the model directory missing from the
+mount, the services that load it exit with the one-line model error, and the bench names them.
+
+Both leave nothing of theirs in podman. Needs root (rootful podman, `make setup`); outside CI a machine
+without it skips with the reason, under CI=true it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gyre.paths import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+TINY = """
+scheduler: {num_cells: 3, group_size: 2, batch_groups: 2, phi: 0.5, mu: 2, rho_min: 0.5, tau_s: 0.2, cell_capacity: 2}
+tasks: {queries: ["add/1+5"]}
+runner: {harness_args: ["--tool-latency-s", "0.2", "--tool-latency-max-s", "0.5"]}
+"""
+MODEL_USERS = ["cell-agent-0", "cell-agent-1", "cell-agent-2", "proxy"]
+
+
+def _podman_or_skip() -> None:
+    missing = [tool for tool in ("podman", "podman-compose") if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        missing.append("root (rootful podman)")
+    if missing:
+        reason = f"the compose run needs {', '.join(missing)} (make setup as root)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+def _gyre(tmp_path: Path, *args: str, timeout_s: float) -> dict[str, Any]:
+    """`gyre ARGS` in `tmp_path` (with the tiny run settings there); its last stdout line, parsed."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        [sys.executable, "-c", "from gyre.cli import main; main()", *args],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_reduced_compose_run_trains_through_a_satellite_container_kill(tmp_path: Path) -> None:
+    _podman_or_skip()
+    result = _gyre(
+        tmp_path,
+        *(
+            "bench",
+            "cluster",
+            "--json",
+            "--steps",
+            "2",
+            "--faults",
+            "satellite-kill",
+            "--config",
+            "tiny.yaml",
+        ),
+        timeout_s=1500,
+    )
+    assert result["left_running"] == [], "everything the project created is gone"
+    assert result["completed"] and result["steps"] >= 2, result
+    assert result["lost"] == 0 and result["double_trained"] == 0, result["faults"]
+    kill = result["faults"]["satellite-kill"]
+    assert kill["injected"] and result["recovery_s"]["satellite-kill"] is not None, kill
+    hosts = result["hosts"]
+    assert len(set(hosts.values())) == len(hosts), f"every container has its own address: {hosts}"
+    assert result["crossed_hosts"], {k: result[k] for k in ("hosts", "engines", "nats_clients")}
+    run_dir = Path(result["run_dir"])
+    assert (run_dir / "events.jsonl").stat().st_size > 0
+    assert (run_dir / "logs" / "cell-agent-0.log").exists()
+
+
+def test_compose_run_without_the_model_names_the_services_that_need_it(tmp_path: Path) -> None:
+    _podman_or_skip()
+    result = _gyre(
+        tmp_path,
+        *("bench", "cluster", "--json", "--bad-input", "model-missing", "--config", "tiny.yaml"),
+        timeout_s=900,
+    )
+    assert result["left_running"] == []
+    assert result["named"] == MODEL_USERS, result
+    for service, row in result["exited"].items():
+        assert row["exit_code"] == 2, (service, row)
+        assert "model" in row["error"] and "/models/policy" in row["error"], (service, row)
+        assert "\n" not in row["error"]
