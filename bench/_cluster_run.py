@@ -210,6 +210,8 @@ class ClusterRun:
         if self.state is not None:
             for cell in self.state.cells:
                 url = cell.engine.url
+                if not url:
+                    continue
                 name = url.split("//", 1)[-1].rsplit(":", 1)[0]
                 engines[url] = hosts.get(name, "")
         connz = json.loads(

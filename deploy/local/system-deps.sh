@@ -6,6 +6,8 @@
 #                   (rootful podman with runc: crun fails on these hosts; deploy/local/containers.conf)
 #   catatonit     — the init process a sandbox container keeps running between the harness and the verifier
 #   debootstrap   — builds the local Debian base image (no image registry is reachable here)
+#   dnsname       — the CNI plugin that lets containers of one podman network find each other by name
+#                   (compose service names; `gyre bench cluster`)
 # Needs root (apt-get); otherwise it says what to install and exits non-zero if something required is missing.
 set -euo pipefail
 
@@ -16,6 +18,7 @@ command -v podman >/dev/null 2>&1 || missing+=(podman)
 command -v runc >/dev/null 2>&1 || missing+=(runc)
 [ -x /usr/bin/catatonit ] || [ -x /usr/libexec/podman/catatonit ] || missing+=(catatonit)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+[ -x /usr/lib/cni/dnsname ] || missing+=(golang-github-containernetworking-plugin-dnsname)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

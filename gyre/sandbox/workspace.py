@@ -53,9 +53,19 @@ def create_workspace(task: Task, path: Path, sources: bool = True) -> Path:
 
 
 def preserve(path: Path) -> None:
-    """Hand a finished workspace back to root so no later sandbox (same uid) can change it."""
-    if path.exists():
+    """Hand a finished workspace back to root so no later sandbox (same uid) can change it. A runner that
+    is not root (a container's non-root user: its sandboxes run under its own uid) cannot: the tree is made
+    read-only instead, which keeps nothing out that runs as that uid."""
+    if not path.exists():
+        return
+    if os.geteuid() == 0:
         chown_tree(path, 0, 0)
+        return
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            if not os.path.islink(full):
+                os.chmod(full, os.stat(full).st_mode & ~0o222)
 
 
 def content_hash(path: Path) -> str:
