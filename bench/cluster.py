@@ -127,7 +127,7 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
     _log(f"building images (run dir {run_dir})")
     images = build_images(run_dir / "build")
     _log(f"images built in {images.build_s}")
-    model_dir = REPO_ROOT / "harness" / "checkpoints" / "warmstart"
+    model_dir = REPO_ROOT / "harness" / "demo_model" / "checkpoints" / "warmstart"
     if args.bad_input == "model-missing":
         model_dir = run_dir / "no-model"
         model_dir.mkdir()

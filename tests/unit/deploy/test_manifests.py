@@ -149,7 +149,7 @@ def test_compose_mounts_the_deploy_configs(compose: dict[str, Any]) -> None:
         "deploy/compose/gyre.yaml",
         "deploy/nats/nats.conf",
         "deploy/redis/redis.conf",
-        "harness/checkpoints/warmstart",
+        "harness/demo_model/checkpoints/warmstart",
         "examples/tasks",
     }
 
