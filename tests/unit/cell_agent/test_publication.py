@@ -111,7 +111,12 @@ async def test_a_lora_core_publishes_its_adapter(
         redis_url=redis_server.url,
         run_id=run_id,
         num_cells=1,
-        overrides={"cell_agent": {"trainer": {"publication": publication, "lora": lora, "lr": 1e-2}}},
+        overrides={
+            "cell_agent": {
+                "trainer": {"publication": publication, "lora": lora, "lr": 1e-2},
+                "published_weights": "shared" if publication == "disk" else "core",
+            }
+        },
     )
 
     async def emit(event: Message, event_id: str) -> None:
