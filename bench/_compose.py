@@ -81,11 +81,14 @@ class ComposeProject:
         """Remove the project's containers, volumes and network; returns whatever of it is left (nothing)."""
         self.compose("down", "-v", "-t", "5")
         for kind in ("container", "volume", "network"):  # anything compose left behind, by label only
-            ids = self._podman(kind, "ls", "-q", "--filter", f"label={PROJECT_LABEL}={self.name}")
-            if kind == "container" and ids:
-                subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], env=self.env, capture_output=True)
-            elif ids:
-                subprocess.run(["podman", kind, "rm", "-f", *ids], env=self.env, capture_output=True)
+            for _ in range(3):  # a container others depend on goes only after them
+                ids = self._podman(kind, "ls", "-q", "--filter", f"label={PROJECT_LABEL}={self.name}")
+                if not ids:
+                    break
+                argv = (
+                    ["podman", "rm", "-f", "-t", "0"] if kind == "container" else ["podman", kind, "rm", "-f"]
+                )
+                subprocess.run([*argv, *ids], env=self.env, capture_output=True)
         return self.leftovers()
 
     def leftovers(self) -> list[str]:

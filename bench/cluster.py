@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -84,8 +85,14 @@ def main(argv: list[str]) -> None:
             f"error: --faults: unknown {', '.join(unknown)}; choose from {', '.join(FAULTS)}", file=sys.stderr
         )
         raise SystemExit(2)
+    signal.signal(signal.SIGTERM, _interrupt)
     result = run(args, faults)
     print(json.dumps(result))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (a test's timeout, `kill`) ends the run through its cleanup, as Ctrl-C does."""
+    raise KeyboardInterrupt
 
 
 def _log(message: str) -> None:
