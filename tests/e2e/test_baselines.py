@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gyre.cli.demo import mode_config
+from gyre.demo.config import mode_config
 from gyre.demo.run import DemoRun
 from tests.support.models import hf_dir
 

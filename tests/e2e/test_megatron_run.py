@@ -17,8 +17,8 @@ import pytest
 import torch
 import transformers
 
-from gyre.cli.demo import demo_config
 from gyre.config.engine import EngineSection
+from gyre.demo.config import demo_config
 from gyre.demo.run import DemoRun
 from gyre.engine import EngineClient
 from gyre.model.files import check_model_dir
