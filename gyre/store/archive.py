@@ -9,7 +9,8 @@ that batch's groups from Redis again; the packer then calls
 which, for every group the batch claimed (trained, or packed with every member excluded), writes
 
     <archive>/trees/<execution>.tree.gz    each member's trajectory tree (gyre/trajectory/archive.py)
-    <archive>/groups/<group>.json.gz       the group record, its execution records, outcomes and evaluations
+    <archive>/groups/<group>.json.gz       the group record, its execution records, outcomes, evaluations
+                                           and runner claims (how the runner says each one ended)
     <archive>/batches/<batch>.json.gz      last: the batch's group ids and its StepCompleted, once all are gone
 
 and then deletes the group's keys: execution and group records, runner claims, evaluations, outcomes,
@@ -168,12 +169,15 @@ class StepArchiver:
         members = {m.execution_id: m for m in outcome.members} if outcome is not None else {}
         execution_ids = list(record["execution_ids"]) if record is not None else sorted(members)
         executions: dict[str, Any] = {}
+        runner: dict[str, str | None] = {}
         evaluations: dict[str, list[Any]] = {}
         trees: dict[str, str | None] = {}
         num_trees = written = 0
         for eid in execution_ids:
             raw = await r.get(k.execution(eid))
             executions[eid] = json.loads(raw) if raw is not None else None
+            claim = await r.get(k.execution_runner(eid))
+            runner[eid] = _text(claim) if claim is not None else None
             evaluations[eid] = [json.loads(e) for e in await r.lrange(k.evaluations(eid), 0, -1)]
             meta = {_text(a): _text(b) for a, b in (await r.hgetall(k.tree_meta(eid))).items()}
             if not meta:
@@ -210,6 +214,7 @@ class StepArchiver:
                 },
             },
             "evaluations": evaluations,
+            "runner": runner,
             "trees": trees,
             "archived_at_s": time.time(),
         }

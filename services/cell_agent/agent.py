@@ -148,6 +148,12 @@ class CellAgent:
             bind_host=config.run.host,
             metrics=self.metrics,
         )
+        if config.archive.steps:  # the training record `gyre audit` replays (step_archive.py)
+            self.training.keep_step_records(
+                config.archive.path_for(config.run.path),
+                weights_every=config.archive.weights_every_steps,
+                compress_level=config.archive.compress_level,
+            )
         self.state = self.training.state
         self.publisher = Publisher(
             self.section.trainer,

@@ -28,6 +28,7 @@ from gyre.rl.codec import decode_microstep
 from gyre.rl.loss import LossMetrics
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.errors import CellStateError
+from services.cell_agent.step_archive import archive_step
 from services.cell_agent.step_record import StepRecord
 
 if TYPE_CHECKING:
@@ -77,6 +78,18 @@ async def replay_steps(side: TrainingSide, from_version: int, to_version: int) -
 
         metrics, grad_norm = await side.compute.run(run)
         assert side.trainer.version == step + 1
+        # The weights that exist now are this replay's: its record replaces the first one.
+        await archive_step(
+            side,
+            batch_id=batch_id(side.keys.run_id, step),
+            step=step,
+            cells=(0,),
+            accumulated={0: ids},
+            applied=ids,
+            grad_norm=grad_norm,
+            final_in_burst=False,
+            replayed=True,
+        )
         replayed.append(
             ReplayedStep(batch_id(side.keys.run_id, step), step + 1, len(ids), grad_norm, metrics, tuple(ids))
         )

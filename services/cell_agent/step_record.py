@@ -41,6 +41,7 @@ lists and heartbeats (their names follow `gyre.store.workqueue`; a unit test pin
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -120,6 +121,7 @@ class StepRecord:
         # This record's keys.
         self.join_key, self.participants_key, self.evicted_key = k("join"), k("participants"), k("evicted")
         self.metrics_key, self.done_prefix, self.ready_key = k("metrics"), k("done:"), k("ready")
+        self.accumulated_key = k("accumulated")
         self._open = redis.register_script(scripts.OPEN)
         self._status = redis.register_script(scripts.STATUS)
         self._register = redis.register_script(scripts.REGISTER)
@@ -315,6 +317,16 @@ class StepRecord:
         """The metrics JSON each of `cells` recorded with its last `mark_done`."""
         raw = await self._redis.hmget(self.metrics_key, [str(c) for c in cells])
         return {c: _text(v) or "" for c, v in zip(cells, raw, strict=True) if v is not None}
+
+    async def set_accumulated(self, cell: int, ids: list[str]) -> None:
+        """A participant, before the reduction: the micro-steps its gradient holds, in the order it
+        accumulated them (the core archives them with the step: step_archive.py)."""
+        await self._redis.hset(self.accumulated_key, str(cell), json.dumps(ids))
+
+    async def accumulated(self, cells: tuple[int, ...]) -> dict[int, list[str]]:
+        """What each of `cells` recorded with `set_accumulated` (an empty list for a cell that did not)."""
+        raw = await self._redis.hmget(self.accumulated_key, [str(c) for c in cells])
+        return {c: json.loads(v) if v is not None else [] for c, v in zip(cells, raw, strict=True)}
 
     async def num_done(self, cells: tuple[int, ...]) -> int:
         counts = [await self._redis.scard(self.done_key(c)) for c in cells]

@@ -14,7 +14,9 @@ Every cell of the step, core and satellites alike:
 4. the cells of the closed window reduce their gradients onto the core (SUM: every token already
    carries 1/(L_i·B·N)) over the pre-built prefix group of that size;
 5. the core clips, steps, bumps the version and, after a non-final step, broadcasts the new weights
-   to the participants; everyone then acknowledges its claims and the core marks the step done.
+   to the participants; it records the step for `gyre audit` (every cell's micro-steps in the order it
+   accumulated them, and the weights after the step: step_archive.py); everyone then acknowledges its
+   claims and the core marks the step done.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from gyre.rl.loss import LossMetrics
 from gyre.store import Claim
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.errors import CellStateError, CellUnavailableError
+from services.cell_agent.step_archive import archive_step
 from services.cell_agent.step_record import Registration, StepRecord, StepState, StepStatus, consumer_name
 from services.cell_agent.training import TrainingSide
 
@@ -75,9 +78,12 @@ class _Work:
     metrics: LossMetrics = field(default_factory=LossMetrics)
     processed: int = 0
     finished: set[str] = field(default_factory=set)
+    accumulated: list[str] = field(default_factory=list)
+    """Every micro-step whose gradient went into this cell's buffer since it was zeroed, in order (kept or
+    not: what the reduction sums, and what the step's record says this cell contributed)."""
 
     def reset(self) -> None:
-        self.metrics, self.processed, self.finished = LossMetrics(), 0, set()
+        self.metrics, self.processed, self.finished, self.accumulated = LossMetrics(), 0, set(), []
 
 
 def metrics_json(metrics: LossMetrics) -> str:
@@ -132,14 +138,14 @@ class StepRunner:
             log.info("step_not_joined", batch=batch_id, step=step, reason=registration.value)
             return self._outcome(record, await record.status(self.cell), participated=False)
         await t.compute.run(t.trainer.zero_grads)
-        status, metrics, processed = await self._consume(record, step)
+        status, work = await self._consume(record, step)
         if status.evicted or self.cell not in status.cells:
             await t.compute.run(t.trainer.zero_grads)
             log.warning(
                 "step_left_out", batch=batch_id, step=step, evicted=status.evicted, cells=status.cells
             )
             return self._outcome(record, status, participated=False)
-        return await self._reduce_and_update(record, status, metrics, processed, started)
+        return await self._reduce_and_update(record, status, work, started)
 
     def _outcome(
         self,
@@ -187,9 +193,9 @@ class StepRunner:
             await record.heartbeat(self.cell)
             await asyncio.sleep(self.section.heartbeat_interval_s)
 
-    async def _consume(self, record: StepRecord, step: int) -> tuple[StepStatus, LossMetrics, int]:
-        """Claim and compute until the window closes; returns the final status, this cell's metrics
-        and its number of kept micro-steps."""
+    async def _consume(self, record: StepRecord, step: int) -> tuple[StepStatus, _Work]:
+        """Claim and compute until the window closes; returns the final status and what this cell
+        computed (its metrics, kept micro-steps and what its gradient holds)."""
         t = self.training
         loop = asyncio.get_running_loop()
         work = _Work()
@@ -213,7 +219,7 @@ class StepRunner:
                         await record.release(self.cell)
                         log.warning("evicted_from_step", batch=record.batch_id, item=claim.item_id)
                         status = await record.status(self.cell)
-                        return replace(status, evicted=True), work.metrics, work.processed
+                        return replace(status, evicted=True), work
                     continue
                 status = await (record.try_close() if t.is_core else record.status(self.cell))
                 if status.reason == "core_reset":
@@ -221,11 +227,11 @@ class StepRunner:
                     continue
                 if status.evicted:
                     await record.release(self.cell)
-                    return status, work.metrics, work.processed
+                    return status, work
                 if status.state is StepState.CLOSING and self.cell in status.cells:
                     await record.confirm(self.cell)
                 elif status.state is not StepState.OPEN:
-                    return status, work.metrics, work.processed
+                    return status, work
                 if self.training.world.changed():
                     await record.evict_self(self.cell)
                     await record.release(self.cell)
@@ -256,6 +262,7 @@ class StepRunner:
         )
         began = time.perf_counter()
         result = await t.compute.run(t.trainer.accumulate, microstep)
+        work.accumulated.append(claim.item_id)
         duration = time.perf_counter() - began
         t.microsteps_processed += 1
         t.metrics.microstep(duration, microstep.num_tokens)
@@ -292,11 +299,14 @@ class StepRunner:
         work.reset()
 
     async def _reduce_and_update(
-        self, record: StepRecord, status: StepStatus, metrics: LossMetrics, processed: int, started: float
+        self, record: StepRecord, status: StepStatus, work: _Work, started: float
     ) -> StepOutcome:
         t = self.training
         cells = status.cells
         n = len(cells)
+        metrics, processed = work.metrics, work.processed
+        # Before the collective: the core reads every participant's list once the reduction is over.
+        await record.set_accumulated(self.cell, work.accumulated)
         if t.groups is not None and n > 1:
             await t.compute.run(t.groups.reduce_to_core, t.trainer.flat_grads, n)
         if not t.is_core:
@@ -315,11 +325,21 @@ class StepRunner:
             merged = merged.merge(metrics_from_json(text))
         applied = await record.done_items(cells)
         grad_norm = await t.optimizer_step()
-        if not status.final_in_burst and t.groups is not None and n > 1:
-            await t.compute.run(t.groups.broadcast_from_core, t.trainer.flat_params, n)
-        await record.ack_all(self.cell)
         version = t.trainer.version
         assert version is not None
+        if not status.final_in_burst and t.groups is not None and n > 1:
+            await t.compute.run(t.groups.broadcast_from_core, t.trainer.flat_params, n)
+        await archive_step(
+            t,
+            batch_id=record.batch_id,
+            step=version - 1,
+            cells=cells,
+            accumulated=await record.accumulated(cells),
+            applied=applied,
+            grad_norm=grad_norm,
+            final_in_burst=status.final_in_burst,
+        )
+        await record.ack_all(self.cell)
         every = self.section.checkpoint_every_steps
         if every and version % every == 0:  # before the step counts as done: a restart resumes after it
             await t.checkpoint()

@@ -93,6 +93,18 @@ class TrainingSide:
         """Reports steps replayed by a trainer built once the world formed (the agent sets it)."""
         self.started_batches: set[str] = set()
         """Batches this process has begun its part of (a batch begun by an earlier process is restarted)."""
+        self.archive_dir: Path | None = None
+        """Core: where it records each step it takes for `gyre audit` (None: it does not; step_archive.py)."""
+        self.archive_weights_every = 0
+        self.archive_level = 6
+
+    def keep_step_records(self, archive_dir: Path, *, weights_every: int, compress_level: int) -> None:
+        """Core: record every step taken (its micro-steps per cell, in order) under `archive_dir/steps/`, and
+        the weights after every `weights_every` steps (0: none) under `archive_dir/weights/`."""
+        if self.is_core:
+            self.archive_dir = Path(archive_dir)
+            self.archive_weights_every = weights_every
+            self.archive_level = compress_level
 
     @property
     def trainer(self) -> TrainerBackend:

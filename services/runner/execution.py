@@ -488,7 +488,9 @@ class ExecutionController:
             ),
             event_id=f"exec.terminated:{eid}",
         )
-        await self.ownership.forget(eid)
+        await self.ownership.forget(
+            eid, cm.TerminationReason.Name(reason).removeprefix("TERMINATION_REASON_")
+        )
         self.metrics.terminated.labels(reason_label(cm.TerminationReason.Name(reason))).inc()
         if duration_s > 0:  # 0 for an execution that never started
             self.metrics.execution_seconds.observe(duration_s)

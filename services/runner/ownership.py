@@ -1,6 +1,8 @@
 """Which runner owns which execution, in Redis, so a restarted runner can reconcile.
 
-    claim key   gyre:<run>:exec:{<execution>}:runner    SET NX → "<runner id>", then "done:<runner id>"
+    claim key   gyre:<run>:exec:{<execution>}:runner    SET NX → "<runner id>", then
+                                                        "done:<runner id>:<termination reason>" (the
+                                                        reason's name: COMPLETED, CANCELLED, ...)
     owned hash  gyre:<run>:runner:{<runner id>}:owned   execution id → OwnedExecution JSON
 
 A start request is run only by the runner that claims it (a redelivered request for a claimed or
@@ -80,10 +82,12 @@ class Ownership:
     async def record(self, owned: OwnedExecution) -> None:
         await self._redis.hset(self._owned_key, owned.execution_id, owned.to_json())
 
-    async def forget(self, execution_id: str) -> None:
-        """The execution is terminated and reported: mark the claim done, drop the record."""
+    async def forget(self, execution_id: str, reason: str) -> None:
+        """The execution is terminated (`reason`, a TerminationReason name) and reported: mark the claim
+        done with the reason (the runner's own record of how it ended, which `gyre audit` reads), drop
+        the record."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.set(self._claim_key(execution_id), f"done:{self.runner_id}")
+            pipe.set(self._claim_key(execution_id), f"done:{self.runner_id}:{reason}")
             pipe.hdel(self._owned_key, execution_id)
             await pipe.execute()
 

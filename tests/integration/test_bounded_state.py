@@ -99,7 +99,7 @@ async def leave_group(
             await _call(store, tree, eid, f"{i}+2", f"answer {i + 2}")
             await _call(store, tree, eid, f"{i}+3", f"answer {i + 3}")  # a second root-level branch
             await store.close(eid)
-            await ownership.forget(eid)
+            await ownership.forget(eid, "COMPLETED")
             await counters.add("finished", token=eid)
             blobs[eid] = dict(await redis.hgetall(keys.tree_nodes(eid)))
         assert await queue.put(eid, b"{}")
