@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-APP = {"gyre.cli", "gyre.demo", "gyre.stack"}
+APP = {"gyre.audit", "gyre.cli", "gyre.demo", "gyre.stack"}
 
 
 def lint_imports(config: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:

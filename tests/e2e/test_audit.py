@@ -1,0 +1,192 @@
+"""`gyre audit` on one small real run, and on copies of it doctored the way a broken run would look.
+
+The run (built once for the module): K = 3 cells, two groups of four executions per step, micro-steps of
+at most 600 tokens so each step's several micro-steps spread over the cells, 3 steps. The clean run must
+pass — the replayed weights within the stated tolerance of the run's at every step, the smallest effect of
+one micro-step applied twice or skipped at least 100 tolerances, ledger and accounting equal to the run's
+report — and each doctored copy must fail, exit 1, naming its defect:
+
+    a micro-step applied twice      a cell's list in the step record holds it twice
+    a micro-step skipped            a cell's list leaves one out that the weights hold
+    a group trained twice           a later batch lists a group an earlier batch trained
+    an execution dropped            the runner's and the evaluator's records of one execution are gone
+    a checkpoint from the wrong step  the last checkpoint holds the weights of the step before it
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from gyre.audit.replay import MARGIN, TOLERANCE
+from gyre.cli import app
+from gyre.demo.config import demo_config
+from gyre.demo.run import DemoRun
+from gyre.rl.codec import decode_microstep
+from gyre.store.step_archive import read_step_record, step_path, write_step_record
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+SHAPE: dict[str, Any] = {
+    "scheduler": {
+        "num_cells": 3,
+        "group_size": 4,
+        "batch_groups": 2,
+        "phi": 0.5,
+        "mu": 2,
+        "rho_min": 0.5,
+        "tau_s": 0.2,
+        "cell_capacity": 4,
+    },
+    "tasks": {"queries": ["add"], "held_out": []},
+    "packer": {"microstep_tokens": 600},
+    "runner": {
+        "harness_args": ["--tool-latency-s", "0.5", "--tool-latency-max-s", "2"],
+        "sandbox": {"uid_base": 156000},
+    },
+    "evaluator": {"sandbox": {"uid_base": 157000}},
+}
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    runs = tmp_path_factory.mktemp("audit") / "runs"
+    config = demo_config(None, {"run": {"id": "audited", "dir": str(runs)}, **SHAPE})
+    DemoRun(config, steps=STEPS).execute()
+    return config.run.path
+
+
+def _audit_cli(run_dir: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    result = CliRunner().invoke(app, ["audit", str(run_dir), "--json", *args])
+    line = next(x for x in reversed(result.output.splitlines()) if x.startswith("{"))
+    return result.exit_code, json.loads(line)
+
+
+def test_the_clean_run_passes_its_audit(clean_run: Path) -> None:
+    code, report = _audit_cli(clean_run)
+    print(json.dumps({k: report[k] for k in ("ok", "defects", "ledger", "accounting")}, indent=1))
+    print(json.dumps(report["replay"]["by_step"], indent=1))
+    assert code == 0 and report["ok"] and report["defects"] == [], report["defects"]
+    replay = report["replay"]
+    assert replay["steps"] == STEPS and replay["tolerance"] == TOLERANCE
+    for row in replay["by_step"]:
+        # every step compared with the weights the run kept after it, within the tolerance
+        assert "archive" in row["compared"], row
+        assert row["max_rel_diff"] is not None and row["max_rel_diff"] <= TOLERANCE, row
+    # the checkpoints and publications still on disk were compared too
+    assert "checkpoint" in replay["by_step"][-1]["compared"]
+    assert replay["by_step"][-1]["optimizer_max_rel_diff"] is not None
+    assert any("published" in row["compared"] for row in replay["by_step"])
+    assert replay["smallest_microstep_effect"] >= MARGIN * TOLERANCE
+    # several micro-steps spread over more than one cell in some step: the cells' sum was replayed
+    assert any(len(row["cells"]) > 1 and row["microsteps"] > 1 for row in replay["by_step"])
+    assert report["ledger"]["matches_report"] is True and report["ledger"]["steps"] == STEPS
+    accounting = report["accounting"]
+    assert accounting["matches_report"] is True and accounting["lost"] == 0
+    assert accounting["dispatched"] == accounting["counters"]["d"] > 0
+
+
+def _doctor(clean: Path, tmp_path: Path, change: Callable[[Path], None]) -> Path:
+    run = tmp_path / clean.name
+    shutil.copytree(
+        clean, run, ignore=shutil.ignore_patterns("nats", "workspaces", "sandboxes", "evaluations")
+    )
+    change(run)
+    return run
+
+
+def _learning(record: Any, mid: str) -> bool:
+    """The micro-step has a gradient: an execution with a non-zero advantage and a target (one without
+    changes nothing, applied twice or not at all)."""
+    ms = decode_microstep(record.payloads[mid])
+    return bool((ms.advantages != 0).any() and ms.target_mask.any())
+
+
+def _multi_cell_step(run: Path) -> tuple[Path, Any, str, int]:
+    """A step whose micro-steps spread over two cells, one of its micro-steps with a gradient, and the cell
+    that accumulated it."""
+    for path in sorted((run / "archive" / "steps").glob("*.json.gz")):
+        record = read_step_record(path)
+        if sum(bool(ids) for ids in record.accumulated.values()) > 1:
+            for cell, ids in sorted(record.accumulated.items()):
+                for mid in ids:
+                    if _learning(record, mid):
+                        return path, record, mid, cell
+    raise AssertionError("no step of the run spread its micro-steps over two cells")
+
+
+def _rewrite(run: Path, record: Any) -> None:
+    write_step_record(run / "archive", record)
+    assert step_path(run / "archive", record.batch_id).is_file()
+
+
+def _failing(run: Path, *names: str) -> list[str]:
+    code, report = _audit_cli(run, "--no-probe")
+    assert code == 1 and not report["ok"], report
+    for name in names:
+        assert any(name in d for d in report["defects"]), (name, report["defects"])
+    return list(report["defects"])
+
+
+def test_a_microstep_applied_twice_fails_the_audit(clean_run: Path, tmp_path: Path) -> None:
+    def twice(run: Path) -> None:
+        _, record, mid, cell = _multi_cell_step(run)
+        other = next(c for c, ids in record.accumulated.items() if ids and c != cell)
+        record.accumulated[other].append(mid)
+        _rewrite(run, record)
+
+    defects = _failing(_doctor(clean_run, tmp_path, twice), "applied twice")
+    assert any("differs from the replay" in d for d in defects), defects
+
+
+def test_a_skipped_microstep_fails_the_audit(clean_run: Path, tmp_path: Path) -> None:
+    def skip(run: Path) -> None:
+        _, record, mid, cell = _multi_cell_step(run)
+        record.accumulated[cell].remove(mid)
+        _rewrite(run, record)
+
+    _failing(_doctor(clean_run, tmp_path, skip), "differs from the replay", "miss")
+
+
+def test_a_group_trained_twice_fails_the_audit(clean_run: Path, tmp_path: Path) -> None:
+    def again(run: Path) -> None:
+        batches = sorted(
+            (run / "archive" / "batches").glob("*.json.gz"),
+            key=lambda p: int(p.name.split("-b")[-1].split(".")[0]),
+        )
+        first, second = (json.loads(gzip.decompress(p.read_bytes())) for p in batches[:2])
+        second["groups"].append(first["groups"][0])
+        batches[1].write_bytes(gzip.compress(json.dumps(second).encode()))
+
+    _failing(_doctor(clean_run, tmp_path, again), "trained twice")
+
+
+def test_a_dropped_execution_fails_the_audit(clean_run: Path, tmp_path: Path) -> None:
+    def drop(run: Path) -> None:
+        path = sorted((run / "archive" / "groups").glob("*.json.gz"))[0]
+        group = json.loads(gzip.decompress(path.read_bytes()))
+        eid = group["record"]["execution_ids"][0]
+        group["runner"][eid] = None
+        group["evaluations"][eid] = []
+        del group["outcome"]["members"][eid]
+        path.write_bytes(gzip.compress(json.dumps(group).encode()))
+
+    _failing(_doctor(clean_run, tmp_path, drop), "lost")
+
+
+def test_a_checkpoint_from_the_wrong_step_fails_the_audit(clean_run: Path, tmp_path: Path) -> None:
+    def stale(run: Path) -> None:
+        checkpoint = run / "checkpoints" / f"step-{STEPS:08d}" / "model.safetensors"
+        before = load_file(str(run / "archive" / "weights" / f"v{STEPS - 1:08d}.safetensors"))
+        save_file(before, str(checkpoint), metadata={"format": "pt", "gyre_policy_version": str(STEPS)})
+
+    _failing(_doctor(clean_run, tmp_path, stale), "checkpoint from the wrong step")
