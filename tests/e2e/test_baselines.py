@@ -19,6 +19,7 @@ import pytest
 
 from gyre.demo.config import mode_config
 from gyre.demo.run import DemoRun
+from tests.support.audit import assert_audited
 from tests.support.models import hf_dir
 
 pytestmark = pytest.mark.slow
@@ -67,8 +68,8 @@ def _run(mode: str, tmp_path: Path, script: Path) -> tuple[dict[str, Any], list[
     assert summary["steps"] == 2 and summary["mode"] == mode
     assert summary["target_staleness"] == 0.5
     ex = summary["executions"]
-    assert ex["dispatched"] == sum(v for k, v in ex.items() if k != "dispatched")
     assert ex["trained"] >= 2 * 2 * 2 - ex["excluded"] - ex["placeholder"]
+    assert_audited(config.run.path, steps=2)
     return summary, events
 
 

@@ -31,6 +31,7 @@ from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
 from gyre.model.weights import load_model
 from gyre.trainer.checkpoint import latest_checkpoint, read_adapter_checkpoint
+from tests.support.audit import assert_audited
 from tests.support.tensorboard import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -66,6 +67,7 @@ def test_two_elastic_steps_with_a_satellite_joining_mid_batch(tmp_path: Path) ->
     config = demo_config(None, {"run": {"id": "e2e", "dir": str(tmp_path / "runs")}, **SHAPE})
     summary, events = _run_with_status(config, tmp_path)
     _assert_elastic(summary, events)
+    assert_audited(config.run.path, steps=2)
 
 
 def _tiny_config(tmp_path: Path, run_id: str, model_dir: Path, trainer: dict[str, Any] | None = None) -> Any:
@@ -100,6 +102,7 @@ def test_two_elastic_steps_on_a_tiny_qwen3_moe_and_its_publication_loads_in_tran
     config = _tiny_config(tmp_path, "e2emoe", model_dir)
     summary, events = _run_with_status(config, tmp_path)
     _assert_elastic(summary, events)
+    assert_audited(config.run.path, steps=2)
     published = config.run.path / "checkpoints" / "published" / "v00000002"
     assert check_model_dir(published).policy_version == 2
     checkpoint = latest_checkpoint(config.run.path / "checkpoints")
@@ -129,6 +132,7 @@ def test_two_elastic_steps_training_a_lora_adapter_on_a_tiny_qwen3(tmp_path: Pat
     config = _tiny_config(tmp_path, "e2elora", model_dir, {"lora": lora, "lr": 1e-3})
     summary, events = _run_with_status(config, tmp_path)
     _assert_elastic(summary, events)
+    assert_audited(config.run.path, steps=2)  # the adapter's steps replayed with the run's own trainer
     published = config.run.path / "checkpoints" / "published" / "v00000002"
     assert sorted(p.name for p in published.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     checkpoint = latest_checkpoint(config.run.path / "checkpoints")
@@ -236,7 +240,6 @@ def _assert_step_metrics(run_dir: Path, num_groups: int) -> None:
 def _assert_elastic(summary: dict[str, Any], events: list[dict[str, Any]]) -> None:
     assert summary["steps"] == 2
     ex = summary["executions"]
-    assert ex["dispatched"] == sum(v for k, v in ex.items() if k != "dispatched")
     assert ex["trained"] >= 2 * 3 * 2 - ex["excluded"] - ex["placeholder"]
     assert summary["harness_errors_during_transitions"] == 0
     terminated = [e["event"] for e in events if e["type"] == "gyre.v1.ExecutionTerminated"]

