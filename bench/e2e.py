@@ -85,6 +85,12 @@ def measure(argv: list[str]) -> dict[str, Any]:
     )
     parser.add_argument("--modes", default="elastic,async,colocate")
     parser.add_argument("--config", default=None, help="YAML overlaid on the demo settings")
+    parser.add_argument(
+        "--uid-base",
+        type=int,
+        default=192000,
+        help="first sandbox uid of the runner (the verifier's: +1000); another stack on the machine must not share them",
+    )
     args = parser.parse_args(argv)
 
     from gyre.demo.config import demo_config
@@ -106,7 +112,7 @@ def measure(argv: list[str]) -> dict[str, Any]:
                 "max_concurrent": capacity,
                 # sandbox uids of its own: a runner kills every process of the uids it takes, and other
                 # stacks and tests on this machine use the default ranges (runner 120000+, verifier 130000+)
-                "sandbox": {"uid_base": 192000},
+                "sandbox": {"uid_base": args.uid_base},
                 "harness_args": [
                     "--tool-latency-s",
                     str(args.tool_latency_s),
@@ -117,7 +123,7 @@ def measure(argv: list[str]) -> dict[str, Any]:
                 ],
             },
         }
-        overrides["evaluator"] = {"sandbox": {"uid_base": 193000}}
+        overrides["evaluator"] = {"sandbox": {"uid_base": args.uid_base + 1000}}
         cfg = demo_config(Path(args.config) if args.config else None, overrides)
         load_before = os.getloadavg()[0]
         t0 = time.monotonic()

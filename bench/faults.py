@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-RUNNER_UIDS, VERIFIER_UIDS = 194000, 195000
+RUNNER_UIDS = 194000
 """Sandbox uids of their own (a runner kills every process of the uids it takes)."""
 
 
@@ -49,7 +49,14 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench faults", description=__doc__)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--only", default="", help="comma-separated fault names (default: all)")
+    parser.add_argument(
+        "--uid-base",
+        type=int,
+        default=RUNNER_UIDS,
+        help="first sandbox uid of the runner (the verifier's: +1000); another stack on the machine must not share them",
+    )
     args = parser.parse_args(argv)
+    runner_uids, verifier_uids = args.uid_base, args.uid_base + 1000
 
     from gyre.demo.config import demo_config
     from gyre.demo.faults import FaultInjector, fault_report
@@ -74,16 +81,16 @@ def main(argv: list[str]) -> None:
             "tasks": {"queries": ["add"]},
             "runner": {
                 "harness_args": ["--tool-latency-s", "3", "--tool-latency-max-s", "10"],
-                "sandbox": {"uid_base": RUNNER_UIDS},
+                "sandbox": {"uid_base": runner_uids},
             },
             # the built-in verifier times out after 30 s: the hung one is then retried or excluded
-            "evaluator": {"sandbox": {"uid_base": VERIFIER_UIDS}},
+            "evaluator": {"sandbox": {"uid_base": verifier_uids}},
             # a checkpoint every other step: a core killed after an odd step replays it from its micro-steps
             "cell_agent": {"trainer": {"checkpoint_every_steps": 2}},
         },
     )
     injector = FaultInjector(
-        config.run.path, faults, verifier_uids=range(VERIFIER_UIDS, VERIFIER_UIDS + 2000)
+        config.run.path, faults, verifier_uids=range(verifier_uids, verifier_uids + 2000)
     )
 
     def progress(state: Any, elapsed_s: float) -> None:

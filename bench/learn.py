@@ -1,14 +1,20 @@
-"""`gyre bench learn`: the learning gate at demo length, the held-out score before and after training,
-over several run seeds.
+"""`gyre bench learn`: the learning gate at demo length, the held-out score before and after training, per
+scheduling mode over the same seeds at one matched staleness.
 
-Each seed runs the full demo (`gyre demo` machinery, `--steps` optimizer steps on the demo's training
-tasks) and scores the held-out pool (`tasks.held_out`, never dispatched) at step 0 and at the last step
-with the same engine seed and sample count (gyre/demo/heldout.py). Step 0 is the same model for every
-seed, so `eval_first` is one number repeated; the seed-to-seed spread of `rise_per_seed` is the noise a
-margin has to clear. A gate "rise > margin" has a false-alarm rate of the share of seeds below it.
+    gyre bench learn --json                                   # elastic (the demo's settings), seeds 0,1,2
+    gyre bench learn --modes elastic,async,colocate --json    # is learning traded for speed?
 
-Last line: {"seeds", "steps", "eval_first", "eval_last", "rise_per_seed", "rise_median", "rise_min",
-"rise_std", "wall_s_per_seed", ...}.
+Each (mode, seed) runs the full demo (`gyre demo` machinery, `--steps` optimizer steps on the demo's
+training tasks) and scores the held-out pool (`tasks.held_out`, never dispatched) at step 0 and at the
+last step with the same engine seed and sample count (gyre/demo/heldout.py). The modes run at the demo's
+target staleness E[d] = φ + (μ − 1)/2 (`mode_config`, as `gyre demo --mode` and `gyre bench e2e`): async
+(E[d], 1) with one training cell, colocate (0, 2·E[d] + 1), elastic as configured. Step 0 is the same
+model for every run, so `eval_first` is one number repeated; the seed-to-seed spread of `rise_per_seed` is
+the noise any difference between the modes has to clear.
+
+Last line: {"seeds", "steps", "target_staleness", "modes": {MODE: {"phi", "mu", "eval_first", "eval_last",
+"rise_per_seed", "rise_median", "rise_min", "rise_std", "mean_staleness_per_seed", "wall_s_per_seed"}}}
+and, for the first mode, its fields at the top level too (what a single-mode run printed before).
 """
 
 from __future__ import annotations
@@ -26,63 +32,92 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench learn", description=__doc__)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seeds", default="0,1,2", help="run seeds, comma-separated")
+    parser.add_argument("--modes", default="elastic", help="scheduling modes, comma-separated")
     parser.add_argument("--config", default=None, help="YAML overlaid on the demo settings")
+    parser.add_argument(
+        "--uid-base",
+        type=int,
+        default=196000,
+        help="first sandbox uid of the runner (the verifier's: +1000); another stack on the machine must not share them",
+    )
     parser.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
     args = parser.parse_args(argv)
 
-    from gyre.demo.config import demo_config
-    from gyre.demo.run import DemoRun
+    from gyre.config import ConfigError
+    from gyre.demo.config import mode_config
 
     seeds = [int(s) for s in args.seeds.split(",")]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    file = Path(args.config) if args.config else None
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    first: list[float | None] = []
-    last: list[float | None] = []
-    wall: list[float] = []
-    for seed in seeds:
-        overrides: dict[str, Any] = {
-            "run": {"id": f"bench-learn-{seed}-{stamp}"},
-            "scheduler": {"seed": seed},
-            "tasks": {"held_out_every_steps": args.steps},
-        }
-        config = demo_config(Path(args.config) if args.config else None, overrides)
-        if not config.tasks.held_out:
+    out: dict[str, Any] = {"seeds": seeds, "steps": args.steps, "modes": {}}
+    for mode in modes:
+        try:
+            probe = mode_config(file, {}, mode)
+        except ConfigError as e:
+            raise SystemExit(f"gyre bench learn: {e}") from None
+        if not probe.tasks.held_out:
             raise SystemExit("gyre bench learn: the config has no tasks.held_out pool to evaluate")
-        t0 = time.monotonic()
-        summary = DemoRun(config, steps=args.steps).execute(
-            progress=lambda st, s, seed=seed: print(
-                f"[seed {seed} {s:5.0f}s] step {st.steps}/{args.steps}", file=sys.stderr
-            )
+        out["target_staleness"] = probe.scheduler.phi + (probe.scheduler.mu - 1) / 2
+        runs = [_run(file, mode, seed, args, stamp) for seed in seeds]
+        out["modes"][mode] = {"phi": probe.scheduler.phi, "mu": probe.scheduler.mu, **_rise(runs)}
+    first = out["modes"][modes[0]]
+    out.update({k: v for k, v in first.items() if k not in ("phi", "mu")})
+    print(json.dumps(out))
+
+
+def _run(file: Path | None, mode: str, seed: int, args: argparse.Namespace, stamp: str) -> dict[str, Any]:
+    from gyre.demo.config import mode_config
+    from gyre.demo.run import DemoRun
+
+    overrides: dict[str, Any] = {
+        "run": {"id": f"bench-learn-{mode}-{seed}-{stamp}"},
+        "scheduler": {"seed": seed},
+        "tasks": {"held_out_every_steps": args.steps},
+        "runner": {"sandbox": {"uid_base": args.uid_base}},
+        "evaluator": {"sandbox": {"uid_base": args.uid_base + 1000}},
+    }
+    config = mode_config(file, overrides, mode)
+    t0 = time.monotonic()
+    summary = DemoRun(config, steps=args.steps).execute(
+        progress=lambda st, s: print(
+            f"[{mode} seed {seed} {s:5.0f}s] step {st.steps}/{args.steps}", file=sys.stderr
         )
-        wall.append(round(time.monotonic() - t0, 1))
-        by_step = summary["eval_by_step"]
-        first.append(by_step[0]["mean_reward"])
-        last.append(by_step[-1]["mean_reward"])
-        print(
-            json.dumps(
-                {
-                    "seed": seed,
-                    "eval_by_step": [(e["step"], e["mean_reward"]) for e in by_step],
-                    "train_reward_by_step": summary["reward_by_step"],
-                }
-            ),
-            file=sys.stderr,
-        )
-    rises = [round(b - a, 4) for a, b in zip(first, last, strict=True) if a is not None and b is not None]
+    )
+    by_step = summary["eval_by_step"]
     print(
         json.dumps(
             {
-                "seeds": seeds,
-                "steps": args.steps,
-                "eval_first": first,
-                "eval_last": last,
-                "rise_per_seed": rises,
-                "rise_median": statistics.median(rises) if rises else None,
-                "rise_min": min(rises) if rises else None,
-                "rise_std": statistics.stdev(rises) if len(rises) > 1 else None,
-                "wall_s_per_seed": wall,
+                "mode": mode,
+                "seed": seed,
+                "eval_by_step": [(e["step"], e["mean_reward"]) for e in by_step],
+                "train_reward_by_step": summary["reward_by_step"],
             }
-        )
+        ),
+        file=sys.stderr,
     )
+    return {
+        "first": by_step[0]["mean_reward"],
+        "last": by_step[-1]["mean_reward"],
+        "staleness": summary["mean_staleness"],
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def _rise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    rises = [
+        round(r["last"] - r["first"], 4) for r in runs if r["first"] is not None and r["last"] is not None
+    ]
+    return {
+        "eval_first": [r["first"] for r in runs],
+        "eval_last": [r["last"] for r in runs],
+        "rise_per_seed": rises,
+        "rise_median": statistics.median(rises) if rises else None,
+        "rise_min": min(rises) if rises else None,
+        "rise_std": round(statistics.stdev(rises), 4) if len(rises) > 1 else None,
+        "mean_staleness_per_seed": [r["staleness"] for r in runs],
+        "wall_s_per_seed": [r["wall_s"] for r in runs],
+    }
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ class Covered:
 
 
 # A run small enough for the demo-based benchmarks: K = 3 cells, two groups of two executions per step,
-# short tool sleeps (the stack's start is most of their time).
+# short tool sleeps (the stack's start is most of their time). Each gets sandbox uids of its own
+# (`--uid-base`): a runner kills every process of the uids it takes, so two stacks must never share them.
 TINY_DEMO = {
     "scheduler": {
         "num_cells": 3,
@@ -45,21 +46,32 @@ TINY_DEMO = {
         "cell_capacity": 2,
     },
     "tasks": {"queries": ["add/1+5"], "held_out": ["add/2+2"], "held_out_samples": 1},
+    "runner": {"harness_args": ["--tool-latency-s", "0.2", "--tool-latency-max-s", "0.5"]},
 }
-TINY_HARNESS = ["--tool-latency-s", "0.2", "--tool-latency-max-s", "0.5"]
+TINY_HARNESS = TINY_DEMO["runner"]["harness_args"]  # bench e2e sets them from its own flags
 
 TINY: dict[str, list[str] | Covered] = {
     "cluster": Covered(
         "tests/integration/test_compose_cluster.py::test_reduced_compose_run_trains_through_a_satellite_container_kill"
     ),
-    "e2e": ["--steps", "1", "--modes", "elastic", "--config", "{tiny_demo}", *TINY_HARNESS],
+    "e2e": [
+        "--steps",
+        "1",
+        "--modes",
+        "elastic",
+        "--config",
+        "{tiny_demo}",
+        "--uid-base",
+        "186000",
+        *TINY_HARNESS,
+    ],
     "engine": ["--decode-tokens", "4", "--long-prompt", "32"],
-    "faults": ["--steps", "1", "--only", "scheduler"],
+    "faults": ["--steps", "1", "--only", "scheduler", "--uid-base", "190000"],
     "gpu": Covered(
         "tests/unit/megatron/test_bench_gpu.py::test_without_cuda_it_prints_cuda_false_and_exits_0"
     ),
     "harness": ["--executions", "2", "--concurrency", "2", "--group-size", "2", "--start", "plain"],
-    "learn": ["--steps", "1", "--seeds", "0", "--config", "{tiny_demo}"],
+    "learn": ["--steps", "1", "--seeds", "0", "--config", "{tiny_demo}", "--uid-base", "188000"],
     "load": Covered(
         "tests/integration/test_bench_load.py::test_bench_load_answers_every_call_and_reports_its_fields"
     ),
@@ -78,6 +90,7 @@ TINY: dict[str, list[str] | Covered] = {
         "--duration-s",
         "0.3",
     ],
+    "sandbox": ["--executions", "1", "--concurrency", "1", "--no-build"],
     "switch": ["--cycles", "1", "--inflight", "2"],
     "train": ["--microsteps", "2", "--token-budget", "64", "--steps", "2"],
     "tree": ["--quick", "--repeats", "2"],
