@@ -90,6 +90,12 @@ class LoraSection(Section):
         return v
 
 
+WeightTransportName = Literal["mooncake", "torch"]
+"""The names of `gyre.weights.transports.WEIGHT_TRANSPORTS` (the trainer's config may not import the
+transports: a contract keeps the trainer below them), kept equal to the registry by its contract test,
+tests/unit/cell_agent/test_weight_transports.py."""
+
+
 class TrainerSection(Section):
     backend: str = "torch"
     """Trainer backend of a cell, a name in the registry of `gyre.trainer.backends` (checked before
@@ -143,12 +149,12 @@ class TrainerSection(Section):
     """Timeout of one collective (gradient reduction, parameter broadcast, snapshot broadcast)."""
     rendezvous_timeout_s: PositiveFloat = 120.0
     """How long a cell waits for every cell to join the torch.distributed world at start-up."""
-    weight_transport: str = "torch"
-    """How a satellite pulls the core's snapshot, a name in the registry of `gyre.weights.transports`
-    (checked before anything starts, `check_transport`; the trainer's config imports no transport): a torch.distributed broadcast from the core over the cells'
-    own gloo/NCCL groups (the embedded default: no extra listener, loopback only), or the Mooncake Transfer
-    Engine (one flat buffer registered by the core, read by satellites; clusters select it, deploy/k8s,
-    where the NetworkPolicy confines it: it listens on 0.0.0.0 whatever it is given)."""
+    weight_transport: WeightTransportName = "torch"
+    """How a satellite pulls the core's snapshot, a name in the registry of `gyre.weights.transports`:
+    `torch`, a torch.distributed broadcast from the core over the cells' own gloo/NCCL groups (the embedded
+    default: no extra listener, loopback only), or `mooncake`, the Mooncake Transfer Engine (one flat
+    buffer registered by the core, read by satellites; clusters select it, deploy/k8s, where the
+    NetworkPolicy confines it: it listens on 0.0.0.0 whatever it is given)."""
     mooncake_protocol: Literal["tcp", "rdma"] = "tcp"
     """Mooncake transport protocol (TCP on CPU machines, RDMA on clusters)."""
     mooncake_device: str = ""

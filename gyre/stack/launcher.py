@@ -39,7 +39,6 @@ from gyre.stack.state import ProcessEntry, StackState
 from gyre.stack.supervisor import SERVICES
 from gyre.tasks import TaskError, TaskSet
 from gyre.trainer.layout import check_trainer
-from gyre.weights.transports import check_transport
 
 __all__ = [
     "SERVICES",
@@ -115,7 +114,6 @@ def up(
     transport that is not registered: `ConfigError`)."""
     check_model_dir(config.model.require_path())
     check_trainer(config.cell_agent.trainer, config.model.require_path())
-    check_transport(config.cell_agent.trainer.weight_transport)
     try:
         TaskSet.from_section(config.tasks)  # a malformed task fails here, before anything is spawned
     except TaskError as e:

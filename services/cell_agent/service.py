@@ -18,7 +18,6 @@ from gyre.config import GyreConfig
 from gyre.model.files import check_model_dir
 from gyre.service import GyreService
 from gyre.trainer.layout import check_trainer
-from gyre.weights.transports import check_transport
 from services.cell_agent.errors import ERROR_STATUSES
 
 if TYPE_CHECKING:
@@ -37,7 +36,6 @@ class CellAgentService(GyreService):
         # that cannot build it (megatron), stops the cell here (exit 2, the field named).
         check_model_dir(config.model.require_path())
         check_trainer(config.cell_agent.trainer, config.model.require_path())
-        check_transport(config.cell_agent.trainer.weight_transport)
         if config.cell_agent.engine.backend == "embedded":
             from services.cell_agent.engine.sources import check_output_source
 

@@ -1,10 +1,10 @@
 """Weight transports, by name (`cell_agent.trainer.weight_transport`); see `base.py` to add one.
 
-    check_transport(config.cell_agent.trainer.weight_transport)   # gyre up, cell agent start: exit 2
     transport = create_transport("torch", options)
 
 The registry maps a name to a loader of its class, so a transport's imports (torch, Mooncake) happen
-only when a cell builds it, and the config checks its field against the names here without them;
+only when a cell builds it; `cell_agent.trainer.weight_transport` names one (`gyre.config.training.
+WeightTransportName`, kept equal to these names by the contract test);
 tests/unit/cell_agent/test_weight_transports.py runs every name here.
 """
 
@@ -33,20 +33,6 @@ def _torch() -> type[WeightTransport]:
 
 WEIGHT_TRANSPORTS: dict[str, Callable[[], type[WeightTransport]]] = {"mooncake": _mooncake, "torch": _torch}
 """name → a function returning the transport class (importing its module on first use)."""
-
-
-TRANSPORT_FIELD = "cell_agent.trainer.weight_transport"
-
-
-def check_transport(name: str) -> None:
-    """`ConfigError` naming the field unless `name` is registered (imports no transport)."""
-    if name not in WEIGHT_TRANSPORTS:
-        from gyre.config import ConfigError
-
-        raise ConfigError(
-            f"config: {TRANSPORT_FIELD}: {name!r} is not a weight transport; "
-            f"choose one of {', '.join(WEIGHT_TRANSPORTS)}"
-        )
 
 
 def transport_class(name: str) -> type[WeightTransport]:
