@@ -26,7 +26,7 @@ $(VENV)/bin/python:
 
 # Reinstall only when the project metadata changes; the install is editable.
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e '.[dev,mooncake,megatron]'
+	$(PY) -m pip install -q -e '.[dev,mooncake,megatron,wandb,mlflow]'
 	@touch $@
 
 $(SYS_STAMP): deploy/local/system-deps.sh | $(VENV)/bin/python
