@@ -39,7 +39,7 @@ IMAGE_PYTHON = {"python_full_version": "3.11.2", "python_version": "3.11", "sys_
 
 
 @dataclass(frozen=True, slots=True)
-class Images:
+class ClusterImages:
     gyre: str
     nats: str
     redis: str
@@ -118,7 +118,7 @@ def _build(tag: str, dockerfile: Path, context: Path, args: dict[str, str], volu
     return round(time.monotonic() - t0, 1)
 
 
-def build_images(work: Path) -> Images:
+def build_images(work: Path) -> ClusterImages:
     """Build the three images (the Gyre image with the host's wheelhouse and node_modules mounted)."""
     build_s: dict[str, float] = {}
     t0 = time.monotonic()
@@ -147,4 +147,4 @@ def build_images(work: Path) -> Images:
     build_s["redis"] = _build(
         tags["redis"], images_dir / "redis.Dockerfile", empty, {"BASE_IMAGE": BASE_IMAGE}, []
     )
-    return Images(tags["gyre"], tags["nats"], tags["redis"], build_s)
+    return ClusterImages(tags["gyre"], tags["nats"], tags["redis"], build_s)

@@ -27,6 +27,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 ALWAYS_JSON = {"model init", "model inspect", "trace replay"}
 """Commands without a `--json` option whose output is JSON."""
 ELSEWHERE = {
+    "audit": "recomputes a finished run (tests/e2e/test_audit.py runs `gyre audit RUN --json` on one)",
     "bench": "tests/integration/test_benches.py runs every benchmark to its JSON line",
     "demo": "runs the whole stack for minutes; progress goes to stderr under --json (tests/e2e)",
     "resume": "resumes a stopped demo run (tests/faults/test_resume.py)",
