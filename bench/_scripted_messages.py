@@ -3,6 +3,8 @@
 It stands in for the model's outputs only: every first call of a conversation is answered with one
 `write_file` tool call, every call that carries a tool result with a final text, in the Messages API's
 own JSON or SSE stream (`stream: true`), so the demo harness runs its real SDK, agent loop and tools.
+With `tool_call=False` every call gets the final text (a harness that makes one call and ends). It
+records when each API key's first call arrived (`first_call`: bench sandbox's time to first call).
 
     endpoint = ScriptedMessages(path="answer.txt", content="8")
     port = await endpoint.start()          # 127.0.0.1:port, POST /v1/messages
@@ -14,13 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 
 class ScriptedMessages:
-    def __init__(self, path: str = "answer.txt", content: str = "8") -> None:
+    def __init__(self, path: str = "answer.txt", content: str = "8", *, tool_call: bool = True) -> None:
         self.tool_input = {"path": path, "content": content}
+        self.tool_call = tool_call
         self.requests = 0
+        self.first_call: dict[str, float] = {}
+        """API key → when its first call's headers arrived (time.time())."""
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -35,7 +41,7 @@ class ScriptedMessages:
     def _reply(self, request: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
         last = request.get("messages", [{}])[-1].get("content")
         answered = isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)
-        if answered:
+        if answered or not self.tool_call:
             return [{"type": "text", "text": "Done."}], "end_turn"
         block = {
             "type": "tool_use",
@@ -48,10 +54,13 @@ class ScriptedMessages:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            headers = dict(
-                line.split(":", 1) for line in head.decode("latin-1").split("\r\n")[1:] if ":" in line
-            )
-            length = int(next((v for k, v in headers.items() if k.lower() == "content-length"), "0"))
+            arrived = time.time()
+            headers = {
+                k.strip().lower(): v.strip()
+                for k, _, v in (line.partition(":") for line in head.decode("latin-1").split("\r\n")[1:])
+            }
+            self.first_call.setdefault(headers.get("x-api-key", ""), arrived)
+            length = int(headers.get("content-length", "0"))
             request = json.loads(await reader.readexactly(length)) if length else {}
             self.requests += 1
             content, stop = self._reply(request)

@@ -50,6 +50,7 @@ from typing import Any
 import grpc
 import psutil
 
+from bench._scripted_messages import ScriptedMessages
 from bench._startup import run_bench
 from gyre.bus import EventBus, decode_event
 from gyre.bus.codec import TYPE_HEADER
@@ -72,55 +73,6 @@ printf 'POST /v1/messages HTTP/1.1\r\nHost: %s\r\nx-api-key: %s\r\ncontent-type:
 cat <&3 > reply.txt
 sed -i 's/$1 - $2/$1 + $2/' sum.sh
 """
-
-
-class FirstCalls:
-    """A Messages endpoint that answers every call with a short text and records when each key's first
-    call arrived (it stands in for the model, which is not what is measured)."""
-
-    def __init__(self) -> None:
-        self.first: dict[str, float] = {}
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-            arrived = time.time()
-            headers = {
-                k.strip().lower(): v.strip()
-                for k, _, v in (ln.partition(":") for ln in head.split("\r\n")[1:])
-            }
-            await reader.readexactly(int(headers.get("content-length", "0")))
-            self.first.setdefault(headers.get("x-api-key", ""), arrived)
-            body = json.dumps(
-                {
-                    "id": "m",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": "m",
-                    "stop_reason": "end_turn",
-                    "content": [{"type": "text", "text": "Done."}],
-                    "usage": {"input_tokens": 1, "output_tokens": 1},
-                }
-            ).encode()
-            writer.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                % (len(body), body)
-            )
-            await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            pass
-        finally:
-            writer.close()
 
 
 class KeyPerExecution(proxy_pb2_grpc.ProxyServicer):
@@ -208,7 +160,7 @@ async def phase(
     work: Path,
     urls: dict[str, str],
     proxy_port: int,
-    calls: FirstCalls,
+    calls: ScriptedMessages,
     uid_base: int,
 ) -> dict[str, Any]:
     """A runner and an evaluator with `launcher` over `executions` executions of fix-sum."""
@@ -271,7 +223,7 @@ def _phase_result(
     run_dir: Path,
     times: dict[str, dict[str, Any]],
     published: dict[str, float],
-    calls: FirstCalls,
+    calls: ScriptedMessages,
     own_s: float,
     engine_s: float,
 ) -> dict[str, Any]:
@@ -286,7 +238,7 @@ def _phase_result(
         raise RuntimeError(
             f"{len(failed)} of {n} executions failed ({len(statuses)} statuses), e.g. {failed[:1]}"
         )
-    first = [calls.first[eid] - published[eid] for eid in published]
+    first = [calls.first_call[eid] - published[eid] for eid in published]
     verifier = [
         (t["EvaluationDone"].meta.emitted_at_ms - t["ExecutionTerminated"].meta.emitted_at_ms) / 1000
         for t in times.values()
@@ -355,7 +307,7 @@ async def run(
     if "container" in launchers:
         await prebuild(work)
     nats, redis_server = start_nats(work / "nats"), start_redis(work / "redis", appendonly=False)
-    calls = FirstCalls()
+    calls = ScriptedMessages(tool_call=False)
     proxy = grpc.aio.server()
     try:
         port = await calls.start()
