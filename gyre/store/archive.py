@@ -39,12 +39,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from gyre.durable import write_durable
 from gyre.ids import EVALUATIONS_QUEUE, batch_id, microstep_queue, step_of_batch
 from gyre.store.counters import Counters
 from gyre.store.groups import GroupOutcomes
 from gyre.store.keys import Keys
 from gyre.store.workqueue import WorkQueue
-from gyre.trajectory.archive import archive_dir_of, tree_path, write_archived_tree, write_durable
+from gyre.trajectory.archive import archive_dir_of, tree_path, write_archived_tree
 
 GROUP_FORMAT = "gyre-group-archive/1"
 BATCH_FORMAT = "gyre-batch-archive/1"

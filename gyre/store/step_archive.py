@@ -25,9 +25,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
+from gyre.durable import replace_durable
 from gyre.trajectory.archive import archive_dir_of
 
 STEP_FORMAT = "gyre-step-archive/1"
@@ -78,27 +77,6 @@ def step_path(archive_dir: Path, batch_id: str) -> Path:
 
 def weights_path(archive_dir: Path, version: int) -> Path:
     return Path(archive_dir) / "weights" / f"v{version:08d}.safetensors"
-
-
-def replace_durable(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically and durably, replacing what is there."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def write_step_record(

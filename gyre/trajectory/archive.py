@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import struct
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gyre.durable import write_durable
 from gyre.trajectory.codec import encode_node
 from gyre.trajectory.profiles import HarnessProfile, get_profile
 from gyre.trajectory.templates.base import ChatTemplate
@@ -69,31 +68,6 @@ def tree_path(archive_dir: Path, execution_id: str) -> Path:
     if not execution_id or "/" in execution_id or execution_id.startswith("."):
         raise ValueError(f"execution id {execution_id!r} cannot name an archive file")
     return Path(archive_dir) / "trees" / f"{execution_id}{TREE_SUFFIX}"
-
-
-def write_durable(path: Path, data: bytes) -> bool:
-    """Write `data` to `path` atomically and durably (temp file, fsync, rename, fsync of the
-    directory). An existing `path` is left as it is: False; True when this call wrote it."""
-    path = Path(path)
-    if path.exists():
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
 
 
 def tree_blobs(tree: TrajectoryTree) -> dict[int, bytes]:
