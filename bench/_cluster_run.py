@@ -18,16 +18,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from bench._compose import ComposeProject
 from gyre.demo.events import read_events
 from gyre.demo.faults import Fault, Injection, fault_report
 from gyre.demo.ledger import read_event_lines
-from gyre.rpc import sync_channel
+from gyre.rpc import call_while_restarting, sync_channel
 from gyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 SATELLITE, CORE = "cell-agent-2", "cell-agent-0"
 PARTITION_S = 10.0
 
@@ -173,14 +170,7 @@ class ClusterRun:
 
     # -- after the run -----------------------------------------------------------------------------
     def _retrying(self, call: Any, timeout_s: float = 300) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return call()
-            except grpc.RpcError as e:
-                if e.code() not in _RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
-                    raise
-            time.sleep(0.5)
+        return call_while_restarting(call, timeout_s, wait=lambda: time.sleep(0.5))
 
     def _settle(self, scheduler: scheduler_pb2_grpc.SchedulerStub, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s

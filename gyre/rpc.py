@@ -5,6 +5,7 @@
     port = bind(server, f"{host}:{port}")          # the one place a server port is bound
     channel = aio_channel("127.0.0.1:7001")        # the one place a client channel is made
     with sync_channel("127.0.0.1:7001") as ch: ... # the same for blocking callers (CLI, health probes)
+    call_while_restarting(lambda: stub.GetState(req, timeout=30), timeout_s=60, wait=pause)
 
 A servicer method only translates: it raises the service's domain errors, and `DomainErrorInterceptor`
 turns each into the status code of the first `ErrorStatus` whose error types it is an instance of
@@ -15,9 +16,10 @@ and the two channel functions, and nowhere else.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -25,6 +27,11 @@ from grpc_health.v1 import health, health_pb2_grpc
 from gyre.log import get_logger
 
 log = get_logger("gyre.rpc")
+
+T = TypeVar("T")
+
+RESTARTING = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+"""What a call to a service that is restarting (or not up yet) fails with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +111,16 @@ def aio_channel(target: str) -> grpc.aio.Channel:
 def sync_channel(target: str) -> grpc.Channel:
     """A blocking client channel (the CLI, health probes outside an event loop)."""
     return grpc.insecure_channel(target)
+
+
+def call_while_restarting(call: Callable[[], T], timeout_s: float, wait: Callable[[], None]) -> T:
+    """`call()` (a blocking stub call), asked again after `wait()` while it fails as a call to a restarting
+    service does (`RESTARTING`), for up to `timeout_s`; any other error, or one past that, is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as e:
+            if e.code() not in RESTARTING or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                raise
+        wait()

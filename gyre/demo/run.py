@@ -21,15 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
-
 from gyre.bus import login_url
 from gyre.config import GyreConfig, load_config
 from gyre.demo.events import read_events
 from gyre.demo.heldout import HeldOut
 from gyre.demo.memory import RedisMemory
 from gyre.demo.report import RunFacts, plot_reward_staleness, summarize, timeline
-from gyre.rpc import sync_channel
+from gyre.rpc import call_while_restarting, sync_channel
 from gyre.stack.launcher import StackError, StackState, down_state, up
 from gyre.stack.resume import resume_stack
 from gyre.stack.signals import StopSignals
@@ -37,7 +35,6 @@ from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc, scheduler_pb2, schedu
 
 T = TypeVar("T")
 Progress = Callable[[scheduler_pb2.SchedulerState, float], None]
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 class DemoRun:
@@ -146,15 +143,12 @@ class DemoRun:
 
     def _retrying(self, call: Callable[[], T], stack: StackState) -> T:
         """`call()`, asked again while its service restarts (the stack's supervisor restarts it)."""
-        deadline = time.monotonic() + self.config.scheduler.peer_retry_s
-        while True:
-            try:
-                return call()
-            except grpc.RpcError as e:
-                if e.code() not in _RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
-                    raise
+
+        def wait() -> None:
             self._check_alive(stack)
             self._pause(0.5)
+
+        return call_while_restarting(call, self.config.scheduler.peer_retry_s, wait)
 
     def _pause(self, seconds: float) -> None:
         """Sleep, or end the run at once when a stop was requested (the teardown runs on its own thread)."""
