@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -35,6 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from gyre.durable import replacing_dir
 from gyre.model.arch import ModelArch
 from gyre.model.lora_spec import (
     CONFIG_FILE,
@@ -144,25 +143,17 @@ def write_adapter_dir(
 ) -> Path:
     """Write `out` atomically (a temporary sibling renamed into place): adapter_config.json and
     adapter_model.safetensors (PEFT names; `metadata` rides in the safetensors header)."""
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tensors = {
-        n: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous().clone()
-        for n, t in adapter.tensors().items()
-    }
-    save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", **(metadata or {})})
-    config = adapter_config(
-        adapter.spec, adapter.targets, str(base_model) if base_model is not None else None
-    )
-    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    for item in tmp.iterdir():
-        item.chmod(0o644)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
-    return out
+    with replacing_dir(out) as tmp:
+        tensors = {
+            n: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous().clone()
+            for n, t in adapter.tensors().items()
+        }
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", **(metadata or {})})
+        config = adapter_config(
+            adapter.spec, adapter.targets, str(base_model) if base_model is not None else None
+        )
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return Path(out)
 
 
 def read_adapter_dir(directory: Path, arch: ModelArch, dtype: torch.dtype = torch.float32) -> LoraAdapter:

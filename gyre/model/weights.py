@@ -11,7 +11,6 @@ which both ignore.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from gyre.durable import replacing_dir
 from gyre.model.arch import ModelArch
 from gyre.model.causal_lm import CausalLM
 from gyre.model.files import INDEX_FILE, WEIGHTS_FILE, ModelInfo, check_model_dir
@@ -98,10 +98,6 @@ def write_model_dir(
     """Write an HF directory atomically (a temporary sibling renamed into place): config.json (the
     source's, with `torch_dtype` set), the weights (sharded above `max_shard_bytes`), and every
     tokenizer / generation file of `source`."""
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     target = torch_dtype(dtype) if dtype is not None else None
     host = {
         name: (t.detach().to("cpu", dtype=target) if target is not None else t.detach().to("cpu"))
@@ -112,24 +108,19 @@ def write_model_dir(
     dtype_name = dtype or str(next(iter(host.values())).dtype).removeprefix("torch.")
     config = {**arch.raw, "torch_dtype": dtype_name}
     config.pop("dtype", None)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    meta = {"format": "pt", **(metadata or {})}
-    _write_shards(tmp, host, meta, max_shard_bytes)
-    if source is not None:
-        for item in Path(source).iterdir():
-            if (
-                item.is_file()
-                and item.name != "config.json"
-                and item.name != INDEX_FILE
-                and not item.name.endswith(_NOT_COPIED)
-            ):
-                shutil.copy2(item, tmp / item.name)
-    for item in tmp.iterdir():
-        item.chmod(0o644)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
-    return out
+    with replacing_dir(out) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        _write_shards(tmp, host, {"format": "pt", **(metadata or {})}, max_shard_bytes)
+        if source is not None:
+            for item in Path(source).iterdir():
+                if (
+                    item.is_file()
+                    and item.name != "config.json"
+                    and item.name != INDEX_FILE
+                    and not item.name.endswith(_NOT_COPIED)
+                ):
+                    shutil.copy2(item, tmp / item.name)
+    return Path(out)
 
 
 def _write_shards(
