@@ -9,8 +9,10 @@
 under `<checkpoint root>/cells/<k>/published/`, so per-cell volumes and Kubernetes RWO claims work) or
 `shared` (every cell reads the core's directory: one volume mounted by all). A copy is assembled under a
 temporary name and renamed into place once every file's SHA-256 matched the core's, so a cell never loads
-half a publication. The core keeps its `keep` newest publications; a satellite asking for one already
-pruned gets NOT_FOUND and asks for the newest instead (the published record in Redis names it).
+half a publication. Files in subdirectories (a tokenizer's, an adapter's) travel under their path relative
+to the publication (`a/b.json`); a name that would leave the directory is refused. The core keeps its
+`keep` newest publications; a satellite asking for one already pruned gets NOT_FOUND and asks for the
+newest instead (the published record in Redis names it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -51,7 +54,7 @@ async def stream_publication(root: Path, version: int) -> AsyncIterator[pb.Publi
     directory = published_path(root, version)
     if not directory.is_dir():
         raise PublicationGone(f"publication v{version} is not on the core (pruned, or never written)")
-    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+    for path in _files_under(directory):
         digest = hashlib.sha256()
         offset = 0
         with open(path, "rb") as f:
@@ -60,7 +63,7 @@ async def stream_publication(root: Path, version: int) -> AsyncIterator[pb.Publi
                 digest.update(data)
                 last = len(data) < CHUNK_BYTES
                 yield pb.PublishedChunk(
-                    name=path.name,
+                    name=path.relative_to(directory).as_posix(),
                     offset=offset,
                     data=data,
                     last=last,
@@ -69,6 +72,15 @@ async def stream_publication(root: Path, version: int) -> AsyncIterator[pb.Publi
                 offset += len(data)
                 if last:
                     break
+
+
+def _files_under(directory: Path) -> list[Path]:
+    """Every file under `directory`, subdirectories included (symlinked directories are not entered)."""
+    found: list[Path] = []
+    for parent, dirs, files in os.walk(directory):
+        dirs.sort()
+        found += [Path(parent) / f for f in sorted(files) if (Path(parent) / f).is_file()]
+    return found
 
 
 class PublishedWeights:
@@ -144,9 +156,9 @@ class PublishedWeights:
                 )
                 async for chunk in call:
                     if sink is None:
-                        sink = _File(
-                            files.enter_context(open(staged / _plain_name(chunk.name), "wb")), chunk.name
-                        )
+                        target = staged / _relative_name(chunk.name)
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        sink = _File(files.enter_context(open(target, "wb")), chunk.name)
                     elif chunk.name != sink.name:
                         raise CellUnavailableError(
                             f"publication v{version}: {sink.name} ended without its last chunk"
@@ -195,8 +207,9 @@ class _File:
             )
 
 
-def _plain_name(name: str) -> str:
-    """A file name the core sent, refused if it would leave the directory."""
-    if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise CellUnavailableError(f"publication file name {name!r} is not a plain file name")
+def _relative_name(name: str) -> str:
+    """A file's path the core sent (`/`-separated, relative), refused if it would leave the directory."""
+    parts = name.split("/")
+    if not name or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts):
+        raise CellUnavailableError(f"publication file name {name!r} is not a relative path inside it")
     return name
