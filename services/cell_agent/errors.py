@@ -2,6 +2,8 @@
 
 CellStateError, RoleError      → FAILED_PRECONDITION (wrong role, wrong step, a batch running)
 CellUnavailableError, Timeout  → UNAVAILABLE (collectives forming, weights not yet published)
+TransportError                 → UNAVAILABLE (logged: the weight transport failed to expose or read a
+                                 snapshot; the scheduler retries the call, which exposes it again)
 SnapshotError                  → INTERNAL (logged: corruption, not a race)
 ValueError                     → INVALID_ARGUMENT
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import grpc
 
 from gyre.rpc import INVALID_ARGUMENT, ErrorStatus
+from gyre.weights.transports.base import TransportError
 from services.cell_agent.roles import RoleError
 
 
@@ -31,6 +34,7 @@ ERROR_STATUSES = (
     ErrorStatus((CellStateError, RoleError), grpc.StatusCode.FAILED_PRECONDITION),
     ErrorStatus((CellUnavailableError, TimeoutError), grpc.StatusCode.UNAVAILABLE),
     ErrorStatus(SnapshotError, grpc.StatusCode.INTERNAL, log_event="snapshot_mismatch"),
+    ErrorStatus(TransportError, grpc.StatusCode.UNAVAILABLE, log_event="weight_transport_failed"),
     INVALID_ARGUMENT,
 )
 """The status of each domain error the cell agent's gRPC handlers raise (first match wins)."""

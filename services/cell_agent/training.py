@@ -211,7 +211,13 @@ class TrainingSide:
         if not self.exposed:
             self.exposed = True
             if self.connected.is_set():
-                await self.publish_snapshot()
+                try:
+                    await self.publish_snapshot()
+                except BaseException:
+                    # Not exposed after all: the retried SwitchRole exposes again instead of finding the
+                    # flag set and leaving satellites without an endpoint to pull from.
+                    self.exposed = False
+                    raise
 
     async def optimizer_step(self) -> float:
         """Core: clip, step, version + 1, under the snapshot's sequence lock; returns the grad norm."""
