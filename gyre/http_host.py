@@ -12,8 +12,10 @@ a port in use fails `start()`, not a background task); uvicorn's signal handlers
 host process owns its signals (gyre.lifecycle); uvicorn's log lines go through the process's logging
 (JSON, gyre/log.py). The socket is created with IPPROTO_TCP because asyncio sets TCP_NODELAY only on
 sockets that say they are TCP; without it small responses and SSE events wait ~40 ms on Nagle plus
-delayed ACK. The uvicorn configuration is built in `_uvicorn_config` and nowhere else: TLS (uvicorn's
-`ssl_certfile` / `ssl_keyfile`) belongs there.
+delayed ACK. The uvicorn configuration is built in `_uvicorn_config` and nowhere else, TLS included: with
+a TLS identity configured (`gyre.tls.configure`) the host serves HTTPS with it, and asks clients for a
+certificate the deployment's CA signed unless `client_certificates=False` (the proxy's harness API, whose
+callers authenticate with their per-execution keys).
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+
+from gyre import tls
 
 STARTUP_POLL_S = 0.01
 
@@ -47,18 +52,33 @@ class HttpHost:
         name: str,
         listen_backlog: int = 2048,
         keep_alive_s: int = 75,
+        client_certificates: bool = True,
     ) -> None:
         self.host = host
         self.requested_port = port
         self.port = 0
         self.name = name
         self._listen_backlog = listen_backlog
+        self._client_certificates = client_certificates
         self._server = _HostedUvicorn(self._uvicorn_config(app, keep_alive_s))
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
         self._stopping = False
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
     def _uvicorn_config(self, app: Any, keep_alive_s: int) -> uvicorn.Config:
+        self.tls = tls.current()
+        secure: dict[str, Any] = {}
+        if self.tls is not None:
+            secure = {
+                "ssl_certfile": str(self.tls.cert),
+                "ssl_keyfile": str(self.tls.key),
+                "ssl_ca_certs": str(self.tls.ca),
+                "ssl_cert_reqs": ssl.CERT_REQUIRED if self._client_certificates else ssl.CERT_NONE,
+            }
         return uvicorn.Config(
             app,
             log_level="warning",
@@ -67,6 +87,7 @@ class HttpHost:
             timeout_keep_alive=keep_alive_s,
             backlog=self._listen_backlog,
             log_config=None,  # uvicorn's lines go through the process's logging (JSON, gyre/log.py)
+            **secure,
         )
 
     async def start(self) -> None:

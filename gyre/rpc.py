@@ -10,8 +10,9 @@
 A servicer method only translates: it raises the service's domain errors, and `DomainErrorInterceptor`
 turns each into the status code of the first `ErrorStatus` whose error types it is an instance of
 (`ValueError` → INVALID_ARGUMENT unless a service says otherwise). An error no entry names is a bug and
-reaches the client as UNKNOWN, logged by grpc. Transport security (TLS credentials) belongs in `bind`
-and the two channel functions, and nowhere else.
+reaches the client as UNKNOWN, logged by grpc. Transport security lives in `bind` and the two channel
+functions and nowhere else: with a TLS identity configured (`gyre.tls.configure`), servers require a
+client certificate the deployment's CA signed and channels show this process's and check the server's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
+from gyre import tls
 from gyre.log import get_logger
 
 log = get_logger("gyre.rpc")
@@ -99,18 +101,37 @@ def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
 
 
 def bind(server: grpc.aio.Server, address: str) -> int:
-    """Listen on `address` (`host:port`, port 0 picks one); returns the port."""
-    return server.add_insecure_port(address)
+    """Listen on `address` (`host:port`, port 0 picks one); returns the port. TLS when configured."""
+    files = tls.current()
+    if files is None:
+        return server.add_insecure_port(address)
+    cert, key, ca = files.read()
+    credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+    return server.add_secure_port(address, credentials)
+
+
+def _channel_credentials() -> grpc.ChannelCredentials | None:
+    files = tls.current()
+    if files is None:
+        return None
+    cert, key, ca = files.read()
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 
 def aio_channel(target: str) -> grpc.aio.Channel:
-    """A client channel for asyncio callers (services, the stack's supervisor)."""
-    return grpc.aio.insecure_channel(target)
+    """A client channel for asyncio callers (services, the stack's supervisor). TLS when configured."""
+    credentials = _channel_credentials()
+    if credentials is None:
+        return grpc.aio.insecure_channel(target)
+    return grpc.aio.secure_channel(target, credentials)
 
 
 def sync_channel(target: str) -> grpc.Channel:
-    """A blocking client channel (the CLI, health probes outside an event loop)."""
-    return grpc.insecure_channel(target)
+    """A blocking client channel (the CLI, health probes outside an event loop). TLS when configured."""
+    credentials = _channel_credentials()
+    if credentials is None:
+        return grpc.insecure_channel(target)
+    return grpc.secure_channel(target, credentials)
 
 
 def call_while_restarting(call: Callable[[], T], timeout_s: float, wait: Callable[[], None]) -> T:

@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 from grpc_health.v1 import health, health_pb2
 from prometheus_client import CollectorRegistry
 
+from gyre import tls
 from gyre.bus import EventBus
 from gyre.config import ConfigError, GyreConfig, load_config
 from gyre.errors import StartupError
@@ -37,6 +38,7 @@ from gyre.log import bind_context, configure_logging, get_logger
 from gyre.metrics import CombinedRegistry, MetricsListener, process_registry
 from gyre.rpc import INVALID_ARGUMENT, ErrorStatus, add_health, bind, new_server
 from gyre.store import Keys, connect_redis
+from gyre.tls import tls_files
 
 
 class GyreService:
@@ -100,6 +102,7 @@ class GyreService:
                 self.config.nats.login_for(self.name),
                 self.config.redis.login_for(self.name),
             )
+            tls.configure(tls_files(self.config.tls, self.name))  # every server and client from here on
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.supervisor = TaskSupervisor(self.instance_name)

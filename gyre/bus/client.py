@@ -35,6 +35,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 
+from gyre import tls
 from gyre.bus.codec import TYPE_HEADER, decode_event, encode_event, event_type_name
 from gyre.bus.permissions import inbox_prefix
 from gyre.bus.subjects import StreamSpec, command_stream, event_stream, stream_of, subject_for
@@ -95,11 +96,19 @@ class EventConsumer:
             self._psub = None
 
 
-def nats_auth(login: ClientLogin | None) -> dict[str, str]:
-    """`nats.connect` keyword arguments for `login`: user, password and the user's own inbox prefix."""
+def nats_auth(login: ClientLogin | None) -> dict[str, object]:
+    """`nats.connect` keyword arguments for `login` (user, password and the user's own inbox prefix) and
+    for this process's TLS identity (`gyre.tls`: the client's certificate, the deployment's CA)."""
+    identity = tls.current()
+    secure: dict[str, object] = {"tls": identity.client_context()} if identity is not None else {}
     if login is None:
-        return {}
-    return {"user": login.user, "password": login.password, "inbox_prefix": inbox_prefix(login.user)}
+        return secure
+    return {
+        **secure,
+        "user": login.user,
+        "password": login.password,
+        "inbox_prefix": inbox_prefix(login.user),
+    }
 
 
 def login_url(url: str, login: ClientLogin | None) -> str:

@@ -7,13 +7,18 @@ from pathlib import Path
 
 import typer
 
+from gyre import tls
 from gyre.config import ConfigError, GyreConfig, load_config
+from gyre.tls import tls_files
 
 
 def config_or_exit(file: Path | None = None, load: Callable[[], GyreConfig] | None = None) -> GyreConfig:
-    """`load_config(file)`, or `load()` when given (e.g. the demo's layered settings)."""
+    """`load_config(file)`, or `load()` when given (e.g. the demo's layered settings). With `tls.enabled`,
+    the command talks to the deployment as its `cli` identity (`gyre.tls`)."""
     try:
-        return load() if load is not None else load_config(file)
-    except ConfigError as e:
+        config = load() if load is not None else load_config(file)
+        tls.configure(tls_files(config.tls, "cli"))
+    except (ConfigError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    return config

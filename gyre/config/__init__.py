@@ -37,6 +37,7 @@ from gyre.config.runner import (
 )
 from gyre.config.scheduler import SchedulerSection
 from gyre.config.tasks import TasksSection
+from gyre.config.tls import TlsSection
 from gyre.config.training import ObjectiveSection, PackerSection, TrainerSection
 from gyre.errors import StartupError
 
@@ -61,6 +62,7 @@ __all__ = [
     "SandboxSection",
     "SchedulerSection",
     "TasksSection",
+    "TlsSection",
     "TrainerSection",
     "VerifierSandboxSection",
     "load_config",
@@ -104,12 +106,27 @@ class GyreConfig(Section):
     """The cell agents (engine + trainer)."""
     archive: ArchiveSection = Field(default_factory=ArchiveSection)
     """Where trained groups go when they leave Redis (trees, records, outcomes, evaluations)."""
+    tls: TlsSection = Field(default_factory=TlsSection)
+    """Transport security between hosts (off: the embedded default on loopback)."""
 
     @model_validator(mode="after")
     def _profile_of_the_harness(self) -> GyreConfig:
         if self.scheduler.profile is None:
             harness = self.runner.harness
             self.scheduler.profile = harness if harness in ("claude_code", "codex") else "generic"
+        return self
+
+    @model_validator(mode="after")
+    def _tls_with_servers_of_its_own(self) -> GyreConfig:
+        if not self.tls.enabled:
+            return self
+        if not self.nats.url or not self.redis.url:
+            raise ValueError(
+                "tls.enabled needs nats.url and redis.url: servers configured for TLS (the embedded stack "
+                "starts plaintext ones on loopback)"
+            )
+        if not self.redis.url.startswith("rediss://"):
+            raise ValueError(f"tls.enabled: redis.url must be rediss://…; got {self.redis.url!r}")
         return self
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ import nats.errors
 from google.protobuf.message import Message
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from gyre.bus.client import nats_auth
 from gyre.bus.codec import TYPE_HEADER, decode_event
 from gyre.bus.subjects import event_stream
 
@@ -23,7 +24,7 @@ class RecordedEvent:
 
 async def read_events(url: str, run_id: str, idle_timeout_s: float = 1.0) -> list[RecordedEvent]:
     """Every event in the run's event stream, in stream order."""
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, **nats_auth(None))  # type: ignore[arg-type]
     try:
         js = nc.jetstream()
         stream = event_stream(run_id).name

@@ -57,6 +57,7 @@ import aiohttp
 import numpy as np
 import orjson
 
+from gyre import tls
 from gyre.engine.errors import (
     EngineError,
     EngineTimeout,
@@ -108,12 +109,21 @@ class EngineClient:
         self._connect_timeout_s = connect_timeout_s
         url = urlsplit(self.base_url)
         self._path_prefix = url.path
+        identity = tls.current()
+        self._ssl = identity.client_context() if url.scheme == "https" and identity is not None else None
+        """HTTPS with this process's TLS identity (`gyre.tls`): it shows its certificate and trusts only the
+        deployment's CA; without one, HTTPS checks the server against the system's CAs."""
         self._pool = (
-            Http1Pool(url.hostname, url.port or 80, connect_timeout_s=connect_timeout_s)
-            if url.scheme == "http" and url.hostname
+            Http1Pool(
+                url.hostname,
+                url.port or (443 if url.scheme == "https" else 80),
+                connect_timeout_s=connect_timeout_s,
+                ssl=self._ssl,
+            )
+            if url.hostname and (url.scheme == "http" or self._ssl is not None)
             else None
         )
-        """Whole exchanges over plain HTTP (`gyre.engine.http1`); streams and HTTPS go through aiohttp."""
+        """Whole exchanges (`gyre.engine.http1`); streams go through aiohttp."""
         self._session: aiohttp.ClientSession | None = None
         self._server_kind: str | None = None
 
@@ -129,7 +139,9 @@ class EngineClient:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, limit_per_host=0),
+                connector=aiohttp.TCPConnector(
+                    limit=_MAX_CONNECTIONS, limit_per_host=0, ssl=self._ssl if self._ssl is not None else True
+                ),
                 timeout=self._timeout(None),
                 skip_auto_headers=("User-Agent",),
                 read_bufsize=1 << 18,

@@ -9,7 +9,8 @@ response models, header multidicts, cookie jar, per-read timers) that exchange w
 under `gyre bench load`, more than the engine's answer takes to parse. This pool writes the request in one
 write and reads the status line, the headers and a `content-length`, chunked or close-delimited body (none
 after HEAD, 204 and 304, as HTTP/1.1 has it); that is all a whole answer of SGLang or the embedded engine
-(uvicorn) needs. Streams stay on aiohttp (`EngineClient`).
+(uvicorn) needs. Streams stay on aiohttp (`EngineClient`). Over HTTPS (`ssl`: the client's context of the
+deployment's TLS identity, `gyre.tls`) the same exchanges run inside TLS.
 
 Connections are reused most-recent first and dropped after `idle_s` unused, below uvicorn's default
 keep-alive of 5 s (SGLang's), so a request is not written into a connection the server is closing. A
@@ -21,6 +22,7 @@ have started on it. Timeouts raise `TimeoutError`. A cancelled request closes it
 from __future__ import annotations
 
 import asyncio
+import ssl as _ssl
 import time
 
 MAX_HEAD_BYTES = 64 << 10
@@ -47,9 +49,17 @@ class _Connection:
 
 class Http1Pool:
     def __init__(
-        self, host: str, port: int, *, connect_timeout_s: float, idle_s: float = 4.0, max_idle: int = 2048
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout_s: float,
+        idle_s: float = 4.0,
+        max_idle: int = 2048,
+        ssl: _ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port = host, port
+        self.ssl = ssl
         self.connect_timeout_s = connect_timeout_s
         self.idle_s = idle_s
         self.max_idle = max_idle
@@ -110,7 +120,9 @@ class Http1Pool:
     async def _connect(self) -> _Connection:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                reader, writer = await asyncio.open_connection(self.host, self.port, limit=MAX_HEAD_BYTES)
+                reader, writer = await asyncio.open_connection(
+                    self.host, self.port, limit=MAX_HEAD_BYTES, ssl=self.ssl
+                )
         except (OSError, TimeoutError) as e:
             raise Http1ConnectError(f"cannot connect to {self.host}:{self.port}: {e!r}") from e
         return _Connection(reader, writer)

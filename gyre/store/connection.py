@@ -15,11 +15,14 @@ to `POOL_WAIT_S` for one instead of failing (redis-py's default pool raises `Max
 
 from __future__ import annotations
 
+import ssl
+
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import AuthenticationError, BusyLoadingError, ConnectionError, TimeoutError
 
+from gyre import tls
 from gyre.config.infra import ClientLogin
 
 RETRIES = 40
@@ -46,8 +49,21 @@ class _RetryUnlessRefused(Retry):
 
 
 async def connect_redis(url: str, login: ClientLogin | None = None) -> aioredis.Redis:
-    """Connect as `login`'s ACL user (None: the URL's, or none) and verify with PING; bytes in, bytes out."""
-    auth = {"username": login.user, "password": login.password} if login is not None else {}
+    """Connect as `login`'s ACL user (None: the URL's, or none) and verify with PING; bytes in, bytes out.
+    A `rediss://` URL connects over TLS with this process's identity (`gyre.tls`) when it has one."""
+    auth: dict[str, object] = (
+        {"username": login.user, "password": login.password} if login is not None else {}
+    )
+    identity = tls.current()
+    if identity is not None and url.startswith("rediss://"):
+        auth |= {
+            "ssl_certfile": str(identity.cert),
+            "ssl_keyfile": str(identity.key),
+            "ssl_ca_certs": str(identity.ca),
+            "ssl_cert_reqs": "required",
+            "ssl_check_hostname": True,
+            "ssl_min_version": ssl.TLSVersion.TLSv1_2,
+        }
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         decode_responses=False,

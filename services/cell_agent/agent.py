@@ -302,7 +302,7 @@ class CellAgent:
         """The engine's URL as other hosts dial it: an engine bound to every interface (`0.0.0.0`, a
         container's or pod's) is reached at this cell's peer host (`run.peer_hosts`), not at 0.0.0.0."""
         url = urlsplit(self.engine.url)
-        if url.hostname not in WILDCARD_HOSTS:
+        if self.config.cell_agent.engine.host not in WILDCARD_HOSTS:
             return self.engine.url
         port = f":{url.port}" if url.port else ""
         return urlunsplit(url._replace(netloc=f"{self.config.run.peer_host('cell_agent', self.cell)}{port}"))

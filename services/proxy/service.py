@@ -46,9 +46,10 @@ class ProxyService(GyreService):
             host=self.config.run.host,
             port=self.config.proxy.http_port,
             name="proxy-http",
+            client_certificates=False,  # harnesses authenticate with their per-execution keys
         )
         await self.http.start()
-        self.core.base_url = f"http://{self.config.run.peer_host('proxy')}:{self.http.port}"
+        self.core.base_url = f"{self.http.scheme}://{self.config.run.peer_host('proxy')}:{self.http.port}"
         self.supervisor.spawn(self.http.wait(), "http")
         proxy_pb2_grpc.add_ProxyServicer_to_server(ProxyServicer(self.core), self.server)
 

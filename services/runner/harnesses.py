@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
+from gyre import tls
 from gyre.config.runner import HARNESS_ROUTING_ENV, RunnerSection
 from gyre.paths import REPO_ROOT
 from gyre.sandbox import SandboxLimits
@@ -111,7 +112,8 @@ class HarnessCommand(ABC):
 
     def reveal(self) -> tuple[Path, ...]:
         """Paths the harness needs besides its workspace and the Python installation."""
-        return (REPO_ROOT,)
+        identity = tls.current()
+        return (REPO_ROOT,) if identity is None else (REPO_ROOT, identity.ca)
 
     def tools(self) -> tuple[tuple[Path, str], ...]:
         """(host path, path inside): what the harness needs in a container, mounted read-only."""
@@ -121,8 +123,23 @@ class HarnessCommand(ABC):
         return [*self.argv(launch), *self.extra_args]
 
     def environment(self, launch: Launch) -> dict[str, str]:
-        """What the sandbox gets: `runner.harness_env` under the harness's own variables."""
-        return {**self.extra_env, **self.env(launch)}
+        """What the sandbox gets: `runner.harness_env` under the harness's own variables, and the
+        deployment's CA when the proxy speaks HTTPS (`gyre.tls`)."""
+        return {**self.extra_env, **self.env(launch), **_trust_proxy(launch)}
+
+
+TRUST_ENV = ("SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE")
+"""Where the harnesses read extra CAs from: Python's ssl and httpx (the demo harness's SDK), Node.js
+(Claude Code), Codex."""
+
+
+def _trust_proxy(launch: Launch) -> dict[str, str]:
+    """The CA that signed the proxy's certificate, for every harness, when the proxy speaks HTTPS (a
+    harness in a process or isolated sandbox; the container launcher does not mount it yet)."""
+    identity = tls.current()
+    if identity is None or not launch.base_url.startswith("https://") or launch.inside:
+        return {}
+    return dict.fromkeys(TRUST_ENV, str(identity.ca))
 
 
 class DemoHarness(HarnessCommand):

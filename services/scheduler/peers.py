@@ -11,6 +11,7 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from gyre import tls
 from gyre.config import GyreConfig
 from gyre.log import get_logger
 from gyre.rpc import aio_channel
@@ -51,10 +52,13 @@ class Peers:
             cell_agent_pb2_grpc.CellAgentStub(channel(run.peer_host("cell_agent", c), ports[c]))
             for c in range(k)
         ]
+        # The embedded engine serves HTTPS with the deployment's TLS; SGLang's server stays plaintext.
+        embedded = config.cell_agent.engine.backend == "embedded"
+        engine_scheme = tls.http_scheme() if embedded else "http"
         engines = [
             common_pb2.EngineEndpoint(
                 engine_id=engine_id(c),
-                url=f"http://{run.peer_host('cell_agent', c)}:{engine_ports[c]}",
+                url=f"{engine_scheme}://{run.peer_host('cell_agent', c)}:{engine_ports[c]}",
                 cell=c,
             )
             for c in range(k)

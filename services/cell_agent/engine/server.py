@@ -30,7 +30,9 @@ from typing import Any
 import structlog
 import torch
 
+from gyre import tls
 from gyre.config.engine import EngineSection
+from gyre.config.infra import WILDCARD_HOSTS
 from gyre.http_host import HttpHost
 from gyre.model.arch import ModelArch, read_arch
 from gyre.model.lora import LoraAdapter
@@ -119,7 +121,11 @@ class EngineServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.section.host}:{self.port}"
+        """Where this host dials its engine: the loopback when it listens on every interface (a TLS
+        certificate names 127.0.0.1, never 0.0.0.0); other hosts get the cell's peer host instead
+        (`CellAgent.engine_url`)."""
+        host = "127.0.0.1" if self.section.host in WILDCARD_HOSTS else self.section.host
+        return f"{tls.http_scheme()}://{host}:{self.port}"
 
     @property
     def healthy(self) -> bool:
