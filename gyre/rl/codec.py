@@ -141,14 +141,8 @@ def _read_header(blob: bytes) -> tuple[dict[str, Any], int]:
 def decode_microstep(blob: bytes) -> MicroStep:
     """Inverse of `encode_microstep`; raises `CodecError` (a ValueError) on anything malformed."""
     header, data_start = _read_header(blob)
-    arrays: dict[str, npt.NDArray[Any]] = {}
     try:
-        for entry in header["arrays"]:
-            dtype = _DTYPES[entry["dtype"]]
-            count, offset = int(entry["count"]), int(entry["offset"])
-            if count < 0 or offset < 0 or data_start + offset + count * dtype.itemsize > len(blob):
-                raise CodecError(f"array {entry['name']!r} runs past the end of the blob")
-            arrays[entry["name"]] = np.frombuffer(blob, dtype=dtype, count=count, offset=data_start + offset)
+        arrays = _read_arrays(blob, header["arrays"], data_start)
         num_tokens = int(header["num_tokens"])
         input_ids = arrays["input_ids"].astype(np.int32)
         cu_seqlens = arrays["cu_seqlens"].astype(np.int32)
@@ -158,12 +152,8 @@ def decode_microstep(blob: bytes) -> MicroStep:
         advantages = arrays["advantages"].astype(np.float64)
         execution_num_targets = arrays["execution_num_targets"].astype(np.int32)
         execution_ids = tuple(str(x) for x in header["execution_ids"])
-        scalars = (
-            str(header["batch_id"]),
-            int(header["step"]),
-            int(header["index"]),
-            int(header["token_budget"]),
-        )
+        batch_id, step, index = str(header["batch_id"]), int(header["step"]), int(header["index"])
+        token_budget = int(header["token_budget"])
         tree = (
             TreeLayout(
                 arrays["tree_row_segments"].astype(np.int32),
@@ -177,34 +167,13 @@ def decode_microstep(blob: bytes) -> MicroStep:
         raise
     except (KeyError, TypeError, ValueError) as e:
         raise CodecError(f"micro-step header is missing or mistypes a field: {e}") from e
-    if len(input_ids) != num_tokens or len(bits) != (num_tokens + 7) // 8:
-        raise CodecError("micro-step arrays disagree with the token count")
-    if (
-        len(cu_seqlens) != len(row_execution) + 1
-        or np.any(np.diff(cu_seqlens) <= 0)
-        or cu_seqlens[-1] != num_tokens
-    ):
-        raise CodecError("micro-step row boundaries are inconsistent")
+    _check_rows(num_tokens, input_ids, bits, cu_seqlens, row_execution, len(execution_ids), tree)
     mask = np.unpackbits(bits, count=num_tokens, bitorder="little").astype(np.bool_)
-    num_targets = int(mask.sum())
-    if len(behaviour) != num_targets:
+    if len(behaviour) != int(mask.sum()):
         raise CodecError("micro-step behaviour log-probs disagree with the target mask")
-    lengths = np.diff(cu_seqlens)
-    execution_index = np.repeat(row_execution, lengths).astype(np.int32)
-    if np.any(row_execution < 0) or np.any(row_execution >= len(execution_ids)):
-        raise CodecError("micro-step rows refer to executions it does not list")
-    if tree is not None and not np.array_equal(tree.cu_seqlens(), cu_seqlens):
-        raise CodecError("micro-step tree layout disagrees with its row boundaries")
+    execution_index = np.repeat(row_execution, np.diff(cu_seqlens)).astype(np.int32)
     full_behaviour = np.zeros(num_tokens, dtype=np.float32)
     full_behaviour[mask] = behaviour
-    full_coefficients = np.zeros(num_tokens, dtype=np.float64)
-    if "execution_coefficients" in arrays and len(arrays["execution_coefficients"]) == len(execution_ids):
-        full_coefficients[mask] = arrays["execution_coefficients"][execution_index[mask]]
-    elif "target_coefficients" in arrays and len(arrays["target_coefficients"]) == num_targets:
-        full_coefficients[mask] = arrays["target_coefficients"]
-    else:
-        raise CodecError("micro-step coefficients are missing or have the wrong length")
-    batch_id, step, index, token_budget = scalars
     try:
         return MicroStep(
             batch_id=batch_id,
@@ -216,7 +185,7 @@ def decode_microstep(blob: bytes) -> MicroStep:
             cu_seqlens=cu_seqlens,
             target_mask=mask,
             behaviour_logprobs=full_behaviour,
-            coefficients=full_coefficients,
+            coefficients=_token_coefficients(arrays, mask, execution_index, len(execution_ids)),
             execution_index=execution_index,
             execution_ids=execution_ids,
             advantages=advantages,
@@ -225,3 +194,57 @@ def decode_microstep(blob: bytes) -> MicroStep:
         )
     except ValueError as e:
         raise CodecError(f"decoded micro-step is inconsistent: {e}") from e
+
+
+def _read_arrays(blob: bytes, table: list[dict[str, Any]], data_start: int) -> dict[str, npt.NDArray[Any]]:
+    """The arrays the header's table lists, as views of `blob` (each checked to end inside it)."""
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for entry in table:
+        dtype = _DTYPES[entry["dtype"]]
+        count, offset = int(entry["count"]), int(entry["offset"])
+        if count < 0 or offset < 0 or data_start + offset + count * dtype.itemsize > len(blob):
+            raise CodecError(f"array {entry['name']!r} runs past the end of the blob")
+        arrays[entry["name"]] = np.frombuffer(blob, dtype=dtype, count=count, offset=data_start + offset)
+    return arrays
+
+
+def _check_rows(
+    num_tokens: int,
+    input_ids: npt.NDArray[np.int32],
+    bits: npt.NDArray[Any],
+    cu_seqlens: npt.NDArray[np.int32],
+    row_execution: npt.NDArray[np.int32],
+    num_executions: int,
+    tree: TreeLayout | None,
+) -> None:
+    """The token count, the row boundaries, the rows' executions and the tree layout agree."""
+    if len(input_ids) != num_tokens or len(bits) != (num_tokens + 7) // 8:
+        raise CodecError("micro-step arrays disagree with the token count")
+    if (
+        len(cu_seqlens) != len(row_execution) + 1
+        or np.any(np.diff(cu_seqlens) <= 0)
+        or cu_seqlens[-1] != num_tokens
+    ):
+        raise CodecError("micro-step row boundaries are inconsistent")
+    if np.any(row_execution < 0) or np.any(row_execution >= num_executions):
+        raise CodecError("micro-step rows refer to executions it does not list")
+    if tree is not None and not np.array_equal(tree.cu_seqlens(), cu_seqlens):
+        raise CodecError("micro-step tree layout disagrees with its row boundaries")
+
+
+def _token_coefficients(
+    arrays: dict[str, npt.NDArray[Any]],
+    mask: npt.NDArray[np.bool_],
+    execution_index: npt.NDArray[np.int32],
+    num_executions: int,
+) -> npt.NDArray[np.float64]:
+    """Every token's loss coefficient (0 off the targets): one per execution, spread over its targets, or
+    one per target as written."""
+    full = np.zeros(len(mask), dtype=np.float64)
+    if "execution_coefficients" in arrays and len(arrays["execution_coefficients"]) == num_executions:
+        full[mask] = arrays["execution_coefficients"][execution_index[mask]]
+    elif "target_coefficients" in arrays and len(arrays["target_coefficients"]) == int(mask.sum()):
+        full[mask] = arrays["target_coefficients"]
+    else:
+        raise CodecError("micro-step coefficients are missing or have the wrong length")
+    return full
