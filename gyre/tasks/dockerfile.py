@@ -102,20 +102,18 @@ def read_dockerfile(path: Path, problems: Problems) -> DockerfileFacts:
     """Read `path` (its build context is its directory); defects and what a local sandbox cannot
     reproduce go to `problems`, each naming the file and line."""
     facts = DockerfileFacts()
-    context = path.parent
     try:
         text = path.read_text()
     except OSError as e:
         problems.error(path, f"cannot read: {e}")
         return facts
     workdir = "/"
-    elsewhere: list[str] = []
     for line, word, args in instructions(text):
         where = f"line {line}: {word}"
         if word == "FROM":
             parts = args.split()
             facts.base_image = parts[0] if parts else None
-            workdir, facts.workdir, facts.copies, facts.num_run_steps, elsewhere = "/", None, [], 0, []
+            workdir, facts.workdir, facts.copies, facts.num_run_steps = "/", None, [], 0
         elif word == "WORKDIR":
             if "$" in args:
                 problems.warn(path, f"{where} {args}: variables are not expanded here; taken literally")
@@ -124,45 +122,7 @@ def read_dockerfile(path: Path, problems: Problems) -> DockerfileFacts:
         elif word == "RUN":
             facts.num_run_steps += 1
         elif word in ("COPY", "ADD"):
-            flags, words = _copy_args(args)
-            if "from" in flags:
-                problems.warn(
-                    path,
-                    f"{where} --from={flags['from']}: copies from another stage or image need the "
-                    "image build; not reproduced in the local workspace",
-                )
-                continue
-            if len(words) < 2:
-                problems.error(path, f"{where}: needs a source and a destination")
-                continue
-            *patterns, dest = words
-            dest_abs = posixpath.normpath(posixpath.join(workdir, dest))
-            is_dir_dest = (
-                dest.endswith("/") or len(patterns) > 1 or any(c in p for p in patterns for c in "*?[")
-            )
-            for pattern in patterns:
-                if word == "ADD" and ("://" in pattern or pattern.startswith("git@")):
-                    problems.warn(
-                        path, f"{where} {pattern}: remote sources need the image build; not reproduced"
-                    )
-                    continue
-                found = _sources(context, pattern)
-                if not found:
-                    problems.error(path, f"{where} {pattern}: no such file in the build context {context}")
-                    continue
-                for source in found:
-                    if word == "ADD" and source.name.endswith(_ARCHIVES):
-                        problems.warn(
-                            path,
-                            f"{where} {pattern}: ADD extracts archives in an image build; the local "
-                            "workspace gets the archive as it is",
-                        )
-                    target = (
-                        posixpath.join(dest_abs, source.name)
-                        if is_dir_dest and source.is_file()
-                        else dest_abs
-                    )
-                    facts.copies.append((source, target, line))
+            facts.copies += _copies(path, line, word, args, workdir, problems)
     if facts.num_run_steps:
         problems.warn(
             path,
@@ -174,9 +134,59 @@ def read_dockerfile(path: Path, problems: Problems) -> DockerfileFacts:
         problems.warn(
             path, f"no WORKDIR: the workspace is taken to be {DEFAULT_WORKDIR} (set WORKDIR to say where)"
         )
+    facts.workspace = _workspace(path, facts.copies, facts.workdir, problems)
+    return facts
+
+
+def _copies(
+    path: Path, line: int, word: str, args: str, workdir: str, problems: Problems
+) -> list[tuple[Path, str, int]]:
+    """What one COPY or ADD copies from the build context: (source, absolute target, line) per file or
+    directory it names; what the local workspace cannot reproduce goes to `problems`."""
+    where = f"line {line}: {word}"
+    flags, words = _copy_args(args)
+    if "from" in flags:
+        problems.warn(
+            path,
+            f"{where} --from={flags['from']}: copies from another stage or image need the "
+            "image build; not reproduced in the local workspace",
+        )
+        return []
+    if len(words) < 2:
+        problems.error(path, f"{where}: needs a source and a destination")
+        return []
+    *patterns, dest = words
+    dest_abs = posixpath.normpath(posixpath.join(workdir, dest))
+    is_dir_dest = dest.endswith("/") or len(patterns) > 1 or any(c in p for p in patterns for c in "*?[")
+    copies = []
+    for pattern in patterns:
+        if word == "ADD" and ("://" in pattern or pattern.startswith("git@")):
+            problems.warn(path, f"{where} {pattern}: remote sources need the image build; not reproduced")
+            continue
+        found = _sources(path.parent, pattern)
+        if not found:
+            problems.error(path, f"{where} {pattern}: no such file in the build context {path.parent}")
+            continue
+        for source in found:
+            if word == "ADD" and source.name.endswith(_ARCHIVES):
+                problems.warn(
+                    path,
+                    f"{where} {pattern}: ADD extracts archives in an image build; the local "
+                    "workspace gets the archive as it is",
+                )
+            target = posixpath.join(dest_abs, source.name) if is_dir_dest and source.is_file() else dest_abs
+            copies.append((source, target, line))
+    return copies
+
+
+def _workspace(
+    path: Path, copies: list[tuple[Path, str, int]], root: str, problems: Problems
+) -> tuple[WorkspaceSource, ...]:
+    """The copies that land in the working directory `root`, as the workspace's sources; the others are
+    named in one warning."""
     workspace: list[WorkspaceSource] = []
-    root = facts.workdir
-    for source, target, line in facts.copies:
+    elsewhere: list[str] = []
+    for source, target, line in copies:
         if target == root or target.startswith(root + "/"):
             workspace.append(
                 WorkspaceSource(source, posixpath.relpath(target, root) if target != root else "")
@@ -189,5 +199,4 @@ def read_dockerfile(path: Path, problems: Problems) -> DockerfileFacts:
             "copies outside the working directory are not reproduced in the local workspace: "
             + ", ".join(elsewhere),
         )
-    facts.workspace = tuple(workspace)
-    return facts
+    return tuple(workspace)
