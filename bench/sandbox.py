@@ -30,7 +30,8 @@ Per launcher:
 And once: `image_build_cold_s` (fix-sum's Dockerfile with a fresh first layer: every step runs),
 `image_build_cached_s` (the same task in a new runner: its digest's image is there, nothing is built),
 `image_build_layer_cache_s` (built again through the engine's layer cache), and
-`container_over_isolated_first_call_s_p50`. The last line printed is one JSON object.
+`container_over_isolated_first_call_s_p50`, and the machine's load average at the start and the end (the
+figures move with it on a shared machine). The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -301,7 +302,12 @@ async def run(
     launchers: list[str], executions: int, concurrency: int, build: bool, uid_base: int, work: Path
 ) -> dict[str, Any]:
     shutil.copytree(EXAMPLE, work / "tasks" / "fix-sum")
-    out: dict[str, Any] = {"executions": executions, "concurrency": concurrency, "task": TASK}
+    out: dict[str, Any] = {
+        "executions": executions,
+        "concurrency": concurrency,
+        "task": TASK,
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+    }
     if build and "container" in launchers:
         out.update(await builds(work))
     if "container" in launchers:
@@ -322,6 +328,7 @@ async def run(
         await calls.stop()
         nats.stop()
         redis_server.stop()
+    out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     if "container" in out and "isolated" in out:
         out["container_over_isolated_first_call_s_p50"] = round(
             out["container"]["first_call_s_p50"] - out["isolated"]["first_call_s_p50"], 3

@@ -94,13 +94,14 @@ class ContainerHandle(SandboxHandle):
                 ) from None
         return self._container
 
-    def init_pid(self) -> int | None:
-        """The host pid of the container's init while the container runs."""
+    def init_pid(self, refresh: bool = True) -> int | None:
+        """The host pid of the container's init while the container runs (`refresh`: inspect it again)."""
         container = self.container()
         if container is None:
             return None
         try:
-            container.reload()
+            if refresh:
+                container.reload()
         except docker.errors.NotFound:
             return None
         pid = int(container.attrs.get("State", {}).get("Pid") or 0)

@@ -219,20 +219,26 @@ class ContainerLauncher(SandboxLauncher):
         """Create and start the container (a leftover of the same name, from a start interrupted by a
         crash, is removed first)."""
         labels = {**self.labels, **spec.labels, LABEL_SANDBOX: spec.name}
-        kwargs = self._create_args(spec, labels)
+        config, host = self._create_args(spec, labels)
+        api = self.client.api
         for attempt in (1, 2):
             try:
-                container: Container = self.client.containers.run(image, **kwargs)
+                created = api.create_container(image, host_config=api.create_host_config(**host), **config)
+                api.start(created["Id"])
+                # One inspect, after the start: the init's pid is in it (the SDK's run inspects twice).
+                container: Container = self.client.containers.prepare_model(
+                    api.inspect_container(created["Id"])
+                )
                 return container
             except docker.errors.APIError as e:
                 text = engine.why(e)
                 if attempt == 1 and e.status_code == 409:
                     engine.remove_labelled(self.client, {LABEL_SANDBOX: spec.name, **self.labels})
                     continue
-                if attempt == 1 and "storage_opt" in kwargs and "storage" in text.lower():
+                if attempt == 1 and "storage_opt" in host and "storage" in text.lower():
                     self._storage_quota = False
                     log.warning("container_storage_quota_unsupported", endpoint=self.endpoint, error=text)
-                    kwargs.pop("storage_opt")
+                    host.pop("storage_opt")
                     continue
                 raise SandboxError(f"creating a container of {image}: {text}") from None
             except (docker.errors.DockerException, OSError) as e:
@@ -241,7 +247,10 @@ class ContainerLauncher(SandboxLauncher):
                 ) from None
         raise AssertionError("unreachable")
 
-    def _create_args(self, spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any]:
+    def _create_args(
+        self, spec: SandboxSpec, labels: dict[str, str]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The container's settings and its host settings (the engine API's two halves of a create)."""
         box, limits, res = self.section, spec.limits, spec.resources
         memory_mb = res.get("memory_mb") or box.memory_mb
         cpus = res.get("cpus") or self.settings.cpus
@@ -256,15 +265,16 @@ class ContainerLauncher(SandboxLauncher):
                 ulimits.append(Ulimit(name=name, soft=int(value), hard=int(value)))
         mounts = [Mount(INIT_INSIDE, str(self.init_binary), type="bind", read_only=True)]
         mounts += [Mount(inside, str(source), type="bind", read_only=True) for source, inside in spec.tools]
-        kwargs: dict[str, Any] = {
+        config: dict[str, Any] = {
             "entrypoint": [INIT_INSIDE, "-P"],
             "stop_signal": "SIGKILL",
             "command": [],
-            "detach": True,
             "name": _name(labels, spec.name),
             "labels": labels,
             "working_dir": str(spec.cwd),
             "user": self.settings.user,
+        }
+        host: dict[str, Any] = {
             "network_mode": "bridge" if spec.network.egress else "none",
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
@@ -274,16 +284,16 @@ class ContainerLauncher(SandboxLauncher):
             "pids_limit": limits.max_processes or -1,
         }
         if memory_mb:
-            kwargs["mem_limit"] = kwargs["memswap_limit"] = f"{int(memory_mb)}m"
+            host["mem_limit"] = host["memswap_limit"] = f"{int(memory_mb)}m"
         if cpus:
-            kwargs["nano_cpus"] = int(float(cpus) * 1e9)
+            host["nano_cpus"] = int(float(cpus) * 1e9)
         if storage_mb and self._storage_quota is not False:
-            kwargs["storage_opt"] = {"size": f"{int(storage_mb)}m"}
-        return kwargs
+            host["storage_opt"] = {"size": f"{int(storage_mb)}m"}
+        return config, host
 
     async def _prepare(self, handle: ContainerHandle, spec: SandboxSpec) -> None:
         """The control directory, HOME with its files and the copied-in trees; then the proxy relay."""
-        init = await asyncio.to_thread(handle.init_pid)
+        init = handle.init_pid(refresh=False)
         if init is None:
             raise SandboxError("the container stopped right after it started")
         await asyncio.to_thread(handle.resolve_user)
