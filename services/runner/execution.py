@@ -84,6 +84,18 @@ class Slots:
             self._changed.notify()
 
 
+@dataclass(frozen=True, slots=True)
+class PendingStart:
+    """A claimed start request whose sandbox is not launched yet."""
+
+    request: ev.ExecutionStartRequested
+    owned: OwnedExecution
+    task: Task | None
+    error: str
+    """Why there is no task (reported when the start completes)."""
+    began: float
+
+
 @dataclass(slots=True)
 class RunningExecution:
     owned: OwnedExecution
@@ -159,44 +171,48 @@ class ExecutionController:
     # -- start ---------------------------------------------------------------------------------
     async def start(self, request: ev.ExecutionStartRequested) -> bool:
         """Start one execution; True when it is running (it then holds the caller's slot)."""
-        self.metrics.starting += 1
-        try:
-            return await self._start(request)
-        finally:
-            self.metrics.starting -= 1
+        pending = await self.begin(request)
+        return pending is not None and await self.complete(pending)
 
-    async def _start(self, request: ev.ExecutionStartRequested) -> bool:
-        """claim → resolve → workspace → credentials → launch; a step that fails reports the execution
-        as never started (INFRA_FAILURE, nothing to evaluate) with what failed."""
-        began = time.monotonic()
+    async def begin(self, request: ev.ExecutionStartRequested) -> PendingStart | None:
+        """The part of a start that must be done before its request is acknowledged: the claim and the
+        owned record (from then on a restart finds and reports it). None when there is nothing to start:
+        another runner holds it, or it was reported here (a redelivery, the runner closing)."""
         eid = request.execution.execution_id
         bind_context(execution=eid)
         if not eid:
             log.error("start_request_without_execution_id", task=request.task_id)
-            return False
+            return None
+        began = time.monotonic()
         task, error = self._lookup(request.task_id)
         owned = await self._claim(request, task)
         if owned is None:
-            return False
+            return None
         if not self.accepting:
-            log.info("execution_cancelled_before_start")
-            await self._report(
-                owned,
-                cm.TERMINATION_REASON_CANCELLED,
-                0,
-                cm.WorkspaceRef(),
-                0.0,
-                "not started: the runner stopped taking executions (the run is ending)",
-            )
-            return False
+            await self._cancel_before_start(owned)
+            return None
+        return PendingStart(request, owned, task, error, began)
+
+    async def complete(self, pending: PendingStart) -> bool:
+        """resolve → workspace → credentials → launch; a step that fails reports the execution as never
+        started (INFRA_FAILURE, or ENVIRONMENT_UNAVAILABLE when its image cannot be had) with what failed."""
+        request, owned = pending.request, pending.owned
+        eid = owned.execution_id
+        bind_context(execution=eid)
+        self.metrics.starting += 1
         try:
-            task, image = await self._resolve(task, error)
+            if not self.accepting:
+                await self._cancel_before_start(owned)
+                return False
+            task, image = await self._resolve(pending.task, pending.error)
             layout = await self._workspace(owned, task, image)
             owned, creds = await self._credentials(owned, request)
             handle = await self._launch(owned, task, layout, creds, image)
         except StartFailed as e:
             await self._fail_before_start(owned, str(e), e.environment)
             return False
+        finally:
+            self.metrics.starting -= 1
         owned = owned.with_sandbox(handle.state)
         await self.ownership.record(owned)
         await self.bus.publish(
@@ -207,10 +223,24 @@ class ExecutionController:
         )
         await self._count("started", eid)
         self.started_total += 1
-        self.metrics.launch_seconds.observe(time.monotonic() - began)
+        self.metrics.launch_seconds.observe(time.monotonic() - pending.began)
         log.info("execution_started", task=task.task_id, pid=handle.pid, uid=handle.state.uid)
-        self._watch(RunningExecution(owned, handle))
+        running = RunningExecution(owned, handle)
+        self._watch(running)
+        if not self.accepting:  # the runner was told to stop everything while this one launched
+            running.cancel.set()
         return True
+
+    async def _cancel_before_start(self, owned: OwnedExecution) -> None:
+        log.info("execution_cancelled_before_start")
+        await self._report(
+            owned,
+            cm.TERMINATION_REASON_CANCELLED,
+            0,
+            cm.WorkspaceRef(),
+            0.0,
+            "not started: the runner stopped taking executions (the run is ending)",
+        )
 
     def _lookup(self, task_id: str) -> tuple[Task | None, str]:
         """The task, or None and why not (reported once the execution is claimed)."""

@@ -30,7 +30,7 @@ from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from gyre.v1 import runner_pb2, runner_pb2_grpc
-from services.runner.execution import ExecutionController, Slots
+from services.runner.execution import ExecutionController, PendingStart, Slots
 from services.runner.harnesses import make_harness
 from services.runner.metrics import RunnerMetrics
 from services.runner.ownership import Ownership
@@ -48,6 +48,8 @@ class RunnerService(GyreService):
     def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
         super().__init__(config, instance)
         self.consumer: EventConsumer | None = None
+        self.starting: set[asyncio.Task[None]] = set()
+        """Starts claimed and acknowledged whose sandbox is being launched."""
         self.fork_server: ForkServer | None = None
         self._drained = False
 
@@ -115,10 +117,25 @@ class RunnerService(GyreService):
         self.supervisor.spawn(watch_consumer(self.consumer), "consumer-watch")
 
     async def _on_start(self, event: object, delivery: Delivery) -> None:
+        """Take a free slot, claim the execution (from then on a restart finds it), and launch it in a
+        task of its own: the request is acknowledged and the next one taken while this one launches."""
         assert isinstance(event, ev.ExecutionStartRequested)
         await self.slots.acquire()
         try:
-            running = await self.controller.start(event)
+            pending = await self.controller.begin(event)
+        except BaseException:
+            await self.slots.release()
+            raise
+        if pending is None:
+            await self.slots.release()
+            return
+        task = self.supervisor.spawn(self._complete(pending), f"start/{pending.owned.execution_id}")
+        self.starting.add(task)
+        task.add_done_callback(self.starting.discard)
+
+    async def _complete(self, pending: PendingStart) -> None:
+        try:
+            running = await self.controller.complete(pending)
         except BaseException:
             await self.slots.release()
             raise
@@ -130,6 +147,13 @@ class RunnerService(GyreService):
         if self.consumer is not None and not self._drained:
             self._drained = True
             await self.consumer.stop()
+            self.controller.close()  # starts still under way end as CANCELLED (or run, with `detach`)
+            if self.config.runner.on_stop == "detach":
+                self.controller.accepting = True
+            if self.starting:
+                await asyncio.wait(
+                    list(self.starting), timeout=self.config.runner.sandbox.kill_grace_s + 15.0
+                )
             if self.config.runner.on_stop == "cancel" and self.controller.running:
                 tasks = list(self.controller.tasks.values())
                 self.log.info("runner_cancelling", executions=len(tasks))
