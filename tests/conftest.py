@@ -111,9 +111,13 @@ def container_session() -> Iterator[None]:
     """For every test that creates containers: at the end of the session, none of them is left (the
     engine's list, filtered by this session's label). What is found is named, removed, and fails here."""
     yield
-    from tests.support.containers import containers_of, engine_client
+    from gyre.sandbox.containers.engine import ContainerEngineError, connect, resolve_endpoint
+    from tests.support.containers import containers_of
 
-    client = engine_client()
+    try:
+        client = connect(resolve_endpoint(None), 30.0)
+    except ContainerEngineError:
+        return  # no engine: no container test ran (each one failed or skipped saying so)
     left = containers_of(client)
     for name in left:
         client.containers.get(name).remove(force=True)

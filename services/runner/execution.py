@@ -1,15 +1,19 @@
 """One execution's lifecycle in the runner, from start request to termination report.
 
-    start request → claim (Redis) → resolve the task → workspace from the task template → proxy
-    credentials (OpenExecution) → launch the sandbox → ExecutionStarted, counter p → wait under the harness deadline
-    (SIGTERM, grace, SIGKILL on timeout, cancel or overall budget) → sweep → preserve the workspace
+    start request → claim (Redis; the request is acknowledged) → resolve the task (and its image) →
+    workspace from the task template → proxy credentials (OpenExecution) → launch the sandbox →
+    ExecutionStarted, counter p → wait under the harness deadline (SIGTERM, grace, SIGKILL on timeout,
+    cancel or overall budget) → sweep → (a container's workspace copied out) → preserve the workspace
     (root-owned, content hash) → CloseExecution → ExecutionTerminated, counter f → forget
 
 A task written for an environment (a Harbor task) gets its working directory and `/logs/agent`
-as bind mounts, or its prompt rewritten to the host paths (gyre/sandbox/task_paths.py).
+as bind mounts, or its prompt rewritten to the host paths (gyre/sandbox/task_paths.py); in a container
+(the `container` launcher) its image's own paths, and the container stays for the verifier.
 
 A start that can never run (unknown or malformed task, workspace or sandbox failure, no proxy)
-terminates as INFRA_FAILURE with no workspace reference: the evaluator turns it into a placeholder. Every
+terminates as INFRA_FAILURE with no workspace reference: the evaluator turns it into a placeholder; one
+whose task's environment cannot be had (its image, the container engine) as ENVIRONMENT_UNAVAILABLE,
+which the evaluator excludes. Every
 report is idempotent (event id `exec.terminated:<execution>`, counter tokens), so a runner that
 crashes mid-report and reconciles reports again without double counting.
 """
@@ -164,6 +168,8 @@ class ExecutionController:
         self.metrics = metrics or RunnerMetrics(CollectorRegistry())
         self.running: dict[str, RunningExecution] = {}
         self.tasks: dict[str, asyncio.Task[Any]] = {}
+        self.pending: set[str] = set()
+        """Executions begun here (claimed, their request acknowledged) whose start has not completed."""
         self.started_total = 0
         self.accepting = True
         """False after `close()`: start requests then terminate as CANCELLED without starting."""
@@ -191,15 +197,26 @@ class ExecutionController:
         if not self.accepting:
             await self._cancel_before_start(owned)
             return None
+        self.pending.add(eid)
         return PendingStart(request, owned, task, error, began)
 
     async def complete(self, pending: PendingStart) -> bool:
         """resolve → workspace → credentials → launch; a step that fails reports the execution as never
-        started (INFRA_FAILURE, or ENVIRONMENT_UNAVAILABLE when its image cannot be had) with what failed."""
-        request, owned = pending.request, pending.owned
-        eid = owned.execution_id
+        started (INFRA_FAILURE, or ENVIRONMENT_UNAVAILABLE when its image cannot be had) with what failed.
+        A runner that dies before this ends finds the execution owned without a sandbox at its restart,
+        and reports it there (`reconcile`)."""
+        eid = pending.owned.execution_id
         bind_context(execution=eid)
         self.metrics.starting += 1
+        try:
+            return await self._complete(pending)
+        finally:
+            self.metrics.starting -= 1
+            self.pending.discard(eid)
+
+    async def _complete(self, pending: PendingStart) -> bool:
+        request, owned = pending.request, pending.owned
+        eid = owned.execution_id
         try:
             if not self.accepting:
                 await self._cancel_before_start(owned)
@@ -211,8 +228,11 @@ class ExecutionController:
         except StartFailed as e:
             await self._fail_before_start(owned, str(e), e.environment)
             return False
-        finally:
-            self.metrics.starting -= 1
+        except Exception as e:  # a step's unexpected error ends this start, not the runner
+            log.exception("execution_start_crashed")
+            await self._reap(eid)
+            await self._fail_before_start(owned, f"start failed: {e!r}")
+            return False
         owned = owned.with_sandbox(handle.state)
         await self.ownership.record(owned)
         await self.bus.publish(
@@ -258,7 +278,8 @@ class ExecutionController:
         if not await self.ownership.claim(eid):
             holder = await self.ownership.holder(eid)
             interrupted = next((o for o in await self.ownership.owned() if o.execution_id == eid), None)
-            if holder == self.runner_id and interrupted is not None and eid not in self.running:
+            under_way = eid in self.running or eid in self.pending
+            if holder == self.runner_id and interrupted is not None and not under_way:
                 # A redelivery of a start this runner began and failed part-way: report it, never drop it.
                 await self._fail_before_start(
                     interrupted, "the start was interrupted and its request redelivered"

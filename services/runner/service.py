@@ -147,10 +147,9 @@ class RunnerService(GyreService):
         if self.consumer is not None and not self._drained:
             self._drained = True
             await self.consumer.stop()
-            self.controller.close()  # starts still under way end as CANCELLED (or run, with `detach`)
-            if self.config.runner.on_stop == "detach":
-                self.controller.accepting = True
-            if self.starting:
+            if self.config.runner.on_stop == "cancel":
+                self.controller.close()  # starts under way end as CANCELLED, or are cancelled once launched
+            if self.starting:  # with `detach` they launch, and the next incarnation adopts them
                 await asyncio.wait(
                     list(self.starting), timeout=self.config.runner.sandbox.kill_grace_s + 15.0
                 )

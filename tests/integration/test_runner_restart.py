@@ -1,6 +1,7 @@
 """A runner killed with SIGKILL mid-execution and restarted: every execution it owned ends with
 a termination event and none stays running (sandboxes that survived are adopted and held to
-their deadline; sandboxes that died meanwhile are reported with what is known of them)."""
+their deadline; sandboxes that died meanwhile are reported with what is known of them; a start whose
+request was acknowledged but whose sandbox was never launched is reported as never started)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,23 @@ import pytest
 import redis.asyncio as aioredis
 
 from gyre import procs
-from gyre.bus import EventBus
+from gyre.bus import EventBus, command_stream
 from gyre.stack.servers import ServerProcess
 from gyre.store import Counters, Keys
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.runner.ownership import Ownership
+from services.runner.service import START_CONSUMER
 from tests.support.eventually import eventually
 from tests.support.proxy_stub import ProxyStub
-from tests.support.runner_env import EventLog, RunnerProcess, dispatch_group, run_config, write_task
+from tests.support.runner_env import (
+    EventLog,
+    RunnerProcess,
+    dispatch_group,
+    run_config,
+    stream_events,
+    write_task,
+)
 from tests.support.scripted_anthropic import ScriptedAnthropic, text
 
 pytestmark = pytest.mark.slow  # real services and sandboxes: several seconds per test
@@ -34,7 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 async def proxy() -> AsyncIterator[ProxyStub]:
     with ScriptedAnthropic(lambda request: text("hi")) as api:
-        async with ProxyStub(api.base_url) as stub:
+        async with ProxyStub(api.base_url, hold_groups=frozenset({"held"})) as stub:
             yield stub
 
 
@@ -63,6 +72,7 @@ async def test_sigkilled_runner_reconciles_every_execution_on_restart(
     finishes = write_task(
         tasks, "finishes", "while [ ! -e go ]; do sleep 0.05; done; echo done > out.txt", ["true"]
     )
+    held = write_task(tasks, "held", "echo started > s.txt", ["true"])  # its OpenExecution never answers
     config = run_config(
         run_id,
         tmp_path / "runs",
@@ -73,7 +83,7 @@ async def test_sigkilled_runner_reconciles_every_execution_on_restart(
         runner={
             "harness": "command",
             "command": ["bash", "-c", "{prompt}"],
-            "max_concurrent": 4,
+            "max_concurrent": 5,
             "sandbox": {"uid_base": UID_BASE, "kill_grace_s": 1.0},
         },
     )
@@ -81,12 +91,18 @@ async def test_sigkilled_runner_reconciles_every_execution_on_restart(
     runner_process.append(runner)
     events = await EventLog.attach(bus)
     runner.start()
-    for group, task in (("survives", survives), ("dies", dies), ("finishes", finishes)):
+    for group, task in (("survives", survives), ("dies", dies), ("finishes", finishes), ("held", held)):
         await dispatch_group(bus, redis, keys, group, task, 1)
+    await _redeliver(bus, "held-e0", held)
     await events.wait_for(ev.ExecutionStarted, 3, timeout_s=60)
+    # Every request is acknowledged, the held one too (its start is claimed and under way) and the
+    # redelivery of it, which the runner skipped: nothing of it is reported before the kill.
+    await eventually(lambda: proxy.held, what="the held start to ask for its credentials")
+    await eventually(lambda: _all_acknowledged(bus), what="every start request to be acknowledged")
+    assert proxy.held == ["held-e0"]
     ownership = Ownership(redis, keys, f"{socket.gethostname()}:runner")
     owned = {o.group_id: o for o in await ownership.owned()}
-    assert set(owned) == {"survives", "dies", "finishes"}
+    assert set(owned) == {"survives", "dies", "finishes", "held"} and owned["held"].sandbox is None
 
     runner.kill()
     assert not events.of(ev.ExecutionTerminated)
@@ -100,7 +116,9 @@ async def test_sigkilled_runner_reconciles_every_execution_on_restart(
     await eventually(lambda: not procs.alive(sandbox.pid, sandbox.started), what="the sandbox to finish")
 
     runner.start()
-    terms = {e.execution.group_id: e for e in await events.wait_for(ev.ExecutionTerminated, 3, timeout_s=60)}
+    terms = {e.execution.group_id: e for e in await events.wait_for(ev.ExecutionTerminated, 4, timeout_s=60)}
+    assert terms["held"].reason == cm.TERMINATION_REASON_INFRA_FAILURE
+    assert "the runner stopped before launching it" in terms["held"].detail
     assert terms["finishes"].reason == cm.TERMINATION_REASON_COMPLETED
     assert (Path(terms["finishes"].workspace.path) / "out.txt").read_text() == "done\n"
     assert terms["dies"].reason == cm.TERMINATION_REASON_INFRA_FAILURE
@@ -113,8 +131,29 @@ async def test_sigkilled_runner_reconciles_every_execution_on_restart(
 
     await eventually(dropped, timeout_s=5, what="the ownership record to be dropped")
     assert await ownership.owned() == []
-    assert [p for uid in range(UID_BASE, UID_BASE + 4) for p in procs.pids_of_uid(uid)] == []
-    for record in owned.values():
-        assert record.sandbox is not None and not procs.alive(record.sandbox.pid, record.sandbox.started)
+    assert [p for uid in range(UID_BASE, UID_BASE + 5) for p in procs.pids_of_uid(uid)] == []
+    for group in ("survives", "dies", "finishes"):
+        box = owned[group].sandbox
+        assert box is not None and not procs.alive(box.pid, box.started)
     counters = await Counters(redis, keys).get()
-    assert (counters.started, counters.finished) == (3, 3)
+    assert (counters.started, counters.finished) == (4, 4)
+    reported = [e.execution.execution_id for e in await stream_events(bus, ev.ExecutionTerminated)]
+    assert sorted(reported) == sorted(o.execution_id for o in owned.values())
+
+
+async def _redeliver(bus: EventBus, eid: str, task_id: str) -> None:
+    """The same start request again, as the work queue delivers it when an acknowledgement is lost."""
+    await bus.publish(
+        ev.ExecutionStartRequested(
+            execution=cm.ExecutionRef(execution_id=eid, group_id="held", index_in_group=0, query_id=task_id),
+            task_id=task_id,
+            engine_id="cell-0",
+            profile="generic",
+        ),
+        event_id=f"exec.start:{eid}:again",
+    )
+
+
+async def _all_acknowledged(bus: EventBus) -> bool:
+    info = await bus.js.consumer_info(command_stream(bus.run_id).name, START_CONSUMER)
+    return (info.num_pending, info.num_ack_pending) == (0, 0)

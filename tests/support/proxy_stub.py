@@ -10,6 +10,8 @@ runner talks to it through the real Proxy stub, so the real proxy drops in uncha
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from gyre.rpc import bind, new_server
@@ -17,10 +19,15 @@ from gyre.v1 import proxy_pb2, proxy_pb2_grpc
 
 
 class ProxyStub(proxy_pb2_grpc.ProxyServicer):
-    def __init__(self, base_url: str, fail_opens: int = 0) -> None:
+    def __init__(self, base_url: str, fail_opens: int = 0, hold_groups: frozenset[str] = frozenset()) -> None:
         self.base_url = base_url
         self.fail_opens = fail_opens
         """Answer this many OpenExecution calls with UNAVAILABLE first (retry tests)."""
+        self.hold_groups = hold_groups
+        """OpenExecution of these groups' executions answers only once `released` is set (a start held
+        part-way, after its claim)."""
+        self.held: list[str] = []
+        self.released = asyncio.Event()
         self.opened: dict[str, proxy_pb2.OpenExecutionRequest] = {}
         self.closed: list[str] = []
         self.server = new_server()
@@ -45,6 +52,9 @@ class ProxyStub(proxy_pb2_grpc.ProxyServicer):
             self.fail_opens -= 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "proxy stub: scripted unavailability")
         eid = request.execution.execution_id
+        if request.execution.group_id in self.hold_groups:
+            self.held.append(eid)
+            await self.released.wait()
         self.opened[eid] = request
         return proxy_pb2.OpenExecutionResponse(base_url=self.base_url, api_key=self.key_for(eid))
 
