@@ -57,6 +57,7 @@ from gyre.bus import EventBus, decode_event
 from gyre.bus.codec import TYPE_HEADER
 from gyre.config import load_config
 from gyre.paths import REPO_ROOT
+from gyre.sandbox.host import remove_run_sandboxes
 from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, connect_redis
 from gyre.v1 import common_pb2 as cm
@@ -207,10 +208,16 @@ async def phase(
 
     await bus.nc.subscribe(f"gyre.{run_id}.>", cb=on_msg)
     own_before, engine_before = _own_cpu_s(), _engine_cpu_s()
-    async with RunnerService(config), EvaluatorService(config):
-        for _ in range(min(concurrency, executions)):
-            await dispatch.next()
-        await asyncio.wait_for(done.wait(), timeout=900)
+    try:
+        async with RunnerService(config), EvaluatorService(config):
+            for _ in range(min(concurrency, executions)):
+                await dispatch.next()
+            await asyncio.wait_for(done.wait(), timeout=900)
+    finally:
+        # The run ends here, as `gyre down` ends one: every container it kept goes. The evaluator removes
+        # an execution's container after publishing its EvaluationDone, so the last one's removal is still
+        # under way when the last EvaluationDone arrives, and stopping the evaluator cancels it.
+        await asyncio.to_thread(remove_run_sandboxes, config)
     published = dispatch.published
     own_s, engine_s = _own_cpu_s() - own_before, _engine_cpu_s() - engine_before
     await bus.close()

@@ -45,5 +45,6 @@ def engine_client(*images: str) -> docker.DockerClient:
 
 def containers_of(client: docker.DockerClient, **labels: str) -> list[str]:
     """Names of this session's containers carrying `labels` (running or not)."""
-    filters = {"label": [f"{k}={v}" for k, v in {**session_labels(), **labels}.items()]}
-    return sorted(c.name for c in client.containers.list(all=True, filters=filters))
+    from gyre.sandbox.containers.engine import find
+
+    return sorted(c.name for c in find(client, {**session_labels(), **labels}))

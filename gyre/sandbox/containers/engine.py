@@ -80,13 +80,29 @@ def label_filter(labels: Mapping[str, str]) -> dict[str, list[str]]:
     return {"label": [f"{k}={v}" for k, v in labels.items()]}
 
 
+LIST_ATTEMPTS = 5
+"""podman 4.3 fails a whole list with "no such container" when a container it lists is removed meanwhile;
+the list is asked again (each removal racing it makes one retry)."""
+
+
 def find(client: docker.DockerClient, labels: Mapping[str, str]) -> list[Container]:
-    """Every container (running or not) carrying all of `labels`."""
-    try:
-        found: list[Container] = client.containers.list(all=True, filters=label_filter(labels))
-    except (docker.errors.DockerException, OSError) as e:
-        raise ContainerEngineError(f"listing containers {dict(labels)}: {why(e)}") from None
-    return found
+    """Every container (running or not) carrying all of `labels`. One removed while it is listed is left
+    out: the SDK's NotFound on inspecting it is ignored, and the engine's own failure retried. Without
+    both, a reap racing another removal (two evaluator workers, `gyre down` and the evaluator) failed,
+    and left its container running."""
+    error: Exception | None = None
+    for _ in range(LIST_ATTEMPTS):
+        try:
+            found: list[Container] = client.containers.list(
+                all=True, filters=label_filter(labels), ignore_removed=True
+            )
+            return found
+        except (docker.errors.DockerException, OSError) as e:
+            error = e
+            if not (isinstance(e, docker.errors.APIError) and "no such container" in str(e)):
+                break
+    assert error is not None
+    raise ContainerEngineError(f"listing containers {dict(labels)}: {why(error)}")
 
 
 def remove(container: Container) -> None:
