@@ -3,8 +3,9 @@ by the runner in containers of examples/tasks/fix-sum's image (built by the engi
 FROM the local Debian base, whose RUN step installs the checker the task's tests/test.sh runs), their
 calls relayed out of the network-less container to the proxy and on to an engine serving a tiny Qwen3
 from `gyre model init`, the reward from test.sh run in the same container after the harness, and one
-elastic optimizer step on what they sent. (The same task scores 0 on the host, where there is no
-checker: tests/integration/test_container_runs.py.)
+elastic optimizer step on what they sent. The same workspaces scored by the evaluator's verifier under
+the `process` launcher, on the host, where the image's RUN step never ran, earn 0 each, the fixed ones too
+(tests/integration/test_container_runs.py shows it for whole runs under each launcher).
 
 As in tests/e2e/test_real_harnesses.py, a tiny random model does not call tools, so the engine's output
 source is `scored_script` with rules: each member either fixes sum.sh and runs the checker or only runs
@@ -14,6 +15,7 @@ log-probs. Claude Code is shrunk with its own flags (a one-line system prompt, t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -26,8 +28,14 @@ from gyre.demo.run import DemoRun
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
 from gyre.paths import REPO_ROOT
+from gyre.sandbox import SandboxLimits
 from gyre.sandbox.launchers.base import LABEL_RUN
+from gyre.tasks import TaskSet
+from gyre.v1 import common_pb2 as cm
+from gyre.v1 import events_pb2 as ev
+from services.evaluator.verifier import VerifierRunner
 from tests.support.containers import containers_of, engine_client
+from tests.support.sandboxes import launcher_for_test
 
 pytestmark = [
     pytest.mark.slow,
@@ -116,12 +124,40 @@ def _assert_trained_in_containers(config: Any, summary: dict[str, Any]) -> None:
     for d in valid:
         fixed = "$1 + $2" in (Path(d["workspace"]["path"]) / "sum.sh").read_text()
         assert float(d.get("reward", 0.0)) == (1.0 if fixed else 0.0), d
+    on_host = asyncio.run(_scored_on_the_host(config, valid))
+    assert on_host == {d["execution"]["executionId"]: 0.0 for d in valid}, on_host
     step = next(e["event"] for e in events if e["type"] == "gyre.v1.StepCompleted")
     assert int(step.get("policyVersion", 0)) == 1 and int(step.get("numTargets", 0)) > 0
     published = config.run.path / "checkpoints" / "published" / "v00000001"
     weights = published if published.is_dir() else config.run.path / "checkpoints" / "step-00000001"
     assert check_model_dir(weights).policy_version == 1
     assert containers_of(engine_client(), **{LABEL_RUN: config.run.id}) == []
+
+
+async def _scored_on_the_host(config: Any, done: list[dict[str, Any]]) -> dict[str, float]:
+    """Each preserved workspace scored again by the evaluator's verifier with the `process` launcher."""
+    verifier = VerifierRunner(
+        registry=TaskSet.from_section(config.tasks).registry,
+        launcher=launcher_for_test("process", 0, 1),
+        work_root=config.run.path / "host-evaluations",
+        limits=SandboxLimits(),
+        max_attempts=1,
+        backoff_s=0.0,
+        kill_grace_s=1.0,
+    )
+    scores = {}
+    for d in done:
+        eid = d["execution"]["executionId"]
+        term = ev.ExecutionTerminated(
+            execution=cm.ExecutionRef(execution_id=eid),
+            reason=cm.TERMINATION_REASON_COMPLETED,
+            workspace=cm.WorkspaceRef(path=d["workspace"]["path"]),
+            task_id="tasks/fix-sum",
+        )
+        evaluation = await verifier.evaluate(term)
+        assert evaluation.status == "valid", evaluation
+        scores[eid] = evaluation.reward
+    return scores
 
 
 @pytest.mark.usefixtures("claude_bin")
