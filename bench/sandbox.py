@@ -16,6 +16,8 @@ Per launcher:
 
     first_call_s_p50 / _p90       start request published (when a runner slot is free) → the harness's
                                   first model call arrives
+    started_s_p50                 start request published → ExecutionStarted received (the runner's part:
+                                  claim, workspace, credentials, the sandbox's launch)
     cpu_s_per_execution           sandbox + engine + runner CPU, each also given alone:
     sandbox_cpu_s_per_execution     inside the sandbox (status.json `sandbox_cpu_s`: the supervisor and
                                     everything it ran, or the container's cgroup up to the harness's end)
@@ -194,11 +196,14 @@ async def phase(
     bus = await EventBus.connect(urls["nats"], run_id, "bench")
     redis = await connect_redis(urls["redis"])
     times: dict[str, dict[str, Any]] = {}
+    started: dict[str, float] = {}
     done = asyncio.Event()
     dispatch = Dispatch(bus, redis, Keys(run_id), executions, launcher)
 
     async def on_msg(msg: Any) -> None:
         event = decode_event((msg.headers or {}).get(TYPE_HEADER, ""), msg.data)
+        if isinstance(event, ev.ExecutionStarted):
+            started[event.execution.execution_id] = time.time()
         if isinstance(event, ev.ExecutionTerminated | ev.EvaluationDone):
             times.setdefault(event.execution.execution_id, {})[type(event).__name__] = event
             if isinstance(event, ev.ExecutionTerminated):
@@ -223,7 +228,7 @@ async def phase(
     await bus.close()
     await redis.aclose()
     return _phase_result(
-        config.run.path, times, published, calls, own_s, engine_s if launcher == "container" else 0.0
+        config.run.path, times, published, started, calls, own_s, engine_s if launcher == "container" else 0.0
     )
 
 
@@ -231,6 +236,7 @@ def _phase_result(
     run_dir: Path,
     times: dict[str, dict[str, Any]],
     published: dict[str, float],
+    started: dict[str, float],
     calls: ScriptedMessages,
     own_s: float,
     engine_s: float,
@@ -247,6 +253,7 @@ def _phase_result(
             f"{len(failed)} of {n} executions failed ({len(statuses)} statuses), e.g. {failed[:1]}"
         )
     first = [calls.first_call[eid] - published[eid] for eid in published]
+    launched = [started[eid] - published[eid] for eid in published]
     verifier = [
         (t["EvaluationDone"].meta.emitted_at_ms - t["ExecutionTerminated"].meta.emitted_at_ms) / 1000
         for t in times.values()
@@ -255,6 +262,7 @@ def _phase_result(
     return {
         "first_call_s_p50": _pct(first, 0.5),
         "first_call_s_p90": _pct(first, 0.9),
+        "started_s_p50": _pct(launched, 0.5),
         "cpu_s_per_execution": round(sandbox_s + (engine_s + own_s) / n, 3),
         "sandbox_cpu_s_per_execution": round(sandbox_s, 3),
         "engine_cpu_s_per_execution": round(engine_s / n, 3),
