@@ -7,7 +7,8 @@ a satellite SIGSTOPped for 10 s, and a verifier process stopped for good (the ev
 settle its execution). tests/faults runs a reduced matrix with the same code (gyre/demo/faults.py).
 
 Last line: {"faults": {NAME: {"completed", "lost", "double_trained", "double_applied", "harness_errors",
-"recovery_s", "injected"}}, "run": {the whole run's invariants}, "wall_s", ...}. A violation or harness error
+"recovery_s", "injected"}}, "run": {the whole run's invariants from its events}, "audit": {"ok", "defects",
+...: `gyre audit` of the run, from primary data}, "wall_s", ...}. A violation or harness error
 belongs to the fault injected last before it; `recovery_s` is injection → the process serves again.
 `redis_used_memory_by_step` / `redis_used_memory_ratio_last_vs_4`: Redis memory after each step and the
 bounded-state ratio (goal ≤ 1.1; gyre/demo/memory.py); `redis_dataset_bytes_by_step` / `redis_keys_by_step`:
@@ -58,6 +59,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     runner_uids, verifier_uids = args.uid_base, args.uid_base + 1000
 
+    from gyre.audit import audit_run
     from gyre.demo.config import demo_config
     from gyre.demo.faults import FaultInjector, fault_report
     from gyre.demo.ledger import read_event_lines
@@ -109,11 +111,19 @@ def main(argv: list[str]) -> None:
     report = fault_report(
         read_event_lines(Path(summary["run_dir"]) / "events.jsonl"), injector.done, args.steps
     )
+    wall_s = time.monotonic() - t0
+    audited = audit_run(Path(summary["run_dir"]), probe=False)
     print(
         json.dumps(
             {
                 **report,
-                "wall_s": round(time.monotonic() - t0, 1),
+                "audit": {
+                    "ok": audited.ok,
+                    "defects": audited.defects,
+                    "replay_max_rel_diff": audited.replay.to_json()["max_rel_diff"],
+                    "accounting": audited.accounting.to_json(),
+                },
+                "wall_s": round(wall_s, 1),
                 "steps": args.steps,
                 "executions": summary["executions"],
                 **{k: v for k, v in summary.items() if k.startswith("redis_")},  # RedisMemory.report

@@ -91,6 +91,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(summary))
         else:
             typer.echo(json.dumps(summary, indent=2))
+            typer.echo(f"gyre audit {cfg.run.path} recomputes this run from its primary data", err=True)
         warnings = run_warnings(summary)
         if warnings:
             rule = "!" * 78

@@ -190,3 +190,8 @@ def test_a_checkpoint_from_the_wrong_step_fails_the_audit(clean_run: Path, tmp_p
         save_file(before, str(checkpoint), metadata={"format": "pt", "gyre_policy_version": str(STEPS)})
 
     _failing(_doctor(clean_run, tmp_path, stale), "checkpoint from the wrong step")
+
+
+def test_a_directory_that_is_not_a_finished_run_exits_2_naming_it(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["audit", str(tmp_path)])
+    assert result.exit_code == 2 and "not a run directory (no config.yaml)" in result.output, result.output

@@ -1,5 +1,5 @@
 """Whole-run resume: every process of an elastic run is SIGKILLed at once after its first steps (the
-supervisor, NATS, Redis, every service, the sandboxes); `DemoRun.resuming` (`gyre resume RUN`) brings the
+supervisor, NATS, Redis, every service, the sandboxes); `gyre resume RUN` (`DemoRun.resuming`) brings the
 run back on its own config and data, and it trains to its step count. `gyre audit` then holds for the whole
 run (tests/support/audit.py): the training replayed from the initial weights through the crash equals the
 run's weights at every step (so the core resumed from its checkpoint, weights and optimizer state, or took
@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from gyre.cli import app
 from gyre.demo.config import demo_config
 from gyre.demo.faults import kill_whole_run
 from gyre.demo.run import DemoRun
@@ -45,7 +47,10 @@ def test_a_run_killed_whole_resumes_and_accounts_for_everything(tmp_path: Path) 
     assert not [p for p in killed[0] if alive(p.pid, p.started)]
     assert steps_at_crash[0] < STEPS
 
-    summary = DemoRun.resuming(config.run.path).execute()
+    # `gyre resume RUN`, as a user runs it (DemoRun.resuming underneath).
+    resumed = CliRunner().invoke(app, ["resume", str(config.run.path), "--json"])
+    assert resumed.exit_code == 0, resumed.output
+    summary = json.loads(resumed.output.strip().splitlines()[-1])
     print(json.dumps({"killed_processes": len(killed[0])}))
     assert summary["steps"] == STEPS
     audited = assert_audited(config.run.path, steps=STEPS)
