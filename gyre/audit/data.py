@@ -10,12 +10,15 @@ what it reported about itself.
 - the run's Redis as the run left it (the AOF under `runs/<run>/redis`, loaded into a redis-server of the
   audit's own on a copy, so the run's data is never touched): the scheduler's counters d/p/f and its
   persisted state (whether the run was stopping), and for every group not archived its dispatch record,
-  execution records, runner claims, evaluations and outcomes.
+  execution records, runner claims, evaluations and outcomes; and the groups each batch claimed, for a
+  step the core recorded whose batch the packer had not archived yet when the run stopped (the packer
+  archives a batch after its step committed).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -24,7 +27,7 @@ from typing import Any
 
 import redis
 
-from gyre.config import GyreConfig, load_config
+from gyre.config import ConfigError, GyreConfig, load_config
 from gyre.store.archive import archived_batches, read_json_gz
 from gyre.store.keys import Keys
 from gyre.store.step_archive import StepRecordFile, read_step_records
@@ -78,7 +81,10 @@ class RunData:
             raise AuditInputError(f"{run_dir}: not a run directory (no config.yaml)")
         if (run_dir / "stack.json").is_file() and _live(run_dir):
             raise AuditInputError(f"{run_dir}: the run is still up; `gyre down --run {run_dir.name}` first")
-        config = load_config(config_path, environ={})
+        try:
+            config = load_config(config_path, environ={})
+        except ConfigError as e:
+            raise AuditInputError(f"the run's config does not load: {e}") from None
         archive_dir = config.archive.path_for(run_dir)
         if not archive_dir.is_dir():
             archive_dir = archive_dir_of(run_dir)
@@ -90,9 +96,23 @@ class RunData:
         groups: dict[str, GroupData] = {}
         counters: dict[str, int] = {}
         scheduler_state: dict[str, Any] | None = None
+        claimed: dict[str, list[str]] = {}
         if redis_data:
-            counters, scheduler_state = _read_redis(run_dir, Keys(config.run.id), groups)
+            counters, scheduler_state = _read_redis(run_dir, Keys(config.run.id), groups, claimed)
         _read_archived_groups(archive_dir, groups)
+        archived = {str(b["batch_id"]) for b in batches}
+        for record in steps:  # a step taken and recorded whose batch was not archived before the run stopped
+            if record.batch_id not in archived and record.batch_id in claimed:
+                batches.append(
+                    {
+                        "batch_id": record.batch_id,
+                        "step": record.step,
+                        "trained_version": record.version,
+                        "groups": sorted(claimed[record.batch_id]),
+                        "source": "redis",
+                    }
+                )
+        batches.sort(key=lambda b: int(b["step"]))
         summary_path, events_path = run_dir / "summary.json", run_dir / "events.jsonl"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
         events = (
@@ -151,12 +171,16 @@ def _read_archived_groups(archive_dir: Path, groups: dict[str, GroupData]) -> No
         groups[gid] = g
 
 
+def _glob(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
 def _s(raw: bytes | str | None) -> str | None:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def _read_redis(
-    run_dir: Path, keys: Keys, groups: dict[str, GroupData]
+    run_dir: Path, keys: Keys, groups: dict[str, GroupData], claimed: dict[str, list[str]]
 ) -> tuple[dict[str, int], dict[str, Any] | None]:
     """Counters and scheduler state, and every group still in Redis, from a copy of the run's AOF."""
     from gyre.stack.servers import start_redis
@@ -173,7 +197,7 @@ def _read_redis(
         try:
             client = redis.Redis.from_url(server.url)
             try:
-                return _read_keys(client, keys, groups)
+                return _read_keys(client, keys, groups, claimed)
             finally:
                 client.close()
         finally:
@@ -181,12 +205,16 @@ def _read_redis(
 
 
 def _read_keys(
-    r: redis.Redis, keys: Keys, groups: dict[str, GroupData]
+    r: redis.Redis, keys: Keys, groups: dict[str, GroupData], claimed: dict[str, list[str]]
 ) -> tuple[dict[str, int], dict[str, Any] | None]:
     raw = r.hmget(keys.counters(), ["d", "p", "f"])
     counters = {k: int(v) if v is not None else 0 for k, v in zip(("d", "p", "f"), raw, strict=True)}
     state_raw = r.get(keys.scheduler_state())
     state = json.loads(state_raw) if state_raw is not None else None
+    ready = keys.ready_groups().removesuffix("zset")  # the group outcomes' keys (gyre/store/groups.py)
+    for key in r.scan_iter(match=_glob(ready + "batch:") + "*", count=1000):
+        batch = str(_s(key)).removeprefix(ready + "batch:")
+        claimed[batch] = sorted(str(_s(g)) for g in r.smembers(key))
     prefix = f"gyre:{keys.run_id}:group:{{"
     for key in r.scan_iter(match=f"{prefix}*}}:record", count=1000):
         record = json.loads(r.get(key) or b"null")
@@ -199,7 +227,7 @@ def _read_keys(
                 g.records.add(eid)
             g.runner[eid] = _s(r.get(keys.execution_runner(eid)))
             g.evaluations[eid] = [json.loads(e) for e in r.lrange(keys.evaluations(eid), 0, -1)]
-        members = r.hgetall(keys.ready_groups().removesuffix("zset") + f"members:{gid}")
+        members = r.hgetall(ready + f"members:{gid}")
         for eid, outcome in members.items():
             g.outcome[str(_s(eid))] = str(json.loads(outcome)["status"])
         groups[gid] = g

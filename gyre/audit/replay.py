@@ -46,7 +46,8 @@ from typing import Any
 
 import torch
 
-from gyre.audit.data import RunData
+from gyre.audit.data import AuditInputError, RunData
+from gyre.model.arch import ModelError
 from gyre.model.files import check_model_dir
 from gyre.model.weights import load_state_dict
 from gyre.rl.codec import decode_microstep
@@ -369,7 +370,10 @@ def replay_training(
     if not data.steps:
         result.skipped = "the run recorded no optimizer step"
         return result
-    trainer = build_trainer(data)
+    try:
+        trainer = build_trainer(data)
+    except ModelError as e:
+        raise AuditInputError(f"the run's initial weights do not load: {e}") from None
     gloo = data.config.cell_agent.trainer.dist_backend == "gloo"
     archived, checkpoints, published = _references(data)
     previous: Weights = _named_copy(trainer)
