@@ -12,13 +12,15 @@ into per-execution and per-cell figures:
 
 Only what the stack measured is read; nothing is fitted here (sim/local.py builds the cell model).
 `trim_run(run_dir, out_dir)` copies just what `read_run` reads (a few hundred KB instead of the run's
-NATS and Redis data, checkpoints and workspaces), to keep a measured run or make a test fixture.
+NATS and Redis data, checkpoints and workspaces), to keep a measured run or make a test fixture: the
+events it reads, the settings, and the harnesses' report lines gathered in one file
+(`harness_reports.jsonl`, one `{"execution_id", "report"}` per line), which `read_run` reads instead of
+the sandboxes when it is there.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +102,18 @@ def _report(control: Path) -> dict[str, Any] | None:
     return report if isinstance(report, dict) and "calls" in report else None
 
 
+REPORTS_FILE = "harness_reports.jsonl"
+
+
+def _reports(run_dir: Path) -> dict[str, dict[str, Any]] | None:
+    """The harnesses' report lines kept by `trim_run` (None: read them from the sandboxes)."""
+    path = run_dir / REPORTS_FILE
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {str(r["execution_id"]): dict(r["report"]) for r in rows}
+
+
 def read_run(run_dir: Path) -> MeasuredRun:
     """The figures of one `gyre demo` run directory (ValueError naming what is missing)."""
     events_path = run_dir / "events.jsonl"
@@ -155,8 +169,9 @@ def read_run(run_dir: Path) -> MeasuredRun:
         elif kind == "WeightsPublished":
             publish.append(float(body.get("durationS", 0.0)))
     records: list[MeasuredExecution] = []
+    kept = _reports(run_dir)
     for eid, body in terminated.items():
-        report = _report(run_dir / "sandboxes" / eid / "control")
+        report = kept.get(eid) if kept is not None else _report(run_dir / "sandboxes" / eid / "control")
         if body.get("reason") == "TERMINATION_REASON_CANCELLED" or report is None or eid not in evaluated:
             continue
         group = group_of.get(eid, "")
@@ -229,14 +244,13 @@ def trim_run(run_dir: Path, out_dir: Path) -> None:
     )
     summary = json.loads((run_dir / "summary.json").read_text())
     (out_dir / "summary.json").write_text(json.dumps({"mode": summary["mode"]}) + "\n")
-    for control in sorted((run_dir / "sandboxes").glob("*/control")):
-        report = _report(control)
-        if report is not None:
-            target = out_dir / "sandboxes" / control.parent.name / "control"
-            target.mkdir(parents=True, exist_ok=True)
-            (target / "stdout.log").write_text(json.dumps(report) + "\n")
-    if not any((out_dir / "sandboxes").glob("*")):
-        shutil.rmtree(out_dir / "sandboxes", ignore_errors=True)
+    reports = _reports(run_dir)
+    if reports is None:
+        found = ((c.parent.name, _report(c)) for c in sorted((run_dir / "sandboxes").glob("*/control")))
+        reports = {eid: r for eid, r in found if r is not None}
+    (out_dir / REPORTS_FILE).write_text(
+        "".join(json.dumps({"execution_id": e, "report": r}) + "\n" for e, r in sorted(reports.items()))
+    )
 
 
 def median_or(values: tuple[float, ...] | list[float], default: float) -> float:

@@ -296,6 +296,19 @@ def _last_json(path: Path) -> dict[str, Any]:
     return value
 
 
+def _relative_to(result: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A saved result whose run directories are relative and not found from here is read from `base` (the
+    saved file's directory), so a result kept with its runs (tests/fixtures/sim_e2e) validates from anywhere."""
+    runs = result.get("runs")
+    if not isinstance(runs, dict):
+        return result
+    for entry in runs.values():
+        path = Path(str(entry.get("run_dir", ""))) if isinstance(entry, dict) else None
+        if path is not None and not path.is_absolute() and not path.exists() and (base / path).exists():
+            entry["run_dir"] = str(base / path)
+    return result
+
+
 @sim_app.command("validate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def validate(
     ctx: typer.Context,
@@ -318,7 +331,7 @@ def validate(
         typer.echo(f"error: --seeds must be >= 1; got {seeds}", err=True)
         raise typer.Exit(2)
     if measured is not None:
-        result = _last_json(measured)
+        result = _relative_to(_last_json(measured), measured.parent)
     else:
         from bench.e2e import measure
 
