@@ -73,6 +73,30 @@ def main(argv: list[str]) -> None:
 
 def measure(argv: list[str]) -> dict[str, Any]:
     """Run the modes; the result `main` prints (also what `gyre sim validate` compares against)."""
+    args = _parser().parse_args(argv)
+
+    from gyre.demo.config import demo_config
+    from gyre.demo.run import DemoRun
+
+    config = Path(args.config) if args.config else None
+    base = demo_config(config, {}).scheduler
+    capacity = base.num_cells * base.cell_capacity + base.separate_pool_capacity
+    results: dict[str, Any] = {}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name in args.modes.split(","):
+        cfg = demo_config(config, _overrides(args, name, f"bench-e2e-{name}-{stamp}", capacity))
+        load_before = os.getloadavg()[0]
+        t0 = time.monotonic()
+        summary = DemoRun(cfg, steps=args.steps).execute(progress=_progress(name, args.steps))
+        results[name] = {
+            "wall_s": round(time.monotonic() - t0, 1),
+            "summary": summary,
+            "load": (load_before, os.getloadavg()[0]),
+        }
+    return _report(args, results)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gyre bench e2e", description=__doc__)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--target-staleness", type=float, default=1.5)
@@ -91,48 +115,34 @@ def measure(argv: list[str]) -> dict[str, Any]:
         default=192000,
         help="first sandbox uid of the runner (the verifier's: +1000); another stack on the machine must not share them",
     )
-    args = parser.parse_args(argv)
+    return parser
 
-    from gyre.demo.config import demo_config
-    from gyre.demo.run import DemoRun
 
-    base = demo_config(Path(args.config) if args.config else None, {}).scheduler
-    capacity = base.num_cells * base.cell_capacity + base.separate_pool_capacity
-    results: dict[str, Any] = {}
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for name in args.modes.split(","):
-        sched: dict[str, Any] = {
-            **mode_settings(args.target_staleness, args.elastic_mu)[name],
-            "seed": args.seed,
-        }
-        overrides = {
-            "run": {"id": f"bench-e2e-{name}-{stamp}"},
-            "scheduler": sched,
-            "runner": {
-                "max_concurrent": capacity,
-                # sandbox uids of its own: a runner kills every process of the uids it takes, and other
-                # stacks and tests on this machine use the default ranges (runner 120000+, verifier 130000+)
-                "sandbox": {"uid_base": args.uid_base},
-                "harness_args": [
-                    "--tool-latency-s",
-                    str(args.tool_latency_s),
-                    "--tool-latency-max-s",
-                    str(args.tool_latency_max_s),
-                    "--tool-latency-alpha",
-                    str(args.tool_latency_alpha),
-                ],
-            },
-        }
-        overrides["evaluator"] = {"sandbox": {"uid_base": args.uid_base + 1000}}
-        cfg = demo_config(Path(args.config) if args.config else None, overrides)
-        load_before = os.getloadavg()[0]
-        t0 = time.monotonic()
-        summary = DemoRun(cfg, steps=args.steps).execute(progress=_progress(name, args.steps))
-        results[name] = {
-            "wall_s": round(time.monotonic() - t0, 1),
-            "summary": summary,
-            "load": (load_before, os.getloadavg()[0]),
-        }
+def _overrides(args: argparse.Namespace, mode: str, run_id: str, capacity: int) -> dict[str, Any]:
+    """The demo's settings for one mode's run, over its config."""
+    return {
+        "run": {"id": run_id},
+        "scheduler": {**mode_settings(args.target_staleness, args.elastic_mu)[mode], "seed": args.seed},
+        "runner": {
+            "max_concurrent": capacity,
+            # sandbox uids of its own: a runner kills every process of the uids it takes, and other
+            # stacks and tests on this machine use the default ranges (runner 120000+, verifier 130000+)
+            "sandbox": {"uid_base": args.uid_base},
+            "harness_args": [
+                "--tool-latency-s",
+                str(args.tool_latency_s),
+                "--tool-latency-max-s",
+                str(args.tool_latency_max_s),
+                "--tool-latency-alpha",
+                str(args.tool_latency_alpha),
+            ],
+        },
+        "evaluator": {"sandbox": {"uid_base": args.uid_base + 1000}},
+    }
+
+
+def _report(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
+    """Each mode's wall time, the speedups of elastic, and every run's figures."""
     out: dict[str, Any] = {f"{k}_s": v["wall_s"] for k, v in results.items()}
     if "elastic" in results:
         for other in ("async", "colocate"):

@@ -33,6 +33,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -157,7 +158,7 @@ def main(argv: list[str]) -> None:
             trees = [make(first + k, scale=0.3 if args.quick else 1.0) for k in range(args.executions)]
             result = _measure(model, trees, seed=first, repeats=args.repeats)
             per_family.setdefault(name, []).append(result)
-            print(f"{name} step {step}: {json.dumps(_round(result))}", flush=True)
+            print(f"{name} step {step}: {json.dumps(_round(result))}", file=sys.stderr, flush=True)
     families = {name: _round(_medians(results)) for name, results in per_family.items()}
     overall = _medians([r for results in per_family.values() for r in results])
     appendix_c = families["appendix_c"]

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         json_: bool = typer.Option(
             False,
             "--json",
-            help="Accepted by every benchmark: the last output line is always one JSON object.",
+            help="Accepted by every benchmark: standard output is one JSON object (progress goes to stderr).",
         ),
     ) -> None:
         """Run one benchmark; its last output line is a JSON object."""

@@ -67,8 +67,7 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _audit_cli(run_dir: Path, *args: str) -> tuple[int, dict[str, Any]]:
     result = CliRunner().invoke(app, ["audit", str(run_dir), "--json", *args])
-    line = next(x for x in reversed(result.output.splitlines()) if x.startswith("{"))
-    return result.exit_code, json.loads(line)
+    return result.exit_code, json.loads(result.stdout)  # its whole stdout: progress goes to stderr
 
 
 def test_the_clean_run_passes_its_audit(clean_run: Path) -> None:

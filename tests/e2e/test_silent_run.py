@@ -43,7 +43,7 @@ def test_a_run_whose_model_calls_are_all_refused_reports_them_and_exits_non_zero
     )
     assert out.returncode == TRAINED_NOTHING_EXIT, out.stdout[-2000:] + out.stderr[-3000:]
     summary = json.loads((tmp_path / "runs" / "refused" / "summary.json").read_text())
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == summary
+    assert json.loads(out.stdout) == summary  # the whole stdout: progress goes to stderr under --json
     assert summary["steps"] == 1 and summary["target_tokens_by_step"] == [0]
     assert summary["refused_calls"].get("prompt_too_long", 0) >= 2, summary["refused_calls"]
     assert set(summary["refused_calls"]) == {"prompt_too_long"}

@@ -32,8 +32,14 @@ from tests.support.sandboxes import launcher_for_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
 
-#: Fixes sum.sh after the runner has been killed and restarted, so the adopted harness's work is scored.
-HARNESS = ["bash", "-c", "echo started > started.txt; sleep 8; sed -i 's/\\$1 - \\$2/$1 + $2/' sum.sh"]
+GO = "/tmp/gyre-go"
+#: Fixes sum.sh once the test creates GO in its container (after the runner was killed and restarted), so
+#: the adopted harness's work is scored and it is still running whatever the machine's load.
+HARNESS = [
+    "bash",
+    "-c",
+    f"echo started > started.txt; until [ -e {GO} ]; do sleep 0.1; done; sed -i 's/\\$1 - \\$2/$1 + $2/' sum.sh",
+]
 
 
 @pytest.fixture
@@ -82,6 +88,8 @@ async def test_a_sigkilled_runner_adopts_its_containers_and_reaps_an_unrecorded_
             assert len(running) == 2 and all(client.containers.get(n).status == "running" for n in running)
             ghost = await _unrecorded_start(config, redis, keys, eids[2], tmp_path)
             runner.start()
+            for name in running:  # the adopted harnesses finish their work under the new runner
+                assert client.containers.get(name).exec_run(["touch", GO]).exit_code == 0
             ready = (await events.wait_for(ev.GroupReady, timeout_s=120))[0]
         terms = {e.execution.execution_id: e for e in events.of(ev.ExecutionTerminated)}
         done = {e.execution.execution_id: e for e in events.of(ev.EvaluationDone)}

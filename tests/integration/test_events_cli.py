@@ -40,7 +40,7 @@ async def test_tail_history_prints_decoded_events(
         env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert out.returncode == 0, out.stderr
-    line = json.loads(out.stdout.strip().splitlines()[0])
+    (line,) = [json.loads(x) for x in out.stdout.splitlines()]  # stdout holds the JSON lines and nothing else
     assert line["subject"] == f"gyre.{bus.run_id}.group.ready"
     assert line["type"] == "gyre.v1.GroupReady"
     assert line["event"]["groupId"] == "g7" and line["event"]["policyVersion"] == "3"

@@ -27,12 +27,13 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 ALWAYS_JSON = {"model init", "model inspect", "trace replay"}
 """Commands without a `--json` option whose output is JSON."""
 ELSEWHERE = {
-    "audit": "recomputes a finished run (tests/e2e/test_audit.py runs `gyre audit RUN --json` on one)",
-    "bench": "tests/integration/test_benches.py runs every benchmark to its JSON line",
-    "demo": "runs the whole stack for minutes; progress goes to stderr under --json (tests/e2e)",
+    "audit": "needs a finished run: tests/e2e/test_audit.py parses the whole stdout of `gyre audit RUN --json`",
+    "bench": "tests/integration/test_benches.py parses the whole stdout of every benchmark's tiny run",
+    "demo": "runs the whole stack for minutes: tests/e2e/test_silent_run.py parses its whole stdout",
     "resume": "resumes a stopped demo run (tests/faults/test_resume.py)",
 }
-"""JSON commands run by other tests, and why not here."""
+"""JSON commands run by other tests, and why not here. (`gyre events tail` prints one JSON object per line;
+tests/integration/test_events_cli.py parses each line of its stdout.)"""
 
 
 def _commands() -> dict[str, bool]:

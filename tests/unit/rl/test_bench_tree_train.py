@@ -13,7 +13,7 @@ def test_bench_tree_train_prints_both_layouts_per_family():
     args = ["bench", "tree-train", "--json", "--quick", "--steps", "1", "--executions", "1", "--repeats", "1"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output.strip().splitlines()[-1])
+    report = json.loads(result.stdout)  # its whole stdout: progress goes to stderr
     fields = ("tokens_paths", "tokens_tree", "token_ratio", "step_s_paths", "step_s_tree", "speedup")
     assert set(report["families"]) == {"appendix_c", "replay"}
     for family in (report, *report["families"].values()):
