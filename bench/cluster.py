@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 
 from bench._compose import ComposeProject
-from bench._images import build_images
+from bench._images import build_images, untag_images
 from gyre.paths import REPO_ROOT
 
 FAULTS = ("satellite-kill", "satellite-partition", "redis-restart", "core-kill")
@@ -74,6 +74,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--bad-input", choices=["model-missing"], default=None)
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"))
     parser.add_argument("--start-timeout-s", type=float, default=420.0)
+    parser.add_argument(
+        "--cold", action="store_true", help="build without podman's layer cache (what a fresh machine pays)"
+    )
     parser.add_argument(
         "--json", action="store_true", help="accepted: the last line is always the JSON object"
     )
@@ -131,8 +134,9 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
     (run_dir / "logs").mkdir(parents=True)
     config = run_config(run_id, args.steps, args.config)
     (run_dir / "gyre.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    name = f"gyre-bench-{uuid.uuid4().hex[:8]}"
     _log(f"building images (run dir {run_dir})")
-    images = build_images(run_dir / "build")
+    images = build_images(run_dir / "build", name, run_dir / "logs", cold=args.cold)
     _log(f"images built in {images.build_s}")
     model_dir = REPO_ROOT / "harness" / "demo_model" / "checkpoints" / "warmstart"
     if args.bad_input == "model-missing":
@@ -156,7 +160,7 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
         "GYRE_MODEL_DIR": str(model_dir),
         **{k: str(v) for k, v in ports.items()},
     }
-    project = ComposeProject(f"gyre-bench-{uuid.uuid4().hex[:8]}", env, run_dir / "logs")
+    project = ComposeProject(name, env, run_dir / "logs")
     (run_dir / "compose.json").write_text(json.dumps({"project": project.name, "env": env}, indent=1))
     try:
         project.up()
@@ -171,6 +175,7 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
     finally:
         project.save_logs()
         left = project.down()
+        untag_images(images)
         shutil.rmtree(run_dir / "build", ignore_errors=True)
     return {
         **result,

@@ -4,9 +4,10 @@
 # The compose file's command and healthcheck (`wget`) work unchanged.
 ARG BASE_IMAGE=localhost/gyre/debian-base:bookworm
 FROM ${BASE_IMAGE}
-RUN apt-get update \
+RUN echo force-unsafe-io > /etc/dpkg/dpkg.cfg.d/gyre-build \
+ && apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends wget \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /etc/dpkg/dpkg.cfg.d/gyre-build \
  && mkdir -p /data
 COPY nats-server /usr/local/bin/nats-server
 EXPOSE 4222 8222

@@ -4,9 +4,10 @@
 # the compose file's healthcheck.
 ARG BASE_IMAGE=localhost/gyre/debian-base:bookworm
 FROM ${BASE_IMAGE}
-RUN apt-get update \
+RUN echo force-unsafe-io > /etc/dpkg/dpkg.cfg.d/gyre-build \
+ && apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /etc/dpkg/dpkg.cfg.d/gyre-build \
  && install -d -o redis -g redis -m 0750 /data
 EXPOSE 6379
 CMD ["redis-server"]
