@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +73,9 @@ class ComposeProject:
                 argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, text=True, timeout=timeout_s
             )
 
-    def up(self) -> None:
-        done = self.compose("up", "-d", "--no-build")
+    def up(self, *services: str, no_deps: bool = False) -> None:
+        """`up -d` of every service, or of `services` (without the ones they depend on: `no_deps`)."""
+        done = self.compose("up", "-d", "--no-build", *(["--no-deps"] if no_deps else []), *services)
         if done.returncode != 0:
             raise RuntimeError(f"podman-compose up failed ({self.log_dir / 'compose.log'})")
 
@@ -133,9 +135,12 @@ class ComposeProject:
     def healthcheck(self, service: str) -> bool:
         """Run the compose file's healthcheck of `service` once (exit 0 = healthy)."""
         name = self.containers()[service].name
-        done = subprocess.run(
-            ["podman", "healthcheck", "run", name], env=self.env, capture_output=True, timeout=60
-        )
+        try:
+            done = subprocess.run(
+                ["podman", "healthcheck", "run", name], env=self.env, capture_output=True, timeout=60
+            )
+        except subprocess.TimeoutExpired:
+            return False  # a container too busy to answer within a minute is not healthy yet
         return done.returncode == 0
 
     def wait_healthy(
@@ -166,6 +171,10 @@ class ComposeProject:
     def save_logs(self) -> None:
         for service in self.containers():
             (self.log_dir / f"{service}.log").write_text(self.logs(service))
+
+    def watch_exits(self) -> ExitWatch:
+        """Record every exit of the project's containers from now on (podman's `died` events)."""
+        return ExitWatch(self)
 
     # -- node-level faults -------------------------------------------------------------------------
     def kill(self, service: str) -> Container:
@@ -205,3 +214,39 @@ class ComposeProject:
         name = self.containers()[service].name
         raw = subprocess.run(["podman", "inspect", name], env=self.env, capture_output=True, text=True).stdout
         return dict(json.loads(raw)[0])
+
+
+class ExitWatch:
+    """The exit codes of a project's containers as they die, from `podman events` (a container that its
+    restart policy brings straight back is exited for a moment only: polling its state misses that)."""
+
+    def __init__(self, project: ComposeProject) -> None:
+        argv = ["podman", "events", "--filter", "event=died", "--format", "json"]
+        argv += ["--filter", f"label={PROJECT_LABEL}={project.name}"]
+        self._proc = subprocess.Popen(
+            argv, env=project.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        self._codes: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name="podman-events", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            service = (event.get("Attributes") or {}).get("com.docker.compose.service", event.get("Name"))
+            with self._lock:
+                self._codes.setdefault(str(service), []).append(int(event.get("ContainerExitCode", -1)))
+
+    def exits(self) -> dict[str, list[int]]:
+        """Exit codes so far by service, oldest first."""
+        with self._lock:
+            return {s: list(codes) for s, codes in self._codes.items()}
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=10)

@@ -37,6 +37,7 @@ import argparse
 import json
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -45,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from bench._compose import ComposeProject
+from bench._compose import ComposeProject, ExitWatch
 from bench._images import build_images, untag_images
 from gyre.paths import REPO_ROOT
 
@@ -60,6 +61,8 @@ GYRE_SERVICES = (
     "cell-agent-1",
     "cell-agent-2",
 )
+CONTAINER_GID = 10001
+"""The group of the image's user (deploy/docker/Dockerfile) and of Redis's `group_add` in compose.yaml."""
 MODEL_USERS = ("proxy", "cell-agent-0", "cell-agent-1", "cell-agent-2")
 """The services that load the model (the proxy's tokenizer, the cells' engines and trainers)."""
 
@@ -118,6 +121,18 @@ def run_config(run_id: str, steps: int, overlay: Path | None) -> dict[str, Any]:
     return merged
 
 
+def issue_certificates(run_dir: Path) -> Path:
+    """The run's CA and certificates, by the command README gives (`gyre tls init`), keys readable by the
+    containers' group."""
+    out = run_dir / "tls"
+    argv = [sys.executable, "-c", "from gyre.cli import main; main()", "tls", "init"]
+    argv += ["--config", str(run_dir / "gyre.yaml"), "--out", str(out), "--group", str(CONTAINER_GID)]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"gyre tls init failed: {done.stderr.strip()[-2000:]}")
+    return out
+
+
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out = dict(a)
     for k, v in b.items():
@@ -138,6 +153,7 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
     _log(f"building images (run dir {run_dir})")
     images = build_images(run_dir / "build", name, run_dir / "logs", cold=args.cold)
     _log(f"images built in {images.build_s}")
+    tls_dir = issue_certificates(run_dir)
     model_dir = REPO_ROOT / "harness" / "demo_model" / "checkpoints" / "warmstart"
     if args.bad_input == "model-missing":
         model_dir = run_dir / "no-model"
@@ -158,28 +174,44 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
         "GYRE_REDIS_IMAGE": images.redis,
         "GYRE_CONFIG": str(run_dir / "gyre.yaml"),
         "GYRE_MODEL_DIR": str(model_dir),
+        "GYRE_TLS_DIR": str(tls_dir),
         **{k: str(v) for k, v in ports.items()},
     }
     project = ComposeProject(name, env, run_dir / "logs")
     (run_dir / "compose.json").write_text(json.dumps({"project": project.name, "env": env}, indent=1))
+    phases: dict[str, float] = {}
     try:
-        project.up()
+        t1 = time.monotonic()
         if args.bad_input is not None:
-            result: dict[str, Any] = {"bad_input": args.bad_input, **_bad_input(project)}
+            # Only the services that load the model, without their dependencies: each exits at start,
+            # before it would dial NATS or Redis, so nothing else needs to run to show the error.
+            watch = project.watch_exits()
+            try:
+                project.up(*MODEL_USERS, no_deps=True)
+                phases["up_s"] = round(time.monotonic() - t1, 1)
+                result: dict[str, Any] = {"bad_input": args.bad_input, **_bad_input(project, watch)}
+            finally:
+                watch.close()
         else:
             from bench._cluster_run import ClusterRun
 
-            result = ClusterRun(project, run_dir, config, ports, args.steps, faults).execute(
+            project.up()
+            phases["up_s"] = round(time.monotonic() - t1, 1)
+            result = ClusterRun(project, run_dir, config, ports, args.steps, faults, tls_dir).execute(
                 args.start_timeout_s
             )
+        phases["run_s"] = round(time.monotonic() - t1 - phases["up_s"], 1)
     finally:
+        t2 = time.monotonic()
         project.save_logs()
         left = project.down()
         untag_images(images)
         shutil.rmtree(run_dir / "build", ignore_errors=True)
+        phases["down_s"] = round(time.monotonic() - t2, 1)
     return {
         **result,
         "build_s": images.build_s,
+        "phases_s": phases,
         "wall_s": round(time.monotonic() - t0, 1),
         "left_running": left,
         "project": project.name,
@@ -187,26 +219,19 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
     }
 
 
-def _bad_input(project: ComposeProject, timeout_s: float = 240.0) -> dict[str, Any]:
+def _bad_input(project: ComposeProject, watch: ExitWatch, timeout_s: float = 180.0) -> dict[str, Any]:
     """Wait until every service that needs the model has exited with its one-line error; name them."""
     deadline = time.monotonic() + timeout_s
     exited: dict[str, dict[str, Any]] = {}
     while time.monotonic() < deadline and len(exited) < len(MODEL_USERS):
-        found = project.containers()
-        for service in MODEL_USERS:
-            c = found.get(service)
-            if service in exited or c is None or c.exit_code == 0:
+        for service, codes in watch.exits().items():
+            if service not in MODEL_USERS or service in exited:
                 continue
             errors = [line for line in project.logs(service).splitlines() if line.startswith("error: ")]
             if errors:
-                exited[service] = {"exit_code": c.exit_code, "error": errors[-1], "restarts": c.restarts}
-        time.sleep(1.0)
-    healthy = {
-        s: project.healthcheck(s)
-        for s in ("scheduler", "runner", "evaluator", "packer")
-        if s in project.containers()
-    }
-    return {"exited": exited, "named": sorted(exited), "others_healthy": healthy}
+                exited[service] = {"exit_code": codes[0], "error": errors[0], "exits": len(codes)}
+        time.sleep(0.5)
+    return {"exited": exited, "named": sorted(exited)}
 
 
 if __name__ == "__main__":

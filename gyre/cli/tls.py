@@ -67,10 +67,18 @@ def init(
     )
     written = issue(out, identities(loaded, dns), days=days)
     if group is not None:
-        for directory in written.values():
-            for path in (directory, directory / KEY_FILE):
-                os.chown(path, -1, group)
-            (directory / KEY_FILE).chmod(0o640)
+        try:
+            for directory in written.values():
+                for path in (directory, directory / KEY_FILE):
+                    os.chown(path, -1, group)
+                (directory / KEY_FILE).chmod(0o640)
+        except PermissionError:
+            typer.echo(
+                f"error: --group {group}: only root or a member of group {group} can give it the keys "
+                f"(run gyre tls init as root, e.g. with sudo); {out} holds keys only you can read",
+                err=True,
+            )
+            raise typer.Exit(2) from None
     typer.echo(json.dumps({identity: str(path) for identity, path in written.items()}))
 
 

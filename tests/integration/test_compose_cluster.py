@@ -1,8 +1,11 @@
 """The compose deployment runs for real (`gyre bench cluster` at its reduced size): the images built with
 podman from this checkout, deploy/compose/compose.yaml run by podman-compose, every service its own
 container with its own address, K = 3 cells, 2 steps with one satellite's container SIGKILLed (its restart
-policy brings it back); then the run's invariants. And bad input: the model directory missing from the
-mount, the services that load it exit with the one-line model error, and the bench names them.
+policy brings it back); then the run's invariants, and that every connection between containers was TLS
+(NATS's own /connz) while clients without the deployment's certificate were refused (NATS, Redis, gRPC,
+the proxy's and an engine's HTTP). And bad input: the model directory missing from the mount, the services
+that load it (started alone, without the rest of the stack) exit with the one-line model error, and the
+bench names them.
 
 Both leave nothing of theirs in podman. Needs root (rootful podman, `make setup`); outside CI a machine
 without it skips with the reason, under CI=true it fails.
@@ -94,6 +97,15 @@ def test_reduced_compose_run_trains_through_a_satellite_container_kill(tmp_path:
     hosts = result["hosts"]
     assert len(set(hosts.values())) == len(hosts), f"every container has its own address: {hosts}"
     assert result["crossed_hosts"], {k: result[k] for k in ("hosts", "engines", "nats_clients")}
+    assert all(url.startswith("https://") for url in result["engines"]), result["engines"]
+    secured = result["tls"]
+    assert secured["all_nats_clients_tls"] and len(secured["nats_tls_versions"]) >= 8, secured
+    assert secured["redis"]["tls_only"], secured["redis"]  # Redis's CONFIG GET: port 0, client certs
+    assert {"scheduler", "packer", "evaluator"} <= set(secured["redis"]["clients"]), secured["redis"]
+    assert all(secured["refused"].values()), f"a client without a certificate got through: {secured}"
+    assert all(secured["accepted"].values()), (
+        f"a client with the deployment's certificate was refused: {secured}"
+    )
     run_dir = Path(result["run_dir"])
     assert (run_dir / "events.jsonl").stat().st_size > 0
     assert (run_dir / "logs" / "cell-agent-0.log").exists()

@@ -7,6 +7,7 @@ its configured port, nothing runs privileged or on the host network, compose pub
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -21,12 +22,14 @@ from gyre.stack.launcher import SERVICES
 from tests.unit.deploy.support import (
     COMPOSE_FILE,
     DEPLOY,
+    K8S,
     OVERLAYS,
     REPO,
     Manifest,
     find,
     grpc_port,
     objects,
+    render_kustomization,
     require_module,
     workloads,
 )
@@ -72,6 +75,20 @@ def test_compose_validator_rejects_an_unknown_key(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "privileged_mode" in proc.stdout
 
 
+def _probe(service: str, port: int) -> list[str]:
+    """gyre.stack.probe as `service`'s own TLS identity (the health check of compose and Kubernetes)."""
+    return [
+        "python",
+        "-m",
+        "gyre.stack.probe",
+        "--config",
+        "/etc/gyre/gyre.yaml",
+        "--identity",
+        service,
+        str(port),
+    ]
+
+
 def test_compose_runs_every_service_with_a_grpc_health_check(
     compose: dict[str, Any], compose_config: GyreConfig
 ) -> None:
@@ -88,9 +105,10 @@ def test_compose_runs_every_service_with_a_grpc_health_check(
             if service == "cell_agent":
                 assert command[command.index("--instance") + 1] == str(instance)
             test = spec["healthcheck"]["test"]
-            assert test[:3] == ["CMD", "python", "-c"], test
-            assert "grpc_health.v1" in test[3] and "HealthCheckResponse.SERVING" in test[3]
-            assert test[4] == str(grpc_port(compose_config, service)), f"{name} probes port {test[4]}"
+            assert test == [
+                "CMD",
+                *_probe(service, grpc_port(compose_config, service)),
+            ], f"{name}: the gRPC health check as its own TLS identity"
     assert not set(services) - {n for names in expected.values() for n in names} - {"nats", "redis"}
 
 
@@ -134,17 +152,31 @@ def _default(source: str) -> str:
     return match.group(1) if match else source
 
 
+TLS_SOURCE = re.compile(r"\$\{GYRE_TLS_DIR:-\./tls\}/([a-z_]+)")
+"""A TLS identity's directory, written by `gyre tls init --out deploy/compose/tls` (not in the repository)."""
+
+TLS_IDENTITY = {"cell-agent-0": "cell_agent", "cell-agent-1": "cell_agent", "cell-agent-2": "cell_agent"}
+
+
 def test_compose_mounts_the_deploy_configs(compose: dict[str, Any]) -> None:
-    """Every bind mount names a file or directory of this repository by default, mounted read-only."""
+    """Every bind mount names a file or directory of this repository by default, mounted read-only; the TLS
+    identities' directories are the one exception (generated per deployment), each container mounting its
+    own identity's only."""
     base = COMPOSE_FILE.parent
     sources = set()
     for name, spec in compose["services"].items():
+        identities = []
         for volume in spec.get("volumes", []):
             if isinstance(volume, dict) and volume["type"] == "bind":
+                if tls := TLS_SOURCE.fullmatch(volume["source"]):
+                    assert volume.get("read_only") is True, f"{name}: {volume['target']} must be read-only"
+                    identities.append(tls.group(1))
+                    continue
                 source = (base / _default(volume["source"])).resolve()
                 assert source.exists(), f"{name} mounts missing {source}"
                 assert volume.get("read_only") is True, f"{name}: {volume['target']} must be read-only"
                 sources.add(source.relative_to(REPO).as_posix())
+        assert identities == [TLS_IDENTITY.get(name, name.replace("-", "_"))], name
     assert sources == {
         "deploy/compose/gyre.yaml",
         "deploy/nats/nats.conf",
@@ -195,7 +227,9 @@ def test_every_gyre_service_has_grpc_health_probes(
         port = grpc_port(k8s_config, service)
         assert {"name": "grpc", "containerPort": port} in container["ports"]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"] == {"port": port}, f"{service} {probe}"
+            # Not Kubernetes' `grpc:` probe: it cannot show a client certificate (tls.enabled).
+            assert container[probe]["exec"] == {"command": _probe(service, port)}, f"{service} {probe}"
+            assert container[probe]["timeoutSeconds"] >= 5, f"{service} {probe}: python starts in ~1-2 s"
         service_object = find(manifests, "Service", label(service))
         assert service_object["spec"]["selector"] == workload["spec"]["selector"]["matchLabels"]
         assert any(p["port"] == port for p in service_object["spec"]["ports"])
@@ -382,3 +416,37 @@ def test_manifests_parse_as_plain_yaml() -> None:
     for path in sorted(DEPLOY.rglob("*.yaml")):
         docs = list(yaml.safe_load_all(path.read_text()))
         assert docs and all(doc is not None for doc in docs), path
+
+
+def test_the_cert_manager_component_issues_every_secret_the_pods_mount(
+    rendered: dict[str, list[Manifest]], k8s_config: GyreConfig, tmp_path: Path
+) -> None:
+    """An overlay with deploy/k8s/components/cert-manager renders a Certificate for each TLS secret a pod
+    mounts, signed by the deployment's CA issuer, naming the hosts its peers dial (as `gyre tls init`)."""
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                # relative: kustomize takes no absolute root
+                "resources": [os.path.relpath(K8S / "overlays" / "cpu", tmp_path)],
+                "components": [os.path.relpath(K8S / "components" / "cert-manager", tmp_path)],
+            }
+        )
+    )
+    certificates = {
+        c["spec"]["secretName"]: c for c in render_kustomization(tmp_path) if c["kind"] == "Certificate"
+    }
+    mounted = {
+        volume["secret"]["secretName"]
+        for workload in workloads(rendered["cpu"])
+        for volume in workload["spec"]["template"]["spec"].get("volumes", [])
+        if "secret" in volume and volume["secret"]["secretName"].startswith("gyre-tls-")
+    }
+    assert len(mounted) == 8 and mounted <= set(certificates), mounted - set(certificates)
+    for secret in mounted:
+        spec = certificates[secret]["spec"]
+        assert spec["issuerRef"]["name"] == "gyre-ca" and "client auth" in spec["usages"], secret
+    cells = {k8s_config.run.peer_host("cell_agent", c) for c in range(k8s_config.scheduler.num_cells)}
+    assert cells <= set(certificates["gyre-tls-cell-agent"]["spec"]["dnsNames"])
+    assert "redis" in certificates["gyre-tls-redis"]["spec"]["dnsNames"]

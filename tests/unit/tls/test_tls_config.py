@@ -94,3 +94,31 @@ def test_tls_init_writes_every_identity_for_the_names_its_peers_dial(tmp_path: P
     config = load_config(COMPOSE_CONFIG, environ={}, overrides=_with_tls(out))
     files = tls_files(config.tls, "cell_agent")
     assert files is not None and files.client_context() is not None
+
+
+def test_tls_init_for_a_group_it_cannot_give_the_keys_to_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--group` chowns the keys, which only root or a member of the group may do: a one-line error, exit 2."""
+    from typer.testing import CliRunner
+
+    from gyre.cli import app
+
+    def refuse(path: object, uid: int, gid: int) -> None:
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(os, "chown", refuse)
+    args = [
+        "tls",
+        "init",
+        "--config",
+        str(COMPOSE_CONFIG),
+        "--out",
+        str(tmp_path / "tls"),
+        "--group",
+        "10001",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: --group 10001: only root or a member of group 10001"), line
