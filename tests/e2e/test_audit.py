@@ -1,7 +1,10 @@
 """`gyre audit` on one small real run, and on copies of it doctored the way a broken run would look.
 
-The run (built once for the module): K = 3 cells, two groups of four executions per step, micro-steps of
-at most 600 tokens so each step's several micro-steps spread over the cells, 3 steps. The clean run must
+The run (built once for the module): K = 3 cells in colocate mode, two groups of four executions per step,
+micro-steps of at most 600 tokens, 3 steps. Colocate trains every step on every cell, so each step's
+several micro-steps spread over the cells and the cells' sum is replayed; in elastic mode a satellite
+joins only when the rollout supply lets it, and 2 of 5 elastic runs here trained every step on cell 0
+alone (the elastic runs' audit is the e2e and fault tests'). The clean run must
 pass — the replayed weights within the stated tolerance of the run's at every step, the smallest effect of
 one micro-step applied twice or skipped at least 100 tolerances, ledger and accounting equal to the run's
 report — and each doctored copy must fail, exit 1, naming its defect:
@@ -38,10 +41,11 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 SHAPE: dict[str, Any] = {
     "scheduler": {
+        "mode": "colocate",
         "num_cells": 3,
         "group_size": 4,
         "batch_groups": 2,
-        "phi": 0.5,
+        "phi": 0.0,
         "mu": 2,
         "rho_min": 0.5,
         "tau_s": 0.2,
