@@ -27,6 +27,7 @@ from gyre.model.weights import load_model
 from gyre.trainer.checkpoint import latest_checkpoint, read_trainer_info
 from services.cell_agent.engine import EngineServer
 from tests.e2e.test_elastic_run import SHAPE, WRITE_8, _assert_elastic, _events
+from tests.support.audit import assert_audited
 from tests.unit.engine.helpers import max_logprob_error
 
 pytestmark = pytest.mark.slow
@@ -66,6 +67,7 @@ def test_two_elastic_megatron_steps_on_a_tiny_qwen3(tmp_path: Path) -> None:
     summary = DemoRun(config, steps=2).execute()
     events = _events(config.run.path)
     _assert_elastic(summary, events)
+    assert_audited(config.run.path, steps=2)  # replayed with the megatron backend the run trained with
 
     published = [e["event"] for e in events if e["type"] == "gyre.v1.WeightsPublished"]
     assert int(published[-1]["policyVersion"]) == 2
