@@ -124,6 +124,16 @@ def test_the_simulator_predicts_each_measured_mode_within_the_bound(monkeypatch:
 
     modes = report["modes"]
     readme = " ".join((REPO / "README.md").read_text().split())
+    wall = [int(BENCH["runs"][m]["wall_s"] + 0.5) for m in modes]
+    scheduled = [int(m["measured_s"] + 0.5) for m in modes.values()]
+    ratios = report["speedup_vs_colocate"]["measured"], report["speedup_vs_async"]["measured"]
+    assert "elastic {} s, async {} s, colocate {} s of wall time".format(*wall) in readme, wall
+    assert (
+        "took {}, {} and {} s: {:.2f}\u00d7 over colocate, {:.2f}\u00d7 over async".format(
+            *scheduled, *ratios
+        )
+        in readme
+    ), (scheduled, ratios)
     errors = ", ".join(f"{m} {_percent(v['error'])}" for m, v in modes.items())
     assert f"({errors};" in readme, errors
     table = (REPO / "sim" / "README.md").read_text()
