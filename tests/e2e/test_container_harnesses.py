@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,9 @@ def _run(
     model_dir = init_model_dir(
         tmp_path / "qwen3-tiny", arch="qwen3", size="tiny", seed=0, max_position_embeddings=32768
     )
+    # container names hold the run id and are the engine's, not this test's: another run of this test on
+    # the same host (or a leftover of a killed one) must not take them
+    run_id = f"{run_id}-{uuid.uuid4().hex[:8]}"
     script = tmp_path / "rules.jsonl"
     script.write_text("".join(json.dumps(r) + "\n" for r in rules))
     shutil.copytree(REPO_ROOT / "examples" / "tasks" / "fix-sum", tmp_path / "tasks" / "fix-sum")
