@@ -370,6 +370,23 @@ def replay_training(
     if not data.steps:
         result.skipped = "the run recorded no optimizer step"
         return result
+    import torch.distributed as dist
+
+    world_before = dist.is_initialized()
+    try:
+        return _replay_steps(data, result, probe, progress, t0)
+    finally:  # a world this replay started (gloo, megatron's groups) ends with it: the caller's process goes on
+        if not world_before and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _replay_steps(
+    data: RunData,
+    result: ReplayResult,
+    probe: bool,
+    progress: Callable[[str], None] | None,
+    t0: float,
+) -> ReplayResult:
     try:
         trainer = build_trainer(data)
     except ModelError as e:
