@@ -31,7 +31,14 @@ async def stack(
         tmp_path,
         run_id,
         {"cell-0": scripted_engine()},
-        proxy={"max_body_bytes": 64 * 1024, "max_engine_attempts": 2, "retry_backoff_s": 0.01},
+        # An unreachable engine is waited for 0.5 s, not the default 30 s (a restarting cell's engine is
+        # back within seconds; no engine here restarts): the outage test then takes ~1 s, not ~60 s.
+        proxy={
+            "max_body_bytes": 64 * 1024,
+            "max_engine_attempts": 2,
+            "retry_backoff_s": 0.01,
+            "unreachable_wait_s": 0.5,
+        },
     ) as s:
         yield s
 
