@@ -3,7 +3,8 @@ cell agents, the demo harness in sandboxes, real model calls through the proxy.
 
 The run is shaped so that elasticity is exercised: groups become ready at different times (seeded
 heavy-tailed tool sleeps), the core joins training while executions are live, and a satellite joins
-a batch the core is already in. Asserted from the run's stored events. The models: the demo's warm
+a batch the core is already in. Asserted from the run's stored events; every listener of the run is
+polled meanwhile (loopback only, at every moment). The models: the demo's warm
 start (sampled), a tiny random Qwen3-MoE made by `gyre model init` whose engines emit a scripted
 write_file call with the model's own log-probs (`scored_script`), its published weights then loaded by
 `transformers`, and the same on a tiny Qwen3 training a LoRA adapter: satellites pull the adapter and
@@ -13,6 +14,7 @@ write_file call with the model's own log-probs (`scored_script`), its published 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from gyre.model.init import init_model_dir
 from gyre.model.weights import load_model
 from gyre.trainer.checkpoint import latest_checkpoint, read_adapter_checkpoint
 from tests.support.audit import assert_audited
+from tests.support.listeners import polling_listeners
 from tests.support.tensorboard import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -64,10 +67,26 @@ SHAPE: dict[str, Any] = {
 
 
 def test_two_elastic_steps_with_a_satellite_joining_mid_batch(tmp_path: Path) -> None:
+    """Also: nothing of the embedded default listens outside loopback at any moment of the run — every
+    listener of this process's tree is polled while the core trains and a satellite joins it, pulling
+    the core's snapshot (servers, services, engines, the rendezvous store, the torch weight transport)."""
     config = demo_config(None, {"run": {"id": "e2e", "dir": str(tmp_path / "runs")}, **SHAPE})
-    summary, events = _run_with_status(config, tmp_path)
+    with polling_listeners(os.getpid()) as poll:
+        summary, events = _run_with_status(config, tmp_path)
     _assert_elastic(summary, events)
     assert_audited(config.run.path, steps=2)
+    assert poll.bad == [], f"listening outside loopback: {sorted(set(poll.bad))}"
+    assert len(poll.seen) >= 10, poll.seen  # servers, services, engines, the rendezvous store were all seen
+    joins = [
+        e["time_s"]
+        for e in events
+        if e["type"] == "gyre.v1.RoleTransitionCompleted"
+        and e["event"].get("cell", 0) > 0
+        and e["event"].get("toRole") == "CELL_ROLE_TRAINING"
+    ]
+    steps = [e["time_s"] for e in events if e["type"] == "gyre.v1.StepCompleted"]
+    # Polls ran while a satellite had just pulled the snapshot and the cells trained towards the next step.
+    assert any(joins[0] - 1.0 <= t <= max(steps) for t in poll.polls)
 
 
 def _tiny_config(tmp_path: Path, run_id: str, model_dir: Path, trainer: dict[str, Any] | None = None) -> Any:
