@@ -366,7 +366,7 @@ class ExecutionController:
         path = image.path if image is not None else BASE_PATH
         launch = Launch(task, layout.prompt, eid, base_url, creds.api_key, home, image is not None, path)
         try:
-            tools = self.harness.tools() if image is not None else ()
+            tools = self.harness.container_mounts() if image is not None else ()
         except ValueError as e:
             raise StartFailed(f"harness: {e}") from None
         spec = SandboxSpec(

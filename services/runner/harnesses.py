@@ -119,6 +119,12 @@ class HarnessCommand(ABC):
         """(host path, path inside): what the harness needs in a container, mounted read-only."""
         return ()
 
+    def container_mounts(self) -> tuple[tuple[Path, str], ...]:
+        """What a container sandbox mounts read-only: `tools()`, and the deployment's CA when TLS is on
+        (at `CA_INSIDE`, where `environment` points the harness's trust variables)."""
+        identity = tls.current()
+        return (*self.tools(), *(((identity.ca, CA_INSIDE),) if identity is not None else ()))
+
     def command(self, launch: Launch) -> list[str]:
         return [*self.argv(launch), *self.extra_args]
 
@@ -133,13 +139,17 @@ TRUST_ENV = ("SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE")
 (Claude Code), Codex."""
 
 
+CA_INSIDE = f"{TOOLS_INSIDE}/tls/ca.crt"
+"""Where a container sandbox finds the deployment's CA (`HarnessCommand.container_mounts`)."""
+
+
 def _trust_proxy(launch: Launch) -> dict[str, str]:
-    """The CA that signed the proxy's certificate, for every harness, when the proxy speaks HTTPS (a
-    harness in a process or isolated sandbox; the container launcher does not mount it yet)."""
+    """The CA that signed the proxy's certificate, for every harness, when the proxy speaks HTTPS: the
+    host's file, or its read-only mount in a container."""
     identity = tls.current()
-    if identity is None or not launch.base_url.startswith("https://") or launch.inside:
+    if identity is None or not launch.base_url.startswith("https://"):
         return {}
-    return dict.fromkeys(TRUST_ENV, str(identity.ca))
+    return dict.fromkeys(TRUST_ENV, CA_INSIDE if launch.inside else str(identity.ca))
 
 
 class DemoHarness(HarnessCommand):

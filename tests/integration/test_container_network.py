@@ -2,7 +2,8 @@
 in the container reaches the proxy (relayed to its own 127.0.0.1:<proxy port>) and nothing else — not
 another port of the host's loopback, not the host on the engine's bridge, not an outside address; with
 `allow_internet = true` the same command also reaches an address beyond the proxy (a server on the
-bridge's host side), and still the proxy."""
+bridge's host side), and still the proxy. With TLS on (`gyre tls init`), a harness in a container
+reaches the proxy's HTTPS through the relay, trusting the deployment's CA the runner mounts for it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
+from gyre import tls
+from gyre.http_host import HttpHost
 from gyre.sandbox import NetworkPolicy, SandboxSpec
 from gyre.sandbox.launchers.base import LABEL_EXECUTION
-from tests.support.containers import engine_client
+from gyre.tasks import Task
+from services.runner.harnesses import DemoHarness, Launch
+from tests.support.containers import PYTHON_IMAGE, engine_client
 from tests.support.eventually import eventually_sync
 from tests.support.sandboxes import launcher_for_test
 
@@ -155,3 +164,72 @@ def _bind_when_up(host: str, port: int, servers: list[EchoServer], timeout_s: fl
         servers.append(
             EchoServer(host, "beyond", eventually_sync(bound, timeout_s=timeout_s, interval_s=0.05))
         )
+
+
+#: What a Python harness does first: one request to ANTHROPIC_BASE_URL with the default SSL context (which
+#: reads SSL_CERT_FILE); prints the reply, or the error.
+HTTPS_CALL = (
+    "import os, urllib.request\n"
+    "try:\n"
+    "    print(urllib.request.urlopen(os.environ['ANTHROPIC_BASE_URL'] + '/hello', timeout=10).read().decode())\n"
+    "except Exception as e:\n"
+    "    print(type(e).__name__, e)\n"
+)
+
+
+async def _hello(_request: Request) -> PlainTextResponse:
+    return PlainTextResponse("hello over tls")
+
+
+async def test_a_harness_in_a_container_reaches_the_https_proxy_trusting_the_mounted_ca(
+    tmp_path: Path,
+) -> None:
+    engine_client(PYTHON_IMAGE)
+    tls.issue(tmp_path / "tls", {"proxy": ["proxy"]})
+    d = tmp_path / "tls" / "proxy"
+    tls.configure(tls.TlsFiles("proxy", d / tls.CERT_FILE, d / tls.KEY_FILE, d / tls.CA_FILE))
+    host = HttpHost(
+        Starlette(routes=[Route("/hello", _hello)]),
+        host="127.0.0.1",
+        port=0,
+        name="proxy-http",
+        client_certificates=False,  # the harness API: API keys, no client certificate
+    )
+    launcher = launcher_for_test("container", 0, 2)
+    try:
+        await host.start()
+        harness = DemoHarness()
+        replies = []
+        for trusted in (True, False):
+            url = f"https://127.0.0.1:{host.port}"
+            task = Task("hello", "Say hello.")
+            launch = Launch(task, "Say hello.", "tls", url, "key", Path("/root"), inside=True)
+            env = harness.environment(launch)
+            assert env["SSL_CERT_FILE"] == env["NODE_EXTRA_CA_CERTS"] == env["CODEX_CA_CERTIFICATE"]
+            spec = SandboxSpec(
+                name=f"tls-{uuid.uuid4().hex[:8]}",
+                argv=["python3", "-c", HTTPS_CALL],
+                cwd=Path("/"),
+                env=env if trusted else {k: v for k, v in env.items() if k != "SSL_CERT_FILE"},
+                root=tmp_path / f"box-{trusted}",
+                network=NetworkPolicy.proxy("127.0.0.1", host.port, egress=False),
+                image=PYTHON_IMAGE,
+                tools=harness.container_mounts(),
+                labels={LABEL_EXECUTION: f"tls-{trusted}"},
+            )
+            handle = await launcher.launch(spec)
+            try:
+                outcome = await handle.wait()
+                assert outcome.exit_code == 0, (outcome, handle.stdout())
+                replies.append(handle.stdout().strip())
+            finally:
+                await handle.release()
+                await handle.remove()
+    finally:
+        tls.configure(None)
+        await host.stop()
+        await launcher.close()
+    trusted_reply, untrusted_reply = replies
+    assert trusted_reply == "hello over tls"
+    # Without the CA the same call is refused: the proxy's certificate is the deployment's, not a public one.
+    assert untrusted_reply.startswith("URLError") and "CERTIFICATE_VERIFY_FAILED" in untrusted_reply
