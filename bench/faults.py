@@ -50,6 +50,8 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench faults", description=__doc__)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--only", default="", help="comma-separated fault names (default: all)")
+    parser.add_argument("--tool-latency-s", type=float, default=3.0, help="median tool sleep of the harness")
+    parser.add_argument("--tool-latency-max-s", type=float, default=10.0, help="cap of one tool sleep")
     parser.add_argument(
         "--uid-base",
         type=int,
@@ -82,7 +84,12 @@ def main(argv: list[str]) -> None:
             },
             "tasks": {"queries": ["add"]},
             "runner": {
-                "harness_args": ["--tool-latency-s", "3", "--tool-latency-max-s", "10"],
+                "harness_args": [
+                    "--tool-latency-s",
+                    str(args.tool_latency_s),
+                    "--tool-latency-max-s",
+                    str(args.tool_latency_max_s),
+                ],
                 "sandbox": {"uid_base": runner_uids},
             },
             # the built-in verifier times out after 30 s: the hung one is then retried or excluded

@@ -8,9 +8,10 @@ scored on the weights of fixed steps, reported as `eval_by_step` in summary.json
 The trainer keeps only its newest publications, so the weights of an eval step are copied into
 `runs/<run>/heldout/v<step>` as soon as they are published (the demo polls every second; a step is
 tens of seconds); the last step's weights are often published only after the run stops, so its
-trainer checkpoint (`checkpoints/step-N`, the same HF files) is used when its publication is missing. Step 0 is the run's `model.path`. Each evaluation runs `python -m harness.demo_model.heldout`
-in a subprocess (the app does not import the harness): the same seed and sample count for every step,
-so two evaluations differ by what training changed. A step whose weights were never seen is reported
+trainer checkpoint (`checkpoints/step-N`, the same HF files) is used when its publication is missing.
+Step 0 is the run's `model.path`. The evaluation runs `python -m harness.demo_model.heldout` in one
+subprocess for every step (the app does not import the harness; the torch import and start-up are paid
+once): the same seed and sample count for every step, so two evaluations differ by what training changed. A step whose weights were never seen is reported
 with `mean_reward: null` and why, not dropped.
 """
 
@@ -69,24 +70,26 @@ class HeldOut:
             self.keep(
                 self.steps[-1]
             )  # the last step's weights: published late, or only the trainer's checkpoint
+        models = [self.kept[step] for step in self.steps if step in self.kept]
+        scores = self._score(models) if models else []
         out: list[dict[str, Any]] = []
         for step in self.steps:
-            model = self.kept.get(step)
-            if model is None:
+            if step not in self.kept:
                 out.append(
                     {"step": step, "mean_reward": None, "error": "weights of this step never seen published"}
                 )
                 continue
-            out.append({"step": step, **self._score(model)})
+            out.append({"step": step, **scores.pop(0)})
         return out
 
-    def _score(self, model: Path) -> dict[str, Any]:
+    def _score(self, models: list[Path]) -> list[dict[str, Any]]:
+        """One result per model of `models`, in order (each with `mean_reward: None` and why on a failure)."""
         cmd = [
             sys.executable,
             "-m",
             "harness.demo_model.heldout",
             "--model",
-            str(model),
+            *(str(m) for m in models),
             "--tasks",
             *self.tasks,
             "--samples",
@@ -94,26 +97,49 @@ class HeldOut:
             "--seed",
             str(self.seed),
         ]
+        timeout_s = EVAL_TIMEOUT_S * len(models)
+        stdout, error = "", ""
         try:
             done = subprocess.run(
                 cmd,
                 capture_output=True,
                 text=True,
-                timeout=EVAL_TIMEOUT_S,
+                timeout=timeout_s,
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
             )
-        except subprocess.TimeoutExpired:
-            return {"mean_reward": None, "error": f"held-out evaluation ran past {EVAL_TIMEOUT_S:.0f} s"}
-        if done.returncode != 0:
-            return {
-                "mean_reward": None,
-                "error": f"harness.demo_model.heldout exited {done.returncode}: {done.stderr[-500:]}",
-            }
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        return {
-            "mean_reward": result["mean_reward"],
-            "rewards": result["rewards"],
-            "seconds": result["seconds"],
-            "samples_per_task": self.samples,
-            "seed": self.seed,
-        }
+            stdout = done.stdout
+            if done.returncode != 0:
+                error = f"harness.demo_model.heldout exited {done.returncode}: {done.stderr[-500:]}"
+        except subprocess.TimeoutExpired as e:
+            stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            error = f"held-out evaluation ran past {timeout_s:.0f} s"
+        scored: dict[str, dict[str, Any]] = {}
+        for line in stdout.splitlines():  # one JSON line per model scored (those before a failure)
+            try:
+                result = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(result, dict) and "model" in result and "mean_reward" in result:
+                scored[str(result["model"])] = result
+        out: list[dict[str, Any]] = []
+        for model in models:
+            result = scored.get(str(model))
+            if result is None or result["mean_reward"] is None:
+                why = result.get("error") if result is not None else None
+                out.append(
+                    {
+                        "mean_reward": None,
+                        "error": why or error or "harness.demo_model.heldout printed no score",
+                    }
+                )
+                continue
+            out.append(
+                {
+                    "mean_reward": result["mean_reward"],
+                    "rewards": result["rewards"],
+                    "seconds": result["seconds"],
+                    "samples_per_task": self.samples,
+                    "seed": self.seed,
+                }
+            )
+        return out
