@@ -97,8 +97,9 @@ async def call_peer(
     what: str,
     retry_on: frozenset[grpc.StatusCode] = RETRYABLE,
 ) -> T:
-    """`rpc(request)`, repeated with backoff (0.2 s doubling, at most 5 s) while it fails with a code in
-    `retry_on`, for at most `retry_s`; then the last error is raised. Every call the scheduler retries is
+    """`rpc(request)`, repeated with backoff (0.2 s doubling, at most 2 s: a restarted peer is called
+    again within 2 s of serving) while it fails with a code in `retry_on`, for at most `retry_s`; then the
+    last error is raised. Every call the scheduler retries is
     idempotent on the peer (a repeated SwitchRole, JoinBatch, OpenBatch, PublishWeights or Drain joins
     or repeats the first)."""
     loop = asyncio.get_running_loop()
@@ -118,4 +119,4 @@ async def call_peer(
                 retry_in_s=delay,
             )
         await asyncio.sleep(delay)
-        delay = min(5.0, delay * 2)
+        delay = min(2.0, delay * 2)
