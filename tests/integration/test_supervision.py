@@ -27,6 +27,7 @@ from gyre.config import load_config
 from gyre.demo.events import read_events
 from gyre.procs import alive
 from gyre.stack.health import grpc_health
+from gyre.stack.launcher import status
 from gyre.stack.state import ProcessEntry, StackState
 from tests.support.eventually import eventually_sync
 from tests.support.models import small_dir
@@ -67,6 +68,12 @@ def _rows(config: Path) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in json.loads(out.stdout)} if out.returncode == 0 else {}
 
 
+def _status(config: Path) -> dict[str, dict[str, Any]]:
+    """The rows `gyre status --json` prints, by process name, computed in this process (`_rows` runs the
+    command: each run of it pays the CLI's start-up, seconds on a busy machine)."""
+    return {str(r["name"]): r for r in status(load_config(config).run.path)}
+
+
 def _wait(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
     eventually_sync(check, timeout_s=timeout_s, interval_s=0.3, what=what)
 
@@ -103,7 +110,7 @@ def test_killed_service_nats_and_redis_are_restarted_with_their_data(tmp_path: P
     assert _gyre("up", "--detach", "--wait", "60", config=config).returncode == 0
     resolved = load_config(tmp_path / "runs" / "suptest" / "config.yaml")
     try:
-        rows = _rows(config)
+        rows = _status(config)
         os.kill(rows["packer"]["pid"], signal.SIGKILL)
         _wait("packer restarted", _restarted(config, "packer", rows["packer"]["pid"]))
         packer = _rows(config)["packer"]
@@ -121,7 +128,7 @@ def test_killed_service_nats_and_redis_are_restarted_with_their_data(tmp_path: P
 
         os.kill(rows["nats"]["pid"], signal.SIGKILL)
         _wait("nats restarted", _restarted(config, "nats", rows["nats"]["pid"]))
-        assert _rows(config)["nats"]["ports"]["client"] == rows["nats"]["ports"]["client"]
+        assert _status(config)["nats"]["ports"]["client"] == rows["nats"]["ports"]["client"]
         url = login_url(resolved.nats.url or "", resolved.nats.login_for("cli"))
 
         def exits() -> dict[str, Any]:
@@ -138,7 +145,7 @@ def test_killed_service_nats_and_redis_are_restarted_with_their_data(tmp_path: P
         assert event.subject == "gyre.suptest.stack.process_exited"
         assert event.event.signal == "SIGKILL" and event.event.num_restarts == 1 and not event.event.gave_up
     finally:
-        pids = {r["pid"] for r in _rows(config).values()}
+        pids = {r["pid"] for r in _status(config).values()}
         assert _gyre("down", config=config).returncode == 0
     assert _all_gone(pids, 1.0) == []
 
@@ -166,7 +173,7 @@ def test_a_process_out_of_restarts_stops_a_foreground_run(tmp_path: Path) -> Non
     )
     try:
         _wait("the stack up", lambda: _phase(config) == "serving", 90)
-        rows = _rows(config)
+        rows = _status(config)
         pids = {r["pid"] for r in rows.values()}
         os.kill(rows["packer"]["pid"], signal.SIGKILL)
         _, err = up.communicate(timeout=STOP_BOUND_S + 10)
