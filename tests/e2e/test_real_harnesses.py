@@ -18,7 +18,7 @@ Claude Code is shrunk only with its own flags (`runner.harness_args`, `runner.ha
 `--system-prompt` replaces its ~7 KB system prompt with one line and `--tools Bash,Agent` keeps two of
 its twelve tools, so its first request is ~13 KB instead of ~50 KB (fidelity: the policy never sees
 Claude Code's own instructions or the other tools' schemas). Auto-compaction normally fires near 1 M
-tokens; `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` lowers its threshold to ~9K tokens, which the task's long
+tokens; `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` lowers its threshold to ~6K tokens, which the task's long
 instruction (project notes) crosses after the main agent's first turn while the sub-agent's shorter
 prompts stay below it (fidelity: compaction after one turn, where a real run compacts after hours).
 """
@@ -44,22 +44,27 @@ pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 
+#: One group of two dispatched (φ = 0, μ = 1, B = 1), the least one step needs: with φ = 1, μ = 2 three
+#: groups were dispatched, six CLIs shared the engines and the two cores, and the first group was ready
+#: after ~4× the time two take alone.
 SHAPE: dict[str, Any] = {
     "num_cells": 2,
     "group_size": 2,
     "batch_groups": 1,
-    "phi": 1,
-    "mu": 2,
+    "phi": 0,
+    "mu": 1,
     "rho_min": 0.5,
     "tau_s": 0.2,
     "cell_capacity": 4,
 }
-COMPACT_AT_TOKENS = 9000
+COMPACT_AT_TOKENS = 6200
 """Claude Code's auto-compaction threshold in this run: a share of its 980K-token effective window.
-The main agent's second request is ~11.5K tokens of the tiny tokenizer (2.8 chars/token on the notes),
-above it; the sub-agent's (~4.5K) stay below. Claude Code refuses to compact when its estimate of the
-fixed prefix (reported input tokens − message characters / 4, ~6K here) exceeds the threshold, so it
-cannot be much lower (at 6K it was refused: "fixed prefix ~X > threshold — compaction cannot help")."""
+The main agent's second request is 7.4K tokens of the tiny tokenizer (2.9 chars/token on the notes),
+above it; the sub-agent's (4.1K and 4.7K) stay below. Claude Code refuses to compact when its estimate
+of the fixed prefix (reported input tokens − message characters / 4) exceeds the threshold: with 220
+notes that was ~6K and a 6K threshold was refused ("fixed prefix ~X > threshold — compaction cannot
+help"); half the notes take ~2.6K tokens off it and ~1K off its estimate. Every token here is scored by
+the engine, trained on and replayed by the audit, so the notes are as short as the margins allow."""
 
 
 def _call(name: str, **arguments: Any) -> str:
@@ -119,7 +124,7 @@ CLAUDE_ARGS = [
 ]
 NOTES = "".join(
     f"- Note {i}: calc.py is imported by the reporting job; keep the signature of add(a, b) unchanged.\n"
-    for i in range(220)
+    for i in range(110)
 )
 
 
