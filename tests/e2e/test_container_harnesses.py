@@ -10,8 +10,8 @@ the `process` launcher, on the host, where the image's RUN step never ran, earn 
 As in tests/e2e/test_real_harnesses.py, a tiny random model does not call tools, so the engine's output
 source is `scored_script` with rules: each member either fixes sum.sh and runs the checker or only runs
 the checker, so the members of a group earn different rewards; its tokens carry the served model's
-log-probs. Claude Code is shrunk with its own flags (a one-line system prompt, the Bash tool only).
-"""
+log-probs. Claude Code is shrunk with its own flags (a one-line system prompt, the Bash tool only), Codex
+with its own config override (`-c instructions=…`: a one-line system prompt in place of ~26 KB)."""
 
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ CLAUDE_RULES: list[dict[str, Any]] = [
     },
 ]
 CLAUDE_ARGS = ["--system-prompt", "You are a coding agent. Work in the current directory.", "--tools", "Bash"]
+CODEX_ARGS = ["-c", 'instructions="You are a coding agent. Work in the current directory."']
 CODEX_RULES: list[dict[str, Any]] = [
     {"when": "<tool_response>", "text": "Done."},
     {"when": "^", "choices": [_call("exec_command", cmd=FIX_CMD), _call("exec_command", cmd=CHECK_CMD)]},
@@ -177,6 +178,8 @@ def test_claude_code_runs_in_the_tasks_container_and_is_trained_on(tmp_path: Pat
 @pytest.mark.usefixtures("codex_bin")
 def test_codex_runs_in_the_tasks_container_and_is_trained_on(tmp_path: Path) -> None:
     engine_client()
-    config, summary = _run(tmp_path, "e2ectrcodex", {"harness": "codex"}, CODEX_RULES)
+    config, summary = _run(
+        tmp_path, "e2ectrcodex", {"harness": "codex", "harness_args": CODEX_ARGS}, CODEX_RULES
+    )
     _assert_trained_in_containers(config, summary)
     assert set(summary["admitted_trajectories_by_class"]) == {"main"}

@@ -232,6 +232,9 @@ def test_claude_code_executions_are_trained_on(tmp_path: Path) -> None:
     assert members <= mismatches <= ex["dispatched"], (mismatches, ex)
 
 
+CODEX_ARGS = ["-c", 'instructions="You are a coding agent. Work in the current directory."']
+"""Codex's own config override: one line in place of its ~26 KB base instructions (its first request
+is 2.1K tokens of the tiny tokenizer instead of 9.8K; fidelity as for Claude Code's `--system-prompt`)."""
 CODEX_FIX = _call("exec_command", cmd="sed -i 's/a - b/a + b/' calc.py && python3 -m unittest test_calc")
 CODEX_ONLY_TEST = _call("exec_command", cmd="python3 -m unittest test_calc")
 CODEX_RULES: list[dict[str, Any]] = [
@@ -242,7 +245,9 @@ CODEX_RULES: list[dict[str, Any]] = [
 
 @pytest.mark.usefixtures("codex_bin")
 def test_codex_executions_are_trained_on(tmp_path: Path) -> None:
-    config, summary = _run(tmp_path, "e2ecodex", {"harness": "codex"}, CODEX_RULES)
+    config, summary = _run(
+        tmp_path, "e2ecodex", {"harness": "codex", "harness_args": CODEX_ARGS}, CODEX_RULES
+    )
     events = _events(config.run.path)
     _assert_trained_one_step(config, summary, events)
     by_class = summary["admitted_trajectories_by_class"]
