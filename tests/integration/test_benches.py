@@ -32,12 +32,13 @@ class Covered:
     test: str
 
 
-# A run small enough for the demo-based benchmarks: K = 3 cells, two groups of two executions per step,
-# short tool sleeps (the stack's start is most of their time). Each gets sandbox uids of its own
+# A run small enough for the demo-based benchmarks: K = 2 cells (a core and a satellite: a third cell
+# only adds its start-up), two groups of two executions per step, short tool sleeps (the stack's start is
+# most of their time). Each gets sandbox uids of its own
 # (`--uid-base`): a runner kills every process of the uids it takes, so two stacks must never share them.
 TINY_DEMO = {
     "scheduler": {
-        "num_cells": 3,
+        "num_cells": 2,
         "group_size": 2,
         "batch_groups": 2,
         "phi": 0.5,
