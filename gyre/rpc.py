@@ -120,14 +120,15 @@ def _channel_credentials() -> grpc.ChannelCredentials | None:
 
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 """A peer that restarts (the stack's supervisor, a pod) is reached again within a second of serving. With
 gRPC's default reconnect backoff (1 s growing 1.6x to 120 s) a channel that failed to connect through an
 outage keeps failing every call with the outage's error until its next attempt: after a cell agent's 30 s
 restart the scheduler's calls kept failing 10 s after the cell served again (tests/faults), and a 20 s
-outage left a channel unusable 5.5 s past the peer's return (0.6 s with these options)."""
+outage left a channel unusable 5.5 s past the peer's return (under a second with these options).
+`grpc.min_reconnect_backoff_ms` stays unset: gRPC takes it as the minimum time one connection attempt may
+take (20 s by default), and a short one fails connections to a busy peer."""
 
 
 def aio_channel(target: str) -> grpc.aio.Channel:
