@@ -33,7 +33,7 @@ from gyre.v1 import cell_agent_pb2, common_pb2, packer_pb2, proxy_pb2
 from services.scheduler.dispatch import Dispatcher
 from services.scheduler.driver import Driver, MakeEvent
 from services.scheduler.naming import engine_id
-from services.scheduler.peers import Peers, call_peer
+from services.scheduler.peers import RETRYABLE, Peers, call_peer
 from services.scheduler.persist import ShellState
 from services.scheduler.policy import (
     Action,
@@ -118,9 +118,16 @@ class ActionExecutor:
         return self._driver()
 
     async def _call(
-        self, rpc: Callable[..., Awaitable[Any]], request: Any, what: str, timeout_s: float = RPC_TIMEOUT_S
+        self,
+        rpc: Callable[..., Awaitable[Any]],
+        request: Any,
+        what: str,
+        timeout_s: float = RPC_TIMEOUT_S,
+        retry_on: frozenset[grpc.StatusCode] = RETRYABLE,
     ) -> Any:
-        return await call_peer(rpc, request, timeout_s=timeout_s, retry_s=self.facts.peer_retry_s, what=what)
+        return await call_peer(
+            rpc, request, timeout_s=timeout_s, retry_s=self.facts.peer_retry_s, what=what, retry_on=retry_on
+        )
 
     async def execute(self, action: Action) -> list[MakeEvent]:
         match action:
@@ -248,10 +255,13 @@ class ActionExecutor:
             if join is not None:
                 await asyncio.gather(join, return_exceptions=True)
             version = self.driver.policy.state.version
+            # A cell still in a batch refuses the switch (FAILED_PRECONDITION) until it leaves it: a JoinBatch
+            # this scheduler did not start (one from before it restarted) is waited out, as a restart is.
             resp = await self._call(
                 stub.SwitchRole,
                 cell_agent_pb2.SwitchRoleRequest(role=common_pb2.CELL_ROLE_ROLLOUT, weight_version=version),
                 f"SwitchRole cell {cell} rollout",
+                retry_on=RETRYABLE | {grpc.StatusCode.FAILED_PRECONDITION},
             )
             await self.publish_engine_table(add=cell)
             log.info(
@@ -260,7 +270,10 @@ class ActionExecutor:
         log.info("transition_done", cell=cell, to=str(to_role), duration_s=round(self.driver.now() - t0, 3))
         await self.driver.handle(lambda now: TransitionCompleted(now, cell, to_role))
         batch = self.facts.batch
-        if to_role is Role.TRAINING and batch is not None:
+        # Only while the policy still wants the cell in this batch: TransitionCompleted may have sent it
+        # back to rollout at once (the batch's step was taken while it switched), and a JoinBatch started
+        # then would hold the cell's batch lock under that switch.
+        if to_role is Role.TRAINING and batch is not None and self._joining(cell, batch):
             self._join(cell, batch)
 
     async def publish_engine_table(self, *, add: int | None = None) -> None:

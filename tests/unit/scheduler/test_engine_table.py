@@ -1,10 +1,13 @@
-"""The proxy's engine table under concurrent role transitions (colocate returns every cell at once)."""
+"""The proxy's engine table under concurrent role transitions (colocate returns every cell at once), and a
+cell that refuses to return to rollout while it is still in a batch."""
 
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
 from typing import Any
+
+import grpc
 
 from gyre.lifecycle import TaskSupervisor
 from gyre.v1 import cell_agent_pb2, common_pb2, proxy_pb2
@@ -40,6 +43,25 @@ class FakeCell:
     async def SwitchRole(self, request: Any, timeout: float) -> cell_agent_pb2.SwitchRoleResponse:
         await asyncio.sleep(0.01)  # scenario: a switch takes a while
         return cell_agent_pb2.SwitchRoleResponse()
+
+
+class CellInABatch(FakeCell):
+    """Refuses its first `refusals` switches to rollout as a cell agent does while a JoinBatch holds its batch
+    lock (one a scheduler started before it restarted, or one just accepted)."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+
+    async def SwitchRole(self, request: Any, timeout: float) -> cell_agent_pb2.SwitchRoleResponse:
+        if request.role == common_pb2.CELL_ROLE_ROLLOUT and self.refusals:
+            self.refusals -= 1
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                details="cell 0 is training on batch 'b6'; switch after it",
+            )
+        return await super().SwitchRole(request, timeout)
 
 
 async def _nothing() -> None:
@@ -103,3 +125,16 @@ async def test_a_drained_cell_leaves_the_next_table() -> None:
     roles[1] = Role.TRAINING
     await executor._transition(1, Role.ROLLOUT)
     assert proxy.tables[-1] == ["cell-1", "cell-2"]
+
+
+async def test_a_cell_still_in_a_batch_returns_to_rollout_once_it_has_left_it() -> None:
+    """The switch is asked again until the cell has left its batch; before, the refusal crashed the
+    scheduler, and its restart re-drove the same switch into the same refusal until it ran out of restarts
+    (seen in tests/faults/test_faults.py)."""
+    roles = [Role.TRAINING, Role.ROLLOUT]
+    executor, proxy = _executor(2, roles)
+    cell = CellInABatch(refusals=2)
+    executor._peers.cells[0] = cell
+    await executor._transition(0, Role.ROLLOUT)
+    assert cell.refusals == 0
+    assert proxy.tables[-1] == ["cell-0"]
