@@ -421,11 +421,13 @@ class CausalLM(nn.Module):
         cu_seqlens: torch.Tensor | list[int],
         tree: TreeLayout | None = None,
         lora: LoraDelta | None = None,
+        logits_from: int = 0,
     ) -> torch.Tensor:
         """Packed training forward: input_ids/position_ids [T], cu_seqlens [S+1] → logits [T, V];
         `tree` is the layout of tree-packed rows (None: every row is a path). Positions are taken as
         given (in a tree row a token's position is its depth along its own path). `lora` adds an
-        adapter's deltas (`gyre.model.lora.LoraAdapter`)."""
+        adapter's deltas (`gyre.model.lora.LoraAdapter`). `logits_from` > 0: the logits of tokens
+        `logits_from`.. only ([T - logits_from, V]; a scorer of a prompt's continuation needs no more)."""
         if input_ids.dim() != 1 or position_ids.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and position_ids must both be 1-D [T]; got {tuple(input_ids.shape)} and "
@@ -439,12 +441,14 @@ class CausalLM(nn.Module):
                 f"cu_seqlens must be non-decreasing from 0 to T={input_ids.shape[0]}; got {bounds[:4]}..."
             )
         self._check_positions(position_ids)
+        if not 0 <= logits_from <= input_ids.shape[0]:
+            raise ValueError(f"logits_from must be in [0, T={input_ids.shape[0]}]; got {logits_from}")
         cos, sin = self.rotary.cos_sin(position_ids, self.lm_head.weight.dtype)
         h = self.model.embed_tokens(input_ids)
         for layer in self._layers():
             h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, bounds, tree, lora)
             h = h + layer.mlp(layer.post_attention_layernorm(h), lora)
-        logits: torch.Tensor = self.lm_head(self.model.norm(h))
+        logits: torch.Tensor = self.lm_head(self.model.norm(h[logits_from:]))
         return logits
 
     def forward_paged(

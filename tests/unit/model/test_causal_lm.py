@@ -113,6 +113,19 @@ def test_packed_forward_is_differentiable_and_validates(small: CausalLM) -> None
         small(torch.tensor([1, 2]), torch.tensor([0, 5000]), [0, 2])
 
 
+def test_logits_from_gives_the_tail_of_the_logits(small: CausalLM) -> None:
+    """What the scored_script source asks for: the logits of a prompt's last token and its continuation."""
+    ids = torch.randint(0, 264, (30,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = small(ids, torch.arange(30), [0, 30])
+        for start in (0, 1, 29, 30):
+            tail = small(ids, torch.arange(30), [0, 30], logits_from=start)
+            assert tail.shape == full[start:].shape and torch.allclose(tail, full[start:], rtol=0, atol=1e-5)
+    for bad in (-1, 31):
+        with pytest.raises(ValueError, match="logits_from"):
+            small(ids, torch.arange(30), [0, 30], logits_from=bad)
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 def test_paged_forward_matches_the_packed_forward(arch: str) -> None:
     """Chunked prefill of one row batched with the prefill of another, then batched decode (GQA)."""
