@@ -70,17 +70,10 @@ class HeldOut:
             self.keep(
                 self.steps[-1]
             )  # the last step's weights: published late, or only the trainer's checkpoint
-        models = [self.kept[step] for step in self.steps if step in self.kept]
-        scores = self._score(models) if models else []
-        out: list[dict[str, Any]] = []
-        for step in self.steps:
-            if step not in self.kept:
-                out.append(
-                    {"step": step, "mean_reward": None, "error": "weights of this step never seen published"}
-                )
-                continue
-            out.append({"step": step, **scores.pop(0)})
-        return out
+        seen = [step for step in self.steps if step in self.kept]
+        scores = dict(zip(seen, self._score([self.kept[step] for step in seen]) if seen else [], strict=True))
+        unseen = {"mean_reward": None, "error": "weights of this step never seen published"}
+        return [{"step": step, **scores.get(step, unseen)} for step in self.steps]
 
     def _score(self, models: list[Path]) -> list[dict[str, Any]]:
         """One result per model of `models`, in order (each with `mean_reward: None` and why on a failure)."""

@@ -35,6 +35,7 @@ from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from services.evaluator.verifier import VerifierRunner
+from tests.e2e.test_real_harnesses import CODEX_ARGS
 from tests.support.audit import assert_audited
 from tests.support.containers import containers_of, engine_client
 from tests.support.sandboxes import launcher_for_test
@@ -77,7 +78,6 @@ CLAUDE_RULES: list[dict[str, Any]] = [
     },
 ]
 CLAUDE_ARGS = ["--system-prompt", "You are a coding agent. Work in the current directory.", "--tools", "Bash"]
-CODEX_ARGS = ["-c", 'instructions="You are a coding agent. Work in the current directory."']
 CODEX_RULES: list[dict[str, Any]] = [
     {"when": "<tool_response>", "text": "Done."},
     {"when": "^", "choices": [_call("exec_command", cmd=FIX_CMD), _call("exec_command", cmd=CHECK_CMD)]},

@@ -3,6 +3,7 @@ loopback only, at every moment: tests/e2e/test_elastic_run.py)."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import time
@@ -13,7 +14,10 @@ import psutil
 
 
 def is_loopback(ip: str) -> bool:
-    return ip.startswith("127.") or ip in ("::1", "::ffff:127.0.0.1") or ip.startswith("::ffff:127.")
+    """127.0.0.0/8, ::1, or an IPv4 loopback address mapped into IPv6 (::ffff:127.x.y.z)."""
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 class ListenerPoll:
