@@ -23,6 +23,7 @@ import ctypes
 import os
 import shutil
 import signal
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -131,6 +132,13 @@ def _descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
     return found
 
 
+def _identity(p: psutil.Process) -> ProcessId | None:
+    try:
+        return ProcessId(p.pid, p.create_time())
+    except psutil.Error:
+        return None
+
+
 def _signal(procs: Iterable[psutil.Process], sig: int) -> None:
     for p in procs:
         try:
@@ -172,6 +180,40 @@ def stop_processes(ids: Iterable[ProcessId], grace_s: float, kill_wait_s: float 
     _signal(doomed, signal.SIGKILL)
     _, still = psutil.wait_procs(doomed, timeout=kill_wait_s)
     return StopReport(len(gone), [p.pid for p in doomed], [p.pid for p in still if _running(p)])
+
+
+def crash_tree(pid: int) -> list[ProcessId]:
+    """SIGKILL process `pid` and every descendant at the same moment, as a machine crash would: all are
+    stopped first so that nothing restarts or reacts while the rest die, then all are killed. A process
+    that ends on its own meanwhile (a sandbox's short command, a zombie its parent reaps) is dead already,
+    which is what is asked, so it is not an error. The processes killed."""
+    root = psutil.Process(pid)
+    procs: list[psutil.Process] = []
+    new = [root]
+    while new:  # until the tree is stopped whole: a process may fork between a listing and its stop
+        _signal(new, signal.SIGSTOP)
+        _wait_stopped(new)  # a signalled process stops on its way back to user space, maybe after a fork
+        procs += new
+        new = [p for p in _descendants([root]) if p not in procs]
+    found = [i for i in map(_identity, procs) if i is not None]
+    _signal(procs, signal.SIGKILL)
+    psutil.wait_procs(procs, timeout=10)
+    return found
+
+
+def _wait_stopped(procs: list[psutil.Process], timeout_s: float = 2.0) -> None:
+    """Until every process of `procs` is stopped or gone (bounded: one in uninterruptible sleep stops
+    only when it leaves it)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(map(_halted, procs)) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _halted(p: psutil.Process) -> bool:
+    try:
+        return p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return True
 
 
 def pids_of_uid(uid: int) -> list[int]:

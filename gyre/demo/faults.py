@@ -32,7 +32,7 @@ from typing import Any, Literal
 import psutil
 
 from gyre.demo.ledger import Event, check_events
-from gyre.procs import ProcessId
+from gyre.procs import ProcessId, crash_tree
 from gyre.stack.health import grpc_health
 from gyre.stack.state import ProcessEntry, StackState
 from gyre.v1 import common_pb2, scheduler_pb2
@@ -258,11 +258,4 @@ def kill_whole_run(run_dir: Path) -> list[ProcessId]:
     state = StackState.load(run_dir.resolve())
     if state is None or not state.supervisor_alive():
         raise RuntimeError(f"no live supervisor recorded in {run_dir}/stack.json")
-    root = psutil.Process(state.supervisor_pid)
-    procs = [root, *root.children(recursive=True)]
-    for p in procs:
-        p.suspend()  # nothing restarts or reacts while the rest are killed
-    for p in procs:
-        p.kill()
-    psutil.wait_procs(procs, timeout=10)
-    return [ProcessId(p.pid, p.create_time()) for p in procs]
+    return crash_tree(state.supervisor_pid)

@@ -13,6 +13,7 @@ supervisor is left (it was SIGKILLed), `down` adopts the recorded processes and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -207,8 +208,9 @@ def _stop_supervisor(pid: int, bound_s: float) -> bool:
     try:
         p.wait(timeout=bound_s + 5.0)
     except psutil.TimeoutExpired:
-        p.kill()
-        p.wait(timeout=5.0)
+        with contextlib.suppress(psutil.NoSuchProcess):  # it may end just past the bound
+            p.kill()
+            p.wait(timeout=5.0)
     return True
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 import psutil
 
-from gyre.procs import ProcessId, alive, describe_exit, stop_processes
+from gyre.procs import ProcessId, alive, crash_tree, describe_exit, stop_processes
 from tests.support.eventually import eventually_sync
 
 # A parent that spawns a sleeping child tied to it by PR_SET_PDEATHSIG, prints the child's pid, then waits.
@@ -28,6 +29,11 @@ child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.sig
 print(child.pid, flush=True)
 time.sleep(60)  # scenario: it idles until killed
 """
+
+
+# Four loops that each start a short-lived process as fast as they can, as a sandbox running commands does:
+# the tree changes between any listing of it and any signal to it.
+FORKING = "for i in 1 2 3 4; do (while true; do /bin/true; (sleep 0.001); done) & done; wait"
 
 
 def _gone_within(pid: int, timeout_s: float) -> bool:
@@ -63,3 +69,35 @@ def test_identity_refuses_a_reused_pid_and_exits_are_described() -> None:
     assert alive(me.pid, me.create_time()) and not alive(me.pid, me.create_time() - 100.0)
     assert describe_exit(-9) == (-1, "SIGKILL", "killed by SIGKILL")
     assert describe_exit(3) == (3, "", "exited with status 3")
+
+
+def test_a_crash_kills_a_tree_that_keeps_forking_whole_without_tripping_on_what_ends_meanwhile() -> None:
+    for _ in range(3):  # the listing-then-signal of before raised NoSuchProcess in 7 of 10 such crashes
+        tree = subprocess.Popen(["bash", "-c", FORKING], start_new_session=True)
+        eventually_sync(  # bash and its four loops
+            lambda pid=tree.pid: len(psutil.Process(pid).children()) >= 4, timeout_s=10, what="the loops"
+        )
+        killed = crash_tree(tree.pid)
+        tree.wait(5)
+        assert len(killed) >= 5, killed  # bash and its four loops, at least
+        assert not [p for p in killed if alive(p.pid, p.started)]
+
+        # the whole process group, not only what crash_tree says it found
+        eventually_sync(
+            lambda pgid=tree.pid: not _group(pgid),
+            timeout_s=10,
+            interval_s=0.05,
+            what="the forking tree's end",
+        )
+
+
+def _group(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of process group `pgid`."""
+    return [p.pid for p in psutil.process_iter(["status"]) if _in_group(p, pgid)]
+
+
+def _in_group(p: psutil.Process, pgid: int) -> bool:
+    try:
+        return os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE
+    except (OSError, psutil.Error):
+        return False
