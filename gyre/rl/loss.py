@@ -75,6 +75,18 @@ class LossMetrics:
             seq_ratio_max=max(self.seq_ratio_max, other.seq_ratio_max),
         )
 
+    @property
+    def token_ratio_mean(self) -> float:
+        """Σρ_u / targets, held inside [min, max]: the float sum of many equal ratios can round one ulp past them."""
+        return _mean_within(
+            self.token_ratio_sum, self.num_targets, self.token_ratio_min, self.token_ratio_max
+        )
+
+    @property
+    def seq_ratio_mean(self) -> float:
+        """Σs_i / executions, held inside [min, max] like `token_ratio_mean`."""
+        return _mean_within(self.seq_ratio_sum, self.num_executions, self.seq_ratio_min, self.seq_ratio_max)
+
     def summary(self) -> dict[str, float]:
         """Fractions and means for logs (NaN where nothing was seen)."""
         nan = math.nan
@@ -85,16 +97,21 @@ class LossMetrics:
             "num_executions": float(e),
             "clip_fraction_executions": self.num_clipped_executions / e if e else nan,
             "clip_fraction_tokens": self.num_clipped_tokens / t if t else nan,
-            "seq_ratio_mean": self.seq_ratio_sum / e if e else nan,
+            "seq_ratio_mean": self.seq_ratio_mean,
             "seq_ratio_min": self.seq_ratio_min if e else nan,
             "seq_ratio_max": self.seq_ratio_max if e else nan,
-            "token_ratio_mean": self.token_ratio_sum / t if t else nan,
+            "token_ratio_mean": self.token_ratio_mean,
             "token_ratio_min": self.token_ratio_min if t else nan,
             "token_ratio_max": self.token_ratio_max if t else nan,
             "token_kl_mean": self.token_kl_sum / t if t else nan,
             "num_ratio_capped_tokens": float(self.num_ratio_capped_tokens),
             "num_loss_capped_tokens": float(self.num_loss_capped_tokens),
         }
+
+
+def _mean_within(total: float, count: int, low: float, high: float) -> float:
+    """total / count clamped to [low, high] (the true mean lies there; only rounding leaves it); NaN for no items."""
+    return min(max(total / count, low), high) if count else math.nan
 
 
 @dataclass(slots=True, frozen=True)
