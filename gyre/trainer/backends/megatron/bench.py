@@ -20,12 +20,19 @@ def benchmark_microsteps(
     trainer: TrainerBackend, steps: Sequence[MicroStep], *, repeats: int = 1, optimizer_step: bool = True
 ) -> dict[str, Any]:
     """Micro-steps/s and tokens/s of `accumulate` over `steps` (`repeats` passes, weights frozen), then
-    the seconds of one optimizer step (core only: `optimizer_step=False` on a satellite). Works for any
-    `TrainerBackend`, so the torch backend can be measured in the same run. Call on every TP rank."""
+    the seconds of one optimizer step, the trainer's first (core only: `optimizer_step=False` on a
+    satellite). Works for any `TrainerBackend`, so the torch backend can be measured in the same run.
+    Call on every TP rank.
+
+    One untimed pass over every micro-step first: each packed layout is a new shape, and the first
+    call with a shape pays for allocations, rotary caches and, on CUDA, the attention kernels' plans
+    (the first GPU run timed megatron's first pass at 505 ms a micro-step against 41.5 ms the next,
+    with a warm-up of one micro-step only)."""
     if not steps:
         raise ValueError("benchmark_microsteps needs at least one micro-step")
     trainer.zero_grads()
-    trainer.accumulate(steps[0])  # warm-up: first-call allocations and rotary caches
+    for s in steps:  # warm-up: every shape once
+        trainer.accumulate(s)
     trainer.zero_grads()
     start = time.perf_counter()
     for _ in range(repeats):

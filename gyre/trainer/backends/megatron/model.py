@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import itertools
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -74,13 +75,27 @@ def ensure_world(device: torch.device) -> None:
 
 def solo_group(device: torch.device) -> dist.ProcessGroup:
     """A group of this process alone, outside the torch.distributed world: gloo on a loopback device (a
-    group of one talks to nobody), NCCL for CUDA tensors (untested here: no GPU)."""
+    group of one talks to nobody), NCCL for CUDA tensors.
+
+    The backend is wrapped in a `ProcessGroup`, as `dist.new_group` wraps its backends: megatron-core
+    calls the group's coalesced collectives (`reduce_scatter_tensor_coalesced` under
+    `_coalescing_manager` when its DDP reduces gradients on CUDA), which only `ProcessGroup` has; a bare
+    `ProcessGroupNCCL` failed there on the first GPU run (bench/gpu.py)."""
+    store = dist.HashStore()
+    backend: Any
     if device.type == "cuda":
-        return dist.ProcessGroupNCCL(dist.HashStore(), 0, 1, dist.ProcessGroupNCCL.Options())
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = datetime.timedelta(seconds=60)
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    return dist.ProcessGroupGloo(dist.HashStore(), 0, 1, options)
+        backend_type = dist.ProcessGroup.BackendType.NCCL
+        backend = dist.ProcessGroupNCCL(store, 0, 1, dist.ProcessGroupNCCL.Options())
+    else:
+        backend_type = dist.ProcessGroup.BackendType.GLOO
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = datetime.timedelta(seconds=60)
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        backend = dist.ProcessGroupGloo(store, 0, 1, options)
+    group = dist.ProcessGroup(store, 0, 1)
+    group._register_backend(torch.device(device.type), backend_type, backend)
+    group._set_default_backend(backend_type)
+    return group
 
 
 def transformer_config(
