@@ -15,6 +15,8 @@ object (last line):
     engine_step_cpu_ms_b16          CPU time of one b16 decode step's forward + sampling
     engine_compute_cpu_share_b16    that share of the engine process's CPU (the rest: HTTP, scheduling)
     load_avg_1m                     the machine's 1-minute load average at the start and at the end
+    cpu_model / cpu_capability      the host's CPU and the vector ISA torch's kernels use on it (AVX2,
+                                    AVX512): the ratios depend on it, so a figure names its machine
     profile_ops_b1 / _b16           --profile only: the torch ops the engine spent its CPU on (top 10,
                                     % of self CPU time), from torch.profiler over one decode run
     batching_gain_b16                     b16 / b1 (continuous batching; the goal is >= 3)
@@ -268,9 +270,20 @@ async def run(
         "model_parameters": model.arch.num_parameters(),
         "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "regime": "CPU, embedded engine in-process over loopback HTTP",
         **profiled,
     }
+
+
+def _cpu_model() -> str | None:
+    """The first `model name` of /proc/cpuinfo (None where there is none)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
 
 
 def main(argv: list[str]) -> None:

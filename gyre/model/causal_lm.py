@@ -179,14 +179,7 @@ class Attention(nn.Module):
         `batch.num_keys` slots of `batch.read_blocks`."""
         num_rows, num_queries = x.shape[0], x.shape[1]
         q, k, v = self._paged_qkv(x, cos, sin, lora)
-        cache.write(
-            layer,
-            batch.write_slots.view(-1),
-            k.reshape(-1, self.num_kv_heads, self.head_dim),
-            v.reshape(-1, self.num_kv_heads, self.head_dim),
-        )
-        keys, values = cache.gather(layer, batch.read_blocks, batch.block_size, batch.num_keys)
-        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, H_kv, Lk, D]
+        keys, values = cache.attend(layer, batch, k, v)  # [B, H_kv, Lk, D]
         if num_queries == 1:
             # Decode: the query heads sharing a key/value head attend as that head's queries
             # ([B, H_kv, H/H_kv, D]): grouped-query attention without repeating keys or transposing.

@@ -140,8 +140,7 @@ class KVStore:
             k = match.partial_tokens
             src, dst = partial.block * bs, own[0] * bs
             pool = self._pool()
-            pool.k[:, dst : dst + k] = pool.k[:, src : src + k]
-            pool.v[:, dst : dst + k] = pool.v[:, src : src + k]
+            pool.copy_slots(dst, src, k)
             covered += k
             self.blocks.decref(partial.block)
         state.backend_state = RequestKV(
@@ -278,8 +277,7 @@ class KVStore:
             raise OutputSourceError("not enough free KV blocks to import; retry later", 503)
         pool = self._pool()
         slots = torch.tensor([blocks[p // bs] * bs + p % bs for p in range(n)], dtype=torch.long)
-        pool.k.index_copy_(1, slots, payload.k.to(pool.k.dtype))
-        pool.v.index_copy_(1, slots, payload.v.to(pool.v.dtype))
+        pool.put_slots(slots, payload.k, payload.v)
         parent: Hashable = version_root(current_version)
         for i, block in enumerate(blocks):
             parent = self.blocks.insert(parent, payload.token_ids[i * bs : (i + 1) * bs], block)

@@ -43,6 +43,7 @@ class _RowInput:
     block_table: list[int]
     start: int
     count: int
+    rid: str
     adapter: str | None = None
 
 
@@ -150,6 +151,7 @@ class ModelSource(OutputSource):
                     block_table=list(self.store.block_table(state)),
                     start=start,
                     count=count,
+                    rid=state.rid,
                     adapter=state.adapter,
                 )
             )
@@ -162,7 +164,7 @@ class ModelSource(OutputSource):
         assert cache is not None
         inputs: list[_RowInput] = plan.payload
         sampled_rows: list[int] = []
-        sampled_logits: list[torch.Tensor] = []
+        sampled_logits: list[torch.Tensor] = []  # per group: the logits of its sampling rows
         extend = [i for i, x in enumerate(inputs) if x.count > 1]
         decode = [i for i, x in enumerate(inputs) if x.count == 1]
         for group in (extend, decode):
@@ -176,19 +178,22 @@ class ModelSource(OutputSource):
                 [x.start for x in rows],
                 [x.count for x in rows],
                 self.store.block_size,
+                row_keys=[x.rid for x in rows],
             )
             last = torch.tensor([x.count - 1 for x in rows], dtype=torch.long)
             lora = self.adapters.bank.rows(x.adapter for x in rows) if self.adapters is not None else None
             logits = model.forward_paged(ids, cache, batch, last_index=last, lora=lora)
-            for b, i in enumerate(group):
-                if plan.rows[i].samples:
-                    sampled_rows.append(i)
-                    sampled_logits.append(logits[b])
+            picks = [b for b, i in enumerate(group) if plan.rows[i].samples]
+            sampled_rows.extend(group[b] for b in picks)
+            if picks:  # a decode group samples every row: its logits as they are, no copy
+                sampled_logits.append(logits if len(picks) == len(group) else logits[picks])
         if not sampled_rows:
             return []
         states = [plan.rows[i].state for i in sampled_rows]
         tokens, logprobs = sample(
-            torch.stack(sampled_logits), [s.request.sampling for s in states], [s.generator for s in states]
+            sampled_logits[0] if len(sampled_logits) == 1 else torch.cat(sampled_logits),
+            [s.request.sampling for s in states],
+            [s.generator for s in states],
         )
         return [
             Sampled(state=s, token_id=t, logprob=lp)
