@@ -263,7 +263,8 @@ class StepRecord:
 
     async def restart(self, num_cells: int) -> None:
         """Core, in a new process: void what an earlier core process's part of this step gathered and
-        reopen the window (every claim back to the queue, finished marks and participants forgotten)."""
+        reopen the window (every claim back to the queue, finished marks forgotten, the satellites that
+        had registered evicted: they leave the step at their next mark or status check)."""
         await self._restart(
             keys=[
                 self.join_key,

@@ -94,7 +94,12 @@ return #ids
 # A core process that (re)joins a step an earlier core process had begun: whatever that step had gathered
 # (claims, finished micro-steps, gradients in the memory of the dead core, a closing window) is void.
 # Every claim goes back to the head of the queue, every finished mark is forgotten, the window reopens.
+# The satellites that had registered with the earlier core are evicted: each is still inside the step
+# (claiming, computing, marking done) without being a participant any more, so the window could never
+# close on the items it holds; evicted, it finds out at its next mark or status check, gives its claims
+# back and leaves the step (a later JoinBatch finds the window of the next step).
 RESTART = """
+local earlier = redis.call('SMEMBERS', KEYS[2])
 for c = tonumber(ARGV[4]) - 1, 0, -1 do
   local plist = ARGV[1] .. ARGV[3] .. c
   local ids = redis.call('LRANGE', plist, 0, -1)
@@ -102,6 +107,9 @@ for c = tonumber(ARGV[4]) - 1, 0, -1 do
   redis.call('DEL', plist, ARGV[2] .. c)
 end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+for _, cell in ipairs(earlier) do
+  if cell ~= '0' then redis.call('SADD', KEYS[3], cell) end
+end
 redis.call('HSET', KEYS[1], 'state', 'open')
 redis.call('HDEL', KEYS[1], 'cells', 'version')
 return 1

@@ -242,6 +242,32 @@ async def test_the_core_is_never_evicted_it_starts_over(redis: aioredis.Redis, k
     assert (await record.try_close()).cells == (0, 1)
 
 
+async def test_a_restarted_core_evicts_the_satellites_of_the_earlier_core(
+    redis: aioredis.Redis, keys: Keys
+) -> None:
+    """A core process that died inside a step and came back restarts it; a satellite that registered with
+    the dead core is still inside the step (its claim loop runs on). It must find out and leave: were it
+    merely forgotten, it would go on claiming and finishing items as a non-participant and the window
+    could never close on them (seen in the compose bench's core-kill: the run stalled)."""
+    record = _record(redis, keys)
+    await record.open(4, final_in_burst=False)
+    for cell in (0, 1, 2):
+        assert await record.register(cell, 4) is Registration.REGISTERED
+    await _fill(record, 3)
+    held = await record.queue.claim(consumer_name(1))
+    assert held is not None
+    await record.restart(num_cells=3)  # the new core process
+    for cell in (1, 2):
+        assert (await record.status(cell)).evicted, f"cell {cell} of the earlier core is told to leave"
+        assert await record.register(cell, 4) is Registration.EVICTED
+    assert not (await record.status(0)).evicted and await record.register(0, 4) is Registration.REGISTERED
+    again = await record.queue.claim(consumer_name(1))  # its loop claims once more before it looks
+    assert again is not None and not await record.mark_done(1, again.item_id, "{}")
+    assert await record.release(1) == 1
+    assert sorted(await _work(record, 0, 5)) == ["m0", "m1", "m2"]
+    assert (await record.try_close()).cells == (0,)
+
+
 async def test_the_core_finishing_an_item_twice_is_told_not_evicted(
     redis: aioredis.Redis, keys: Keys
 ) -> None:
