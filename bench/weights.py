@@ -4,14 +4,16 @@ buffer through the Mooncake Transfer Engine, against a torch.distributed (gloo) 
     gyre bench weights [--mib 256] [--repeats 5]
     gyre bench weights --lora [--model DIR] [--rank 16] [--target-modules all-linear] [--transport torch]
 
-Two spawned processes on loopback (Mooncake over TCP, gloo over TCP). The core holds a `--mib` MiB
-float32 buffer; each repeat, the satellite reads all of it (Mooncake `transfer_sync_read`, in
+Two spawned processes on loopback (Mooncake over TCP, gloo over TCP, the TLS star). The core holds a
+`--mib` MiB float32 buffer; each repeat, the satellite reads all of it (Mooncake `transfer_sync_read`, in
 parallel 64 MiB chunks) or receives it (broadcast over the pair group {0, 1}, the `torch`
-transport's path). Timed on the satellite from the start of its read to the last byte; medians of
-`--repeats` after one warmup transfer. Bytes are checked against the core's digest once per transport.
+transport's path, over gloo or over `dist_backend: tls`'s star with certificates from `gyre tls init`'s
+issuer). Timed on the satellite from the start of its read to the last byte; medians of `--repeats` after
+one warmup transfer. Bytes are checked against the core's digest once per transport.
 
-    mooncake_pull_gib_per_s     GiB/s of one pull
-    torch_broadcast_gib_per_s   GiB/s of one broadcast
+    mooncake_pull_gib_per_s        GiB/s of one pull
+    torch_broadcast_gib_per_s      GiB/s of one broadcast over gloo (plaintext)
+    tls_star_broadcast_gib_per_s   GiB/s of one broadcast over the TLS star (`tls_star_vs_gloo`: the ratio)
 
 `--lora` measures instead what a LoRA run saves: bytes and seconds of a publication and of a satellite's
 pull, the adapter against the full weights of the same model, in one run (`bench/_weights_lora.py`).
@@ -23,6 +25,7 @@ import argparse
 import json
 import multiprocessing as mp
 import statistics
+import tempfile
 import time
 from multiprocessing.queues import Queue
 from pathlib import Path
@@ -31,7 +34,8 @@ from typing import Any
 import torch
 
 from bench._startup import run_bench
-from gyre.trainer.collectives import CellGroups, connect_store, host_store
+from gyre import tls
+from gyre.trainer.collectives import host_rendezvous, initialize_groups, join_rendezvous
 from gyre.trainer.flat import weights_digest
 from gyre.weights.transports import TransportOptions, create_transport
 
@@ -44,21 +48,35 @@ def _worker(
     to_satellite: Queue[Any],
     to_core: Queue[Any],
     results: Queue[Any],
+    certs: str | None = None,
 ) -> None:
     """One side of a pair: the core exposes (or serves) a buffer of each size in `numels` in turn, the
-    satellite pulls it `repeats` + 1 times (the first a warmup) and reports its times."""
+    satellite pulls it `repeats` + 1 times (the first a warmup) and reports its times. With `certs` (a
+    `gyre tls init` directory), the `torch` transport runs over the TLS star instead of gloo."""
     torch.set_num_threads(1)
-    groups = None
+    groups: Any = None
+    hosted: Any = None  # the core's rendezvous must outlive the world
     if name == "torch":
+        backend = "gloo" if certs is None else "tls"
+        if certs is not None:
+            tls.configure(tls.TlsFiles.under(Path(certs), "cell_agent"))
         if rank == 0:
-            hosted = host_store(bind_host="127.0.0.1", port=0, world_size=2, timeout_s=60)
-            store = hosted.store
-            to_satellite.put(hosted.port)
-        else:
-            store = connect_store(
-                host="127.0.0.1", port=to_satellite.get(timeout=60), world_size=2, timeout_s=60
+            hosted = host_rendezvous(
+                backend, bind_host="127.0.0.1", port=0, world_size=2, generation=1, timeout_s=60
             )
-        groups = CellGroups.initialize(store, cell=rank, num_cells=2, backend="gloo", timeout_s=600)
+            to_satellite.put(hosted.port)
+            rendezvous = hosted.rendezvous
+        else:
+            rendezvous = join_rendezvous(
+                backend,
+                host="127.0.0.1",
+                port=to_satellite.get(timeout=60),
+                world_size=2,
+                cell=1,
+                generation=1,
+                timeout_s=60,
+            )
+        groups = initialize_groups(rendezvous, cell=rank, num_cells=2, backend=backend, timeout_s=600)
     transport = create_transport(name, TransportOptions(host="127.0.0.1", groups=groups))
     for numel in numels:
         if rank == 0:
@@ -82,15 +100,17 @@ def _worker(
     transport.close()
     if groups is not None:
         groups.close()
+    if hosted is not None:
+        hosted.close()
 
 
-def _pull_seconds(name: str, numels: list[int], repeats: int) -> list[float]:
+def _pull_seconds(name: str, numels: list[int], repeats: int, certs: str | None = None) -> list[float]:
     """Median seconds of one pull of each buffer of `numels` float32 through transport `name`, between
-    one pair of processes (one warmup pull per buffer)."""
+    one pair of processes (one warmup pull per buffer); `certs`: over the TLS star (`_worker`)."""
     ctx = mp.get_context("spawn")
     to_satellite, to_core, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(r, name, numels, repeats, to_satellite, to_core, results))
+        ctx.Process(target=_worker, args=(r, name, numels, repeats, to_satellite, to_core, results, certs))
         for r in range(2)
     ]
     for p in procs:
@@ -134,12 +154,17 @@ def main(argv: list[str]) -> None:
     numel = args.mib * 2**20 // 4
     mooncake = numel * 4 / _pull_seconds("mooncake", [numel], args.repeats)[0] / 2**30
     broadcast = numel * 4 / _pull_seconds("torch", [numel], args.repeats)[0] / 2**30
+    with tempfile.TemporaryDirectory(prefix="gyre-bench-tls-") as certs:
+        tls.issue(Path(certs), {"cell_agent": []})
+        star = numel * 4 / _pull_seconds("torch", [numel], args.repeats, certs)[0] / 2**30
     print(
         json.dumps(
             {
                 "mooncake_pull_gib_per_s": round(mooncake, 3),
                 "torch_broadcast_gib_per_s": round(broadcast, 3),
+                "tls_star_broadcast_gib_per_s": round(star, 3),
                 "mooncake_vs_torch": round(mooncake / broadcast, 2),
+                "tls_star_vs_gloo": round(star / broadcast, 2),
                 "buffer_mib": args.mib,
                 "repeats": args.repeats,
             }

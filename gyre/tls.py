@@ -50,6 +50,12 @@ class TlsFiles:
     key: Path
     ca: Path
 
+    @classmethod
+    def under(cls, directory: Path, identity: str) -> TlsFiles:
+        """`identity`'s files in `directory/<identity>/`, as `gyre tls init --out directory` writes them."""
+        base = Path(directory) / identity
+        return cls(identity, base / CERT_FILE, base / KEY_FILE, base / CA_FILE)
+
     def read(self) -> tuple[bytes, bytes, bytes]:
         """(certificate chain, private key, CA) as PEM bytes."""
         return self.cert.read_bytes(), self.key.read_bytes(), self.ca.read_bytes()
@@ -75,8 +81,7 @@ def tls_files(section: TlsSection, identity: str) -> TlsFiles | None:
     naming the file and the command that writes it."""
     if not section.enabled:
         return None
-    base = Path(section.dir) / identity
-    files = TlsFiles(identity, base / CERT_FILE, base / KEY_FILE, base / CA_FILE)
+    files = TlsFiles.under(section.dir, identity)
     for path in (files.cert, files.key, files.ca):
         if not path.is_file():
             raise ValueError(

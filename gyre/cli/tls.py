@@ -62,9 +62,8 @@ def init(
     from gyre.config import load_config
     from gyre.tls import KEY_FILE, issue
 
-    loaded = config_or_exit(
-        load=lambda: load_config(config, environ={}, overrides={"tls": {"enabled": False}})
-    )
+    # The config as the deployment will run it; its certificates are what this writes, so none is read.
+    loaded = config_or_exit(load=lambda: load_config(config, environ={}), identity=None)
     written = issue(out, identities(loaded, dns), days=days)
     if group is not None:
         try:

@@ -130,6 +130,15 @@ class GyreConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _tls_world_with_tls(self) -> GyreConfig:
+        if self.cell_agent.trainer.dist_backend == "tls" and not self.tls.enabled:
+            raise ValueError(
+                "cell_agent.trainer.dist_backend tls needs tls.enabled: true (its connections use the "
+                "deployment's certificates, `gyre tls init`); or set dist_backend: gloo"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _verifier_where_the_harness_ran(self) -> GyreConfig:
         runner, evaluator = self.runner.sandbox.isolation, self.evaluator.sandbox.isolation
         if runner == "container" and evaluator != "container":

@@ -14,8 +14,9 @@ class TlsSection(Section):
     HTTP, the proxy's HTTP (server side only: harnesses authenticate with their per-execution keys), NATS
     (`nats.url` may stay `nats://`; the client upgrades) and Redis (`redis.url` must be `rediss://`). The
     servers must be configured for TLS themselves (deploy/nats/nats.conf, deploy/redis/redis.conf),
-    so the embedded stack, which starts plaintext ones on loopback, refuses it. What stays plaintext: the
-    tensor transports between cells (gloo, Mooncake, the weight-update group), SGLang's HTTP
+    so the embedded stack, which starts plaintext ones on loopback, refuses it. The cells' collectives and
+    snapshot pulls are TLS with `cell_agent.trainer.dist_backend: tls` (the TLS star); what stays
+    plaintext where selected: gloo or NCCL, Mooncake, the weight-update group, SGLang's HTTP
     (`cell_agent.engine.backend: sglang`: its server takes no client certificates) and `/metrics`; keep
     them on a private network (deploy/k8s's NetworkPolicies)."""
     dir: Path = Path("/etc/gyre/tls")

@@ -133,15 +133,19 @@ class TrainerSection(Section):
     restarts resumes from its newest checkpoint and takes the steps after it again from their micro-steps,
     which stay in Redis until a checkpoint covers them: N bounds both that replay and that memory."""
     checkpoint_dir: Path | None = None
-    """Where the core writes checkpoints and published weights; None = `<run dir>/checkpoints`.
-    Every cell must read the same directory (a shared volume on clusters)."""
+    """Where the core writes checkpoints and published weights; None = `<run dir>/checkpoints`. Other
+    cells read it only with `cell_agent.published_weights: shared` (which `publication: disk` needs); by
+    default the core streams published weights to them."""
     keep_checkpoints: AtLeastOne = 2
     """Checkpoints kept on disk (older ones are deleted); the newest published weights are always kept."""
-    dist_backend: Literal["gloo", "nccl"] = "gloo"
-    """torch.distributed backend."""
+    dist_backend: Literal["gloo", "nccl", "tls"] = "gloo"
+    """What carries the cells' collectives (gradient reduction, parameter broadcast, the `torch` weight
+    transport): torch.distributed's `gloo` (CPU) or `nccl` (GPUs), both plaintext, or `tls`, Gyre's own
+    star of mutual-TLS connections from each satellite to the core (`gyre.trainer.star`; CPU trainers,
+    needs `tls.enabled`) for deployments whose cells' network is not private."""
     dist_port: Port = 0
-    """Port of the core's torch.distributed rendezvous store (TCPStore); 0 = the core picks a free one
-    and announces it through Redis."""
+    """Port of the core's rendezvous (gloo/NCCL: the TCPStore; tls: the star's TLS listener); 0 = the
+    core picks a free one and announces it through Redis."""
     dist_socket_ifname: str | None = None
     """Network interface gloo/NCCL bind (sets GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME); None = the
     interface of the host name (loopback on a single machine)."""
@@ -206,10 +210,21 @@ class TrainerSection(Section):
         return self
 
     @model_validator(mode="after")
-    def _nccl_on_gpus(self) -> TrainerSection:
+    def _dist_backend_fits(self) -> TrainerSection:
+        """nccl moves CUDA tensors; the TLS star moves CPU tensors and forms no weight-update group."""
         if self.dist_backend == "nccl" and not self.device.startswith("cuda"):
             raise ValueError(
                 f"dist_backend nccl needs a CUDA trainer device; device is {self.device!r}: set device: cuda, "
                 "or dist_backend: gloo"
+            )
+        if self.dist_backend == "tls" and not self.device.startswith("cpu"):
+            raise ValueError(
+                f"dist_backend tls moves CPU tensors; device is {self.device!r}: set dist_backend: nccl (on a "
+                "private network) or device: cpu"
+            )
+        if self.dist_backend == "tls" and self.publication == "distributed":
+            raise ValueError(
+                "publication distributed broadcasts over a torch.distributed group into the engines; with "
+                "dist_backend tls set publication: tensor or disk"
             )
         return self

@@ -41,8 +41,7 @@ def main(argv: list[str]) -> int:
 
     enabled, directory = _tls_section(args.config)
     if enabled:
-        d = directory / args.identity
-        tls.configure(tls.TlsFiles(args.identity, d / tls.CERT_FILE, d / tls.KEY_FILE, d / tls.CA_FILE))
+        tls.configure(tls.TlsFiles.under(directory, args.identity))
     with sync_channel(f"127.0.0.1:{args.port}") as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(

@@ -17,6 +17,11 @@ runs them on a worker thread.
     groups = CellGroups.initialize(store, cell=k, num_cells=K, backend="gloo", timeout_s=600)
     groups.reduce_to_core(flat_grads, num_participants=3)
     groups.broadcast_from_core(flat_params, num_participants=3)
+
+`dist_backend: tls` carries the same three collectives over Gyre's own star of mutual-TLS connections
+(`gyre.trainer.star`) for deployments whose cells' network is not private; `host_rendezvous`,
+`join_rendezvous` and `initialize_groups` pick the rendezvous and the world by backend, and both worlds
+offer `CellCollectives`.
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]
+
+from gyre.trainer.star import StarCellGroups, StarHub, StarLink
 
 
 def _timeout(seconds: float) -> datetime.timedelta:
@@ -45,6 +53,14 @@ class HostedStore:
     @property
     def port(self) -> int:
         return int(self.socket.getsockname()[1])
+
+    @property
+    def rendezvous(self) -> TCPStore:
+        """What `initialize_groups` takes on the core: the store."""
+        return self.store
+
+    def close(self) -> None:
+        self.socket.close()
 
 
 def host_store(*, bind_host: str, port: int, world_size: int, timeout_s: float) -> HostedStore:
@@ -70,6 +86,54 @@ def host_store(*, bind_host: str, port: int, world_size: int, timeout_s: float) 
 def connect_store(*, host: str, port: int, world_size: int, timeout_s: float) -> TCPStore:
     """A satellite's client of the core's rendezvous store."""
     return TCPStore(host, port, world_size, is_master=False, timeout=_timeout(timeout_s))
+
+
+def host_rendezvous(
+    backend: str, *, bind_host: str, port: int, world_size: int, generation: int, timeout_s: float
+) -> HostedStore | StarHub:
+    """The core's rendezvous of world `generation`: the TCPStore (gloo, NCCL) or the TLS star's hub."""
+    if backend == "tls":
+        return StarHub.open(bind_host=bind_host, port=port, generation=generation, timeout_s=timeout_s)
+    return host_store(bind_host=bind_host, port=port, world_size=world_size, timeout_s=timeout_s)
+
+
+def join_rendezvous(
+    backend: str, *, host: str, port: int, world_size: int, cell: int, generation: int, timeout_s: float
+) -> TCPStore | StarLink:
+    """A satellite's side of the core's rendezvous (raises RuntimeError while the core is not there yet)."""
+    if backend == "tls":
+        return StarLink.connect(host=host, port=port, cell=cell, generation=generation, timeout_s=timeout_s)
+    return connect_store(host=host, port=port, world_size=world_size, timeout_s=timeout_s)
+
+
+def initialize_groups(
+    rendezvous: Store | StarHub | StarLink, *, cell: int, num_cells: int, backend: str, timeout_s: float
+) -> CellCollectives:
+    """Join the world of `rendezvous` with `backend` (all K cells call this together)."""
+    if backend == "tls":
+        if not isinstance(rendezvous, StarHub | StarLink):
+            raise TypeError(
+                f"dist_backend tls forms its world over a StarHub or StarLink, not {type(rendezvous)}"
+            )
+        return StarCellGroups.initialize(rendezvous, cell=cell, num_cells=num_cells, timeout_s=timeout_s)
+    return CellGroups.initialize(
+        rendezvous, cell=cell, num_cells=num_cells, backend=backend, timeout_s=timeout_s
+    )
+
+
+class CellCollectives(Protocol):
+    """What a step and the `torch` weight transport use of the cells' world, whatever carries it."""
+
+    cell: int
+    num_cells: int
+
+    def reduce_to_core(self, tensor: torch.Tensor, num_participants: int) -> None: ...
+
+    def broadcast_from_core(self, tensor: torch.Tensor, num_participants: int) -> None: ...
+
+    def pair_broadcast(self, tensor: torch.Tensor, satellite: int) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def set_socket_interface(ifname: str | None) -> None:

@@ -32,7 +32,7 @@ from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys
 from gyre.trainer.backends import TrainerBackend, TrainerSpec, create_trainer, trainer_class
 from gyre.trainer.checkpoint import latest_checkpoint
-from gyre.trainer.collectives import CellGroups
+from gyre.trainer.collectives import CellCollectives
 from gyre.weights.snapshot import SnapshotRecord
 from gyre.weights.transports import WeightTransport
 from services.cell_agent.compute import ComputeThread
@@ -80,7 +80,7 @@ class TrainingSide:
         if not (trainer_class(section.backend).needs_world and num_cells > 1):
             self._trainer = self._build()
         self.compute = ComputeThread(f"trainer-{cell}")
-        self.groups: CellGroups | None = None
+        self.groups: CellCollectives | None = None
         self.transport: WeightTransport | None = None
         self.connected = asyncio.Event()
         self.weights_lock = threading.Lock()

@@ -27,7 +27,14 @@ import uuid
 from typing import TYPE_CHECKING
 
 from gyre.log import get_logger
-from gyre.trainer.collectives import CellGroups, HostedStore, connect_store, host_store, set_socket_interface
+from gyre.trainer.collectives import (
+    HostedStore,
+    host_rendezvous,
+    initialize_groups,
+    join_rendezvous,
+    set_socket_interface,
+)
+from gyre.trainer.star import StarHub
 from gyre.weights.transports import TransportOptions, create_transport
 from services.cell_agent.trainer_state import WorldRecord
 
@@ -54,7 +61,7 @@ class WorldKeeper:
         """Newest generation seen announced that names this cell (ahead of `generation` while moving)."""
         self.world_lock = asyncio.Lock()
         """Held while the world is formed, and by the core while it serves a pull over it."""
-        self._hosted: HostedStore | None = None
+        self._hosted: HostedStore | StarHub | None = None
         self._store: object | None = None
 
     def changed(self) -> bool:
@@ -149,7 +156,7 @@ class WorldKeeper:
             await side.compute.run(side.groups.close)
             side.groups = None
         if self._hosted is not None:
-            self._hosted.socket.close()
+            self._hosted.close()
             self._hosted = None
 
     async def _form(self, members: tuple[str, ...]) -> None:
@@ -162,16 +169,18 @@ class WorldKeeper:
                 previous = await side.state.world()
                 generation = max(self.generation, previous.generation if previous else 0) + 1
                 hosted = await asyncio.to_thread(
-                    host_store,
+                    host_rendezvous,
+                    side.section.dist_backend,
                     bind_host=side.bind_host,
                     port=side.section.dist_port,
                     world_size=side.num_cells,
+                    generation=generation,
                     timeout_s=side.section.rendezvous_timeout_s,
                 )
                 self._hosted = hosted
                 await side.state.set_world(WorldRecord(generation, side.core_host, hosted.port, members))
                 try:
-                    await self._build(hosted.store, generation)
+                    await self._build(hosted.rendezvous, generation)
                 except (RuntimeError, TimeoutError) as e:
                     log.warning("world_formation_failed", generation=generation, error=str(e)[:300])
                     self.generation = generation
@@ -191,10 +200,13 @@ class WorldKeeper:
             while True:
                 try:
                     store = await asyncio.to_thread(
-                        connect_store,
+                        join_rendezvous,
+                        side.section.dist_backend,
                         host=record.host,
                         port=record.port,
                         world_size=side.num_cells,
+                        cell=side.cell,
+                        generation=record.generation,
                         timeout_s=min(5.0, side.section.rendezvous_timeout_s),
                     )
                     break
@@ -215,7 +227,7 @@ class WorldKeeper:
     async def _build(self, store: object, generation: int) -> None:
         side = self.side
         side.groups = await side.compute.run(
-            CellGroups.initialize,
+            initialize_groups,
             store,
             cell=side.cell,
             num_cells=side.num_cells,

@@ -186,8 +186,7 @@ async def test_a_harness_in_a_container_reaches_the_https_proxy_trusting_the_mou
 ) -> None:
     engine_client(PYTHON_IMAGE)
     tls.issue(tmp_path / "tls", {"proxy": ["proxy"]})
-    d = tmp_path / "tls" / "proxy"
-    tls.configure(tls.TlsFiles("proxy", d / tls.CERT_FILE, d / tls.KEY_FILE, d / tls.CA_FILE))
+    tls.configure(tls.TlsFiles.under(tmp_path / "tls", "proxy"))
     host = HttpHost(
         Starlette(routes=[Route("/hello", _hello)]),
         host="127.0.0.1",

@@ -46,11 +46,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _files(certs: Path, identity: str) -> tls.TlsFiles:
-    d = certs / identity
-    return tls.TlsFiles(identity, d / tls.CERT_FILE, d / tls.KEY_FILE, d / tls.CA_FILE)
-
-
 @pytest.fixture
 def as_identity() -> Iterator[None]:
     yield
@@ -74,7 +69,7 @@ def test_issued_files_name_the_identity_and_keep_keys_private(certs: Path) -> No
 async def test_grpc_takes_only_clients_with_the_deployments_certificate(
     certs: Path, as_identity: None
 ) -> None:
-    tls.configure(_files(certs, "scheduler"))
+    tls.configure(tls.TlsFiles.under(certs, "scheduler"))
     server = new_server()
     servicer = add_health(server)
     await servicer.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
@@ -87,7 +82,7 @@ async def test_grpc_takes_only_clients_with_the_deployments_certificate(
                 stub = health_pb2_grpc.HealthStub(channel)
                 return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status)
 
-        tls.configure(_files(certs, "cli"))
+        tls.configure(tls.TlsFiles.under(certs, "cli"))
         assert await asyncio.to_thread(check, sync_channel(f"127.0.0.1:{port}")) == 1
         assert await asyncio.to_thread(check, sync_channel(f"localhost:{port}")) == 1
         ca = (certs / "ca" / "ca.crt").read_bytes()
@@ -147,7 +142,7 @@ async def test_nats_takes_only_clients_with_the_deployments_certificate(
     certs: Path, nats_tls: tuple[str, int], as_identity: None
 ) -> None:
     url, monitor = nats_tls
-    tls.configure(_files(certs, "cli"))
+    tls.configure(tls.TlsFiles.under(certs, "cli"))
     nc = await nats.connect(url, name="gyre-tls-test", **nats_auth(None))  # type: ignore[arg-type]
     try:
         connz = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{monitor}/connz", timeout=5).read())
@@ -184,12 +179,12 @@ APP = Starlette(routes=[Route("/hello", _hello)])
 async def test_engine_http_takes_only_clients_with_the_deployments_certificate(
     certs: Path, as_identity: None
 ) -> None:
-    tls.configure(_files(certs, "cell_agent"))
+    tls.configure(tls.TlsFiles.under(certs, "cell_agent"))
     host = HttpHost(APP, host="127.0.0.1", port=0, name="engine-http")
     await host.start()
     try:
         assert host.scheme == "https"
-        tls.configure(_files(certs, "cli"))
+        tls.configure(tls.TlsFiles.under(certs, "cli"))
         identity = tls.current()
         assert identity is not None
         pool = Http1Pool("127.0.0.1", host.port, connect_timeout_s=5, ssl=identity.client_context())
@@ -212,7 +207,7 @@ async def test_engine_http_takes_only_clients_with_the_deployments_certificate(
 
 
 async def test_proxy_http_is_tls_without_client_certificates(certs: Path, as_identity: None) -> None:
-    tls.configure(_files(certs, "scheduler"))
+    tls.configure(tls.TlsFiles.under(certs, "scheduler"))
     host = HttpHost(APP, host="127.0.0.1", port=0, name="proxy-http", client_certificates=False)
     await host.start()
     try:

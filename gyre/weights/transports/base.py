@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from gyre.trainer.collectives import CellGroups
+    from gyre.trainer.collectives import CellCollectives
 
 
 class TransportError(RuntimeError):
@@ -38,7 +38,7 @@ class TransportOptions:
     """Mooncake: `tcp` or `rdma`."""
     device: str = ""
     """Mooncake: RDMA device names (empty for TCP or auto-discovery)."""
-    groups: CellGroups | None = None
+    groups: CellCollectives | None = None
     """torch: the cells' process groups (the pair group {0, k} carries a pull)."""
 
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from gyre.trainer.collectives import CellGroups
+from gyre.trainer.collectives import CellCollectives
 from gyre.weights.transports.base import TransportError, TransportOptions, WeightTransport
 
 
@@ -21,7 +21,7 @@ class TorchBroadcastTransport(WeightTransport):
     name: ClassVar[str] = "torch"
     core_serves: ClassVar[bool] = True
 
-    def __init__(self, groups: CellGroups) -> None:
+    def __init__(self, groups: CellCollectives) -> None:
         self.groups = groups
 
     @classmethod
