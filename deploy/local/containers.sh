@@ -89,8 +89,10 @@ service() {
   fi
   mkdir -p "$(dirname "$SOCKET")"
   rm -f "$SOCKET"
-  setsid nohup podman system service --time=0 "unix://$SOCKET" \
-    >"$(dirname "$SOCKET")/gyre-podman-service.log" 2>&1 </dev/null &
+  # From /: conmon writes an `oom` file into the service's working directory when a container is
+  # OOM-killed (the sandbox tests do that), which would otherwise land in the checkout.
+  (cd / && setsid nohup podman system service --time=0 "unix://$SOCKET" \
+    >"$(dirname "$SOCKET")/gyre-podman-service.log" 2>&1 </dev/null &)
   for _ in $(seq 1 100); do
     if answers; then
       echo "podman API service on unix://$SOCKET"

@@ -90,7 +90,7 @@ def test_overlay_environment_is_a_valid_config_override(
                 config = load_config(K8S_CONFIG, environ=environ)
                 if workload["metadata"]["name"] == "cell-agent":
                     expected = {
-                        "cpu": ("embedded", "torch", "gloo", "cpu"),
+                        "cpu": ("embedded", "torch", "tls", "cpu"),
                         "gpu": ("sglang", "megatron", "nccl", "cuda"),
                     }[overlay]
                     agent = config.cell_agent

@@ -1,5 +1,6 @@
 """Compose and Kubernetes restart what exits by their own policies (the local stack's supervisor is not
-there), and clusters pull snapshots through Mooncake, which the NetworkPolicy confines."""
+there); on CPU the cells' collectives and snapshot pulls go over the TLS star, and the GPU overlay pulls
+snapshots through Mooncake and reduces over NCCL, which the NetworkPolicy confines."""
 
 from __future__ import annotations
 
@@ -30,11 +31,14 @@ def test_every_kubernetes_workload_declares_restart_policy_always(
             )
 
 
-def test_clusters_select_mooncake_and_the_gpu_overlay_says_so(
-    rendered: dict[str, list[Manifest]], k8s_config: Any
+def test_cpu_cells_use_the_tls_star_and_the_gpu_overlay_mooncake_and_nccl(
+    rendered: dict[str, list[Manifest]], k8s_config: Any, compose_config: Any
 ) -> None:
-    assert k8s_config.cell_agent.trainer.weight_transport == "mooncake"
+    for config in (k8s_config, compose_config):
+        trainer = config.cell_agent.trainer
+        assert (trainer.dist_backend, trainer.weight_transport) == ("tls", "torch") and config.tls.enabled
     (cells,) = [m for m in objects(rendered["gpu"], "StatefulSet") if m["metadata"]["name"] == "cell-agent"]
     (container,) = cells["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container.get("env", [])}
     assert env.get("GYRE_CELL_AGENT__TRAINER__WEIGHT_TRANSPORT") == "mooncake"
+    assert env.get("GYRE_CELL_AGENT__TRAINER__DIST_BACKEND") == "nccl"
