@@ -62,7 +62,8 @@ class PackerService(GyreService):
             if not record:
                 continue
             step, num_groups, version = (int(record[k]) for k in (b"step", b"num_groups", b"policy_version"))
-            self.log.info("batch_resumed", batch=raw.decode(), step=step)
+            claimed = await self.groups.recover(raw.decode())  # before the archive consumer below starts
+            self.log.info("batch_resumed", batch=raw.decode(), step=step, claimed=claimed)
             await self.open_batch(step, num_groups, version)
         archive = self.config.archive
         if archive.enabled:

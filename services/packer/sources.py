@@ -29,9 +29,18 @@ class GroupSource:
         self._earlier: dict[str, list[StoredGroup]] = {}
         """Per batch: groups it claimed before this packer started, not handed out again yet."""
 
+    async def recover(self, batch_id: str) -> int:
+        """Read the groups `batch_id` claimed before this packer started, now; returns how many. A packer
+        resuming its open batches calls it before it consumes StepCompleted: archiving a committed batch
+        deletes its claimed set, and a resumed stream that read the set only afterwards found it empty
+        and claimed fresh ready groups into a batch already trained (they were then never trained)."""
+        if batch_id not in self._earlier:
+            self._earlier[batch_id] = await self._outcomes.claimed(batch_id)
+        return len(self._earlier[batch_id])
+
     async def claim(self, batch_id: str) -> ClaimedGroup | None:
         if batch_id not in self._earlier:  # read once per batch; later claims come from the ready set
-            self._earlier[batch_id] = await self._outcomes.claimed(batch_id)
+            await self.recover(batch_id)
         earlier = self._earlier[batch_id]
         taken = [earlier.pop(0)] if earlier else await self._outcomes.claim_ready(1, batch_id)
         if not taken:

@@ -222,3 +222,25 @@ async def test_row_layout_tree_enqueues_tree_rows_with_the_same_targets(
     await consumer.stop()
     (packed,) = [e for e in seen if isinstance(e, ev.GroupPacked)]
     assert packed.num_trajectories == 2 * N and packed.num_targets == 18
+
+
+async def test_a_resumed_batch_keeps_the_groups_it_claimed_when_its_step_is_archived_first(
+    redis: aioredis.Redis, keys: Keys, run_id: str
+) -> None:
+    """A whole-run crash after a batch's stream closed but before the packer dropped it from the open
+    batches: the restarted packer resumes the batch, and the restarted core's replay commits its step at
+    once, so the archiver may delete the batch's claimed set before the resumed stream asks for a group.
+    The groups it had claimed were read at resume (`recover`), so the stream hands out those again and
+    never claims a fresh ready group into the trained batch (seen once in the resume test: two groups
+    counted as trained in the events and never trained)."""
+    outcomes, store = GroupOutcomes(redis, keys), TreeStore(redis, keys)
+    await _ready_group(outcomes, store, "g1", 0, [1.0, 0.0])
+    await _ready_group(outcomes, store, "g2", 0, [0.5, 0.0])
+    batch = make_batch_id(run_id, 1)
+    assert (await GroupSource(redis, keys).claim(batch)).group_id == "g1"  # the first packer's life
+    resumed = GroupSource(redis, keys)
+    assert await resumed.recover(batch) == 1
+    await redis.delete(outcomes.batch_key(batch))  # what archiving the committed step deletes last
+    again = await resumed.claim(batch)
+    assert again is not None and again.group_id == "g1", again
+    assert [g.group_id for g in await outcomes.list_ready()] == ["g2"], "no fresh group went to the batch"
