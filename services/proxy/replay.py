@@ -5,13 +5,13 @@
 
 What a harness sees when the proxy process dies under it: the TCP connection of every call in flight
 is reset. A streamed call that had started answering ends without its final events (`message_stop`,
-`[DONE]`, `response.completed`): the Python SDKs raise their HTTP transport's error from the stream's
-iteration (anthropic 2.x: `httpx2.RemoteProtocolError`, "peer closed connection without sending complete
-message body" — not an `APIError`, so the SDK's own retries do not cover it and a harness must); a call
-not yet answering gets `APIConnectionError`. Retries meet connection refused (`APIConnectionError`)
-until the restarted proxy listens again on the same port, typically a few seconds later (measured by
-tests/integration/test_proxy_restart.py and the fault suite); its keys, trees and routes come back from
-Redis.
+`[DONE]`, `response.completed`): the Python SDKs raise from the stream's iteration (earlier anthropic
+2.x releases: `httpx2.RemoteProtocolError`, "peer closed connection without sending complete message
+body", not an `APIError`; 2.17.0 wraps the same failed read as `APIConnectionError`); either way the
+answer is lost and the harness retries the call; a call not yet answering gets `APIConnectionError`.
+Retries meet connection refused (`APIConnectionError`) until the restarted proxy listens again on the
+same port, typically a few seconds later (measured by tests/integration/test_proxy_restart.py and the
+fault suite); its keys, trees and routes come back from Redis.
 
 The retry then carries exactly the history of the lost call. An output is committed to the tree (and
 written to Redis) just before its final events are sent, so the lost call may or may not have left a
