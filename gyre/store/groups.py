@@ -3,7 +3,8 @@ packer claims ready groups atomically, oldest policy version first.
 
     outcomes = GroupOutcomes(redis, keys)
     result = await outcomes.resolve(group_id, size=16, policy_version=3, outcome=MemberOutcome(...))
-    if result.became_ready: ...publish GroupReady (event id `group.ready:<group>`)...
+    if result.ready and await outcomes.claim_publication(group, token, lease_ms) == "claimed":
+        ...publish GroupReady (event id `group.ready:<group>`); await outcomes.mark_published(group)...
     ready = await outcomes.list_ready()                  # packing order, unclaimed only
     taken = await outcomes.claim_ready(4, batch_id="b7")  # the 4 oldest, now claimed by b7
 
@@ -18,7 +19,8 @@ Keys (all under the `{ready}` hash tag of `Keys.ready_groups()`, one Redis Clust
     gyre:<run>:groups:{ready}:zset             ready, unclaimed groups; members sort in packing
                                                order: "<policy version>:<ready ms>:<group>"
     gyre:<run>:groups:{ready}:members:<group>  hash execution → outcome JSON
-    gyre:<run>:groups:{ready}:meta:<group>     hash size, policy_version, state, ready_ms, batch, published
+    gyre:<run>:groups:{ready}:meta:<group>     hash size, policy_version, state, ready_ms, batch, published,
+                                               publishing (<token>:<lease end ms>)
     gyre:<run>:groups:{ready}:batch:<batch>    set of the groups a batch claimed
 """
 
@@ -83,6 +85,24 @@ end
 redis.call('DEL', KEYS[2])
 return groups
 """
+
+# KEYS: meta; ARGV: token, lease ms. 'published' (or 'gone': archived), 'busy' while another token's
+# lease runs, else 'claimed' (this token holds the publication until its lease lapses).
+_CLAIM_PUBLICATION = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'gone' end
+if redis.call('HEXISTS', KEYS[1], 'published') == 1 then return 'published' end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local held = redis.call('HGET', KEYS[1], 'publishing')
+if held then
+  local token, expires = string.match(held, '^(.*):(%d+)$')
+  if token ~= ARGV[1] and tonumber(expires) > now then return 'busy' end
+end
+redis.call('HSET', KEYS[1], 'publishing', ARGV[1] .. ':' .. (now + tonumber(ARGV[2])))
+return 'claimed'
+"""
+
+PublicationClaim = Literal["claimed", "busy", "published", "gone"]
 
 
 def _text(value: bytes | str) -> str:
@@ -159,6 +179,7 @@ class GroupOutcomes:
         self._resolve = redis.register_script(_RESOLVE)
         self._claim = redis.register_script(_CLAIM)
         self._unclaim = redis.register_script(_UNCLAIM)
+        self._claim_publication = redis.register_script(_CLAIM_PUBLICATION)
 
     def _members(self, group_id: str) -> str:
         return f"{self._prefix}members:{group_id}"
@@ -243,6 +264,12 @@ class GroupOutcomes:
     async def published(self, group_id: str) -> bool:
         """`GroupReady` of this group was published (see `mark_published`)."""
         return bool(await self._redis.hexists(self._meta(group_id), "published"))
+
+    async def claim_publication(self, group_id: str, token: str, lease_ms: int) -> PublicationClaim:
+        """Take the right to publish `GroupReady` of a ready group: `claimed` for one caller at a time
+        (its `token`) until it marks the group published or its lease lapses (it died: the next caller
+        takes over); `busy` while another's lease runs; `published` once marked; `gone` once archived."""
+        return _text(await self._claim_publication(keys=[self._meta(group_id)], args=[token, lease_ms]))  # type: ignore[return-value]
 
     async def mark_published(self, group_id: str) -> bool:
         """Record that `GroupReady` was published; True the first time."""

@@ -40,6 +40,9 @@ from services.evaluator.verifier import VerifierRunner
 
 TERMINATED_CONSUMER = "evaluator"
 QUEUE = "evaluations"
+PUBLICATION_LEASE_MS = 10_000
+"""How long a claim to publish a group's `GroupReady` holds off the others if its holder dies before
+marking it published (a publish takes milliseconds)."""
 STATUS_PB = {
     "valid": cm.EVALUATION_STATUS_VALID,
     "excluded": cm.EVALUATION_STATUS_EXCLUDED,
@@ -179,7 +182,7 @@ class EvaluatorService(GyreService):
             ref.execution_id, evaluation.status, evaluation.reward, evaluation.workspace_hash
         )
         result = await self.outcomes.resolve(group.group_id, group.size, group.policy_version, outcome)
-        if not result.ready or await self.outcomes.published(group.group_id):
+        if not result.ready or not await self._publication(group.group_id):
             return
         ready = await self.outcomes.get(group.group_id)
         assert ready is not None
@@ -198,6 +201,19 @@ class EvaluatorService(GyreService):
             self.stats["groups_ready"] += 1
             self.metrics.groups_ready.inc()
             self.log.info("group_ready", group=group.group_id, mean_reward=round(ready.mean_reward, 4))
+
+    async def _publication(self, group_id: str) -> bool:
+        """Whether this call publishes the ready group's `GroupReady`: exactly one call does, whichever
+        of the concurrent ones (duplicate deliveries, a reclaimed item) claims it first; the others
+        wait until it is marked published. If the claimant dies before marking it, its lease lapses and
+        a waiter, or the claimant's reclaimed work item, publishes instead (same event id: JetStream
+        drops the copy if the claimant's did reach the stream)."""
+        token = uuid.uuid4().hex
+        while True:
+            claim = await self.outcomes.claim_publication(group_id, token, PUBLICATION_LEASE_MS)
+            if claim != "busy":
+                return claim == "claimed"
+            await asyncio.sleep(0.05)  # the claimant is publishing: a NATS publish and a Redis write
 
 
 class EvaluatorServicer(evaluator_pb2_grpc.EvaluatorServicer):

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gyre.store import Keys
 from gyre.store.groups import GroupOutcomes, MemberOutcome
 from services.evaluator.store import Evaluation, EvaluationStore
+from tests.support.eventually import eventually
 
 
 def member(i: int, status: str = "valid", reward: float = 0.5) -> MemberOutcome:
@@ -39,6 +40,33 @@ async def test_a_group_becomes_ready_exactly_once(
     await redis.delete(
         *[k async for k in redis.scan_iter(match=Keys(f"hyp{seed}x{size}x{copies}").pattern())]
     )
+
+
+async def test_one_caller_at_a_time_may_publish_a_ready_group_until_it_is_published(
+    redis: aioredis.Redis, keys: Keys
+) -> None:
+    outcomes = GroupOutcomes(redis, keys)
+    assert await outcomes.claim_publication("g", "t0", 10_000) == "gone"  # nothing recorded
+    await outcomes.resolve("g", 1, 0, member(0))
+    claims = await asyncio.gather(*(outcomes.claim_publication("g", f"t{i}", 10_000) for i in range(8)))
+    assert sorted(claims) == ["busy"] * 7 + ["claimed"], claims
+    holder = f"t{claims.index('claimed')}"
+    assert await outcomes.claim_publication("g", holder, 10_000) == "claimed"  # its own claim, renewed
+    assert await outcomes.mark_published("g")
+    assert await outcomes.claim_publication("g", "late", 10_000) == "published"
+    # A holder that dies before marking: once its lease lapses the next caller takes over.
+    await outcomes.resolve("h", 1, 0, member(1))
+    assert await outcomes.claim_publication("h", "dead", 1) == "claimed"
+    claim = await eventually(  # 'busy' until the dead holder's 1 ms lease lapses
+        lambda: _claimed(outcomes, "h", "next"), timeout_s=5, what="the lapsed lease taken over"
+    )
+    assert claim == "claimed"
+    assert await outcomes.claim_publication("h", "dead", 10_000) == "busy"
+
+
+async def _claimed(outcomes: GroupOutcomes, group_id: str, token: str) -> str | None:
+    claim = await outcomes.claim_publication(group_id, token, 10_000)
+    return claim if claim != "busy" else None
 
 
 async def test_first_outcome_of_a_member_wins_and_an_incomplete_group_is_not_ready(
