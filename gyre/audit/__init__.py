@@ -71,15 +71,18 @@ def audit_run(
     replay: bool = True,
     probe: bool = True,
     progress: Callable[[str], None] | None = None,
+    redis_url: str | None = None,
 ) -> AuditReport:
-    """Audit a finished run (an AuditInputError when `run_dir` is not one)."""
+    """Audit a finished run (an AuditInputError when `run_dir` is not one). `redis_url`: read the run's
+    Redis records from that server (one serving the run's data, stopped for writes) instead of from a copy
+    of `run_dir/redis` loaded into a redis-server of the audit's own."""
     t0 = time.monotonic()
-    data = RunData.load(Path(run_dir))
+    data = RunData.load(Path(run_dir), redis_url=redis_url)
     book = build_ledger(data)
     counted = account_executions(data, book.group_step)
     replayed = (
         replay_training(data, probe=probe, progress=progress)
-        if replay_training
+        if replay
         else ReplayResult(skipped="--no-replay")
     )
     return AuditReport(Path(run_dir), replayed, book, counted, time.monotonic() - t0)

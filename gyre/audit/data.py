@@ -74,7 +74,7 @@ class RunData:
     events: list[dict[str, Any]] | None
 
     @classmethod
-    def load(cls, run_dir: Path, *, redis_data: bool = True) -> RunData:
+    def load(cls, run_dir: Path, *, redis_data: bool = True, redis_url: str | None = None) -> RunData:
         run_dir = Path(run_dir)
         config_path = run_dir / "config.yaml"
         if not config_path.is_file():
@@ -98,7 +98,7 @@ class RunData:
         scheduler_state: dict[str, Any] | None = None
         claimed: dict[str, list[str]] = {}
         if redis_data:
-            counters, scheduler_state = _read_redis(run_dir, Keys(config.run.id), groups, claimed)
+            counters, scheduler_state = _read_redis(run_dir, Keys(config.run.id), groups, claimed, redis_url)
         _read_archived_groups(archive_dir, groups)
         archived = {str(b["batch_id"]) for b in batches}
         for record in steps:  # a step taken and recorded whose batch was not archived before the run stopped
@@ -180,11 +180,18 @@ def _s(raw: bytes | str | None) -> str | None:
 
 
 def _read_redis(
-    run_dir: Path, keys: Keys, groups: dict[str, GroupData], claimed: dict[str, list[str]]
+    run_dir: Path,
+    keys: Keys,
+    groups: dict[str, GroupData],
+    claimed: dict[str, list[str]],
+    redis_url: str | None = None,
 ) -> tuple[dict[str, int], dict[str, Any] | None]:
-    """Counters and scheduler state, and every group still in Redis, from a copy of the run's AOF."""
+    """Counters and scheduler state, and every group still in Redis: from the server at `redis_url`, else
+    from a copy of the run's AOF loaded into a redis-server of the audit's own."""
     from gyre.stack.servers import start_redis
 
+    if redis_url is not None:
+        return _read_from(redis_url, keys, groups, claimed)
     data = run_dir / "redis"
     if not data.is_dir():
         raise AuditInputError(
@@ -195,13 +202,40 @@ def _read_redis(
         shutil.copytree(data, copy, ignore=shutil.ignore_patterns("*.log", "*.sock"))
         server = start_redis(copy, appendonly=True)
         try:
-            client = redis.Redis.from_url(server.url)
-            try:
-                return _read_keys(client, keys, groups, claimed)
-            finally:
-                client.close()
+            return _read_from(server.url, keys, groups, claimed, loaded_from=data)
         finally:
             server.stop()
+
+
+def _read_from(
+    url: str,
+    keys: Keys,
+    groups: dict[str, GroupData],
+    claimed: dict[str, list[str]],
+    loaded_from: Path | None = None,
+) -> tuple[dict[str, int], dict[str, Any] | None]:
+    """The run's records from the server at `url`; `loaded_from`: the data directory it loaded (checked)."""
+    client = redis.Redis.from_url(url)
+    try:
+        if loaded_from is not None:
+            _check_readable(client, loaded_from)
+        return _read_keys(client, keys, groups, claimed)
+    finally:
+        client.close()
+
+
+def _check_readable(client: redis.Redis, data: Path) -> None:
+    """Redis 7 keeps its AOF as a directory of parts (`appendonlydir/`), which an older redis-server does
+    not read: it starts empty, and every count would silently be zero. Refuse that instead."""
+    if not (data / "appendonlydir").is_dir():
+        return
+    version = str(client.info("server")["redis_version"])
+    if int(version.split(".")[0]) < 7:
+        raise AuditInputError(
+            f"{data}: the run's Redis wrote a Redis 7 multi-part AOF (appendonlydir/), which this "
+            f"redis-server {version} cannot load; put a Redis 7 redis-server on PATH, or serve the data with "
+            "the run's own Redis and pass its URL"
+        )
 
 
 def _read_keys(

@@ -16,8 +16,9 @@ a ring reduce-scatter followed by a gather to the core: the buffer is cut into o
 of at most 1 MiB, `ReduceOptions::kMaxSegmentSize`, two or more per chunk), and chunk k of n cells comes
 out as g_k + (g_k+1 + (… + (g_k−2 + g_k−1))) (indices mod n; `gloo_reduce_sum`). With that order the
 replay of the embedded default is bit-exact; summed left to right instead, a step reduced over three cells
-was 1.9e-9 off and the difference grew to 4.8e-7 two steps later. Another backend (NCCL) keeps its
-order to itself: the cells' gradients are then summed in cell order and the tolerance has to absorb it.
+was 1.9e-9 off and the difference grew to 4.8e-7 two steps later. `dist_backend: tls` (Gyre's TLS star,
+`gyre.trainer.star`) adds them in cell order, left to right, which is what the replay does for every
+backend but gloo: bit-exact too. NCCL keeps its order to itself, and the tolerance has to absorb it.
 
 **Difference.** For two weight sets, each parameter tensor's ‖a − b‖₂ / ‖b‖₂; a step's difference is the
 largest over the tensors (`max_rel_diff`). **Tolerance** (`TOLERANCE` = 1e-6): measured 0.0 (bit-exact) at

