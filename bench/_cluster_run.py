@@ -8,7 +8,10 @@ NATS and its monitoring port, Redis, the proxy's HTTP), as the deployment's `cli
 between services goes between containers. After the run, `tls` gathers what the servers themselves say
 about the connections (NATS's /connz `tls_version` of every client) and which clients they refuse:
 plaintext ones and ones without a certificate, at NATS, Redis, the scheduler's gRPC, the proxy's and an
-engine's HTTP (the last from inside the runner's container, as a neighbour would try).
+engine's HTTP (the last from inside the runner's container, as a neighbour would try). Beside the
+servers' word, the wire's: `tls.capture` is a packet capture of the network's bridge for the whole run
+(bench/_capture.py), every TCP connection between two containers classified by its client's first bytes,
+TLS or plaintext; `tls.capture_all_tls` is its verdict (the refusal probes come after it, unseen).
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from typing import Any
 import grpc
 import redis
 
+from bench._capture import NetworkCapture
 from bench._compose import ComposeProject
 from gyre import tls
 from gyre.demo.events import read_events
 from gyre.demo.faults import Fault, Injection, fault_report
 from gyre.demo.ledger import read_event_lines
+from gyre.demo.report import execution_counts
 from gyre.rpc import call_while_restarting, sync_channel
 from gyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -49,10 +54,11 @@ class ClusterRun:
         steps: int,
         faults: list[str],
         tls_dir: Path,
+        capture: NetworkCapture | None = None,
     ) -> None:
         self.project = project
-        d = tls_dir / "cli"
-        self.identity = tls.TlsFiles("cli", d / tls.CERT_FILE, d / tls.KEY_FILE, d / tls.CA_FILE)
+        self.capture = capture
+        self.identity = tls.TlsFiles.under(tls_dir, "cli")
         tls.configure(self.identity)  # the bench's channel to the scheduler and its NATS reader
         self.run_dir = run_dir
         self.run_id = str(config["run"]["id"])
@@ -110,11 +116,17 @@ class ClusterRun:
                 lambda: scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120)
             )
             self._settle(scheduler)
+            if self.capture is not None:  # before the refusal probes below, which dial in plaintext
+                self.capture.stop()
             hosts = self._hosts()
             secured = self._tls(hosts["hosts"])
+            if self.capture is not None:
+                wire = self.capture.report({ip: s for s, ip in hosts["hosts"].items()})
+                secured["capture"] = wire
+                secured["capture_all_tls"] = bool(wire["all_tls"])
         finally:
             channel.close()
-        events_path = self._save_events()
+        events_path, executions = self._save_events()
         report = fault_report(read_event_lines(events_path), self.injections, self.steps)
         rows = report["faults"]
         total = {
@@ -125,6 +137,7 @@ class ClusterRun:
             "steps": int(self.state.steps) if self.state is not None else 0,
             **total,
             "recovery_s": {i.fault.label(): i.recovery_s for i in self.injections},
+            "executions": executions,
             "faults": rows,
             "run": report["run"],
             "healthy_s": ready,
@@ -211,7 +224,9 @@ class ClusterRun:
                 return
             time.sleep(0.5)
 
-    def _save_events(self) -> Path:
+    def _save_events(self) -> tuple[Path, dict[str, int]]:
+        """The run's events as `gyre up` writes them (`events.jsonl`) and the report's execution counts
+        from them (`summary.json`'s `executions`), which `gyre audit` checks against its own records."""
         from gyre.demo.run import _event_line
 
         events = asyncio.run(read_events(f"nats://127.0.0.1:{self.ports['GYRE_NATS_PORT']}", self.run_id))
@@ -219,7 +234,9 @@ class ClusterRun:
         with open(path, "w") as f:
             for r in events:
                 f.write(_event_line(r) + "\n")
-        return path
+        executions = execution_counts(events)
+        (self.run_dir / "summary.json").write_text(json.dumps({"executions": executions}, indent=2))
+        return path, executions
 
     def _hosts(self) -> dict[str, Any]:
         """Every container's address; the engines the scheduler hands the proxy and the addresses their

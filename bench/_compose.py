@@ -210,6 +210,17 @@ class ComposeProject:
                 capture_output=True,
             )
 
+    def network_info(self) -> dict[str, Any] | None:
+        """`podman network inspect` of the project's network (its bridge interface, subnets and gateways),
+        None while it does not exist."""
+        done = subprocess.run(
+            ["podman", "network", "inspect", self.network], env=self.env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            return None
+        found = json.loads(done.stdout or "[]")
+        return dict(found[0]) if found else None
+
     def inspect(self, service: str) -> dict[str, Any]:
         name = self.containers()[service].name
         raw = subprocess.run(["podman", "inspect", name], env=self.env, capture_output=True, text=True).stdout

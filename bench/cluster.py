@@ -23,12 +23,20 @@ Then the scheduler is shut down, the run's events are read from NATS into `runs/
 invariants of tests/faults (gyre/demo/ledger.py) are checked: `lost`, `double_trained`, `harness_errors` per
 fault window. Evidence that traffic crossed hosts: every container's address, the engines the scheduler
 handed the proxy and the addresses they resolve to, and the address each NATS client connected from
-(NATS's own /connz). Everything the project created is removed at the end (`left_running` must be empty);
-logs of every container stay in `runs/<run>/logs/`.
+(NATS's own /connz). Transport security (`tls`): what the servers say of their clients, which clients
+they refuse, and a packet capture of the network's bridge (`tls.capture`, bench/_capture.py): every TCP
+connection between containers by its first client bytes, the plaintext ones listed by (client, server,
+port) with those bytes, and its verdict `tls.capture_all_tls`. Last, the containers are stopped and the run
+is audited from its own records (`audit`: bench/_cluster_audit.py gathers the run directory from the
+services' volumes; `gyre audit` replays the training from the recorded micro-steps against the weights the
+core kept, and accounts for every execution from Redis and the archive, compared with the bench's own
+count from the events, `executions`: `audit.accounting.matches_report`). Everything the project created is removed at the end
+(`left_running` must be empty); logs of every container stay in `runs/<run>/logs/`.
 
-Last line: {"completed", "steps", "lost", "double_trained", "harness_errors", "faults": {NAME: {...,
-"recovery_s"}}, "hosts", "engines", "nats_clients", "crossed_hosts", "build_s", "wall_s", "left_running",
-"run_dir"}; with `--bad-input`: {"bad_input", "exited": {service: {"exit_code", "error"}}, "left_running"}.
+Last line: {"completed", "steps", "lost", "double_trained", "harness_errors", "executions", "faults": {NAME: {...,
+"recovery_s"}}, "hosts", "engines", "nats_clients", "crossed_hosts", "tls": {..., "secure", "capture",
+"capture_all_tls"}, "audit": {"ok", "defects", "replay", "ledger", "accounting", "run_dir"}, "build_s",
+"wall_s", "left_running", "run_dir"}; with `--bad-input`: {"bad_input", "exited": {service: {"exit_code", "error"}}, "left_running"}.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from typing import Any
 
 import yaml
 
+from bench._capture import NetworkCapture
 from bench._compose import ComposeProject, ExitWatch
 from bench._images import build_images, untag_images
 from gyre.paths import REPO_ROOT
@@ -180,6 +189,7 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
     project = ComposeProject(name, env, run_dir / "logs")
     (run_dir / "compose.json").write_text(json.dumps({"project": project.name, "env": env}, indent=1))
     phases: dict[str, float] = {}
+    capture: NetworkCapture | None = None
     try:
         t1 = time.monotonic()
         if args.bad_input is not None:
@@ -195,14 +205,23 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
         else:
             from bench._cluster_run import ClusterRun
 
+            capture = NetworkCapture(project.network_info).start()  # binds once `up` makes the bridge
             project.up()
             phases["up_s"] = round(time.monotonic() - t1, 1)
-            result = ClusterRun(project, run_dir, config, ports, args.steps, faults, tls_dir).execute(
-                args.start_timeout_s
-            )
+            result = ClusterRun(
+                project, run_dir, config, ports, args.steps, faults, tls_dir, capture
+            ).execute(args.start_timeout_s)
         phases["run_s"] = round(time.monotonic() - t1 - phases["up_s"], 1)
+        if args.bad_input is None and result["completed"]:
+            from bench._cluster_audit import audit_compose_run
+
+            t_audit = time.monotonic()
+            result["audit"] = audit_compose_run(project, run_dir, config, model_dir, tls_dir, images.redis)
+            phases["audit_s"] = round(time.monotonic() - t_audit, 1)
     finally:
         t2 = time.monotonic()
+        if capture is not None:
+            capture.stop()
         project.save_logs()
         left = project.down()
         untag_images(images)

@@ -125,9 +125,9 @@ class _RunEvents:
     def consumed_groups(self) -> list[str]:
         return [g for g in self.group_members if self.group_step.get(g) in self.completed_steps]
 
-    def execution_counts(self) -> dict[str, int]:
-        """Every dispatched execution in exactly one class: trained, excluded, placeholder (their group
-        was consumed by a completed step), cancelled, or unconsumed."""
+    def executions(self) -> dict[str, int]:
+        """`dispatched`, and every dispatched execution in exactly one class: trained, excluded,
+        placeholder (their group was consumed by a completed step), cancelled, or unconsumed."""
         counts = dict.fromkeys(("trained", "excluded", "placeholder", "cancelled", "unconsumed"), 0)
         for group_id, members in self.group_members.items():
             consumed = self.group_step.get(group_id) in self.completed_steps
@@ -143,7 +143,13 @@ class _RunEvents:
                     counts["cancelled"] += 1
                 else:
                     counts["unconsumed"] += 1
-        return counts
+        return {"dispatched": sum(len(m) for m in self.group_members.values()), **counts}
+
+
+def execution_counts(events: Sequence[RecordedEvent]) -> dict[str, int]:
+    """summary.json's `executions` of a run with these events (what `gyre audit` compares its own
+    accounting with)."""
+    return _RunEvents.collect(events).executions()
 
 
 def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any]:
@@ -169,10 +175,7 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
         "mean_staleness_all_steps": _mean([x for s in steps for x in staleness[s]]),
         "staleness_by_step": [_mean(staleness[s]) for s in steps],
         "target_staleness": facts.phi + (facts.mu - 1) / 2,
-        "executions": {
-            "dispatched": sum(len(m) for m in run.group_members.values()),
-            **run.execution_counts(),
-        },
+        "executions": run.executions(),
         "executions_consumed": sum(len(run.group_members[g]) for g in consumed_groups),
         "executions_without_targets": sum(run.group_without_targets.get(g, 0) for g in consumed_groups),
         "target_tokens_by_step": [int(completed[s].num_targets) for s in steps],

@@ -246,7 +246,7 @@ def wait_ready(spec: ServerSpec, timeout_s: float = 15.0, login: ClientLogin | N
     if spec.name == "nats":
         _wait_nats_healthy(spec.extra_ports["monitor"], timeout_s)
     else:
-        _wait_redis_loaded(spec.port, timeout_s, login)
+        wait_redis_loaded(spec.port, timeout_s, login)
 
 
 def start_nats(
@@ -299,8 +299,9 @@ def _wait_nats_healthy(monitor_port: int, timeout_s: float) -> None:
     raise TimeoutError(f"nats-server JetStream not healthy on monitor port {monitor_port}")
 
 
-def _wait_redis_loaded(port: int, timeout_s: float, login: ClientLogin | None) -> None:
-    """PING until it answers (a restarted server replies LOADING while it replays its AOF)."""
+def wait_redis_loaded(port: int, timeout_s: float, login: ClientLogin | None = None) -> None:
+    """PING the Redis on loopback `port` until it answers (a restarted server replies LOADING while it
+    replays its AOF); TimeoutError at the deadline."""
     auth = {"username": login.user, "password": login.password} if login is not None else {}
     client = redis.Redis(host=LOOPBACK, port=port, socket_timeout=1.0, **auth)  # type: ignore[arg-type]
     deadline = time.monotonic() + timeout_s

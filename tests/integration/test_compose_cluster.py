@@ -1,9 +1,11 @@
 """The compose deployment runs for real (`gyre bench cluster` at its reduced size): the images built with
 podman from this checkout, deploy/compose/compose.yaml run by podman-compose, every service its own
 container with its own address, K = 3 cells, 2 steps with one satellite's container SIGKILLed (its restart
-policy brings it back); then the run's invariants, and that every connection between containers was TLS
-(NATS's own /connz) while clients without the deployment's certificate were refused (NATS, Redis, gRPC,
-the proxy's and an engine's HTTP). And bad input: the model directory missing from the mount, the services
+policy brings it back); then the run's invariants, that every NATS client connected over TLS (NATS's own
+/connz) while clients without the deployment's certificate were refused (NATS, Redis, gRPC, the proxy's
+and an engine's HTTP), and that the packet capture on the network's bridge saw the run's connections
+between containers and that every one was TLS, the cells' own star among them. And bad input: the model
+directory missing from the mount, the services
 that load it (started alone, without the rest of the stack) exit with the one-line model error, and the
 bench names them.
 
@@ -106,9 +108,54 @@ def test_reduced_compose_run_trains_through_a_satellite_container_kill(tmp_path:
     assert all(secured["accepted"].values()), (
         f"a client with the deployment's certificate was refused: {secured}"
     )
+    _check_capture(secured)
     run_dir = Path(result["run_dir"])
     assert (run_dir / "events.jsonl").stat().st_size > 0
     assert (run_dir / "logs" / "cell-agent-0.log").exists()
+    # The run audited from its own records, gathered from the services' volumes: the training replayed from
+    # the recorded micro-steps equals the core's weights after every step, every execution accounted for.
+    audit = result["audit"]
+    assert audit["ok"] and audit["defects"] == [], audit["defects"]
+    replay = audit["replay"]
+    assert replay["skipped"] in ("", None) and replay["steps"] == result["steps"], replay
+    assert all(row["compared"] for row in replay["by_step"]), replay["by_step"]
+    accounting = audit["accounting"]  # read from the run's own Redis (its AOF, served by its Redis image)
+    assert accounting["dispatched"] == accounting["counters"]["d"] > 0 and accounting["lost"] == 0, accounting
+    # ... and the bench's own report of the executions (from the events) agrees with that accounting.
+    assert (
+        accounting["matches_report"] is True
+        and result["executions"]["dispatched"] == accounting["dispatched"]
+    )
+
+
+def _check_capture(secured: dict[str, Any]) -> None:
+    """The packet capture on the network's bridge saw the run's connections between containers, every one
+    of them TLS: the services', NATS's, Redis's, the engines' and the proxy's, and the cells' collectives
+    and snapshot pulls over the TLS star (`dist_backend: tls`) to the core's star port."""
+    wire = secured["capture"]
+    assert not wire.get("error") and not wire["errors"], wire
+    assert wire["interface"] and wire["flows"] > 0 and wire["tls"] > 0, wire
+    kinds = ("tls", "plaintext_flows", "no_payload", "unknown_start_flows")
+    assert sum(wire[k] for k in kinds) == wire["flows"], wire
+    assert wire["plaintext_flows"] == 0 and wire["plaintext"] == [], (
+        f"plaintext between containers: {wire['plaintext']}"
+    )
+    assert wire["unknown_start_flows"] == 0, wire
+    assert secured["capture_all_tls"] is True, wire
+    seen = {(c["client"], c["server"], c["port"]) for c in wire["tls_channels"]}
+    expected = {("scheduler", "nats", 4222), ("scheduler", "redis", 6379), ("runner", "proxy", 8080)}
+    expected |= {("scheduler", f"cell-agent-{k}", 50060) for k in range(3)}
+    assert expected <= seen, sorted(seen)
+    assert any(c[0] == "proxy" and c[1].startswith("cell-agent-") and c[2] == 30000 for c in seen), seen
+    service_ports = {4222, 6379, 8080, 9400, 30000, 50051, 50052, 50053, 50054, 50055, 50060}
+    star = {
+        c[0]
+        for c in seen
+        if c[1] == "cell-agent-0" and c[0].startswith("cell-agent-") and c[2] not in service_ports
+    }
+    assert star == {"cell-agent-1", "cell-agent-2"}, (
+        f"the satellites' star connections to the core: {sorted(seen)}"
+    )
 
 
 @pytest.mark.timeout(1200)
