@@ -24,9 +24,10 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Reinstall only when the project metadata changes; the install is editable.
-$(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e '.[dev,mooncake,megatron,wandb,mlflow]'
+# Reinstall only when the project metadata or the constraints change; the install is editable, and held to
+# the versions the suite was verified with (constraints.txt says why).
+$(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,mooncake,megatron,wandb,mlflow]'
 	@touch $@
 
 $(SYS_STAMP): deploy/local/system-deps.sh | $(VENV)/bin/python
