@@ -115,9 +115,7 @@ class Flow:
 @dataclass(slots=True)
 class _Stats:
     packets: int = 0
-    tcp_packets: int = 0
     flows_over_limit: int = 0
-    kernel_packets: int = 0
     kernel_drops: int = 0
     cpu_s: float = 0.0
     errors: list[str] = field(default_factory=list)
@@ -212,7 +210,7 @@ class Sniffer:
         assert self._sock is not None
         try:
             raw = self._sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)
-            self.stats.kernel_packets, self.stats.kernel_drops = struct.unpack("II", raw)
+            self.stats.kernel_drops = struct.unpack("II", raw)[1]  # tp_packets, tp_drops
         except OSError as e:
             self.stats.errors.append(f"PACKET_STATISTICS: {e}")
 
@@ -230,7 +228,6 @@ class Sniffer:
         flags = pkt[t + 13]
         size = max(0, total - ihl - doff)
         payload = bytes(pkt[t + doff : t + doff + min(size, FIRST_BYTES)])
-        self.stats.tcp_packets += 1
         self._track((src, sport), (dst, dport), seq, ack, flags, size, payload)
 
     def _track(

@@ -39,8 +39,7 @@ class GroupSource:
         return len(self._earlier[batch_id])
 
     async def claim(self, batch_id: str) -> ClaimedGroup | None:
-        if batch_id not in self._earlier:  # read once per batch; later claims come from the ready set
-            await self.recover(batch_id)
+        await self.recover(batch_id)  # read once per batch; later claims come from the ready set
         earlier = self._earlier[batch_id]
         taken = [earlier.pop(0)] if earlier else await self._outcomes.claim_ready(1, batch_id)
         if not taken:
