@@ -1,9 +1,10 @@
 """`gyre audit` of a compose run: the run's records gathered from the services' volumes into one run
-directory, then audited like any other run (gyre/audit/) — the training replayed from the recorded
+directory, then audited like any other run (app/audit/) — the training replayed from the recorded
 micro-steps and compared with the weights the core kept, the group ledger, every execution accounted for.
 
-    directory = gather_run(project, run_id, out_dir, reports, config, model_dir, tls_dir)  # services stopped
-    with served_redis(project, redis_image, directory / "redis") as url:         # the run's own Redis 7
+    trees = {v: volume_path(project, v) for v in (*RUN_VOLUMES, REDIS_VOLUME)}       # services stopped
+    directory = gather_run(trees, run_id, out_dir, reports, config, model_dir, tls_dir)
+    with served_redis(project.name, project.env, redis_image, directory / "redis") as url:  # its Redis 7
         report = audit_run(directory, redis_url=url)
 
 In compose every service writes under `/var/lib/gyre/runs/<run>/` of its own volume; the parts do not
@@ -55,7 +56,7 @@ def volume_path(project: ComposeProject, volume: str) -> Path:
 
 
 def gather_run(
-    project: ComposeProject,
+    volumes: dict[str, Path],
     run_id: str,
     out_dir: Path,
     reports: Sequence[Path],
@@ -65,11 +66,13 @@ def gather_run(
 ) -> Path:
     """`out_dir/<run_id>`: the union of the services' run trees, Redis's data, the bench's own files
     (`reports`: the events as it read them from NATS, its summary.json), and the config (see above).
+    `volumes`: the host directory of each of RUN_VOLUMES and REDIS_VOLUME (`gyre bench kube` maps its
+    pods' volumes to these names).
     Two volumes holding the same file is a defect of this layout, not something to overwrite: an error."""
     run = out_dir / run_id
     owner: dict[Path, str] = {}
     for volume in RUN_VOLUMES:
-        tree = volume_path(project, volume) / "runs" / run_id
+        tree = volumes[volume] / "runs" / run_id
         if not tree.is_dir():
             continue
         for path in sorted(tree.rglob("*")):
@@ -83,7 +86,7 @@ def gather_run(
             owner[relative] = volume
             (run / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, run / relative)
-    shutil.copytree(volume_path(project, REDIS_VOLUME), run / "redis", dirs_exist_ok=True)
+    shutil.copytree(volumes[REDIS_VOLUME], run / "redis", dirs_exist_ok=True)
     for report in reports:
         shutil.copy2(report, run / report.name)
     local = {
@@ -96,20 +99,22 @@ def gather_run(
 
 
 @contextmanager
-def served_redis(project: ComposeProject, image: str, data: Path, timeout_s: float = 60.0) -> Iterator[str]:
+def served_redis(
+    project_name: str, env: dict[str, str], image: str, data: Path, timeout_s: float = 60.0
+) -> Iterator[str]:
     """A container of `image` serving a copy of `data` (Redis's data directory) on a loopback port, without
-    TLS or persistence of its own; yields its URL and removes it on exit. Labelled with the project, so the
-    project's `down` removes it too if this process dies first."""
-    from gyre.stack.servers import free_port, wait_redis_loaded
+    TLS or persistence of its own; yields its URL and removes it on exit. Named and labelled after the
+    project, so the project's `down` removes it too if this process dies first."""
+    from app.stack.servers import free_port, wait_redis_loaded
 
     copy = data.parent / f"{data.name}-served"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(data, copy)
-    port, name = free_port(), f"{project.name}-audit-redis"
+    port, name = free_port(), f"{project_name}-audit-redis"
     argv = ["podman", "run", "-d", "--rm", "--name", name, "--user", "0"]
     argv += [
         "--label",
-        f"{PROJECT_LABEL}={project.name}",
+        f"{PROJECT_LABEL}={project_name}",
         "-p",
         f"127.0.0.1:{port}:6379",
         "-v",
@@ -127,14 +132,14 @@ def served_redis(project: ComposeProject, image: str, data: Path, timeout_s: flo
         "--protected-mode",
         "no",
     ]
-    started = subprocess.run(argv, env=project.env, capture_output=True, text=True)
+    started = subprocess.run(argv, env=env, capture_output=True, text=True)
     if started.returncode != 0:
         raise RuntimeError(f"the audit's Redis container did not start: {started.stderr.strip()}")
     try:
         wait_redis_loaded(port, timeout_s)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        subprocess.run(["podman", "rm", "-f", "-t", "0", name], env=project.env, capture_output=True)
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], env=env, capture_output=True)
         shutil.rmtree(copy, ignore_errors=True)
 
 
@@ -148,14 +153,15 @@ def audit_compose_run(
 ) -> dict[str, Any]:
     """Stop the project's containers (so every file is final), gather the run, audit it; the report as
     JSON (`ok`, `defects`, the replay's steps), with where the gathered run is."""
-    from gyre.audit import AuditInputError, audit_run
+    from app.audit import AuditInputError, audit_run
 
     project.compose("stop", "-t", "20")
     run_id = str(config["run"]["id"])
     reports = [run_dir / "events.jsonl", run_dir / "summary.json"]  # ClusterRun wrote them
-    gathered = gather_run(project, run_id, run_dir / "gathered", reports, config, model_dir, tls_dir)
+    trees = {v: volume_path(project, v) for v in (*RUN_VOLUMES, REDIS_VOLUME)}
+    gathered = gather_run(trees, run_id, run_dir / "gathered", reports, config, model_dir, tls_dir)
     try:
-        with served_redis(project, redis_image, gathered / "redis") as url:
+        with served_redis(project.name, project.env, redis_image, gathered / "redis") as url:
             report = audit_run(gathered, redis_url=url)
     except AuditInputError as e:
         return {"ok": False, "defects": [f"input: {e}"], "run_dir": str(gathered)}

@@ -30,13 +30,13 @@ from typing import Any
 import grpc
 import redis
 
+from app.demo.events import read_events
+from app.demo.faults import Fault, Injection, fault_report
+from app.demo.ledger import read_event_lines
+from app.demo.report import execution_counts
 from bench._capture import NetworkCapture
 from bench._compose import ComposeProject
 from gyre import tls
-from gyre.demo.events import read_events
-from gyre.demo.faults import Fault, Injection, fault_report
-from gyre.demo.ledger import read_event_lines
-from gyre.demo.report import execution_counts
 from gyre.rpc import call_while_restarting, sync_channel
 from gyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -227,7 +227,7 @@ class ClusterRun:
     def _save_events(self) -> tuple[Path, dict[str, int]]:
         """The run's events as `gyre up` writes them (`events.jsonl`) and the report's execution counts
         from them (`summary.json`'s `executions`), which `gyre audit` checks against its own records."""
-        from gyre.demo.run import _event_line
+        from app.demo.run import _event_line
 
         events = asyncio.run(read_events(f"nats://127.0.0.1:{self.ports['GYRE_NATS_PORT']}", self.run_id))
         path = self.run_dir / "events.jsonl"

@@ -30,8 +30,8 @@ from packaging.requirements import Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from app.stack.servers import nats_server_binary
 from gyre.paths import REPO_ROOT
-from gyre.stack.servers import nats_server_binary
 
 BASE_IMAGE = os.environ.get("GYRE_BASE_IMAGE", "localhost/gyre/debian-base:bookworm")
 CONTAINERS_CONF = REPO_ROOT / "deploy" / "local" / "containers.conf"

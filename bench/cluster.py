@@ -9,7 +9,7 @@ It builds the images with podman (bench/_images.py: deploy/docker/Dockerfile fro
 offline), then runs deploy/compose/compose.yaml as written through podman-compose (bench/_compose.py) under
 a project name of its own, image names, host ports, the model directory and the Gyre config given by the
 file's own variables. The config is deploy/compose/gyre.yaml with the demo's run settings on top
-(gyre/demo/demo.yaml: K = 3 cells, the demo tasks, the demo harness; `--config` overlays more). Once every
+(app/demo/demo.yaml: K = 3 cells, the demo tasks, the demo harness; `--config` overlays more). Once every
 container passes its healthcheck, it trains `--steps` steps, injecting the faults one after another, each
 once the previous one recovered:
 
@@ -20,7 +20,7 @@ once the previous one recovered:
 
 `recovery_s`: injection → the container passes its healthcheck again (a partition: from reconnection).
 Then the scheduler is shut down, the run's events are read from NATS into `runs/<run>/events.jsonl`, and the
-invariants of tests/faults (gyre/demo/ledger.py) are checked: `lost`, `double_trained`, `harness_errors` per
+invariants of tests/faults (app/demo/ledger.py) are checked: `lost`, `double_trained`, `harness_errors` per
 fault window. Evidence that traffic crossed hosts: every container's address, the engines the scheduler
 handed the proxy and the addresses they resolve to, and the address each NATS client connected from
 (NATS's own /connz). Transport security (`tls`): what the servers say of their clients, which clients
@@ -119,7 +119,7 @@ def run_config(run_id: str, steps: int, overlay: Path | None) -> dict[str, Any]:
     from gyre.config import load_config
 
     compose = yaml.safe_load((REPO_ROOT / "deploy" / "compose" / "gyre.yaml").read_text())
-    demo = yaml.safe_load((REPO_ROOT / "gyre" / "demo" / "demo.yaml").read_text())
+    demo = yaml.safe_load((REPO_ROOT / "app" / "demo" / "demo.yaml").read_text())
     demo.pop("model", None)  # the compose file mounts the model at /models/policy
     demo["tasks"].pop("held_out", None)  # the held-out evaluation is the demo's report, not this bench's
     merged = _merge(compose, demo)
@@ -134,7 +134,7 @@ def issue_certificates(run_dir: Path) -> Path:
     """The run's CA and certificates, by the command README gives (`gyre tls init`), keys readable by the
     containers' group."""
     out = run_dir / "tls"
-    argv = [sys.executable, "-c", "from gyre.cli import main; main()", "tls", "init"]
+    argv = [sys.executable, "-c", "from app.cli import main; main()", "tls", "init"]
     argv += ["--config", str(run_dir / "gyre.yaml"), "--out", str(out), "--group", str(CONTAINER_GID)]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT)
     if done.returncode != 0:
@@ -150,7 +150,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
-    from gyre.stack.servers import free_port
+    from app.stack.servers import free_port
 
     t0 = time.monotonic()
     run_id = time.strftime("cluster-%Y%m%d-%H%M%S")

@@ -75,8 +75,8 @@ def measure(argv: list[str]) -> dict[str, Any]:
     """Run the modes; the result `main` prints (also what `gyre sim validate` compares against)."""
     args = _parser().parse_args(argv)
 
-    from gyre.demo.config import demo_config
-    from gyre.demo.run import DemoRun
+    from app.demo.config import demo_config
+    from app.demo.run import DemoRun
 
     config = Path(args.config) if args.config else None
     base = demo_config(config, {}).scheduler

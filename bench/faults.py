@@ -4,14 +4,14 @@ During one run of `--steps` steps (the demo tasks through the demo harness, K = 
 another, each once the previous one recovered: SIGKILL of scheduler, proxy, packer, evaluator, runner, a
 satellite, the core (while it trains), nats-server and redis-server (the stack's supervisor restarts each),
 a satellite SIGSTOPped for 10 s, and a verifier process stopped for good (the evaluator's timeout must
-settle its execution). tests/faults runs a reduced matrix with the same code (gyre/demo/faults.py).
+settle its execution). tests/faults runs a reduced matrix with the same code (app/demo/faults.py).
 
 Last line: {"faults": {NAME: {"completed", "lost", "double_trained", "double_applied", "harness_errors",
 "recovery_s", "injected"}}, "run": {the whole run's invariants from its events}, "audit": {"ok", "defects",
 ...: `gyre audit` of the run, from primary data}, "wall_s", ...}. A violation or harness error
 belongs to the fault injected last before it; `recovery_s` is injection → the process serves again.
 `redis_used_memory_by_step` / `redis_used_memory_ratio_last_vs_4`: Redis memory after each step and the
-bounded-state ratio (goal ≤ 1.1; gyre/demo/memory.py); `redis_dataset_bytes_by_step` / `redis_keys_by_step`:
+bounded-state ratio (goal ≤ 1.1; app/demo/memory.py); `redis_dataset_bytes_by_step` / `redis_keys_by_step`:
 the keys and values alone, and their count, at the same samples. `--steps 12` for the 12-step figure.
 """
 
@@ -29,7 +29,7 @@ RUNNER_UIDS = 194000
 
 
 def matrix() -> list[Any]:
-    from gyre.demo.faults import Fault
+    from app.demo.faults import Fault
 
     return [
         Fault("scheduler", at_step=0),
@@ -61,11 +61,11 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     runner_uids, verifier_uids = args.uid_base, args.uid_base + 1000
 
-    from gyre.audit import audit_run
-    from gyre.demo.config import demo_config
-    from gyre.demo.faults import FaultInjector, fault_report
-    from gyre.demo.ledger import read_event_lines
-    from gyre.demo.run import DemoRun
+    from app.audit import audit_run
+    from app.demo.config import demo_config
+    from app.demo.faults import FaultInjector, fault_report
+    from app.demo.ledger import read_event_lines
+    from app.demo.run import DemoRun
 
     faults = [f for f in matrix() if not args.only or f.label() in args.only.split(",")]
     config = demo_config(

@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from app.stack.servers import start_nats, start_redis
 from bench._scripted_messages import ScriptedMessages
 from bench._startup import run_bench
 from gyre.bus import EventBus, decode_event
@@ -49,7 +50,6 @@ from gyre.bus.codec import TYPE_HEADER
 from gyre.config import GyreConfig, load_config
 from gyre.paths import REPO_ROOT
 from gyre.rpc import bind, new_server
-from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, connect_redis
 from gyre.tasks.builtin.arithmetic import VERIFY
 from gyre.v1 import common_pb2 as cm

@@ -6,7 +6,7 @@ scheduling mode over the same seeds at one matched staleness.
 
 Each (mode, seed) runs the full demo (`gyre demo` machinery, `--steps` optimizer steps on the demo's
 training tasks) and scores the held-out pool (`tasks.held_out`, never dispatched) at step 0 and at the
-last step with the same engine seed and sample count (gyre/demo/heldout.py). The modes run at the demo's
+last step with the same engine seed and sample count (app/demo/heldout.py). The modes run at the demo's
 target staleness E[d] = φ + (μ − 1)/2 (`mode_config`, as `gyre demo --mode` and `gyre bench e2e`): async
 (E[d], 1) with one training cell, colocate (0, 2·E[d] + 1), elastic as configured. Step 0 is the same
 model for every run, so `eval_first` is one number repeated; the seed-to-seed spread of `rise_per_seed` is
@@ -43,8 +43,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
     args = parser.parse_args(argv)
 
+    from app.demo.config import mode_config
     from gyre.config import ConfigError
-    from gyre.demo.config import mode_config
 
     seeds = [int(s) for s in args.seeds.split(",")]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -67,8 +67,8 @@ def main(argv: list[str]) -> None:
 
 
 def _run(file: Path | None, mode: str, seed: int, args: argparse.Namespace, stamp: str) -> dict[str, Any]:
-    from gyre.demo.config import mode_config
-    from gyre.demo.run import DemoRun
+    from app.demo.config import mode_config
+    from app.demo.run import DemoRun
 
     overrides: dict[str, Any] = {
         "run": {"id": f"bench-learn-{mode}-{seed}-{stamp}"},

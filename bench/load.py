@@ -67,13 +67,13 @@ import orjson
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.stack.servers import ServerProcess, start_nats, start_redis
 from bench._startup import bench_model, run_bench, start_engine_and_proxy, stop_processes
 from bench.proxy import _ms, _percentile, claude_code_body
 from gyre.bus import EventBus
 from gyre.config.infra import DEFAULT_APPENDFSYNC
 from gyre.ids import batch_id as make_batch_id
 from gyre.rpc import aio_channel
-from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.store import ExecutionRecord, GroupRecord, Keys, Records
 from gyre.store.archive import StepArchiver
 from gyre.store.connection import connect_redis

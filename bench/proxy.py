@@ -35,10 +35,10 @@ from typing import Any, cast
 
 import httpx
 
+from app.stack.servers import ServerProcess, start_nats, start_redis
 from bench._startup import bench_model, run_bench, start_engine_and_proxy, stop_processes
 from gyre.engine import EngineClient
 from gyre.rpc import aio_channel
-from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profile, template_for_family
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 

@@ -53,6 +53,7 @@ from typing import Any
 import grpc
 import psutil
 
+from app.stack.servers import start_nats, start_redis
 from bench._scripted_messages import ScriptedMessages
 from bench._startup import run_bench
 from gyre.bus import EventBus, decode_event
@@ -60,7 +61,6 @@ from gyre.bus.codec import TYPE_HEADER
 from gyre.config import load_config
 from gyre.paths import REPO_ROOT
 from gyre.sandbox.host import remove_run_sandboxes
-from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, connect_redis
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev

@@ -1,4 +1,5 @@
-"""What a simulation measures: time-weighted usage, the role timeline, per-step times, staleness.
+"""What a simulation measures: time-weighted usage, per-step times, staleness, and the role timeline
+(`gyre/metrics/timeline.py`, shared with the demo's report).
 
 Usage is integrated exactly between events: every quantity is piecewise constant, so each event adds
 value × elapsed time. The role timeline (cells × time, one state per segment) is kept only when asked
@@ -11,63 +12,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from gyre.metrics.timeline import Timeline
 from services.scheduler.policy import StalenessRecord, mean_staleness
-
-ROLLOUT, DRAINING, TRAINING_IDLE, TRAINING_BUSY, RETURNING = range(5)
-CELL_STATE_NAMES = ("rollout", "draining", "training_idle", "training_busy", "returning")
-
-
-class CellUsage:
-    """Each cell's state over time: counts per state, cell-seconds per state, optional segments."""
-
-    __slots__ = ("_since", "area_s", "counts", "segments", "states")
-
-    def __init__(self, num_cells: int, *, record: bool) -> None:
-        self.states = [ROLLOUT] * num_cells
-        self.counts = [0] * len(CELL_STATE_NAMES)
-        self.counts[ROLLOUT] = num_cells
-        self.area_s = [0.0] * len(CELL_STATE_NAMES)
-        self._since = [0.0] * num_cells
-        self.segments: list[tuple[int, float, float, int]] | None = [] if record else None
-        """(cell, start_s, end_s, state) when recording."""
-
-    def advance(self, dt: float) -> None:
-        for state, n in enumerate(self.counts):
-            if n:
-                self.area_s[state] += n * dt
-
-    def set(self, cell: int, state: int, now_s: float) -> None:
-        old = self.states[cell]
-        if old == state:
-            return
-        self.counts[old] -= 1
-        self.counts[state] += 1
-        self.states[cell] = state
-        if self.segments is not None and now_s > self._since[cell]:
-            self.segments.append((cell, self._since[cell], now_s, old))
-        self._since[cell] = now_s
-
-    def close(self, now_s: float) -> None:
-        if self.segments is not None:
-            for cell, state in enumerate(self.states):
-                if now_s > self._since[cell]:
-                    self.segments.append((cell, self._since[cell], now_s, state))
-                self._since[cell] = now_s
-
-
-@dataclass(slots=True)
-class Timeline:
-    """Everything the role-timeline plot draws."""
-
-    num_cells: int
-    segments: list[tuple[int, float, float, int]]
-    series: list[tuple[float, int, int, int]]
-    """(time_s, waterlevel, rollout capacity, running executions) after each event."""
-    step_end_s: list[float]
-    publish_s: list[float]
-    title: str = ""
-    time_unit: tuple[str, float] = ("hours", 3600.0)
-    """(name, seconds per unit) of the x axis: hours for simulated clusters, seconds for the demo."""
 
 
 @dataclass(slots=True)

@@ -19,6 +19,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from gyre.metrics.timeline import (
+    CELL_STATE_NAMES,
+    DRAINING,
+    RETURNING,
+    ROLLOUT,
+    TRAINING_BUSY,
+    TRAINING_IDLE,
+    CellUsage,
+    Timeline,
+)
 from services.scheduler.policy import (
     Action,
     BatchStreamClosed,
@@ -49,17 +59,7 @@ from services.scheduler.policy import (
 )
 from sim.layout import Layout
 from sim.loop import EventLoop
-from sim.metrics import (
-    CELL_STATE_NAMES,
-    DRAINING,
-    RETURNING,
-    ROLLOUT,
-    TRAINING_BUSY,
-    TRAINING_IDLE,
-    CellUsage,
-    SimResult,
-    Timeline,
-)
+from sim.metrics import SimResult
 from sim.packer import SimPacker
 from sim.presets import Preset
 from sim.workload import OUTCOME_NAMES, WorkloadStream

@@ -16,11 +16,11 @@ import pytest
 import redis.asyncio as aioredis
 import structlog
 
+from app.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.bus import EventBus
 from gyre.lifecycle import hold_grpc_aio
 from gyre.paths import REPO_ROOT
 from gyre.sandbox.launchers.base import EXTRA_LABELS_ENV
-from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.store import Keys, connect_redis
 
 # Every container this session creates carries its label (services started as subprocesses inherit it), so

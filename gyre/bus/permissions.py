@@ -1,6 +1,6 @@
 """Who may publish and subscribe to what on a run's NATS: one user per service, scoped to its subjects.
 
-The local stack generates one NATS user per entry of `BUS_USERS` (gyre/stack/credentials.py) and gives
+The local stack generates one NATS user per entry of `BUS_USERS` (app/stack/credentials.py) and gives
 it `permissions(run_id, user)`: the event subjects it publishes, the JetStream API subjects of its own
 durable consumers and of the run's two streams, acknowledgements of its own consumers, and replies on
 its own inbox prefix (`_INBOX_<user>`, see `inbox_prefix`). Everything else is refused by nats-server.

@@ -1,6 +1,6 @@
 """Config of the local stack's supervisor (`run.supervisor`): restarts with backoff and a budget, bounded stops.
 
-The supervisor (gyre/stack/supervisor.py) owns every process of a `gyre up` / `gyre demo` run. A process
+The supervisor (app/stack/supervisor.py) owns every process of a `gyre up` / `gyre demo` run. A process
 that exits while the run is up is restarted after `backoff_initial_s · backoff_factor^n` seconds (n = its
 restarts within `restart_window_s`, capped at `backoff_max_s`); its `max_restarts + 1`-th exit within the
 window stops the run. A stop — `gyre down`, SIGTERM/SIGINT, the parent dying — SIGTERMs every service at

@@ -99,7 +99,7 @@ class MetricsListener:
             )
             return status, [*extra, "Allow: GET, HEAD"], body, True
         encoder, content_type = choose_encoder(headers.get("accept", ""))
-        body = encoder(self.registry)  # type: ignore[arg-type]
+        body = encoder(self.registry)
         return HTTPStatus.OK, [f"Content-Type: {content_type}"], body, method == "GET"
 
 

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, disabl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-disable_created_metrics()  # no `_created` sample next to every counter and histogram: half of a scrape, unused
+disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` sample next to every counter and histogram: half of a scrape, unused
 
 SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent", "engine")
 """The first word after `gyre_` of every series (`engine`: a cell's embedded rollout engine)."""

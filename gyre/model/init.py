@@ -7,7 +7,7 @@ generation_config.json, and a tokenizer of the family with its special tokens an
 
     out = init_model_dir(Path("/tmp/qwen3-tiny"), arch="qwen3", size="tiny", seed=0)
 
-`python -m gyre.cli model init --arch qwen3 --size tiny --out DIR` is the command-line form.
+`gyre model init --arch qwen3 --size tiny --out DIR` is the command-line form.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The training record of a run: every optimizer step's micro-steps as applied, and the weights after it.
 
-What `gyre audit` replays (gyre/audit/replay.py): from the run's initial weights, each step's micro-steps,
+What `gyre audit` replays (app/audit/replay.py): from the run's initial weights, each step's micro-steps,
 cell by cell in the order each cell accumulated them, summed over the cells of the reduction, one optimizer
 step; the result is compared with the weights the run had after that step. The core writes one file per
 step, after its optimizer step and before the step counts as done (services/cell_agent/step_archive.py):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.stack.servers import ServerProcess
+from app.stack.servers import ServerProcess
 from tests.support.proxy_stack import ProxyStack, proxy_stack, scripted_engine
 
 

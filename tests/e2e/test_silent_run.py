@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from gyre.cli.demo import TRAINED_NOTHING_EXIT
+from app.cli.demo import TRAINED_NOTHING_EXIT
 from tests.support.models import byte_dir
 
 pytestmark = pytest.mark.slow
 
-GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+GYRE = [sys.executable, "-c", "from app.cli import main; main()"]
 REFUSED = """
 model: {{path: "{model}"}}
 scheduler: {{num_cells: 2, group_size: 2, batch_groups: 1, phi: 0, mu: 1, rho_min: 1.0, tau_s: 0.2,

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from gyre.demo.config import demo_config
-from gyre.demo.faults import Fault, FaultInjector, fault_report
-from gyre.demo.ledger import read_event_lines
-from gyre.demo.run import DemoRun
+from app.demo.config import demo_config
+from app.demo.faults import Fault, FaultInjector, fault_report
+from app.demo.ledger import read_event_lines
+from app.demo.run import DemoRun
 from tests.support.audit import assert_audited
 
 pytestmark = pytest.mark.slow

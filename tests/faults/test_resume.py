@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gyre.cli import app
-from gyre.demo.config import demo_config
-from gyre.demo.faults import kill_whole_run
-from gyre.demo.run import DemoRun
+from app.cli import app
+from app.demo.config import demo_config
+from app.demo.faults import kill_whole_run
+from app.demo.run import DemoRun
+from app.stack.launcher import StackError
 from gyre.procs import ProcessId, alive
-from gyre.stack.launcher import StackError
 from tests.faults.test_faults import SHAPE
 from tests.support.audit import assert_audited
 

@@ -17,7 +17,7 @@ import yaml
 
 from tests.support.models import copy_dir, hf_dir
 
-GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+GYRE = [sys.executable, "-c", "from app.cli import main; main()"]
 
 CASES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     (

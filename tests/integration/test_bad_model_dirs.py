@@ -18,7 +18,7 @@ from gyre.model.files import check_model_dir
 from gyre.model.weights import load_state_dict, write_model_dir
 from tests.support.models import copy_dir, small_dir
 
-GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+GYRE = [sys.executable, "-c", "from app.cli import main; main()"]
 
 
 def _unsupported_architecture(path: Path) -> tuple[str, str]:

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 
 
 def test_bench_load_answers_every_call_and_reports_its_fields():

@@ -34,7 +34,7 @@ def test_bench_weights_lora_prints_adapter_and_full_figures(tmp_path: Path) -> N
         "1",
     ]
     result = subprocess.run(
-        [sys.executable, "-c", "from gyre.cli import main; main()", "bench", "weights", "--json", *args],
+        [sys.executable, "-c", "from app.cli import main; main()", "bench", "weights", "--json", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.cli.bench_cmd import _names as bench_names
+from bench._cli import _names as bench_names
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,6 +71,9 @@ TINY: dict[str, list[str] | Covered] = {
     "faults": ["--steps", "1", "--only", "scheduler", "--uid-base", "190000", *TINY_HARNESS],
     "gpu": Covered(
         "tests/unit/megatron/test_bench_gpu.py::test_without_cuda_it_prints_cuda_false_and_exits_0"
+    ),
+    "kube": Covered(
+        "tests/integration/test_kube_play.py::test_reduced_kube_play_trains_through_a_cell_pod_deletion"
     ),
     "harness": ["--executions", "2", "--concurrency", "2", "--group-size", "2", "--start", "plain"],
     "learn": ["--steps", "1", "--seeds", "0", "--config", "{tiny_demo}", "--uid-base", "188000"],
@@ -135,7 +138,7 @@ def test_the_benchmark_prints_its_json_line_at_a_tiny_size(name: str, tmp_path: 
     assert isinstance(entry, list)
     args = [a.format(tiny_demo=tiny_demo) for a in entry]
     result = subprocess.run(
-        [sys.executable, "-c", "from gyre.cli import main; main()", "bench", name, "--json", *args],
+        [sys.executable, "-c", "from app.cli import main; main()", "bench", name, "--json", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -17,11 +17,11 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from typer.testing import CliRunner
 
+from app.cli import app
+from app.stack.servers import ServerProcess
 from gyre.bus import EventBus
-from gyre.cli import app
 from gyre.config import load_config
 from gyre.ids import EVALUATIONS_QUEUE, batch_id, microstep_queue
-from gyre.stack.servers import ServerProcess
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, WorkQueue
 from gyre.store.archive import (
     REPLAY_PARTS,

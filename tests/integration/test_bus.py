@@ -12,8 +12,8 @@ import textwrap
 
 from google.protobuf.message import Message
 
+from app.stack.servers import ServerProcess
 from gyre.bus import Delivery, EventBus
-from gyre.stack.servers import ServerProcess
 from gyre.v1 import common_pb2 as common
 from gyre.v1 import events_pb2 as ev
 from tests.support.eventually import eventually

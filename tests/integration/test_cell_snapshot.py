@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.stack.servers import ServerProcess
+from app.stack.servers import ServerProcess
 from tests.support.snapshot_workers import core_worker, satellite_worker
 
 PULLS = 25

@@ -53,7 +53,7 @@ def _gyre(tmp_path: Path, *args: str, timeout_s: float) -> dict[str, Any]:
     (tmp_path / "tiny.yaml").write_text(TINY)
     env = {**os.environ, "PATH": _PATH}
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from gyre.cli import main; main()", *args],
+        [sys.executable, "-c", "from app.cli import main; main()", *args],
         cwd=tmp_path,
         env={**env, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE,

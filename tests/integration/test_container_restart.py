@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from app.stack.servers import ServerProcess
 from gyre.bus import EventBus
 from gyre.config import GyreConfig
 from gyre.paths import REPO_ROOT
 from gyre.sandbox import SandboxSpec
 from gyre.sandbox.host import run_labels
 from gyre.sandbox.launchers.base import LABEL_EXECUTION, LABEL_ROLE, LABEL_RUN
-from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from app.stack.servers import ServerProcess
 from gyre.bus import EventBus
 from gyre.paths import REPO_ROOT
-from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2 as cm

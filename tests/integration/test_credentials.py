@@ -12,10 +12,10 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from app.stack.credentials import RunCredentials, generate
+from app.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.bus import EventBus
 from gyre.config.infra import ClientLogin, read_login
-from gyre.stack.credentials import RunCredentials, generate
-from gyre.stack.servers import ServerProcess, start_nats, start_redis
 from gyre.store import Keys, connect_redis
 from gyre.v1 import events_pb2 as ev
 from tests.support.eventually import eventually

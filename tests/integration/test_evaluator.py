@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from app.stack.servers import ServerProcess
 from gyre.bus import EventBus
-from gyre.stack.servers import ServerProcess
 from gyre.store import Counters, Keys
 from gyre.store.groups import GroupOutcomes
 from gyre.v1 import common_pb2 as cm

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.stack.servers import ServerProcess
 from gyre.bus import EventBus
-from gyre.stack.servers import ServerProcess
 from gyre.v1 import events_pb2 as ev
 
 
@@ -23,7 +23,7 @@ async def test_tail_history_prints_decoded_events(
         [
             sys.executable,
             "-c",
-            "from gyre.cli import main; main()",
+            "from app.cli import main; main()",
             "events",
             "tail",
             "--config",

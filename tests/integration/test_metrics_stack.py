@@ -19,7 +19,7 @@ from services.scheduler.service import SchedulerService
 from tests.support.eventually import eventually_sync
 from tests.support.models import small_dir
 
-GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+GYRE = [sys.executable, "-c", "from app.cli import main; main()"]
 
 NAMED: dict[str, tuple[str, ...]] = {
     "scheduler": (

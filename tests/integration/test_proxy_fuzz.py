@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gyre.stack.servers import ServerProcess
+from app.stack.servers import ServerProcess
 from tests.support.proxy_stack import ThreadedStack, scripted_engine
 
 pytestmark = pytest.mark.slow

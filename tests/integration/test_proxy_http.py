@@ -12,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from gyre.stack.servers import ServerProcess
+from app.stack.servers import ServerProcess
 from gyre.v1 import common_pb2, proxy_pb2
 from tests.support.proxy_stack import ProxyStack, proxy_stack, scripted_engine
 

@@ -16,7 +16,7 @@ import anthropic
 import openai
 import pytest
 
-from gyre.stack.servers import ServerProcess
+from app.stack.servers import ServerProcess
 from gyre.trajectory import NodeKind, to_anthropic_content
 from gyre.v1 import proxy_pb2
 from tests.support.eventually import eventually

@@ -18,9 +18,9 @@ import httpx2
 import pytest
 import yaml
 
+from app.stack.health import grpc_health
+from app.stack.servers import ServerProcess, free_port
 from gyre.config import GyreConfig
-from gyre.stack.health import grpc_health
-from gyre.stack.servers import ServerProcess, free_port
 from gyre.store import Keys, connect_redis
 from gyre.store.trees import TreeStore
 from gyre.trajectory.node import NodeKind

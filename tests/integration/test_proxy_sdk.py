@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from gyre.stack.servers import ServerProcess
+from app.stack.servers import ServerProcess
 from gyre.trajectory import Node
 from services.cell_agent.engine.sources.scripted import scripted_logprob
 from tests.support.proxy_stack import ProxyStack, proxy_stack, scripted_engine

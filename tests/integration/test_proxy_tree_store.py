@@ -10,7 +10,7 @@ import anthropic
 import pytest
 import redis.asyncio as aioredis
 
-from gyre.stack.servers import ServerProcess
+from app.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.store.trees import TreeStore, UnknownTreeError
 from gyre.trajectory import CallMeta, Message, TrajectoryTree, encode_node, get_profile, template_for_family

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from app.stack.servers import ServerProcess
 from gyre.bus import EventBus
 from gyre.sandbox.workspace import content_hash
-from gyre.stack.servers import ServerProcess
 from gyre.store import Counters, Keys
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev

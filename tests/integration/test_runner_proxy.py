@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from app.stack.servers import ServerProcess
 from gyre.bus import EventBus
-from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.store.trees import TreeStore
 from gyre.v1 import common_pb2 as cm

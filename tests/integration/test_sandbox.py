@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from app.stack.servers import ServerProcess
 from gyre import procs
 from gyre.bus import EventBus
-from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev

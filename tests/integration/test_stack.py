@@ -11,10 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from gyre.demo.config import embedded_model_path
-from gyre.stack.launcher import pid_alive
+from app.demo.config import embedded_model_path
+from app.stack.launcher import pid_alive
 
-GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+GYRE = [sys.executable, "-c", "from app.cli import main; main()"]
 
 
 def _gyre(*args: str, config: Path) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import redis.asyncio as aioredis
 
-from gyre.stack.servers import ServerProcess
+from app.stack.servers import ServerProcess
 from gyre.store import CounterInvariantError, Counters, Keys, WorkQueue
 
 

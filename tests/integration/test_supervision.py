@@ -22,19 +22,19 @@ import psutil
 import pytest
 import redis
 
+from app.demo.events import read_events
+from app.stack.health import grpc_health
+from app.stack.launcher import status
+from app.stack.state import ProcessEntry, StackState
 from gyre.bus import login_url
 from gyre.config import load_config
-from gyre.demo.events import read_events
 from gyre.procs import alive
-from gyre.stack.health import grpc_health
-from gyre.stack.launcher import status
-from gyre.stack.state import ProcessEntry, StackState
 from tests.support.eventually import eventually_sync
 from tests.support.models import small_dir
 
 pytestmark = pytest.mark.slow
 
-GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+GYRE = [sys.executable, "-c", "from app.cli import main; main()"]
 STOP_BOUND_S = 20.0
 SMALL_RUN = """
 scheduler: {num_cells: 1, group_size: 1, batch_groups: 1, phi: 0, mu: 1, rho_min: 1.0, cell_capacity: 1,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from app.stack.servers import ServerProcess, free_port
 from gyre.bus import EventBus
-from gyre.stack.servers import ServerProcess, free_port
 from gyre.store import Keys, Records
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev

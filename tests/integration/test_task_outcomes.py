@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from app.demo.events import RecordedEvent
+from app.demo.report import RunFacts, summarize
+from app.stack.servers import ServerProcess
 from gyre.bus import EventBus
-from gyre.demo.events import RecordedEvent
-from gyre.demo.report import RunFacts, summarize
-from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2 as cm

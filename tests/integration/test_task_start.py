@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from app.stack.launcher import StackError, up
+from app.stack.servers import ServerProcess, free_port
 from gyre.config import GyreConfig
-from gyre.stack.launcher import StackError, up
-from gyre.stack.servers import ServerProcess, free_port
 from gyre.tasks import TaskError
 from services.evaluator.service import EvaluatorService
 from services.runner.service import RunnerService

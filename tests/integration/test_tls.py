@@ -27,12 +27,12 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from app.stack.servers import free_port, nats_server_binary
 from gyre import tls
 from gyre.bus import nats_auth
 from gyre.engine.http1 import Http1Pool
 from gyre.http_host import HttpHost
 from gyre.rpc import add_health, bind, new_server, sync_channel
-from gyre.stack.servers import free_port, nats_server_binary
 from tests.support.eventually import eventually_sync
 
 IDENTITIES = {"scheduler": ["scheduler"], "nats": ["nats"], "cell_agent": ["cell-agent-0"], "cli": []}

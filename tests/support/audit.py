@@ -1,4 +1,4 @@
-"""The invariants of a finished run, from `gyre audit` (gyre/audit/): what the fault suite, the resume test
+"""The invariants of a finished run, from `gyre audit` (app/audit/): what the fault suite, the resume test
 and the end-to-end tests assert about a run, instead of the events its services published about themselves.
 
     report = assert_audited(config.run.path)
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gyre.audit import AuditReport, audit_run
-from gyre.audit.replay import TOLERANCE
+from app.audit import AuditReport, audit_run
+from app.audit.replay import TOLERANCE
 
 
 def assert_audited(run_dir: Path, *, steps: int | None = None, probe: bool = False) -> AuditReport:

@@ -1,5 +1,5 @@
 """Cell agents as real processes for integration tests: a small-model test config on free ports, the
-local launcher of `gyre.stack.cells`, and a packer stand-in that fills a batch's queue.
+local launcher of `app.stack.cells`, and a packer stand-in that fills a batch's queue.
 
     with CellStack(tmp_path, nats_url=..., redis_url=..., run_id=..., num_cells=3) as cells:
         await cells.switch(0, TRAINING)
@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from app.stack.cells import LocalCells, with_cell_ports
 from gyre.config import GyreConfig, load_config
 from gyre.rl.codec import encode_microstep
 from gyre.rl.microstep import MicroStep
-from gyre.stack.cells import LocalCells, with_cell_ports
 from gyre.store import WorkQueue
 from gyre.v1 import common_pb2
 from tests.support.models import cell_dir

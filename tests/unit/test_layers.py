@@ -1,7 +1,8 @@
 """The layers of docs/design.md hold: the import-linter contracts of pyproject.toml (`[tool.importlinter]`:
-library ← services ← app, no service imports another, nothing outside harness/ imports harness, the pure
-core imports no I/O library) are kept, as `make lint` checks them; the contracts see the code they are about
-(a contract that the code breaks is reported broken); and the library contract lists every library package."""
+library ← services ← app ← bench, sim; no service imports another, nothing outside harness/ imports harness,
+the pure core imports no I/O library) are kept, as `make lint` checks them; the contracts see the code they are
+about (a contract that the code breaks is reported broken); and the floors, read from the same import graph,
+name the import that would climb a floor (a module of gyre/ importing services/ or the app)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import sys
 import tomllib
 from pathlib import Path
 
+import grimp
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-APP = {"gyre.audit", "gyre.cli", "gyre.demo", "gyre.stack"}
+#: The floors, top down, as the `floors` contract states them (a test below checks they agree).
+FLOORS = ["bench | sim", "app", "services", "gyre"]
 
 
 def lint_imports(config: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -50,11 +55,41 @@ def test_a_contract_the_code_breaks_is_reported_broken(tmp_path: Path) -> None:
     assert "services.runner.execution -> gyre.sandbox" in result.stdout
 
 
-def test_the_library_contract_names_every_library_package() -> None:
-    packages = {
-        f"gyre.{p.stem}"
-        for p in (REPO / "gyre").iterdir()
-        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
-    }
-    listed = set(contracts()["library"]["source_modules"])  # type: ignore[arg-type]
-    assert listed == packages - APP
+def test_the_floors_contract_is_the_floors_of_the_docs() -> None:
+    assert contracts()["floors"]["layers"] == FLOORS
+    assert contracts()["library"]["source_modules"] == ["gyre"]
+
+
+def build_graph() -> grimp.ImportGraph:
+    return grimp.build_graph("gyre", "services", "app", "bench", "sim", cache_dir=None)
+
+
+def floor_violations(graph: grimp.ImportGraph) -> list[str]:
+    """Every import chain that climbs a floor, as `floor -> floor: module -> … -> module` lines."""
+    layers = [grimp.Layer(*(name.strip() for name in floor.split("|"))) for floor in FLOORS]
+    lines = []
+    for dependency in graph.find_illegal_dependencies_for_layers(layers=layers):
+        for route in dependency.routes:
+            chain = " -> ".join([",".join(sorted(route.heads)), *route.middle, ",".join(sorted(route.tails))])
+            lines.append(f"{dependency.importer} -> {dependency.imported}: {chain}")
+    return sorted(lines)
+
+
+def test_no_import_climbs_a_floor() -> None:
+    assert floor_violations(build_graph()) == []
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("gyre.rl.loss", "services.packer.rows"),
+        ("gyre.config.runner", "app.stack.launcher"),
+        ("services.proxy.app", "app.cli"),
+        ("app.demo.run", "bench.e2e"),
+    ],
+)
+def test_an_import_up_a_floor_is_named(importer: str, imported: str) -> None:
+    graph = build_graph()
+    graph.add_import(importer=importer, imported=imported, line_number=1, line_contents="probe")
+    floors = f"{importer.split('.')[0]} -> {imported.split('.')[0]}"
+    assert f"{floors}: {importer} -> {imported}" in floor_violations(graph)

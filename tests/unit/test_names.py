@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gyre.paths import REPO_ROOT
 
-PACKAGES = ("gyre", "services", "harness", "sim", "bench")
+PACKAGES = ("gyre", "services", "app", "harness", "sim", "bench")
 
 
 def public_classes(root: Path = REPO_ROOT) -> dict[str, list[str]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gyre.cli import app
+from app.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
 

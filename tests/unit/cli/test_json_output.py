@@ -21,7 +21,7 @@ import structlog
 import typer
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 ALWAYS_JSON = {"model init", "model inspect", "trace replay"}
@@ -119,7 +119,7 @@ def test_logs_go_to_stderr_at_the_level_asked_for(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from gyre.cli import main; main()",
+            "from app.cli import main; main()",
             "trace",
             "replay",
             str(_capture(tmp_path)),

@@ -1,11 +1,11 @@
-"""The fault suite's invariants (gyre/demo/ledger.py) catch what they claim to: a lost execution, a group
+"""The fault suite's invariants (app/demo/ledger.py) catch what they claim to: a lost execution, a group
 trained by two steps, a micro-step applied twice, a version skipped; a replayed step is not a double."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gyre.demo.ledger import check_events
+from app.demo.ledger import check_events
 
 
 def _e(kind: str, t: float, **event: Any) -> dict[str, Any]:

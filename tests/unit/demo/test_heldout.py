@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from app.demo.config import demo_config
+from app.demo.heldout import HeldOut, eval_steps
 from gyre.config.tasks import TasksSection
-from gyre.demo.config import demo_config
-from gyre.demo.heldout import HeldOut, eval_steps
 from gyre.paths import REPO_ROOT
 from gyre.tasks.taskset import TaskSet
 from gyre.trainer.checkpoint import published_path

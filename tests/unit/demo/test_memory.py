@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import redis as redis_sync
 
-from gyre.demo.memory import RedisMemory
-from gyre.stack.servers import ServerProcess
+from app.demo.memory import RedisMemory
+from app.stack.servers import ServerProcess
 
 
 def test_samples_once_per_step_and_the_ratio_needs_both_steps(redis_server: ServerProcess) -> None:

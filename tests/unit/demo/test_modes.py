@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from app.cli import app
+from app.demo.config import mode_config
 from bench.e2e import mode_settings
-from gyre.cli import app
 from gyre.config import ConfigError
-from gyre.demo.config import mode_config
 
 
 @pytest.mark.parametrize(

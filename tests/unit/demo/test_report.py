@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gyre.demo.events import RecordedEvent
-from gyre.demo.report import RunFacts, run_warnings, summarize, timeline, trained_nothing
+from app.demo.events import RecordedEvent
+from app.demo.report import RunFacts, run_warnings, summarize, timeline, trained_nothing
 from gyre.v1 import common_pb2 as common
 from gyre.v1 import events_pb2 as ev
 
@@ -90,7 +90,7 @@ def test_reward_staleness_and_transitions() -> None:
 def test_timeline_segments_follow_roles() -> None:
     tl = timeline(_events(), FACTS, "t")
     states_of_cell0 = [state for cell, _, _, state in sorted(tl.segments) if cell == 0]
-    from sim.metrics import DRAINING, ROLLOUT, TRAINING_BUSY, TRAINING_IDLE
+    from gyre.metrics.timeline import DRAINING, ROLLOUT, TRAINING_BUSY, TRAINING_IDLE
 
     assert states_of_cell0 == [ROLLOUT, DRAINING, TRAINING_IDLE, TRAINING_BUSY, TRAINING_IDLE]
     assert tl.step_end_s and tl.publish_s

@@ -6,7 +6,7 @@ import os
 import signal
 import threading
 
-from gyre.stack.signals import StopSignals
+from app.stack.signals import StopSignals
 
 
 def test_a_signal_sets_the_event_runs_the_teardown_once_and_the_old_handlers_come_back() -> None:

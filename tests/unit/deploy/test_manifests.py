@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gyre.config import GyreConfig
-from gyre.stack.launcher import SERVICES
+from app.stack.launcher import SERVICES
 from tests.unit.deploy.support import (
     COMPOSE_FILE,
     DEPLOY,
@@ -76,11 +76,11 @@ def test_compose_validator_rejects_an_unknown_key(tmp_path: Path) -> None:
 
 
 def _probe(service: str, port: int) -> list[str]:
-    """gyre.stack.probe as `service`'s own TLS identity (the health check of compose and Kubernetes)."""
+    """app.stack.probe as `service`'s own TLS identity (the health check of compose and Kubernetes)."""
     return [
         "python",
         "-m",
-        "gyre.stack.probe",
+        "app.stack.probe",
         "--config",
         "/etc/gyre/gyre.yaml",
         "--identity",

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from app.stack.launcher import SERVICES
 from gyre.config import GyreConfig
 from gyre.metrics.registry import SERVICES as SERIES_SERVICES
-from gyre.stack.launcher import SERVICES
 from tests.unit.deploy.support import DEPLOY, Manifest, find, objects, workloads
 from tests.unit.deploy.test_manifests import compose_check
 

@@ -11,12 +11,12 @@ import sys
 
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 
 
 def test_without_cuda_it_prints_cuda_false_and_exits_0() -> None:
     result = subprocess.run(
-        [sys.executable, "-c", "from gyre.cli import main; main()", "bench", "gpu", "--json"],
+        [sys.executable, "-c", "from app.cli import main; main()", "bench", "gpu", "--json"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.models import hf_dir
 
-GYRE = [sys.executable, "-c", "from gyre.cli import main; main()"]
+GYRE = [sys.executable, "-c", "from app.cli import main; main()"]
 ENV = {**os.environ, "PYTHONPATH": os.getcwd()}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 
 
 def test_init_writes_what_inspect_reports(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ def test_bench_packing_prints_one_json_object_last(capsys):
 def test_gyre_bench_accepts_json_and_passes_the_rest_to_the_benchmark():
     from typer.testing import CliRunner
 
-    from gyre.cli import app
+    from app.cli import app
 
     args = ["bench", "packing", "--json", "--groups", "4", "--group-size", "4", "--repeats", "1"]
     result = CliRunner().invoke(app, args)

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 
 
 def test_bench_tree_train_prints_both_layouts_per_family():

@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 
 runner = CliRunner()
 

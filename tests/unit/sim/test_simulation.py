@@ -6,9 +6,9 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gyre.metrics.timeline import DRAINING, RETURNING
 from services.scheduler.policy import Mode, Role
 from sim.layout import Layout
-from sim.metrics import DRAINING, RETURNING
 from sim.presets import PRESETS
 from sim.simulation import Simulation
 

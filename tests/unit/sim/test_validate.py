@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 from sim.local import ToolSleep
 from sim.measured import REPORTS_FILE, read_run, trim_run
 from sim.validate import validate

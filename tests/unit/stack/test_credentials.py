@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from app.stack.credentials import generate
 from gyre.bus.permissions import BUS_USERS
 from gyre.config.infra import read_login
-from gyre.stack.credentials import generate
 
 
 def _mode(path: Path) -> int:

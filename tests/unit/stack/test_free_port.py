@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from gyre.stack import servers
-from gyre.stack.servers import LOOPBACK, free_port
+from app.stack import servers
+from app.stack.servers import LOOPBACK, free_port
 
 
 def test_ports_are_below_the_ephemeral_range_distinct_and_bindable() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gyre.stack.health import last_error
+from app.stack.health import last_error
 
 
 def _line(**record: object) -> str:

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from gyre.stack.launcher import ProcessEntry, StackState, live_runs, resolve_run
+from app.stack.launcher import ProcessEntry, StackState, live_runs, resolve_run
 
 
 def _dead_pid() -> int:

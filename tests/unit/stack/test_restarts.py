@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from app.stack.restarts import RestartHistory
 from gyre.config import ConfigError, load_config
 from gyre.config.supervisor import SupervisorSection
-from gyre.stack.restarts import RestartHistory
 
 POLICY = SupervisorSection(
     max_restarts=4, restart_window_s=100.0, backoff_initial_s=0.5, backoff_factor=2.0, backoff_max_s=3.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 
 REPO = Path(__file__).resolve().parents[3]
 BROKEN = REPO / "tests" / "fixtures" / "tasks" / "broken"

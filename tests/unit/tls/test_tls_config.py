@@ -56,7 +56,7 @@ def test_tls_init_writes_every_identity_for_the_names_its_peers_dial(tmp_path: P
     out = tmp_path / "tls"
     done = subprocess.run(
         [
-            *(sys.executable, "-c", "from gyre.cli import main; main()", "tls", "init"),
+            *(sys.executable, "-c", "from app.cli import main; main()", "tls", "init"),
             *("--config", str(COMPOSE_CONFIG), "--out", str(out), "--group", str(os.getgid())),
         ],
         capture_output=True,
@@ -102,7 +102,7 @@ def test_tls_init_for_a_group_it_cannot_give_the_keys_to_is_one_line(
     """`--group` chowns the keys, which only root or a member of the group may do: a one-line error, exit 2."""
     from typer.testing import CliRunner
 
-    from gyre.cli import app
+    from app.cli import app
 
     def refuse(path: object, uid: int, gid: int) -> None:
         raise PermissionError(1, "Operation not permitted", str(path))

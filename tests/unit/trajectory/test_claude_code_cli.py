@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 from gyre.trajectory import (
     CallMeta,
     PreparedCall,

@@ -8,7 +8,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 
 BILLING = {
     "type": "text",
