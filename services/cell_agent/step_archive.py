@@ -12,20 +12,38 @@ while they are read. `archive.steps: false` turns it off.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
+
+import redis.asyncio as aioredis
 
 from gyre.ids import microstep_queue
 from gyre.log import get_logger
+from gyre.store import Keys
 from gyre.store.step_archive import StepRecordFile, write_step_record
-
-if TYPE_CHECKING:
-    from services.cell_agent.training import TrainingSide
+from gyre.trainer.backends import TrainerBackend
+from services.cell_agent.compute import ComputeThread
 
 log = get_logger("gyre.cell_agent.step_archive")
 
 
+class ArchivingSide(Protocol):
+    """What recording a step needs of the core's training side (`TrainingSide`, training.py, which
+    imports this module): where and how to record, the store, the trainer and its compute thread."""
+
+    archive_dir: Path | None
+    archive_weights_every: int
+    archive_level: int
+    redis: aioredis.Redis
+    keys: Keys
+    compute: ComputeThread
+
+    @property
+    def trainer(self) -> TrainerBackend: ...
+
+
 async def archive_step(
-    side: TrainingSide,
+    side: ArchivingSide,
     *,
     batch_id: str,
     step: int,

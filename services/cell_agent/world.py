@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from gyre.config.training import TrainerSection
 from gyre.log import get_logger
 from gyre.trainer.collectives import (
+    CellCollectives,
     HostedStore,
     host_rendezvous,
     initialize_groups,
@@ -35,11 +37,9 @@ from gyre.trainer.collectives import (
     set_socket_interface,
 )
 from gyre.trainer.star import StarHub
-from gyre.weights.transports import TransportOptions, create_transport
-from services.cell_agent.trainer_state import WorldRecord
-
-if TYPE_CHECKING:
-    from services.cell_agent.training import TrainingSide
+from gyre.weights.transports import TransportOptions, WeightTransport, create_transport
+from services.cell_agent.compute import ComputeThread
+from services.cell_agent.trainer_state import TrainerState, WorldRecord
 
 log = get_logger("gyre.cell_agent.world")
 
@@ -49,8 +49,33 @@ ALIVE_TTL_S = 5.0
 """A cell's incarnation expires this long after its last refresh (every second): a dead process's does."""
 
 
+class WorldMember(Protocol):
+    """What keeping the world needs of a cell's training side (`TrainingSide`, training.py, which imports
+    this module): the cell's place and hosts, its state in Redis, the locks and the event it shares with its
+    steps, and the collectives and weight transport each world builds for it."""
+
+    cell: int
+    num_cells: int
+    is_core: bool
+    section: TrainerSection
+    state: TrainerState
+    own_host: str
+    core_host: str
+    bind_host: str
+    compute: ComputeThread
+    step_lock: asyncio.Lock
+    connected: asyncio.Event
+    groups: CellCollectives | None
+    transport: WeightTransport | None
+
+    async def publish_snapshot(self) -> None: ...
+
+    async def build_after_world(self) -> object:
+        """Build a trainer that needs the cells' world, once it has formed (its result is not used here)."""
+
+
 class WorldKeeper:
-    def __init__(self, side: TrainingSide) -> None:
+    def __init__(self, side: WorldMember) -> None:
         self.side = side
         self.incarnation = uuid.uuid4().hex[:12]
         """This process's identity among the cells' incarnations."""

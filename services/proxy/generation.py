@@ -24,7 +24,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,9 +40,7 @@ from services.proxy.errors import (
     PromptTooLongError,
 )
 from services.proxy.metrics import OverheadClock
-
-if TYPE_CHECKING:
-    from services.proxy.routing import Engine, Router
+from services.proxy.routing import Engine, Router
 
 log = get_logger("gyre.proxy.generation")
 

@@ -25,13 +25,13 @@ import contextlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gyre.engine import EngineClient, EngineError, EngineNotFound
 from gyre.engine.adapters import adapter_name
 from gyre.engine.migration import migrate_request_kv
 from gyre.log import get_logger
 from services.proxy.errors import EngineUnavailableError
-from services.proxy.generation import Generation
 
 log = get_logger("gyre.proxy.routing")
 _REABORT_INTERVAL_S = 0.2
@@ -70,6 +70,30 @@ class DrainResult:
     destinations: list[str] = field(default_factory=list)
 
 
+class RoutedCall(Protocol):
+    """What the router needs of a model call it routes and drains (`Generation`, generation.py, which
+    imports this module): its execution, the engine and request of its attempt in flight, and the moves."""
+
+    execution_id: str
+    engine: Engine | None
+    """Engine of the attempt in flight; the router sets it when the call acquires one and clears it after."""
+
+    @property
+    def rid(self) -> str | None: ...
+
+    @property
+    def finish(self) -> object | None: ...
+
+    @property
+    def attempt_in_flight(self) -> bool: ...
+
+    def begin_move(self) -> None: ...
+
+    def end_move(self, kv_migrated_tokens: int) -> None: ...
+
+    async def wait_attempt_done(self, timeout_s: float) -> bool: ...
+
+
 class UnknownEngineError(KeyError):
     """The scheduler named an engine the table does not hold."""
 
@@ -86,7 +110,7 @@ class Router:
         self.engines: dict[str, Engine] = {}
         self.routes: dict[str, str] = {}
         self.default_engine_id = ""
-        self.in_flight: dict[str, set[Generation]] = defaultdict(set)
+        self.in_flight: dict[str, set[RoutedCall]] = defaultdict(set)
         self.num_drains_active = 0
         self._retired: list[EngineClient] = []
 
@@ -167,13 +191,13 @@ class Router:
         self.routes[execution_id] = target
         return target
 
-    def acquire(self, generation: Generation) -> Engine:
+    def acquire(self, generation: RoutedCall) -> Engine:
         engine = self.engine_for(generation.execution_id)
         self.in_flight[engine.engine_id].add(generation)
         generation.engine = engine
         return engine
 
-    def release(self, generation: Generation, engine: Engine) -> None:
+    def release(self, generation: RoutedCall, engine: Engine) -> None:
         self.in_flight[engine.engine_id].discard(generation)
         generation.engine = None
 
@@ -259,7 +283,7 @@ class Router:
         finally:
             self.num_drains_active -= 1
 
-    async def _move(self, call: Generation, source: Engine, migrate_kv: bool) -> int | None:
+    async def _move(self, call: RoutedCall, source: Engine, migrate_kv: bool) -> int | None:
         """Stop one call's attempt on `source`; the KV tokens migrated, or None if it finished first."""
         rid = call.rid
         if rid is None or call.engine is not source or not call.attempt_in_flight:

@@ -21,9 +21,10 @@ import subprocess
 import sys
 import time
 import uuid
+from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import docker
 import docker.errors
@@ -32,11 +33,8 @@ from docker.models.containers import Container
 from gyre import procs
 from gyre.sandbox.containers import archive, engine, processes
 from gyre.sandbox.containers.netns import listen_inside
-from gyre.sandbox.launchers.base import ExecResult, SandboxError, SandboxHandle, SandboxState
+from gyre.sandbox.launchers.base import ExecResult, SandboxError, SandboxHandle, SandboxLauncher, SandboxState
 from gyre.sandbox.outcome import SandboxOutcome
-
-if TYPE_CHECKING:
-    from gyre.sandbox.launchers.container import ContainerLauncher
 
 CONTROL = "/.gyre/control"
 WRAPPER = f'"$@" </dev/null >{CONTROL}/"$0".stdout 2>{CONTROL}/"$0".stderr; echo $? >{CONTROL}/"$0".status'
@@ -63,12 +61,25 @@ class Command:
         return self.pid > 0 and procs.alive(self.pid, self.started)
 
 
+class ContainerEngineLauncher(SandboxLauncher):
+    """A launcher whose sandboxes are containers of a Docker Engine API: what a `ContainerHandle` needs of
+    the launcher that made it (`ContainerLauncher`, gyre/sandbox/launchers/container.py, which imports the
+    handle), besides `release`."""
+
+    @property
+    @abstractmethod
+    def client(self) -> docker.DockerClient:
+        """The engine's client."""
+
+
 class ContainerHandle(SandboxHandle):
     """A container whose main command is `state.command` (the harness)."""
 
-    launcher: ContainerLauncher
+    launcher: ContainerEngineLauncher
 
-    def __init__(self, launcher: ContainerLauncher, state: SandboxState, container: Container | None) -> None:
+    def __init__(
+        self, launcher: ContainerEngineLauncher, state: SandboxState, container: Container | None
+    ) -> None:
         super().__init__(launcher, state)
         self._container = container
         self.command = Command(state.command, state.pid, state.started)

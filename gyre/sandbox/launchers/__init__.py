@@ -4,8 +4,10 @@
     launcher_class("auto")        # IsolatedLauncher as root, ProcessLauncher otherwise
 
 The registry maps a name to a loader of its class, so a launcher's own dependencies load only when a
-service builds that launcher. See `base.py` for the interface and how to add a launcher;
-tests/unit/sandbox/test_sandbox_contract.py runs the contract for every name here.
+service builds that launcher. Its names are `LAUNCHER_NAMES` of gyre/config/runner.py, which the config
+checks `isolation` against without importing the sandbox (the launchers import that config). See `base.py`
+for the interface and how to add a launcher; tests/unit/sandbox/test_sandbox_contract.py runs the contract
+for every name here and keeps the two lists equal.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from gyre.config.runner import AUTO_LAUNCHER
 from gyre.sandbox.launchers.base import (
     EnvironmentUnavailableError,
     ExecResult,
@@ -25,9 +28,6 @@ from gyre.sandbox.launchers.base import (
     SandboxSpec,
     SandboxState,
 )
-
-AUTO = "auto"
-"""Not a launcher: `isolated` when the service runs as root, else `process`."""
 
 
 def _process() -> type[SandboxLauncher]:
@@ -53,17 +53,18 @@ LAUNCHERS: dict[str, Callable[[], type[SandboxLauncher]]] = {
     "isolated": _isolated,
     "container": _container,
 }
-"""name → a function returning the launcher class (importing its module on first use)."""
+"""name → a function returning the launcher class (importing its module on first use); the names are
+`LAUNCHER_NAMES` (gyre/config/runner.py)."""
 
 
 def launcher_names() -> list[str]:
     """What `sandbox.isolation` accepts: `auto` and every registered launcher."""
-    return [AUTO, *LAUNCHERS]
+    return [AUTO_LAUNCHER, *LAUNCHERS]
 
 
 def launcher_class(name: str) -> type[SandboxLauncher]:
     """The launcher class registered as `name` (`auto` resolved for this process)."""
-    if name == AUTO:
+    if name == AUTO_LAUNCHER:
         name = "isolated" if os.geteuid() == 0 else "process"
     try:
         load = LAUNCHERS[name]
@@ -80,7 +81,7 @@ def make_launcher(name: str, spec: LauncherSpec | None = None) -> SandboxLaunche
 
 
 __all__ = [
-    "AUTO",
+    "AUTO_LAUNCHER",
     "LAUNCHERS",
     "EnvironmentUnavailableError",
     "ExecResult",

@@ -11,10 +11,11 @@ and sweeps it. The runner and the evaluator drive every launcher through this in
 
 To add a launcher (a Kubernetes pod, a remote sandbox service): write a module in this package with a
 subclass of `SandboxLauncher` (set `name` and the capability flags, implement `create`, `enforced`,
-`launch`, `attach`, `release`) and of `SandboxHandle`, and add a loader of the class to `LAUNCHERS` in
-`gyre/sandbox/launchers/__init__.py`. The config field `<service>.sandbox.isolation` then accepts its
-name, and tests/unit/sandbox/test_sandbox_contract.py runs the contract over it (every registered name:
-a launcher this machine cannot run fails there with the reason, or is skipped outside CI).
+`launch`, `attach`, `release`) and of `SandboxHandle`, add a loader of the class to `LAUNCHERS` in
+`gyre/sandbox/launchers/__init__.py` and its name to `LAUNCHER_NAMES` in gyre/config/runner.py. The config
+field `<service>.sandbox.isolation` then accepts its name, and tests/unit/sandbox/test_sandbox_contract.py
+runs the contract over it (every registered name: a launcher this machine cannot run fails there with the
+reason, or is skipped outside CI).
 
 A launcher whose sandboxes have a filesystem of their own (`own_filesystem`: the `container` launcher;
 a Kubernetes pod launcher would be one too) keeps the sandbox after its command ends and implements the

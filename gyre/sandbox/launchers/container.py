@@ -36,7 +36,7 @@ from docker.types import Mount, Ulimit
 from gyre.config.runner import SandboxSection
 from gyre.log import get_logger
 from gyre.sandbox.containers import archive, engine
-from gyre.sandbox.containers.handle import CONTROL, ContainerHandle
+from gyre.sandbox.containers.handle import CONTROL, ContainerEngineLauncher, ContainerHandle
 from gyre.sandbox.containers.images import ImageError, Images
 from gyre.sandbox.launchers.base import (
     LABEL_RUN,
@@ -46,7 +46,6 @@ from gyre.sandbox.launchers.base import (
     SandboxError,
     SandboxHandle,
     SandboxImage,
-    SandboxLauncher,
     SandboxSpec,
     SandboxState,
 )
@@ -75,7 +74,7 @@ def _name(labels: Mapping[str, str], sandbox: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"gyre-{run}-{sandbox}" if run else f"gyre-{sandbox}")[:200]
 
 
-class ContainerLauncher(SandboxLauncher):
+class ContainerLauncher(ContainerEngineLauncher):
     """Containers of the task's image; the proxy relayed into a network-less namespace; cgroup limits."""
 
     name = "container"

@@ -15,6 +15,7 @@ import pytest
 
 from gyre import procs
 from gyre.config import GyreConfig
+from gyre.config.runner import LAUNCHER_NAMES
 from gyre.sandbox import (
     LAUNCHERS,
     NetworkPolicy,
@@ -79,6 +80,8 @@ async def results(handle: SandboxHandle, tmp_path: Path) -> Path:
 
 
 def test_the_config_accepts_exactly_the_registered_launchers() -> None:
+    # The config keeps the names below the sandbox (LAUNCHER_NAMES): they are the registry's, in its order.
+    assert tuple(LAUNCHERS) == LAUNCHER_NAMES
     for name in ["auto", *LAUNCHERS]:
         box = {"sandbox": {"isolation": name}}
         assert GyreConfig.model_validate({"runner": box, "evaluator": box})
