@@ -82,7 +82,6 @@ def _part(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def _trainers(model: Path, target: ComputeTarget) -> tuple[Any, Any]:
-    from gyre.config.model import ModelSection
     from gyre.config.training import TrainerSection
     from gyre.rl.loss import ObjectiveParams
     from gyre.trainer.backends import TrainerSpec, create_trainer
@@ -90,9 +89,7 @@ def _trainers(model: Path, target: ComputeTarget) -> tuple[Any, Any]:
     section = {"device": target.device, "dtype": target.dtype}
     make = lambda name: create_trainer(  # noqa: E731
         name,
-        TrainerSpec(
-            TrainerSection(backend=name, **section), ModelSection(path=model), ObjectiveParams(), True
-        ),
+        TrainerSpec(TrainerSection(backend=name, **section), model, ObjectiveParams(), True),
     )
     return make("megatron"), make("torch")
 

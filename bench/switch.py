@@ -25,14 +25,15 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from app.demo.config import embedded_model_path
+from app.stack.servers import start_nats, start_redis
 from bench._startup import run_bench
 from gyre.bus import EventBus
 from gyre.config import load_config
-from gyre.demo.config import embedded_model_path
 from gyre.engine import EngineClient, EngineError
+from gyre.model.model_dir import ModelDir
 from gyre.rl.codec import encode_microstep
 from gyre.roles import ROLLOUT, TRAINING
-from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Keys, WorkQueue, connect_redis
 from gyre.trainer.backends import TorchTrainer
 from gyre.trainer.synthetic import synthetic_microsteps
@@ -68,7 +69,7 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
     async def emit(event: Message, event_id: str) -> None:
         await bus.publish(event, event_id=event_id)
 
-    agent = CellAgent(config, cell=0, redis=redis, emit=emit)
+    agent = CellAgent(config, model=ModelDir.open(config.model), cell=0, redis=redis, emit=emit)
     await agent.start()
     await asyncio.gather(*await agent.background())
     to_training: list[float] = []

@@ -52,15 +52,16 @@ from pathlib import Path
 import torch
 from google.protobuf.message import Message
 
+from app.stack.cells import LocalCells, with_cell_ports
+from app.stack.servers import start_nats, start_redis
 from gyre.bus import Delivery, EventBus
 from gyre.config import GyreConfig, load_config
 from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
+from gyre.model.model_dir import ModelDir
 from gyre.model.weights import load_model
 from gyre.rl.codec import encode_microstep
 from gyre.rl.microstep import MicroStep
-from gyre.stack.cells import LocalCells, with_cell_ports
-from gyre.stack.servers import start_nats, start_redis
 from gyre.store import Keys, WorkQueue, connect_redis
 from gyre.trainer.synthetic import synthetic_microsteps
 from gyre.v1 import common_pb2
@@ -83,7 +84,7 @@ def _config(run_dir: Path, nats_url: str, redis_url: str, run_id: str, model: Pa
 
 
 def _steps(config: GyreConfig, args: argparse.Namespace, step: int) -> list[MicroStep]:
-    model = load_model(config.model.require_path())
+    model = load_model(ModelDir.open(config.model).path)
     out: list[MicroStep] = []
     seed = 0
     while len(out) < args.microsteps:
@@ -165,7 +166,6 @@ async def _run(
 
 def _backends(args: argparse.Namespace, root: Path) -> dict[str, object]:
     """The megatron and torch backends on the same micro-steps, in this process."""
-    from gyre.config.model import ModelSection
     from gyre.config.training import TrainerSection
     from gyre.rl.loss import ObjectiveParams
     from gyre.trainer.backends import TrainerSpec, create_trainer
@@ -176,7 +176,7 @@ def _backends(args: argparse.Namespace, root: Path) -> dict[str, object]:
     steps = _steps(base, args, 0)
     out: dict[str, object] = {}
     for name in ("megatron", "torch"):
-        spec = TrainerSpec(TrainerSection(backend=name), ModelSection(path=model), ObjectiveParams(), True)
+        spec = TrainerSpec(TrainerSection(backend=name), Path(model), ObjectiveParams(), True)
         measured = benchmark_microsteps(create_trainer(name, spec), steps)
         out[f"microsteps_per_s_{name}"] = round(measured["microsteps_per_s"], 3)
         out[f"tokens_per_s_{name}"] = round(measured["tokens_per_s"], 1)

@@ -11,3 +11,7 @@ from __future__ import annotations
 
 class StartupError(ValueError):
     """Input a process cannot start with; the message is one line naming the file and the field."""
+
+
+class ConfigError(StartupError):
+    """A config file or override is invalid; the message is one line naming the field."""

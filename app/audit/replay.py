@@ -50,6 +50,7 @@ import torch
 from app.audit.data import AuditInputError, RunData
 from gyre.model.arch import ModelError
 from gyre.model.files import check_model_dir
+from gyre.model.model_dir import ModelDir
 from gyre.model.weights import load_state_dict
 from gyre.rl.codec import decode_microstep
 from gyre.rl.loss import ObjectiveParams
@@ -215,7 +216,8 @@ def build_trainer(data: RunData) -> TrainerBackend:
     section = cfg.cell_agent.trainer
     torch.set_num_threads(section.num_threads)
     _ensure_world(trainer_class(section.backend).needs_world)
-    spec = TrainerSpec(section, cfg.model, ObjectiveParams(**cfg.objective.model_dump()), with_optimizer=True)
+    model = ModelDir.open(cfg.model).path
+    spec = TrainerSpec(section, model, ObjectiveParams(**cfg.objective.model_dump()), with_optimizer=True)
     return create_trainer(section.backend, spec)
 
 

@@ -39,7 +39,7 @@ from gyre.config.scheduler import SchedulerSection
 from gyre.config.tasks import TasksSection
 from gyre.config.tls import TlsSection
 from gyre.config.training import ObjectiveSection, PackerSection, TrainerSection
-from gyre.errors import StartupError
+from gyre.errors import ConfigError
 
 __all__ = [
     "ArchiveSection",
@@ -69,10 +69,6 @@ __all__ = [
 ]
 
 ENV_PREFIX = "GYRE_"
-
-
-class ConfigError(StartupError):
-    """A config file or override is invalid; the message is one line naming the field."""
 
 
 class GyreConfig(Section):
@@ -135,16 +131,6 @@ class GyreConfig(Section):
             raise ValueError(
                 "cell_agent.trainer.dist_backend tls needs tls.enabled: true (its connections use the "
                 "deployment's certificates, `gyre tls init`); or set dist_backend: gloo"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _verifier_where_the_harness_ran(self) -> GyreConfig:
-        runner, evaluator = self.runner.sandbox.isolation, self.evaluator.sandbox.isolation
-        if runner == "container" and evaluator != "container":
-            raise ValueError(
-                "runner.sandbox.isolation container needs evaluator.sandbox.isolation container too: the "
-                f"verifier runs in the execution's container after the harness; got {evaluator!r}"
             )
         return self
 

@@ -9,13 +9,10 @@ of the per-step training metrics (`runs/<run>/metrics.jsonl` always; TensorBoard
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, field_validator
 
 from gyre.config.base import Port, Section
-
-Sink = Literal["tensorboard", "wandb", "mlflow"]
+from gyre.metrics.sinks import SINKS, unknown_sink
 
 
 class MetricsSection(Section):
@@ -25,11 +22,11 @@ class MetricsSection(Section):
     """Port of that listener. 0 = a free port per process (written to `runs/<run>/services/<name>.json` and
     shown by `gyre status`); a fixed port is for one service per network namespace (a container, a pod),
     where every service listens on the same one (deploy/ uses 9400)."""
-    sinks: list[Sink] = Field(default_factory=lambda: list[Sink](["tensorboard"]))
+    sinks: list[str] = Field(default_factory=lambda: ["tensorboard"])
     """Where per-step training metrics go besides `runs/<run>/metrics.jsonl` (always written, the source of
-    truth): `tensorboard` (event files under `runs/<run>/tensorboard/`), `wandb` (offline run under
-    `runs/<run>/wandb/`; `pip install 'gyre[wandb]'`), `mlflow` (a local SQLite store `runs/<run>/mlflow.db`;
-    `pip install 'gyre[mlflow]'`). A sink whose package is missing stops the scheduler at start."""
+    truth), names in the registry of `gyre.metrics.sinks` (`SINKS`): `tensorboard` (event files under
+    `runs/<run>/tensorboard/`), `wandb` (offline run under `runs/<run>/wandb/`; `pip install 'gyre[wandb]'`),
+    `mlflow` (a local SQLite store `runs/<run>/mlflow.db`; `pip install 'gyre[mlflow]'`). A sink whose package is missing stops the scheduler at start."""
     wandb_project: str = "gyre"
     """W&B project name of the offline run (`wandb sync runs/<run>/wandb/offline-run-*` uploads it later)."""
     mlflow_experiment: str = "gyre"
@@ -37,7 +34,10 @@ class MetricsSection(Section):
 
     @field_validator("sinks")
     @classmethod
-    def _distinct(cls, v: list[Sink]) -> list[Sink]:
+    def _registered_and_distinct(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if name not in SINKS:
+                raise ValueError(unknown_sink(name))
         if len(set(v)) != len(v):
             raise ValueError(f"sinks must not repeat a sink; got {v}")
         return v

@@ -18,7 +18,8 @@ class ModelSection(Section):
     service starts (`gyre.model.check_model_dir`), not when the config is read."""
 
     def require_path(self) -> Path:
-        """The directory, or a `ModelError` saying how to set it."""
+        """The directory, or a `ModelError` saying how to set it. A service reads it once, at its start,
+        through `gyre.model.model_dir.ModelDir.open`, and hands that object on."""
         if self.path is None:
             raise ModelError(
                 "config",

@@ -17,6 +17,14 @@ from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Por
 #: The local Debian base image `make setup` builds (deploy/local/containers.sh).
 LOCAL_BASE_IMAGE = "localhost/gyre/debian-base:bookworm"
 
+AUTO_LAUNCHER = "auto"
+"""Not a launcher: `isolated` when the service runs as root, else `process`."""
+LAUNCHER_NAMES = ("process", "isolated", "container")
+"""The sandbox launchers by name, the keys of `LAUNCHERS` (gyre/sandbox/launchers/__init__.py), which maps each
+to its class and asserts that the two agree. The names live here, below the sandbox, because the sandbox's
+config is checked against them and the launchers import that config; add a launcher's name here and its
+loader there."""
+
 
 class ContainerSection(Section):
     """The `container` launcher: each sandbox a container of the task's own image, through the Docker
@@ -46,10 +54,10 @@ class SandboxSection(Section):
     """How harness executions (runner) and verifier runs (evaluator) are sandboxed."""
 
     isolation: str = "auto"
-    """The sandbox launcher, a name in the registry of `gyre.sandbox.launchers`: `isolated` (own uid
-    per slot, rlimits, network namespace with only the proxy relayed; root only), `process` (own process
-    group, scrubbed env, rlimits), `container` (a container of the task's own image, its only network
-    exit the proxy; `container:` below); `auto`: isolated when root, else process."""
+    """The sandbox launcher, a name in the registry of `gyre.sandbox.launchers` (`LAUNCHER_NAMES`):
+    `isolated` (own uid per slot, rlimits, network namespace with only the proxy relayed; root only),
+    `process` (own process group, scrubbed env, rlimits), `container` (a container of the task's own
+    image, its only network exit the proxy; `container:` below); `auto`: isolated when root, else process."""
     uid_base: int = 120000
     """First sandbox uid; slot k runs as uid_base + k (instance i of a service adds i * 1000)."""
     cpu_s: AtLeastOneOrNull = 3600
@@ -71,11 +79,9 @@ class SandboxSection(Section):
     @field_validator("isolation")
     @classmethod
     def _registered(cls, v: str) -> str:
-        # The registry imports this config module, so it is read here, when a value is checked.
-        from gyre.sandbox.launchers import launcher_names
-
-        if v not in launcher_names():
-            raise ValueError(f"{v!r} is not a sandbox launcher; choose one of {', '.join(launcher_names())}")
+        names = (AUTO_LAUNCHER, *LAUNCHER_NAMES)
+        if v not in names:
+            raise ValueError(f"{v!r} is not a sandbox launcher; choose one of {', '.join(names)}")
         return v
 
     @field_validator("uid_base")
@@ -123,8 +129,10 @@ class RunnerSection(Section):
     """gRPC port; 0 picks a free one."""
     max_concurrent: AtLeastOne = 32
     """Executions this runner keeps running at once."""
-    harness: Literal["demo", "claude_code", "codex", "command"] = "demo"
-    """Which harness command the runner launches (`command` = the argv in `command`)."""
+    harness: str = "demo"
+    """Which harness command the runner launches, a name in the registry of `services.runner.harnesses`
+    (`HARNESSES`): `demo`, `claude_code`, `codex`, `command` (= the argv in `command`). Checked against the
+    registry by `gyre up` and at the runner's start (`check_harness`), not when the config is read."""
     fork_server: bool = True
     """Fork executions of a `python -m` harness (the demo harness) from one pre-imported interpreter
     instead of starting a new one each time (its imports cost ~3 CPU-s); same sandbox, same isolation."""

@@ -4,7 +4,7 @@ and per-step training metrics (joined from events, written to `metrics.jsonl`, T
     registry.py   `series()` naming scheme, per-process registry, scrape-time collectors
     listener.py   the `/metrics` HTTP listener on a service's event loop
     steps.py      one row per optimizer step from GroupPacked / MicroStepEnqueued / StreamClosed / StepCompleted
-    sinks.py      the registry of sinks (jsonl, tensorboard, wandb, mlflow)
+    sinks/        the registry of sinks (jsonl, tensorboard, wandb, mlflow), one module each
     writer.py     the scheduler's writer: replays the run's events into the rows and the sinks
 """
 

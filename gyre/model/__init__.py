@@ -9,6 +9,7 @@ tokenizer_config.json (chat template). This package file imports nothing, so lig
     from gyre.model.architectures import ARCHITECTURES                   # one record per architecture
     from gyre.model.tokenizer import Tokenizer                           # tokenizer.json + chat template
     from gyre.model.files import check_model_dir
+    from gyre.model.model_dir import ModelDir                            # model.path read once, at start
     from gyre.model.weights import load_model, write_model_dir
     from gyre.model.causal_lm import CausalLM                            # packed + paged forwards
     from gyre.model.attention import packed_attention                    # path rows and tree rows

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gyre.config import ConfigError, GyreConfig
 from gyre.config.runner import EvaluatorSection, RunnerSection
-from gyre.sandbox.launchers import AUTO, LauncherSpec, SandboxError, SandboxLauncher, launcher_class
+from gyre.sandbox.launchers import AUTO_LAUNCHER, LauncherSpec, SandboxError, SandboxLauncher, launcher_class
 from gyre.sandbox.launchers.base import LABEL_RUN, LABEL_RUN_DIR, LABEL_SERVICE
 from gyre.sandbox.limits import SandboxLimits
 from gyre.sandbox.uids import check_disjoint, uid_range
@@ -30,6 +30,7 @@ def open_sandbox(
     """The service instance's launcher and the configured limits. `on_host`: the launcher of commands
     that run on this host whatever the configured launcher is (`auto`'s when that one runs sandboxes with
     their own filesystem: the evaluator's score_line verifiers)."""
+    check_verifier_sandbox(service.config)
     box = section.sandbox
     cls = host_class(box.isolation) if on_host else launcher_class(box.isolation)
     uids = None
@@ -62,9 +63,23 @@ def _sections(config: GyreConfig) -> list[tuple[str, RunnerSection | EvaluatorSe
     return [("runner", config.runner), ("evaluator", config.evaluator)]
 
 
+def check_verifier_sandbox(config: GyreConfig) -> None:
+    """A runner whose launcher gives each execution a filesystem of its own (`own_filesystem`) needs the
+    evaluator on that launcher too: the verifier runs in the execution's sandbox after the harness.
+    `ConfigError` otherwise (`gyre up` and each service's start)."""
+    runner, evaluator = config.runner.sandbox.isolation, config.evaluator.sandbox.isolation
+    if launcher_class(runner).own_filesystem and launcher_class(evaluator) is not launcher_class(runner):
+        raise ConfigError(
+            f"runner.sandbox.isolation {runner} needs evaluator.sandbox.isolation {runner} too: the verifier "
+            f"runs in the execution's sandbox after the harness; got {evaluator!r}"
+        )
+
+
 def check_sandboxes(config: GyreConfig) -> list[str]:
-    """Before a run starts: each service's launcher can run here (for `container`: its engine answers);
-    `ConfigError` naming the field and why not. Returns what each uses."""
+    """Before a run starts: the evaluator can verify where the runner's harness ran, and each service's
+    launcher can run here (for `container`: its engine answers); `ConfigError` naming the field and why
+    not. Returns what each uses."""
+    check_verifier_sandbox(config)
     found = []
     for name, section in _sections(config):
         box = section.sandbox
@@ -97,7 +112,7 @@ def remove_run_sandboxes(config: GyreConfig) -> int:
 def host_class(isolation: str) -> type[SandboxLauncher]:
     """The launcher of commands that run on this host under `isolation`."""
     cls = launcher_class(isolation)
-    return launcher_class(AUTO) if cls.own_filesystem else cls
+    return launcher_class(AUTO_LAUNCHER) if cls.own_filesystem else cls
 
 
 def check_sandbox_uids(config: GyreConfig, **mine: range) -> None:

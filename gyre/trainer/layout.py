@@ -5,7 +5,7 @@ a layout the backend cannot build, or LoRA target modules that match no module o
 run with exit 2 and one line naming the field. It imports neither torch nor the backend (megatron-core
 takes seconds to import, and may not be installed):
 
-    check_trainer(config.cell_agent.trainer, config.model.require_path())    # ModelError → exit 2
+    check_trainer(config.cell_agent.trainer, model.path)    # model = ModelDir.open(config.model); ModelError → exit 2
 """
 
 from __future__ import annotations

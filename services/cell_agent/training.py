@@ -25,7 +25,6 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
 from gyre.log import get_logger
 from gyre.rl.loss import ObjectiveParams
@@ -52,7 +51,7 @@ class TrainingSide:
         cell: int,
         num_cells: int,
         section: TrainerSection,
-        model_section: ModelSection,
+        model_dir: Path,
         objective: ObjectiveParams,
         redis: aioredis.Redis,
         keys: Keys,
@@ -75,7 +74,7 @@ class TrainingSide:
         self.core_host = core_host
         self.bind_host = bind_host
         self.exposed = False
-        self.spec = TrainerSpec(section, model_section, objective, with_optimizer=self.is_core)
+        self.spec = TrainerSpec(section, model_dir, objective, with_optimizer=self.is_core)
         self._trainer: TrainerBackend | None = None
         if not (trainer_class(section.backend).needs_world and num_cells > 1):
             self._trainer = self._build()

@@ -1,6 +1,6 @@
 """ProxyCore: the proxy's parts wired together, behind the HTTP app and the gRPC servicer.
 
-    core = ProxyCore(config.proxy, template=build_template(config), redis=redis, keys=Keys(run_id))
+    core = ProxyCore(config.proxy, template=build_template(config.proxy, model), redis=redis, keys=Keys(run_id))
     await core.start()                                   # reload the routing table
     key = await core.open_execution("e1", profile="claude_code", engine_id="", policy_version=0)
     await core.update_routes([EngineSpec("cell-0", url, 0)], {}, "cell-0")
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 import structlog
 
-from gyre.config import GyreConfig, ProxySection
+from gyre.config import ProxySection
+from gyre.model.model_dir import ModelDir
 from gyre.store import Keys
 from gyre.store.trees import TreeStore
 from gyre.trajectory import ChatTemplate, ModelRequest, get_profile, template_for_model
@@ -42,12 +43,11 @@ class CloseSummary:
     num_sampled_tokens: int
 
 
-def build_template(config: GyreConfig) -> ChatTemplate:
-    """The chat template of `model.path` (its tokenizer, template, family), as `proxy` configures it.
-    A model's own template that is not append-only is replaced by its family's verified one
+def build_template(section: ProxySection, model: ModelDir) -> ChatTemplate:
+    """The chat template of the run's model directory (its tokenizer, template, family), as `proxy`
+    configures it. A model's own template that is not append-only is replaced by its family's verified one
     (`proxy.template: auto`, logged here once) or refused with `TemplateError` (`strict`)."""
-    section = config.proxy
-    path = config.model.require_path()
+    path = model.path
     template = template_for_model(
         path,
         end_of_turn=section.end_of_turn,

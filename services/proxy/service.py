@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from gyre.config import GyreConfig
 from gyre.http_host import HttpHost
+from gyre.model.model_dir import ModelDir
 from gyre.service import GyreService
 from gyre.v1 import proxy_pb2_grpc
 from services.proxy.app import build_app
@@ -30,7 +31,7 @@ class ProxyService(GyreService):
     def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
         super().__init__(config, instance)
         # Before any connection: a model directory or chat template the proxy cannot use stops it here.
-        self.template = build_template(config)
+        self.template = build_template(config.proxy, ModelDir.open(config.model))
 
     async def setup(self) -> None:
         self.core = ProxyCore(

@@ -1,6 +1,7 @@
 """Harness commands: how the runner turns (task, proxy credentials) into argv + environment.
 
-    harness = make_harness(section)          # from RunnerSection.harness
+    check_harness(section)                   # ConfigError unless RunnerSection.harness is in HARNESSES
+    harness = make_harness(section)
     argv = harness.command(launch)           # argv + runner.harness_args
     env = harness.environment(launch)        # runner.harness_env + the harness's own; nothing else reaches the sandbox
 
@@ -26,7 +27,8 @@ A harness that is `python -m MODULE` names it in `fork_module` (with `fork_paths
 runner then forks its executions from a fork server that imported MODULE once (runner.fork_server).
 
 Adding one: subclass `HarnessCommand`, set `name`, implement `argv` (and `env`/`prepare` when
-needed), add it to `HARNESSES` and to `RunnerSection.harness`; the contract test in
+needed) and add it to `HARNESSES`, the one list of harnesses: `runner.harness` names an entry, checked by
+`check_harness` at `gyre up` and at the runner's start; the contract test in
 tests/unit/runner/test_harnesses.py checks every entry.
 """
 
@@ -44,6 +46,7 @@ from typing import ClassVar
 
 from gyre import tls
 from gyre.config.runner import HARNESS_ROUTING_ENV, RunnerSection
+from gyre.errors import ConfigError
 from gyre.paths import REPO_ROOT
 from gyre.sandbox import SandboxLimits
 from gyre.sandbox.host import BASE_PATH
@@ -319,7 +322,19 @@ HARNESSES: dict[str, type[HarnessCommand]] = {
 }
 
 
+def check_harness(section: RunnerSection) -> type[HarnessCommand]:
+    """The harness class `runner.harness` names; `ConfigError` listing the registry's names when it names none
+    (`gyre up` before anything starts, and the runner at its start: exit 2)."""
+    try:
+        return HARNESSES[section.harness]
+    except KeyError:
+        raise ConfigError(
+            f"runner.harness: {section.harness!r} is not a registered harness; available: {', '.join(HARNESSES)}"
+        ) from None
+
+
 def make_harness(section: RunnerSection) -> HarnessCommand:
+    check_harness(section)
     if section.harness == CommandHarness.name:
         return CommandHarness(section.command, section.harness_args, section.harness_env)
     return HARNESSES[section.harness](section.harness_args, section.harness_env)

@@ -31,7 +31,7 @@ from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
 from gyre.v1 import runner_pb2, runner_pb2_grpc
 from services.runner.execution import ExecutionController, PendingStart, Slots
-from services.runner.harnesses import make_harness
+from services.runner.harnesses import check_harness, make_harness
 from services.runner.metrics import RunnerMetrics
 from services.runner.ownership import Ownership
 from services.runner.proxy_client import ProxyClient
@@ -47,6 +47,7 @@ class RunnerService(GyreService):
 
     def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
         super().__init__(config, instance)
+        check_harness(config.runner)  # before any connection: a harness not registered stops it (exit 2)
         self.consumer: EventConsumer | None = None
         self.starting: set[asyncio.Task[None]] = set()
         """Starts claimed and acknowledged whose sandbox is being launched."""

@@ -12,12 +12,13 @@ import pytest
 import redis.asyncio as aioredis
 from google.protobuf.message import Message
 
+from app.stack.servers import ServerProcess
 from gyre.engine import EngineClient
 from gyre.model.files import check_model_dir
+from gyre.model.model_dir import ModelDir
 from gyre.model.weights import load_state_dict
 from gyre.rl.loss import ObjectiveParams
 from gyre.roles import ROLLOUT, TRAINING
-from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
 from gyre.trainer.synthetic import synthetic_microsteps
@@ -48,7 +49,7 @@ async def agent_and_events(
     async def emit(event: Message, event_id: str) -> None:
         events.append((event, event_id))
 
-    agent = CellAgent(config, cell=0, redis=redis, emit=emit)
+    agent = CellAgent(config, model=ModelDir.open(config.model), cell=0, redis=redis, emit=emit)
     await agent.start()
     await asyncio.gather(*await agent.background())  # one cell: no world to join, nothing to serve
     yield agent, events
@@ -112,7 +113,7 @@ async def test_a_core_that_lapses_mid_step_starts_over_and_stays_exact(
     agent, events = agent_and_events
     reference = create_trainer(
         "torch",
-        TrainerSpec(agent.section.trainer, agent.config.model, ObjectiveParams(), with_optimizer=True),
+        TrainerSpec(agent.section.trainer, agent.model.path, ObjectiveParams(), with_optimizer=True),
     )
     assert isinstance(reference, TorchTrainer)
     steps = synthetic_microsteps(
@@ -170,4 +171,4 @@ async def test_heartbeats_must_fit_the_timeout(
         raise AssertionError("nothing is emitted")
 
     with pytest.raises(ValueError, match="heartbeat_interval_s"):
-        CellAgent(config, cell=0, redis=redis, emit=emit)
+        CellAgent(config, model=ModelDir.open(config.model), cell=0, redis=redis, emit=emit)

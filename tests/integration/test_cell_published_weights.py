@@ -13,8 +13,9 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 
+from app.stack.servers import ServerProcess
+from gyre.model.model_dir import ModelDir
 from gyre.rl.loss import ObjectiveParams
-from gyre.stack.servers import ServerProcess
 from gyre.store import Keys, WorkQueue
 from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
 from gyre.trainer.checkpoint import published_path
@@ -50,7 +51,12 @@ async def test_satellite_back_in_rollout_serves_the_published_version(
         overrides={"cell_agent": {"published_weights": source}},
     ) as cells:
         config = cells.config
-        spec = TrainerSpec(config.cell_agent.trainer, config.model, ObjectiveParams(), with_optimizer=True)
+        spec = TrainerSpec(
+            config.cell_agent.trainer,
+            ModelDir.open(config.model).path,
+            ObjectiveParams(),
+            with_optimizer=True,
+        )
         reference = create_trainer("torch", spec)
         assert isinstance(reference, TorchTrainer)
         steps = synthetic_microsteps(

@@ -11,11 +11,12 @@ import pytest
 import redis.asyncio as aioredis
 import torch
 
+from app.stack.servers import ServerProcess
 from gyre.engine import EngineClient, GenerateResult
 from gyre.model.logprobs import token_logprobs
+from gyre.model.model_dir import ModelDir
 from gyre.model.weights import load_model
 from gyre.rl.loss import ObjectiveParams
-from gyre.stack.servers import ServerProcess
 from gyre.store import Keys, WorkQueue
 from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
 from gyre.trainer.synthetic import synthetic_microsteps
@@ -70,7 +71,10 @@ async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
                 )
 
             spec = TrainerSpec(
-                config.cell_agent.trainer, config.model, ObjectiveParams(), with_optimizer=True
+                config.cell_agent.trainer,
+                ModelDir.open(config.model).path,
+                ObjectiveParams(),
+                with_optimizer=True,
             )
             reference = create_trainer("torch", spec)
             assert isinstance(reference, TorchTrainer)

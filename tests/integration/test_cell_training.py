@@ -14,13 +14,14 @@ import redis.asyncio as aioredis
 import torch
 from google.protobuf.message import Message
 
+from app.stack.servers import ServerProcess
 from gyre.bus import Delivery, EventBus
 from gyre.config import GyreConfig
 from gyre.model.files import check_model_dir
+from gyre.model.model_dir import ModelDir
 from gyre.model.weights import load_state_dict
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.microstep import MicroStep
-from gyre.stack.servers import ServerProcess
 from gyre.store import Keys
 from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
 from gyre.trainer.backends.base import TrainerBackend
@@ -44,7 +45,7 @@ TOLERANCE = 1e-6
 def _reference(config: GyreConfig) -> TrainerBackend:
     spec = TrainerSpec(
         config.cell_agent.trainer,
-        config.model,
+        ModelDir.open(config.model).path,
         ObjectiveParams(**config.objective.model_dump()),
         with_optimizer=True,
     )

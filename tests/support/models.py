@@ -4,6 +4,7 @@
     cell_dir()                  # the same format with grouped-query attention, for cell-agent processes
     byte_dir(seed=1, context=4_000_000)   # the demo format at any seed, context and size
     hf_dir("qwen3")             # `gyre model init --arch qwen3 --size tiny` (BPE tokenizer, the family's template)
+    family_dir("llama3")        # a tiny model in a chat family's format (BPE tokenizer)
     load_small()                # CausalLM of small_dir(), fp32
 
 Nothing is committed: every directory is generated into one temporary root per test process.
@@ -18,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gyre.model.architectures import ARCHITECTURES
 from gyre.model.causal_lm import CausalLM
 from gyre.model.init import init_model_dir
 from gyre.model.weights import load_model
@@ -75,6 +77,16 @@ def cell_dir(seed: int = 3) -> Path:
 @functools.cache
 def hf_dir(arch: str, size: str = "tiny", seed: int = 0) -> Path:
     return init_model_dir(_ROOT / f"{arch}-{size}-{seed}", arch=arch, size=size, seed=seed)
+
+
+@functools.cache
+def family_dir(family: str) -> Path:
+    """A tiny model in a chat family's format: `hf_dir` of the first architecture whose family it is, else a
+    tiny Qwen3 given that family's tokenizer and template."""
+    arch = next((name for name, record in ARCHITECTURES.items() if record.chat_family == family), None)
+    if arch is not None:
+        return hf_dir(arch)
+    return init_model_dir(_ROOT / f"family-{family}", arch="qwen3", size="tiny", family=family)
 
 
 def load_small(seed: int = 0) -> CausalLM:

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
 from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys, connect_redis
@@ -21,17 +20,15 @@ from services.cell_agent.training import TrainingSide
 from tests.support.eventually import eventually
 from tests.support.models import byte_dir
 
-MODEL = ModelSection(
-    path=byte_dir(
-        1,
-        128,
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=64,
-        intermediate_size=768,
-    )
+MODEL = byte_dir(
+    1,
+    128,
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=64,
+    intermediate_size=768,
 )
 
 
@@ -43,7 +40,7 @@ async def _side(cell: int, redis_url: str, run_id: str, root: Path) -> TrainingS
         cell=cell,
         num_cells=2,
         section=section,
-        model_section=MODEL,
+        model_dir=MODEL,
         objective=ObjectiveParams(),
         redis=await connect_redis(redis_url),
         keys=Keys(run_id),

@@ -1,7 +1,7 @@
 """Trainer backends, by name (the config field `cell_agent.trainer.backend`).
 
     check_trainer(section, model_dir)      # at `gyre up` / service start: LayoutError (a ModelError) → exit 2
-    trainer = create_trainer("torch", TrainerSpec(section, model_section, objective, with_optimizer=True))
+    trainer = create_trainer("torch", TrainerSpec(section, model.path, objective, with_optimizer=True))
 
 The registry maps a name to a loader of its class, so a backend's heavy imports (torch, megatron-core:
 seconds) happen only when a cell builds that backend, and the config checks its field against the names

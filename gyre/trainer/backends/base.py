@@ -27,7 +27,6 @@ from typing import ClassVar
 
 import torch
 
-from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
 from gyre.model.arch import ModelArch
 from gyre.model.lora import LoraAdapter
@@ -41,7 +40,9 @@ class TrainerSpec:
     """Everything a backend is built from."""
 
     section: TrainerSection
-    model_section: ModelSection
+    model_dir: Path
+    """The run's model directory (`gyre.model.model_dir.ModelDir.path`: checked at the service's start), the
+    weights a trainer starts from and the source its checkpoints copy tokenizer files from."""
     objective: ObjectiveParams
     with_optimizer: bool
     """True on the core (the only optimizer); satellites compute gradients only."""

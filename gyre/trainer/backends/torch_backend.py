@@ -13,7 +13,7 @@ With `trainer.lora` the checkpoint's weights are frozen (no gradient, no optimiz
 satellite's pull and the gradient reduction are the adapter's bytes only), AdamW steps them alone,
 checkpoints and publications are PEFT adapter directories.
 
-    trainer = TorchTrainer.create(TrainerSpec(section, model_section, objective, with_optimizer=True))
+    trainer = TorchTrainer.create(TrainerSpec(section, model.path, objective, with_optimizer=True))
 """
 
 from __future__ import annotations
@@ -76,9 +76,7 @@ class TorchTrainer(TrainerBackend):
     @classmethod
     def create(cls, spec: TrainerSpec) -> TorchTrainer:
         """The initial weights of the run: the `model.path` directory (version 0)."""
-        return cls(
-            spec, load_model(spec.model_section.require_path(), _DTYPES[spec.section.dtype]), version=0
-        )
+        return cls(spec, load_model(spec.model_dir, _DTYPES[spec.section.dtype]), version=0)
 
     @property
     def arch(self) -> ModelArch:
@@ -147,7 +145,7 @@ class TorchTrainer(TrainerBackend):
             tensors=self.named_weights(),
             optimizer=self.optimizer,
             backend=self.name,
-            source=self.spec.model_section.require_path(),
+            source=self.spec.model_dir,
             keep=self.spec.section.keep_checkpoints,
             adapter=self._adapter,
         )

@@ -12,11 +12,12 @@ generation prompt, so the turn the model is sampled on looks as it was trained t
 changes is stated per family in `VerifiedTemplate.differences`; `gyre model verify-template DIR`
 shows, for a directory, where its template breaks and where the last-turn prompts of the two differ.
 
-The templates themselves are the families' files (`gyre/model/templates/<family>.jinja`, the ones
-`gyre model init` writes); the contract test (tests/unit/trajectory/test_template_registry.py) checks
-each is append-only over the verification suite and compares it with the shipped template it stands
-in for (tests/fixtures/templates/shipped_*.json). To add one: write the family's template, add a
-`VerifiedTemplate` here, and a fixture of the shipped template it replaces, with its source.
+The templates, and what each stands in for, are the families' modules (gyre/model/families/<family>.py, the
+templates `gyre model init` writes): a family with `stands_in_for` is a verified template here. The contract
+test (tests/unit/trajectory/test_template_registry.py) checks each is append-only over the verification suite
+and compares it with the shipped template it stands in for (tests/fixtures/templates/shipped_*.json). To add
+one: the family's module (gyre/model/families/base.py says how) and a fixture of the shipped template it
+replaces, with its source.
 
     verified = VERIFIED["qwen3"]
     verified.chat_template, verified.differences
@@ -56,45 +57,9 @@ class Substitution:
 
 
 VERIFIED: dict[str, VerifiedTemplate] = {
-    t.family: t
-    for t in (
-        VerifiedTemplate(
-            family="qwen3",
-            stands_in_for="the template of the Qwen3 checkpoints (thinking mode), e.g. Qwen/Qwen3-8B",
-            differences=(
-                "Earlier turns keep their reasoning: the shipped template renders <think> only for assistant "
-                "turns after the last user query, so each new user turn rewrites every earlier turn; here an "
-                "assistant turn keeps the <think> block it was sampled with. Within a tool loop (all turns "
-                "after one user query: an agent's usual trajectory) the last-turn prompt is identical to the "
-                "shipped one; after a second user query it holds the earlier turns' reasoning too, which the "
-                "shipped template would have dropped. An assistant turn with an empty reasoning keeps its "
-                "empty <think> block (shipped: only on the last turn), and with enable_thinking=false every "
-                "assistant turn starts with the empty block its generation prompt held (shipped: dropped on "
-                "earlier turns). A tool call is rendered as the model emitted it."
-            ),
-        ),
-        VerifiedTemplate(
-            family="qwen2",
-            stands_in_for="the template of the Qwen2.5 checkpoints, e.g. Qwen/Qwen2.5-7B-Instruct (append-only itself)",
-            differences=(
-                "None in what it renders for a conversation the proxy builds, except that a tool call is "
-                "rendered as the model emitted it (shipped: re-serialized with tojson)."
-            ),
-        ),
-        VerifiedTemplate(
-            family="llama3",
-            stands_in_for="the template of the Llama 3.1 / 3.2 / 3.3 Instruct checkpoints, e.g. "
-            "meta-llama/Llama-3.1-8B-Instruct",
-            differences=(
-                "Tool definitions go into the system turn, worded as the shipped template words them there "
-                "with tools_in_user_message=false; by default it prefixes them to the first user message, "
-                "which would make the system turn and its tools no segment of their own (a sub-agent's root "
-                "could not be shared). Without tools, the system and user turns are identical. An assistant "
-                "turn keeps its text beside its tool calls, may hold several calls (one per line) and is not "
-                "trimmed: the shipped template renders one call and no text (it raises on parallel calls) "
-                "and trims text, which rewrites a turn that was sampled otherwise. Builtin tools "
-                "(<|python_tag|>, <|eom_id|>) are not rendered."
-            ),
-        ),
-    )
+    family.name: VerifiedTemplate(family.name, family.stands_in_for, family.differences)
+    for family in FAMILIES.values()
+    if family.stands_in_for is not None
 }
+"""family → its verified template: the families of the registry (gyre/model/families/) that stand in for a
+shipped template, in its order."""

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     from gyre.config import load_config
     from gyre.errors import StartupError
     from gyre.log import configure_logging
+    from gyre.model.model_dir import ModelDir
 
     try:
         config = load_config(args.config)
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.port is not None:
             section = section.model_copy(update={"port": args.port})
         configure_logging(config.log.format, config.log.level)
-        asyncio.run(_serve(section, config.model.require_path()))
+        asyncio.run(_serve(section, ModelDir.open(config.model).path))
     except StartupError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,6 +1,6 @@
 """EngineServer: the embedded rollout engine as an async context manager (HTTP on 127.0.0.1).
 
-    async with EngineServer(config.cell_agent.engine, model_dir=config.model.require_path()) as engine:
+    async with EngineServer(config.cell_agent.engine, model_dir=ModelDir.open(config.model).path) as engine:
         client = EngineClient(engine.url)
         ...
         await engine.update_weights(named_tensors, weight_version="3")   # in-process path
@@ -40,6 +40,7 @@ from gyre.model.tokenizer import Tokenizer, generation_eos_ids
 from gyre.model.weights import torch_dtype
 from services.cell_agent.engine.adapters import NOT_ENABLED, EngineAdapters
 from services.cell_agent.engine.core import EngineCore
+from services.cell_agent.engine.http_api import EngineApi
 from services.cell_agent.engine.metrics import engine_registry
 from services.cell_agent.engine.protocol import RequestRefused, SamplingParams
 from services.cell_agent.engine.sources import SourceContext, create_source
@@ -161,8 +162,6 @@ class EngineServer:
             inline_step_ms=self.section.inline_step_ms,
         )
         self._core_task = asyncio.create_task(self._core.run(), name="engine-core")
-        from services.cell_agent.engine.http_api import EngineApi
-
         self._http = HttpHost(
             EngineApi(self).app(),
             host=self.section.host,

@@ -15,11 +15,12 @@ from gyre.trainer.backends.base import TrainerBackend
 from gyre.trainer.synthetic import synthetic_microsteps
 from tests.support.models import small_dir
 
-SMALL = ModelSection(path=small_dir(5))
+SMALL_DIR = small_dir(5)
+SMALL = ModelSection(path=SMALL_DIR)
 
 
 def spec(*, with_optimizer: bool = True, **trainer: Any) -> TrainerSpec:
-    return TrainerSpec(TrainerSection(**trainer), SMALL, ObjectiveParams(), with_optimizer=with_optimizer)
+    return TrainerSpec(TrainerSection(**trainer), SMALL_DIR, ObjectiveParams(), with_optimizer=with_optimizer)
 
 
 def trainer(name: str = "torch", *, with_optimizer: bool = True, **section: Any) -> TrainerBackend:
@@ -31,7 +32,7 @@ def batch(
 ) -> list[MicroStep]:
     """Micro-steps with the trainer's own log-probs as behaviour (the model directory's CausalLM for a
     backend whose model is not one, e.g. megatron's GPTModel)."""
-    model = t.model if isinstance(t.model, CausalLM) else load_model(t.spec.model_section.require_path())
+    model = t.model if isinstance(t.model, CausalLM) else load_model(t.spec.model_dir)
     return synthetic_microsteps(
         model,
         batch_id=f"b{seed}",

@@ -13,12 +13,13 @@ import pytest
 import redis.asyncio as aioredis
 from google.protobuf.message import Message
 
+from app.stack.servers import ServerProcess
 from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
 from gyre.model.causal_lm import CausalLM
+from gyre.model.model_dir import ModelDir
 from gyre.model.weights import assign_weights
 from gyre.roles import TRAINING
-from gyre.stack.servers import ServerProcess
 from gyre.trainer.backends.torch_backend import TorchTrainer
 from services.cell_agent.agent import CellAgent, PublishTarget
 from services.cell_agent.engine import EngineServer
@@ -53,7 +54,7 @@ async def test_core_publishes_to_another_cells_engine(
     async def emit(event: Message, event_id: str) -> None:
         events.append(event)
 
-    agent = CellAgent(config, cell=0, redis=redis, emit=emit)
+    agent = CellAgent(config, model=ModelDir.open(config.model), cell=0, redis=redis, emit=emit)
     await agent.start()
     await asyncio.gather(*await agent.background())
     model_dir = Path(SMALL_MODEL["path"])
@@ -122,7 +123,7 @@ async def test_a_lora_core_publishes_its_adapter(
     async def emit(event: Message, event_id: str) -> None:
         pass
 
-    agent = CellAgent(config, cell=0, redis=redis, emit=emit)
+    agent = CellAgent(config, model=ModelDir.open(config.model), cell=0, redis=redis, emit=emit)
     await agent.start()
     await asyncio.gather(*await agent.background())
     rollout = EngineServer(

@@ -112,7 +112,7 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path: Path) -> None:
     wide = TorchTrainer.create(
         type(other.spec)(
             other.spec.section,
-            other.spec.model_section.model_copy(update={"path": wide_dir}),
+            wide_dir,
             other.spec.objective,
             with_optimizer=True,
         )

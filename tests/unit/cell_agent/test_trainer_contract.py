@@ -34,7 +34,7 @@ def test_backend_contract(name: str, tmp_path: Path, no_world_left: None) -> Non
     assert t.version == 0
     params, grads = t.flat_params, t.flat_grads
     assert params.is_contiguous() and grads.shape == params.shape
-    names = set(check_model_dir(t.spec.model_section.require_path()).arch.parameter_shapes())
+    names = set(check_model_dir(t.spec.model_dir).arch.parameter_shapes())
     assert set(t.named_weights()) == names, "parameter names are the checkpoint's (Hugging Face) names"
     before = t.digest()
     steps = batch(t)

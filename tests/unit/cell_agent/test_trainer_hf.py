@@ -17,7 +17,6 @@ import pytest
 import torch
 import transformers
 
-from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
 from gyre.rl.loss import ObjectiveParams
 from gyre.rl.step_loss import target_logprobs, train_microstep
@@ -68,9 +67,7 @@ def _as_transformers(named: dict[str, torch.Tensor], hf_names: list[str]) -> dic
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "qwen3_moe"])
 def test_logprobs_and_one_step_equal_transformers_with_adamw(arch: str) -> None:
     section = TrainerSection(lr=1e-5, weight_decay=0.01, grad_clip=0.0)
-    trainer = TorchTrainer.create(
-        TrainerSpec(section, ModelSection(path=hf_dir(arch)), ObjectiveParams(), with_optimizer=True)
-    )
+    trainer = TorchTrainer.create(TrainerSpec(section, hf_dir(arch), ObjectiveParams(), with_optimizer=True))
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir(arch), dtype=torch.float32)
     hf.train()
     step = synthetic_microsteps(

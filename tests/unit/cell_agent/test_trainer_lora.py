@@ -13,7 +13,6 @@ import pytest
 import torch
 import transformers
 
-from gyre.config.model import ModelSection
 from gyre.config.training import LoraSection, TrainerSection
 from gyre.model.lora_spec import WEIGHTS_FILE
 from gyre.rl.loss import ObjectiveParams
@@ -38,7 +37,7 @@ def _trainer(arch: str, **section: Any) -> TorchTrainer:
         **section,
     )
     return TorchTrainer.create(
-        TrainerSpec(trainer_section, ModelSection(path=hf_dir(arch)), ObjectiveParams(), with_optimizer=True)
+        TrainerSpec(trainer_section, hf_dir(arch), ObjectiveParams(), with_optimizer=True)
     )
 
 

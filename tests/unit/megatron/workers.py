@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
 from gyre.model.arch import arch_from_config
 from gyre.model.files import check_model_dir
@@ -49,7 +48,7 @@ def _join_world(rank: int, world: int, ports: Queue[Any]) -> None:
 def _spec(directory: Path, **section: Any) -> TrainerSpec:
     return TrainerSpec(
         TrainerSection(backend="megatron", **section),
-        ModelSection(path=directory),
+        directory,
         ObjectiveParams(),
         with_optimizer=True,
     )

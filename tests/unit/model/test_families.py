@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 from gyre.model.families import FAMILIES, detect_family
 from gyre.model.tokenizer import Tokenizer
 from gyre.trajectory.messages import Message, TextBlock, ThinkingBlock, ToolUseBlock
 from gyre.trajectory.templates import TemplateError, template_for_family, template_for_model
-from tests.support.models import copy_dir, hf_dir, small_dir
+from tests.support.models import copy_dir, family_dir, hf_dir, small_dir
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "templates" / "shipped_qwen3.json"
 runner = CliRunner()
@@ -47,10 +47,23 @@ def test_malformed_tool_call_json_stays_text() -> None:
         assert not out.tool_calls and "write_file" in out.text
 
 
-@pytest.mark.parametrize(("arch", "family"), [("qwen3", "qwen3"), ("qwen2", "qwen2"), ("llama", "llama3")])
-def test_initialized_directories_are_recognized(arch: str, family: str) -> None:
-    assert detect_family(Tokenizer.from_dir(hf_dir(arch))).name == family
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_family_is_recognized_from_a_directory_of_its_own(name: str) -> None:
+    """Detection tries the registry's families in its order: each must be found from its own template (a family
+    placed after one whose marker its template holds is not)."""
+    assert detect_family(Tokenizer.from_dir(family_dir(name))).name == name
     assert detect_family(Tokenizer.from_dir(small_dir())).name == "chatml"
+
+
+def test_a_plain_chatml_template_falls_to_the_catch_all_family(tmp_path: Path) -> None:
+    path = copy_dir(hf_dir("qwen2"), tmp_path / "plain")
+    (path / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
+    assert detect_family(Tokenizer.from_dir(path)).name == "qwen2"
+    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    with pytest.raises(ValueError, match=rf"matches no known family \({', '.join(FAMILIES)}\)"):
+        detect_family(Tokenizer.from_dir(path))
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 
-from gyre.config.model import ModelSection
 from gyre.config.training import TrainerSection
 from gyre.rl.codec import decode_microstep, encode_microstep
 from gyre.rl.loss import ObjectiveParams
@@ -35,7 +34,7 @@ from tests.support.models import byte_dir
 from tests.unit.rl.helpers import TinyLM
 from tests.unit.trajectory.harness_sim import run_script
 
-MODEL = ModelSection(path=byte_dir(5, 4096, hidden_size=64, num_attention_heads=4, intermediate_size=128))
+MODEL = byte_dir(5, 4096, hidden_size=64, num_attention_heads=4, intermediate_size=128)
 VOCAB, MAX_POSITIONS = 264, 4096
 SCRIPTS = [
     # main: two retries and a compaction; sub-agent: a retry and a compaction

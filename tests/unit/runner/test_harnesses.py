@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from gyre.config import ConfigError, load_config
+from gyre.config.runner import RunnerSection
 from gyre.sandbox import SandboxLimits
 from gyre.tasks import Task
-from services.runner.harnesses import HARNESSES, CommandHarness, Launch, make_harness
+from services.runner.harnesses import HARNESSES, CommandHarness, Launch, check_harness, make_harness
 
 LAUNCH = Launch(
     Task("add/3+5", "3+5=? Write the answer to answer.txt."),
@@ -60,6 +61,27 @@ def test_codex_gets_a_provider_pointing_at_the_proxy() -> None:
 def test_command_harness_expands_placeholders_and_appends_extra_args() -> None:
     harness = CommandHarness(["run", "{task_id}", "{execution_id}", "--", "{prompt}"], ["--x"])
     assert harness.command(LAUNCH) == ["run", "add/3+5", "e1", "--", LAUNCH.task.prompt, "--x"]
+
+
+@pytest.mark.parametrize("name", sorted(HARNESSES))
+def test_every_harness_is_registered_under_its_own_name(name: str) -> None:
+    assert HARNESSES[name].name == name
+    assert check_harness(RunnerSection(harness=name, command=["true"])) is HARNESSES[name]
+
+
+def test_the_registry_the_config_docs_and_the_refusal_agree() -> None:
+    """HARNESSES is the one list: the field's documentation names each entry, and a name it lacks is refused
+    (before anything starts, not when the config is read) with exactly its names."""
+    doc = RunnerSection.model_fields["harness"].description or ""
+    assert all(f"`{name}`" in doc for name in HARNESSES), doc
+    section = load_config(None, environ={}, overrides={"runner": {"harness": "aider"}}).runner
+    with pytest.raises(ConfigError) as refused:
+        check_harness(section)
+    assert str(refused.value) == (
+        f"runner.harness: 'aider' is not a registered harness; available: {', '.join(HARNESSES)}"
+    )
+    with pytest.raises(ConfigError, match="'aider' is not a registered harness"):
+        make_harness(section)
 
 
 def test_runner_config_validates_and_names_the_fix() -> None:

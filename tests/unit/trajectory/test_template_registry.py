@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from app.cli import app
 from gyre.trajectory.messages import (
     Message,
     TextBlock,
@@ -24,21 +24,29 @@ from gyre.trajectory.messages import (
 )
 from gyre.trajectory.templates import VERIFIED, HFChatTemplate, template_for_family, template_for_model
 from gyre.trajectory.templates.verify import CONVERSATIONS, compare_last_turns, verify_template
-from tests.support.models import copy_dir, hf_dir
+from tests.support.models import copy_dir, family_dir
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "templates"
-SHIPPED = {"qwen3": ("qwen3", "qwen3"), "qwen2_5": ("qwen2", "qwen2"), "llama3_1": ("llama", "llama3")}
-"""fixture → (architecture of the tiny model that carries it, the family auto recognizes)."""
+SHIPPED: dict[str, dict[str, Any]] = {
+    path.stem.removeprefix("shipped_"): json.loads(path.read_text())
+    for path in sorted(FIXTURES.glob("shipped_*.json"))
+}
+"""fixture → what it holds: the shipped template, its source, the family that stands in for it, whether it is
+append-only."""
 runner = CliRunner()
 
 
 def shipped_dir(tmp_path: Path, fixture: str) -> Path:
-    """A tiny model of the fixture's architecture whose chat template is the shipped one."""
-    data = json.loads((FIXTURES / f"shipped_{fixture}.json").read_text())
+    """A tiny model of its family whose chat template is the shipped one."""
+    data = SHIPPED[fixture]
     assert data["source"]["repository"] and data["source"]["commit"] and data["model"]
-    path = copy_dir(hf_dir(SHIPPED[fixture][0]), tmp_path / fixture)
+    path = copy_dir(family_dir(data["family"]), tmp_path / fixture)
     (path / "chat_template.jinja").write_text(data["chat_template"])
     return path
+
+
+def test_every_verified_template_has_its_fixture_and_every_fixture_its_family() -> None:
+    assert sorted(data["family"] for data in SHIPPED.values()) == sorted(VERIFIED)
 
 
 def text(template: HFChatTemplate, system: str, tools: Any, messages: list[Message]) -> str:
@@ -53,16 +61,17 @@ def test_every_registry_template_is_append_only_over_the_suite(family: str) -> N
     assert report.ok, report.first_break
 
 
-@pytest.mark.parametrize(("fixture", "replaced"), [("qwen3", True), ("qwen2_5", False), ("llama3_1", True)])
+@pytest.mark.parametrize("fixture", sorted(SHIPPED))
 def test_auto_replaces_exactly_the_shipped_templates_that_are_not_append_only(
-    tmp_path: Path, fixture: str, replaced: bool
+    tmp_path: Path, fixture: str
 ) -> None:
+    replaced = not SHIPPED[fixture]["append_only"]
     path = shipped_dir(tmp_path, fixture)
     shipped = template_for_model(path, mode="shipped")
     assert shipped.report.ok is (not replaced) and verify_template(shipped).ok is (not replaced)
     auto = template_for_model(path)
     if replaced:
-        assert auto.substitution is not None and auto.substitution.family == SHIPPED[fixture][1]
+        assert auto.substitution is not None and auto.substitution.family == SHIPPED[fixture]["family"]
         assert auto.substitution.shipped == shipped.name and auto.substitution.shipped_breaks
         assert auto.report.ok and verify_template(auto).ok
     else:

@@ -123,7 +123,7 @@ class MegatronTrainer(TrainerBackend):
     def create(cls, spec: TrainerSpec) -> MegatronTrainer:
         """The initial weights of the run: the `model.path` directory (version 0), one process (TP 1)."""
         check_cell_layout(spec.section.megatron.tensor_parallel_size)
-        path = spec.model_section.require_path()
+        path = spec.model_dir
         info = check_model_dir(path)
         return cls(spec, info.arch, load_state_dict(info, params_dtype(spec)), version=0, source=path)
 
@@ -223,7 +223,7 @@ class MegatronTrainer(TrainerBackend):
                 tensors=weights,
                 optimizer=None,
                 backend=self.name,
-                source=self.source or self.spec.model_section.require_path(),
+                source=self.source or self.spec.model_dir,
                 keep=self.spec.section.keep_checkpoints,
                 write_extra=write_shards,
                 info={"tensor_parallel_size": self.tp_size},

@@ -1,4 +1,13 @@
-{#- Gyre's compact ChatML, the chat format of the embedded demo model.
+"""The `chatml` chat family: Gyre's compact ChatML, the format of the embedded demo model (`<|im_end|>` turns,
+hermes tool calls, reasoning kept).
+
+A module of the chat-family registry (gyre/model/families/__init__.py; how to add one: base.py)."""
+
+from __future__ import annotations
+
+from gyre.model.families.base import ChatFamily
+
+CHAT_TEMPLATE = r"""{#- Gyre's compact ChatML, the chat format of the embedded demo model.
     Turns are <|im_start|>ROLE\n ... <|im_end|> with nothing between turns; tool definitions follow the
     system prompt as "# Tools" and one compact JSON object per line; an assistant turn is
     <think>...</think>, its text, then <tool_call>{"name":...,"arguments":{...}}</tool_call> per call;
@@ -47,3 +56,27 @@
 {%- if add_generation_prompt -%}
     {{- '<|im_start|>assistant\n' -}}
 {%- endif -%}
+"""
+"""Rendered by transformers' own Jinja renderer; `gyre model init` writes it into a new model directory."""
+
+FAMILY = ChatFamily(
+    name="chatml",
+    chat_template=CHAT_TEMPLATE,
+    end_of_turn="<|im_end|>",
+    tool_call_parser="hermes",
+    special_tokens=(
+        "<|endoftext|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<tool_call>",
+        "</tool_call>",
+        "<think>",
+        "</think>",
+        "<|pad|>",
+    ),
+    eos_token="<|endoftext|>",
+    pad_token="<|pad|>",
+    marker="'# Tools'",
+    stop_tokens=("<|im_end|>", "<|endoftext|>"),
+    reasoning=True,
+)

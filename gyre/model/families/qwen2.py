@@ -1,4 +1,13 @@
-{#- Qwen2.5 (ChatML with Hermes-style tool calls): the verified append-only template of the qwen2 family
+"""The `qwen2` chat family: the format of the Qwen2.5 checkpoints (ChatML turns, hermes tool calls), and its
+verified append-only template.
+
+A module of the chat-family registry (gyre/model/families/__init__.py; how to add one: base.py)."""
+
+from __future__ import annotations
+
+from gyre.model.families.base import ChatFamily
+
+CHAT_TEMPLATE = r"""{#- Qwen2.5 (ChatML with Hermes-style tool calls): the verified append-only template of the qwen2 family
     (gyre.trajectory.templates.registry). It renders what Qwen2.5 checkpoints ship renders (that
     template is append-only already), except that a tool call the model emitted (`raw`) is rendered as
     emitted. Tools go into the system turn inside <tools></tools>; consecutive tool results share one
@@ -49,3 +58,24 @@
 {%- if add_generation_prompt -%}
     {{- '<|im_start|>assistant\n' -}}
 {%- endif -%}
+"""
+"""Rendered by transformers' own Jinja renderer; `gyre model init` writes it into a new model directory."""
+
+FAMILY = ChatFamily(
+    name="qwen2",
+    chat_template=CHAT_TEMPLATE,
+    end_of_turn="<|im_end|>",
+    tool_call_parser="hermes",
+    special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    added_tokens=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
+    eos_token="<|im_end|>",
+    pad_token="<|endoftext|>",
+    marker="<tool_call>",
+    stop_tokens=("<|im_end|>", "<|endoftext|>"),
+    catch_all=True,
+    stands_in_for="the template of the Qwen2.5 checkpoints, e.g. Qwen/Qwen2.5-7B-Instruct (append-only itself)",
+    differences=(
+        "None in what it renders for a conversation the proxy builds, except that a tool call is rendered as "
+        "the model emitted it (shipped: re-serialized with tojson)."
+    ),
+)

@@ -1,4 +1,13 @@
-{#- Qwen3 (ChatML, Hermes-style tool calls, <think> reasoning): the verified append-only template of the
+"""The `qwen3` chat family: the format of the Qwen3 checkpoints (ChatML turns, hermes tool calls, `<think>`
+reasoning), and its verified append-only template, which keeps each turn's reasoning.
+
+A module of the chat-family registry (gyre/model/families/__init__.py; how to add one: base.py)."""
+
+from __future__ import annotations
+
+from gyre.model.families.base import ChatFamily
+
+CHAT_TEMPLATE = r"""{#- Qwen3 (ChatML, Hermes-style tool calls, <think> reasoning): the verified append-only template of the
     qwen3 family (gyre.trajectory.templates.registry). It renders what the template Qwen3 checkpoints
     ship renders, with three exceptions that make every turn's render a prefix of the next:
     - every assistant turn keeps its reasoning (the shipped template keeps only the turns after the last
@@ -74,3 +83,38 @@
         {{- '<think>\n\n</think>\n\n' -}}
     {%- endif -%}
 {%- endif -%}
+"""
+"""Rendered by transformers' own Jinja renderer; `gyre model init` writes it into a new model directory."""
+
+FAMILY = ChatFamily(
+    name="qwen3",
+    chat_template=CHAT_TEMPLATE,
+    end_of_turn="<|im_end|>",
+    tool_call_parser="hermes",
+    special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    added_tokens=(
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+        "<think>",
+        "</think>",
+    ),
+    eos_token="<|im_end|>",
+    pad_token="<|endoftext|>",
+    marker="<think>",
+    stop_tokens=("<|im_end|>", "<|endoftext|>"),
+    reasoning=True,
+    stands_in_for="the template of the Qwen3 checkpoints (thinking mode), e.g. Qwen/Qwen3-8B",
+    differences=(
+        "Earlier turns keep their reasoning: the shipped template renders <think> only for assistant turns "
+        "after the last user query, so each new user turn rewrites every earlier turn; here an assistant turn"
+        " keeps the <think> block it was sampled with. Within a tool loop (all turns after one user query: an"
+        " agent's usual trajectory) the last-turn prompt is identical to the shipped one; after a second user"
+        " query it holds the earlier turns' reasoning too, which the shipped template would have dropped. An "
+        "assistant turn with an empty reasoning keeps its empty <think> block (shipped: only on the last "
+        "turn), and with enable_thinking=false every assistant turn starts with the empty block its "
+        "generation prompt held (shipped: dropped on earlier turns). A tool call is rendered as the model "
+        "emitted it."
+    ),
+)
