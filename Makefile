@@ -7,11 +7,15 @@ SYS_STAMP := $(VENV)/.system-deps
 NPM_STAMP := node_modules/.installed
 PROTO_STAMP := gyre/v1/.generated
 PROTOS := $(wildcard protos/gyre/v1/*.proto)
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_INPUTS := $(wildcard deploy/sglang/*.txt deploy/sglang/*.sh deploy/sglang/*.py) \
+	$(wildcard deploy/sglang/cpu_kernel_shim/pyproject.toml deploy/sglang/cpu_kernel_shim/sgl_kernel/*.py)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup containers test demo lint bench protos up down clean npm
+.PHONY: setup containers sglang test demo lint bench protos up down clean npm
 
-setup: $(SYS_STAMP) $(STAMP) $(PROTO_STAMP) $(NPM_STAMP) containers
+setup: $(SYS_STAMP) $(STAMP) $(PROTO_STAMP) $(NPM_STAMP) $(SGLANG_STAMP) containers
 
 # The container engine (rootful podman + runc, deploy/local/containers.conf), the local Debian base image
 # and podman's Docker-API service: idempotent, a fraction of a second when all are there. Needs root;
@@ -37,6 +41,15 @@ $(SYS_STAMP): deploy/local/system-deps.sh | $(VENV)/bin/python
 # The real harness CLIs (Claude Code, Codex) that the proxy conformance tests drive.
 $(NPM_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# SGLang in its own environment (its pins are not Gyre's): the exact packages of deploy/sglang/lock.txt and,
+# where SGLang's kernel package has no build (CPUs), Gyre's CPU kernel shim. ~2 min from scratch; nothing
+# when the stamp is newer than its inputs. `cell_agent.engine.sglang_python: .venv-sglang/bin/python`.
+sglang: $(SGLANG_STAMP)
+
+$(SGLANG_STAMP): $(SGLANG_INPUTS)
+	PYTHON=$(PYTHON) bash deploy/sglang/install.sh $(SGLANG_VENV)
 	@touch $@
 
 protos: $(PROTO_STAMP)
@@ -74,4 +87,4 @@ down:
 	$(VENV)/bin/gyre down
 
 clean:
-	rm -rf $(VENV) gyre/v1 runs .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(SGLANG_VENV) gyre/v1 runs .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,5 +1,7 @@
-"""Config section of a cell's rollout engine: the embedded engine (CPU, torch) or SGLang servers the
-cell agent launches (GPU clusters); `sglang_*` fields apply to SGLang only."""
+"""Config section of a cell's rollout engine: the embedded engine (CPU, torch) or an SGLang server the
+cell agent launches (GPU clusters, or CPUs with `sglang_device: cpu`); `sglang_*` fields apply to SGLang
+only. `backend` names an entry of `gyre.engine.backends.ENGINE_BACKENDS`, checked before anything starts
+(`check_engine`)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Por
 
 
 class EngineSection(Section):
-    backend: Literal["embedded", "sglang"] = "embedded"
-    """Rollout engine of a cell: the embedded engine (CPU, torch) or SGLang servers (GPU clusters)."""
+    backend: str = "embedded"
+    """Rollout engine of a cell, a name in `gyre.engine.backends.ENGINE_BACKENDS` (checked before anything
+    starts, `check_engine`): `embedded` (Gyre's engine in the cell agent's process, CPU, torch) or `sglang`
+    (an SGLang server the cell agent launches from `sglang_python`)."""
     host: str = "127.0.0.1"
     """Address the engine listens on (embedded engine and launched SGLang). Keep loopback on one machine."""
     port: Port = 0
@@ -23,8 +27,9 @@ class EngineSection(Section):
     `services.cell_agent.engine.sources` (`model` = the checkpoint's forward and sampling,
     `scripted` = queued outputs)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Embedded engine only: compute dtype of the served weights and KV cache (float32 is exact and
-    fastest on CPU; a bf16 checkpoint is upcast)."""
+    """Compute dtype of the served weights and KV cache (float32 is exact and fastest on CPU; a bf16
+    checkpoint is upcast): the embedded engine, and SGLang on CPU (`--dtype`; on GPUs SGLang serves the
+    checkpoint's dtype)."""
     script_file: Path | None = None
     """Scripted output sources only: a JSONL file of script entries queued at start (one
     `{"text": ...}` or `{"output_ids": [...]}` object per line; see `sources/scripted.py`)."""
@@ -32,13 +37,15 @@ class EngineSection(Section):
     """Scripted output sources only: when the queue runs dry, serve `script_file`'s entries again (a
     stand-in policy that keeps a long CI run going)."""
     max_batch_size: AtLeastOne = 32
-    """Requests decoded together (continuous batching)."""
+    """Requests decoded together (continuous batching); SGLang on CPU: `--max-running-requests`."""
     max_prefill_tokens: AtLeastOne = 2048
     """Prompt tokens computed per scheduling step; longer prompts are prefilled in chunks."""
     block_size: AtLeastOne = 16
     """Tokens per KV block (the unit of the prefix cache and of KV migration)."""
     kv_cache_tokens: int = 65536
-    """KV pool capacity in tokens (rounded up to blocks); allocated lazily, so idle capacity costs no RSS."""
+    """KV pool capacity in tokens (rounded up to blocks); allocated lazily, so idle capacity costs no RSS.
+    SGLang on CPU: `--max-total-tokens` (allocated at start; without it SGLang takes 72% of free RAM). On
+    GPUs SGLang sizes its pool from `sglang_mem_fraction_static` instead."""
     enable_prefix_cache: bool = True
     """Reuse KV blocks of earlier requests with the same token prefix under the same weight version."""
     incremental_streaming_output: bool = True
@@ -78,9 +85,14 @@ class EngineSection(Section):
     sglang_mem_fraction_static: float | None = None
     """SGLang only: `--mem-fraction-static`; None keeps SGLang's default."""
     sglang_enable_memory_saver: bool = True
-    """SGLang only: `--enable-memory-saver`, needed to release and resume memory on role switches."""
+    """SGLang on GPUs only: `--enable-memory-saver`, needed to release and resume memory on role switches
+    (CUDA only: on CPU the flag is not passed and a release frees nothing)."""
+    sglang_device: Literal["cuda", "cpu"] = "cuda"
+    """SGLang only: `--device`. `cpu` also sets `--attention-backend torch_native`, the KV budget
+    (`kv_cache_tokens`), `max_batch_size`, `dtype` and `SGLANG_USE_CPU_ENGINE=1` (deploy/sglang/README.md)."""
     sglang_python: str = "python"
-    """SGLang only: interpreter that runs `-m sglang.launch_server`."""
+    """SGLang only: interpreter that runs `-m sglang.launch_server` (`make setup` installs SGLang into
+    `.venv-sglang`: `.venv-sglang/bin/python`); checked at start to have sglang."""
     sglang_args: list[str] = Field(default_factory=list)
     """Extra arguments for `python -m sglang.launch_server` (cluster only)."""
 

@@ -19,7 +19,10 @@ Weight updates take SGLang's three paths: `update_weights_from_tensor` (the tens
 `init_weights_update_group` the caller broadcasts each tensor named in `update_weights_from_distributed`
 over that group while the request is in flight (`gyre.engine.update_group` is the caller's side of
 the group). Every update carries a `weight_version`; the server flushes its prefix cache (`flush_cache`)
-and aborts running requests only when `abort_all_requests` says so. LoRA adapters take SGLang's
+and aborts running requests only when `abort_all_requests` says so. A real SGLang loads tensors and
+broadcasts only inside a weight-update session (`/begin_weight_update` … `/end_weight_update`, else 400):
+the client opens one around those two calls when the server is SGLang. The served version is read from
+`/get_model_info` (SGLang has no `GET /get_weight_version`) and comes with every `/generate` answer. LoRA adapters take SGLang's
 endpoints (`/load_lora_adapter` with a PEFT directory, `/load_lora_adapter_from_tensors`,
 `/unload_lora_adapter`; the server needs `--enable-lora`) and a request names its adapter in
 `lora_path`; `update_weight_version` changes the version the server reports without touching weights.
@@ -402,8 +405,22 @@ class EngineClient:
             flush_cache=flush_cache,
             abort_all_requests=abort_all_requests,
         )
-        response = await self._call("POST", "/update_weights_from_tensor", json=payload)
+        async with self._weight_update_session():
+            response = await self._call("POST", "/update_weights_from_tensor", json=payload)
         return str(response.json().get("message", ""))
+
+    @contextlib.asynccontextmanager
+    async def _weight_update_session(self) -> AsyncIterator[None]:
+        """SGLang's `/begin_weight_update` … `/end_weight_update` around a tensor or distributed update
+        (the embedded engine loads without one). The session is closed even when the update failed."""
+        if await self._kind() != "sglang":
+            yield
+            return
+        await self._call("POST", "/begin_weight_update", json={})
+        try:
+            yield
+        finally:
+            await self._call("POST", "/end_weight_update", json={})
 
     async def update_weights_from_disk(
         self,
@@ -471,9 +488,10 @@ class EngineClient:
             "abort_all_requests": abort_all_requests,
             "weight_version": weight_version,
         }
-        response = await self._call(
-            "POST", "/update_weights_from_distributed", json=body, timeout_s=timeout_s
-        )
+        async with self._weight_update_session():
+            response = await self._call(
+                "POST", "/update_weights_from_distributed", json=body, timeout_s=timeout_s
+            )
         return str(response.json().get("message", ""))
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> str:
@@ -555,8 +573,8 @@ class EngineClient:
         return dict((await self._call("GET", "/get_server_info")).json())
 
     async def get_weight_version(self) -> str | None:
-        info = (await self._call("GET", "/get_weight_version")).json()
-        version = info.get("weight_version")
+        """The version of the weights served (`/get_model_info`'s `weight_version`)."""
+        version = (await self.get_model_info()).get("weight_version")
         return None if version is None else str(version)
 
     # ---- KV migration (embedded engine only) -------------------------------------------------

@@ -1,4 +1,4 @@
-"""Launching and supervising a real SGLang server for a cell on a GPU node.
+"""Launching and supervising a real SGLang server for a cell (GPU nodes, or CPUs with `sglang_device: cpu`).
 
     async with SGLangLauncher(config.cell_agent.engine) as sglang:
         client = EngineClient(sglang.url)          # the same client as for the embedded engine
@@ -6,15 +6,17 @@
 The command comes from the engine section (`backend: sglang`):
 
     python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size T
-        --random-seed S --weight-version V --enable-memory-saver [--mem-fraction-static F]
-        [--incremental-streaming-output] [--enable-lora --max-loaded-loras N --max-loras-per-batch N
-        --max-lora-rank R --lora-target-modules M...] [extra sglang_args...]
+        --random-seed S --weight-version V [--enable-memory-saver] [--mem-fraction-static F]
+        [--device cpu --attention-backend torch_native --max-total-tokens K --max-running-requests B
+         --dtype D --skip-server-warmup] [--incremental-streaming-output] [--enable-lora ...] [sglang_args...]
 
 `--enable-memory-saver` is what lets the cell agent release and resume GPU memory on a role switch
-(`/release_memory_occupation`, `/resume_memory_occupation`). The launcher starts the server in its
-own process group, waits for `/health`, restarts it if it dies (at most `max_restarts` times, with
-backoff) and stops it with SIGTERM, then SIGKILL after a grace period. SGLang is CUDA-only: none of
-this runs on a CPU machine, where the embedded engine serves the same API.
+(`/release_memory_occupation`, `/resume_memory_occupation`); it needs CUDA, so a CPU server runs without
+it. On CPU (`sglang_device: cpu`) the server also gets the attention back end that runs there, an explicit
+KV budget (`kv_cache_tokens`; else SGLang takes 72% of free RAM), the engine's batch size and dtype, and
+`SGLANG_USE_CPU_ENGINE=1`; deploy/sglang/ installs that SGLang (`make setup`). The launcher starts the
+server in its own process group, waits for `/health`, restarts it if it dies (at most `max_restarts`
+times, with backoff) and stops it with SIGTERM, then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -53,7 +55,15 @@ MANAGED_FLAGS = (
     "--lora-target-modules",
     "--max-loaded-loras",
     "--max-loras-per-batch",
+    "--device",
+    "--attention-backend",
+    "--max-total-tokens",
+    "--max-running-requests",
+    "--dtype",
 )
+
+#: The environment a CPU server needs (SGLang's CPU engine path).
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 
 
 def free_port(host: str) -> int:
@@ -78,7 +88,8 @@ def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
             raise ValueError(
                 f"cell_agent.engine.sglang_args must not set {flag}: it comes from its own config field "
                 "(sglang_model_path, host, port, sglang_tp_size, seed, weight_version, "
-                "sglang_enable_memory_saver, sglang_mem_fraction_static, incremental_streaming_output)"
+                "sglang_enable_memory_saver, sglang_mem_fraction_static, incremental_streaming_output, "
+                "sglang_device, kv_cache_tokens, max_batch_size, dtype)"
             )
     cmd = [
         section.sglang_python,
@@ -97,7 +108,21 @@ def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
         "--weight-version",
         section.weight_version,
     ]
-    if section.sglang_enable_memory_saver:
+    if section.sglang_device == "cpu":
+        cmd += [
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--max-total-tokens",
+            str(section.kv_cache_tokens),
+            "--max-running-requests",
+            str(section.max_batch_size),
+            "--dtype",
+            section.dtype,
+            "--skip-server-warmup",  # ~10 s of a CPU start; the launcher's /health wait is the check
+        ]
+    elif section.sglang_enable_memory_saver:
         cmd.append("--enable-memory-saver")
     if section.sglang_mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", str(section.sglang_mem_fraction_static)]
@@ -133,7 +158,8 @@ class SGLangLauncher:
         self.section = section
         self.port = section.port or free_port(section.host)
         self.command = build_sglang_command(section, port=self.port)
-        self.env = {**os.environ, **(env or {})}
+        device_env = CPU_ENV if section.sglang_device == "cpu" else {}
+        self.env = {**os.environ, **device_env, **(env or {})}
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.max_restarts = max_restarts

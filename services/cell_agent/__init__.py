@@ -2,7 +2,7 @@
 
     agent.py          CellAgent: role switches, JoinBatch, weight publication, status
     roles.py          the rollout ⇄ draining ⇄ training state machine
-    engine_host.py    the hosted rollout engine (embedded in-process, or a supervised SGLang server)
+    engine_hosts/     the hosted rollout engine by name (embedded in-process, or a supervised SGLang server)
     training.py       the training side: trainer backend, collectives, the core's snapshot, pulls
     step_runner.py    one cell's part in one optimizer step (claims, reduction, update)
     step_record.py    the step's join window and reduction handshake in Redis (scripts: step_scripts.py)
@@ -16,7 +16,7 @@
     servicer.py       gRPC;  service.py  the service shell
     engine/           the embedded engine
 
-K cells as local processes for tests and benches: gyre/stack/cells.py (the app layer).
+K cells as local processes for tests and benches: app/stack/cells.py (the app layer).
 
 See README.md in this directory for the protocol, the security notes and the known limits.
 """

@@ -14,9 +14,10 @@ import pytest
 
 from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient, GenerateResult
+from gyre.engine.backends import ENGINE_BACKENDS
 from gyre.trainer.checkpoint import write_published
 from services.cell_agent.engine import EngineServer
-from services.cell_agent.engine_host import EmbeddedEngineHost, EngineHost, HttpEngineHost
+from services.cell_agent.engine_hosts import ENGINE_HOSTS, EmbeddedEngineHost, EngineHost, HttpEngineHost
 from tests.support.eventually import eventually
 from tests.unit.cell_agent.helpers import SMALL, trainer
 
@@ -27,7 +28,7 @@ LONG = {"max_new_tokens": 200, "ignore_eos": True, "temperature": 1.0}
 @asynccontextmanager
 async def _host(kind: str) -> AsyncIterator[EngineHost]:
     if kind == "embedded":
-        host: EngineHost = EmbeddedEngineHost(SECTION, SMALL)
+        host: EngineHost = EmbeddedEngineHost(SECTION, SMALL.require_path())
         await host.start()
         try:
             yield host
@@ -35,7 +36,7 @@ async def _host(kind: str) -> AsyncIterator[EngineHost]:
             await host.stop()
         return
     async with EngineServer(SECTION, model_dir=SMALL.require_path()) as server:
-        host = HttpEngineHost(SECTION, SMALL, base_url=server.url)
+        host = HttpEngineHost(SECTION, SMALL.require_path(), base_url=server.url)
         await host.start()
         try:
             yield host
@@ -90,3 +91,10 @@ async def test_push_weights_flushes_the_prefix_cache() -> None:
         await host.push_weights(t.named_weights(), 2)
         after = await client.generate(prompt, {"max_new_tokens": 1})
         assert after.cached_tokens == 0 and after.weight_version == "2"
+
+
+def test_every_engine_backend_has_a_host() -> None:
+    """The config's names (`gyre.engine.backends`, what `check_engine` accepts) are the hosts' registry."""
+    assert set(ENGINE_HOSTS) == set(ENGINE_BACKENDS)
+    for name, cls in ENGINE_HOSTS.items():
+        assert cls.name == name

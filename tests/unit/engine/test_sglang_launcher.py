@@ -1,7 +1,8 @@
 """The SGLang launcher: command construction from config, and supervision of a stand-in server.
 
-SGLang cannot run here, so supervision is exercised with a stand-in `sglang.launch_server` module
-(put on PYTHONPATH) that serves `/health` on the port it is given, like the real one."""
+Supervision is exercised here with a stand-in `sglang.launch_server` module (put on PYTHONPATH) that
+serves `/health` on the port it is given and starts in a fraction of a second; the real SGLang (26–45 s
+to start on these CPUs) is launched by tests/integration/test_engine_backends.py and test_sglang_server.py."""
 
 from __future__ import annotations
 
@@ -81,6 +82,18 @@ def test_command_options_and_extra_args() -> None:
     assert cmd[cmd.index("--host") + 1] == "10.0.0.5"
 
 
+def test_a_cpu_server_gets_the_flags_this_device_needs() -> None:
+    section = sglang_section(sglang_device="cpu", kv_cache_tokens=8192, max_batch_size=16, dtype="bfloat16")
+    cmd = build_sglang_command(section, port=1)
+    joined = " ".join(cmd)
+    assert "--device cpu --attention-backend torch_native" in joined
+    assert "--max-total-tokens 8192 --max-running-requests 16 --dtype bfloat16" in joined
+    assert "--enable-memory-saver" not in cmd, "the memory saver needs CUDA"
+    assert SGLangLauncher(section).env["SGLANG_USE_CPU_ENGINE"] == "1"
+    gpu = build_sglang_command(sglang_section(), port=1)
+    assert "--device" not in gpu and "--max-total-tokens" not in gpu and "--enable-memory-saver" in gpu
+
+
 @pytest.mark.parametrize(
     ("section", "fragment"),
     [
@@ -89,6 +102,7 @@ def test_command_options_and_extra_args() -> None:
         (sglang_section(sglang_args=["--port", "1"]), "must not set --port"),
         (sglang_section(sglang_args=["--tp-size=2"]), "must not set --tp-size"),
         (sglang_section(sglang_args=["--enable-lora"]), "must not set --enable-lora"),
+        (sglang_section(sglang_args=["--max-total-tokens", "9"]), "must not set --max-total-tokens"),
     ],
 )
 def test_command_refuses_bad_config(section: EngineSection, fragment: str) -> None:
