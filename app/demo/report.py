@@ -200,6 +200,12 @@ def summarize(events: Sequence[RecordedEvent], facts: RunFacts) -> dict[str, Any
         "wall_s": round(facts.wall_s, 1),
         "loss_by_step": [round(completed[s].loss, 5) for s in steps],
         "clip_fraction_by_step": [round(completed[s].clip_fraction, 4) for s in steps],
+        "token_mask_fraction_by_step": [round(completed[s].token_mask_fraction, 4) for s in steps],
+        "sequence_mask_fraction_by_step": [round(completed[s].sequence_mask_fraction, 4) for s in steps],
+        # k3 per target sampled at the trainer's own version; None for a step that measured none
+        "mismatch_kl_by_step": [
+            completed[s].mismatch_kl if completed[s].num_mismatch_targets else None for s in steps
+        ],
         **facts.extra,
     }
 
@@ -233,7 +239,15 @@ def run_warnings(summary: dict[str, Any]) -> list[str]:
 
 def timeline(events: Sequence[RecordedEvent], facts: RunFacts, title: str) -> Any:
     """The role timeline (sim's Timeline, in seconds) rebuilt from transition and micro-step events."""
-    from sim.metrics import DRAINING, RETURNING, ROLLOUT, TRAINING_BUSY, TRAINING_IDLE, CellUsage, Timeline
+    from gyre.metrics.timeline import (
+        DRAINING,
+        RETURNING,
+        ROLLOUT,
+        TRAINING_BUSY,
+        TRAINING_IDLE,
+        CellUsage,
+        Timeline,
+    )
 
     t0 = events[0].time_s if events else 0.0
     usage = CellUsage(facts.num_cells, record=True)

@@ -21,16 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gyre.bus import login_url
-from gyre.config import GyreConfig, load_config
 from app.demo.events import read_events
 from app.demo.heldout import HeldOut
 from app.demo.memory import RedisMemory
 from app.demo.report import RunFacts, plot_reward_staleness, summarize, timeline
-from gyre.rpc import call_while_restarting, sync_channel
 from app.stack.launcher import StackError, StackState, down_state, up
 from app.stack.resume import resume_stack
 from app.stack.signals import StopSignals
+from gyre.bus import login_url
+from gyre.config import GyreConfig, load_config
+from gyre.rpc import call_while_restarting, sync_channel
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 T = TypeVar("T")
@@ -49,6 +49,8 @@ class DemoRun:
         self._stop = StopSignals()
         self.held_out = HeldOut(self.config, steps, self.config.run.path)
         self._memory: RedisMemory | None = None
+        self._stop_reason = "max_steps"
+        """Why training ended: `max_steps`, or the reason the scheduler stopped the run itself."""
 
     @classmethod
     def resuming(cls, run_dir: Path, drain_timeout_s: float = 120.0) -> DemoRun:
@@ -134,6 +136,9 @@ class DemoRun:
                 self._memory.sample(st.steps)
             if st.steps >= self.steps:
                 return
+            if st.stop_reason:  # the scheduler stopped the run itself (scheduler.mismatch_gate)
+                self._stop_reason = st.stop_reason
+                return
             self._pause(1.0)
 
     def _state(
@@ -206,11 +211,15 @@ class DemoRun:
             refused_calls=dict(stats.refused_calls),
             refusal_messages=dict(stats.refusal_messages),
             chat_template=_chat_template(stats.chat_template),
-            extra={"run_id": self.config.run.id, "run_dir": str(self.run_dir)},
+            extra={
+                "run_id": self.config.run.id,
+                "run_dir": str(self.run_dir),
+                "stop_reason": self._stop_reason,
+            },
         )
         self._save_events(events)
         summary = summarize(events, facts)
-        from sim.timeline import plot_timeline
+        from gyre.metrics.timeline import plot_timeline
 
         title = f"Gyre demo, {c.mode} (K={c.num_cells}, φ={c.phi}, μ={c.mu}): {summary['steps']} steps"
         summary["role_timeline_png"] = str(

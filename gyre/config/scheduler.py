@@ -9,9 +9,21 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from gyre.config.base import AtLeastOne, NonNegativeFloat, NonNegativeInt, Port, Section
+from gyre.config.base import AtLeastOne, NonNegativeFloat, NonNegativeInt, Port, PositiveFloat, Section
+
+
+class MismatchGateSection(Section):
+    """What the scheduler does when the train/inference mismatch stays high (services/scheduler/mismatch_gate.py)."""
+
+    action: Literal["off", "warn", "stop"] = "warn"
+    """`warn` logs, `stop` ends the run like `max_steps` (reason in `SchedulerState.stop_reason` and the
+    demo's `summary.json`), `off` ignores it."""
+    max_kl: PositiveFloat = 0.015
+    """Bound of a step's `mismatch_kl` (mean k3 per target sampled at the trainer's own version)."""
+    num_steps: AtLeastOne = 3
+    """Consecutive measured steps over `max_kl` before the gate acts."""
 
 
 class SchedulerSection(Section):
@@ -19,6 +31,8 @@ class SchedulerSection(Section):
     """gRPC port; 0 picks a free one."""
     max_steps: int = 0
     """Stop after this many optimizer steps (no more dispatch or batches); 0 = run until shut down."""
+    mismatch_gate: MismatchGateSection = Field(default_factory=MismatchGateSection)
+    """Warn about or stop a run whose train/inference mismatch stays above a bound."""
     profile: str | None = None
     """Harness profile the proxy classifies this run's requests with (generic, claude_code, codex);
     unset = the runner's harness when it has a profile of that name (claude_code, codex), else generic."""

@@ -3,6 +3,7 @@ micro-steps) and the trainer a cell runs in its training role."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +19,10 @@ from gyre.config.base import (
     Section,
 )
 
+TokenCorrectionName = Literal["tis", "mis", "icepop"]
+"""The names of `gyre.rl.corrections.TOKEN_CORRECTIONS` (the config may not import torch), kept equal to
+it by tests/unit/rl/test_corrections.py."""
+
 
 class ObjectiveSection(Section):
     clip_low: float = 0.995
@@ -28,6 +33,49 @@ class ObjectiveSection(Section):
     """Cap of the stop-gradient token importance weight."""
     token_loss_cap: float = 100.0
     """Cap of a token's loss."""
+    token_correction: TokenCorrectionName = "tis"
+    """Token-level train/inference mismatch correction (docs/method.md, "Mismatch corrections"): `tis`,
+    the paper's weight sg(min(ρ_u, token_ratio_cap)); `mis`, masked IS: a target whose ρ_u leaves
+    [mis_low, mis_high] is dropped, the others weighted sg(ρ_u) uncapped; `icepop`: a target whose ρ_u
+    leaves [icepop_low, icepop_high] is dropped, the others keep the capped weight. A dropped target
+    leaves its execution's normalizer (the kept ones carry 1/(L'_i·B·N))."""
+    mis_low: float = 0.0
+    """`mis`: ratio below which a target is dropped (0 = no lower bound)."""
+    mis_high: float = 2.0
+    """`mis`: ratio above which a target is dropped."""
+    icepop_low: float = 0.5
+    """`icepop`: ratio below which a target is dropped."""
+    icepop_high: float = 5.0
+    """`icepop`: ratio above which a target is dropped."""
+    sequence_mask: bool = False
+    """Geometric-mean masking: drop a whole execution whose s_i = exp(mean log ρ_u) over its targets
+    leaves [sequence_mask_low, sequence_mask_high], whatever the sign of its advantage."""
+    sequence_mask_low: float = 0.99
+    """Lower bound of s_i under `sequence_mask`."""
+    sequence_mask_high: float = 1.01
+    """Upper bound of s_i under `sequence_mask`."""
+    mismatch_bound: PositiveFloat = 0.1
+    """|log π_θ − log p_roll| above which a target counts in the step's `mismatch_over_bound_fraction`."""
+
+    @model_validator(mode="after")
+    def _bands(self) -> ObjectiveSection:
+        if not 0.0 < self.clip_low <= 1.0 <= self.clip_high:
+            raise ValueError(
+                f"need 0 < clip_low <= 1 <= clip_high; got clip_low={self.clip_low}, clip_high={self.clip_high}"
+            )
+        for name, low, high, floor in (
+            ("mis", self.mis_low, self.mis_high, 0.0),
+            ("icepop", self.icepop_low, self.icepop_high, None),
+            ("sequence_mask", self.sequence_mask_low, self.sequence_mask_high, None),
+        ):
+            low_ok = low >= 0.0 if floor is not None else low > 0.0
+            if not (low_ok and low <= 1.0 <= high < math.inf):
+                bound = "0 <=" if floor is not None else "0 <"
+                raise ValueError(
+                    f"need {bound} {name}_low <= 1 <= {name}_high (a band keeps ratio 1); "
+                    f"got {name}_low={low}, {name}_high={high}"
+                )
+        return self
 
 
 class PackerSection(Section):

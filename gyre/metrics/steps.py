@@ -6,10 +6,10 @@
             sink.write(row)                   # a dict: the line of `metrics.jsonl`
 
 The packer knows each group's rewards, admitted leaves and staleness (`GroupPacked`) and the tokens of each
-micro-step (`MicroStepEnqueued`); the core knows the loss, the clip fraction, the importance ratios and the
-gradient norm of the step (`StepCompleted`). A step's row is complete once its `StepCompleted` and its
-batch's `StreamClosed` have both arrived, in any order (`StreamClosed` follows every `GroupPacked` of its
-batch on the bus). Duplicate deliveries change nothing; a step is emitted once (`done` holds the steps
+micro-step (`MicroStepEnqueued`); the core knows the loss, the clip and mask fractions, the importance
+ratios, the train/inference mismatch and the gradient norm of the step (`StepCompleted`). A step's row is
+complete once its `StepCompleted` and its batch's `StreamClosed` have both arrived, in any order
+(`StreamClosed` follows every `GroupPacked` of its batch on the bus). Duplicate deliveries change nothing; a step is emitted once (`done` holds the steps
 already written, e.g. read back from `metrics.jsonl` after a restart).
 
 `scalars(row)` flattens a row into the named numbers every sink logs (`reward_mean`,
@@ -112,6 +112,7 @@ def _row(step: int, b: _Batch) -> dict[str, Any]:
             targets[leaf_class] = targets.get(leaf_class, 0) + n
     staleness = [g.staleness for g in groups]
     trained = c.num_targets > 0  # without targets there is no ratio (the fields are 0 on the wire)
+    measured = c.num_mismatch_targets > 0
     return {
         "step": step,
         "policy_version": int(c.policy_version),
@@ -128,6 +129,15 @@ def _row(step: int, b: _Batch) -> dict[str, Any]:
         "sequence_ratio_min": c.sequence_ratio_min if trained else None,
         "sequence_ratio_mean": c.sequence_ratio_mean if trained else None,
         "sequence_ratio_max": c.sequence_ratio_max if trained else None,
+        "token_mask_fraction": c.token_mask_fraction,
+        "sequence_mask_fraction": c.sequence_mask_fraction,
+        # measured on the targets sampled at the trainer's own version only; None when there were none
+        "num_mismatch_targets": int(c.num_mismatch_targets),
+        "mismatch_kl": c.mismatch_kl if measured else None,
+        "mismatch_kl_execution": c.mismatch_kl_execution if measured else None,
+        "mismatch_abs_log_ratio_mean": c.mismatch_abs_log_ratio_mean if measured else None,
+        "mismatch_abs_log_ratio_max": c.mismatch_abs_log_ratio_max if measured else None,
+        "mismatch_over_bound_fraction": c.mismatch_over_bound_fraction if measured else None,
         "grad_norm": c.grad_norm,
         "num_tokens": sum(b.microstep_tokens.values()),
         "num_target_tokens": int(c.num_targets),

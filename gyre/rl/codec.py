@@ -21,6 +21,10 @@ micro-step ever carries coefficients that vary inside an execution), and for tre
 and 4 per row, a few dozen bytes per execution). Position ids and per-token execution indices are rebuilt on decode. With the byte
 tokenizer and a quarter of the tokens being targets, that is about 3 bytes per token.
 
+The policy version that sampled each target is optional, run-length encoded over the targets (int32
+values and lengths: one run per stretch of one version, a few per execution); a blob without it decodes
+with `behaviour_versions` None (the mismatch is then measured over every target).
+
 Version 2 added the tree layout; a version-1 reader would silently train a tree micro-step as path
 rows with wrong positions, hence the bump.
 
@@ -62,6 +66,14 @@ def _pad(n: int) -> int:
     return (-n) % _ALIGN
 
 
+def _runs(values: npt.NDArray[np.int32]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """Run-length encoding: (value of each run, its length); a model call's targets share one version."""
+    if len(values) == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(values)) + 1])
+    return values[starts].astype(np.int32), np.diff(np.append(starts, len(values))).astype(np.int32)
+
+
 def encode_microstep(step: MicroStep) -> bytes:
     """Serialize a micro-step (see the module docstring for the layout)."""
     mask = step.target_mask
@@ -88,6 +100,9 @@ def encode_microstep(step: MicroStep) -> bytes:
         ("advantages", "f8", step.advantages),
         ("execution_num_targets", "i4", step.execution_num_targets),
     ]
+    if step.behaviour_versions is not None:
+        values, lengths = _runs(step.behaviour_versions[mask])
+        arrays += [("behaviour_version_values", "i4", values), ("behaviour_version_lengths", "i4", lengths)]
     if step.tree is not None:
         arrays += [
             ("tree_row_segments", "i4", step.tree.row_segments),
@@ -174,6 +189,18 @@ def decode_microstep(blob: bytes) -> MicroStep:
     execution_index = np.repeat(row_execution, np.diff(cu_seqlens)).astype(np.int32)
     full_behaviour = np.zeros(num_tokens, dtype=np.float32)
     full_behaviour[mask] = behaviour
+    versions = None
+    if "behaviour_version_values" in arrays:
+        values, lengths = arrays["behaviour_version_values"], arrays.get("behaviour_version_lengths")
+        if (
+            lengths is None
+            or len(values) != len(lengths)
+            or np.any(lengths < 1)
+            or lengths.sum() != len(behaviour)
+        ):
+            raise CodecError("micro-step behaviour versions disagree with the target mask")
+        versions = np.full(num_tokens, -1, dtype=np.int32)
+        versions[mask] = np.repeat(values.astype(np.int32), lengths)
     try:
         return MicroStep(
             batch_id=batch_id,
@@ -191,6 +218,7 @@ def decode_microstep(blob: bytes) -> MicroStep:
             advantages=advantages,
             execution_num_targets=execution_num_targets,
             tree=tree,
+            behaviour_versions=versions,
         )
     except ValueError as e:
         raise CodecError(f"decoded micro-step is inconsistent: {e}") from e

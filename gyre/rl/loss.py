@@ -10,6 +10,11 @@ For target u of execution i (Â_i its advantage, c_u its coefficient 1/(L_i·B·
     ℓ_u   = min(token_loss_cap, −m_i · w_u · Â_i · log π_θ(y_u|c_u))
     loss  = Σ_u c_u · ℓ_u
 
+Corrections for the train/inference mismatch (`gyre.rl.corrections`, off by default): `token_correction`
+`mis` or `icepop` drops targets whose ρ_u leaves a band (and rescales the kept targets of their execution
+to 1/(L'_i·B·N)); `sequence_mask` drops whole executions whose s_i leaves a band. The defaults
+(`tis`, no sequence mask) compute exactly the formula above.
+
 The clip test runs in log space (log s_i against log clip_high / log clip_low): the same decision,
 without the rounding of exp, so a sequence ratio exactly at a bound keeps its mask at 1.
 
@@ -30,88 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(slots=True)
-class LossMetrics:
-    """Additive statistics of one loss evaluation; merge across micro-steps and cells."""
-
-    loss: float = 0.0
-    """Σ c_u · ℓ_u of the targets seen."""
-    num_targets: int = 0
-    num_clipped_tokens: int = 0
-    """Targets of executions whose mask m_i is 0."""
-    num_ratio_capped_tokens: int = 0
-    """Targets whose token ratio ρ_u exceeded the cap (weight capped)."""
-    num_loss_capped_tokens: int = 0
-    """Targets whose loss hit the loss cap (no gradient from them)."""
-    token_ratio_sum: float = 0.0
-    token_ratio_min: float = math.inf
-    token_ratio_max: float = -math.inf
-    token_kl_sum: float = 0.0
-    """Σ (ρ_u − 1 − log ρ_u): the k3 estimate of KL(behaviour ‖ current policy), summed over targets."""
-    num_executions: int = 0
-    """Executions with at least one target."""
-    num_clipped_executions: int = 0
-    seq_ratio_sum: float = 0.0
-    seq_ratio_min: float = math.inf
-    seq_ratio_max: float = -math.inf
-
-    def merge(self, other: LossMetrics) -> LossMetrics:
-        """The metrics of both evaluations together (executions must not be split between them)."""
-        return LossMetrics(
-            loss=self.loss + other.loss,
-            num_targets=self.num_targets + other.num_targets,
-            num_clipped_tokens=self.num_clipped_tokens + other.num_clipped_tokens,
-            num_ratio_capped_tokens=self.num_ratio_capped_tokens + other.num_ratio_capped_tokens,
-            num_loss_capped_tokens=self.num_loss_capped_tokens + other.num_loss_capped_tokens,
-            token_ratio_sum=self.token_ratio_sum + other.token_ratio_sum,
-            token_ratio_min=min(self.token_ratio_min, other.token_ratio_min),
-            token_ratio_max=max(self.token_ratio_max, other.token_ratio_max),
-            token_kl_sum=self.token_kl_sum + other.token_kl_sum,
-            num_executions=self.num_executions + other.num_executions,
-            num_clipped_executions=self.num_clipped_executions + other.num_clipped_executions,
-            seq_ratio_sum=self.seq_ratio_sum + other.seq_ratio_sum,
-            seq_ratio_min=min(self.seq_ratio_min, other.seq_ratio_min),
-            seq_ratio_max=max(self.seq_ratio_max, other.seq_ratio_max),
-        )
-
-    @property
-    def token_ratio_mean(self) -> float:
-        """Σρ_u / targets, held inside [min, max]: the float sum of many equal ratios can round one ulp past them."""
-        return _mean_within(
-            self.token_ratio_sum, self.num_targets, self.token_ratio_min, self.token_ratio_max
-        )
-
-    @property
-    def seq_ratio_mean(self) -> float:
-        """Σs_i / executions, held inside [min, max] like `token_ratio_mean`."""
-        return _mean_within(self.seq_ratio_sum, self.num_executions, self.seq_ratio_min, self.seq_ratio_max)
-
-    def summary(self) -> dict[str, float]:
-        """Fractions and means for logs (NaN where nothing was seen)."""
-        nan = math.nan
-        t, e = self.num_targets, self.num_executions
-        return {
-            "loss": self.loss,
-            "num_targets": float(t),
-            "num_executions": float(e),
-            "clip_fraction_executions": self.num_clipped_executions / e if e else nan,
-            "clip_fraction_tokens": self.num_clipped_tokens / t if t else nan,
-            "seq_ratio_mean": self.seq_ratio_mean,
-            "seq_ratio_min": self.seq_ratio_min if e else nan,
-            "seq_ratio_max": self.seq_ratio_max if e else nan,
-            "token_ratio_mean": self.token_ratio_mean,
-            "token_ratio_min": self.token_ratio_min if t else nan,
-            "token_ratio_max": self.token_ratio_max if t else nan,
-            "token_kl_mean": self.token_kl_sum / t if t else nan,
-            "num_ratio_capped_tokens": float(self.num_ratio_capped_tokens),
-            "num_loss_capped_tokens": float(self.num_loss_capped_tokens),
-        }
-
-
-def _mean_within(total: float, count: int, low: float, high: float) -> float:
-    """total / count clamped to [low, high] (the true mean lies there; only rounding leaves it); NaN for no items."""
-    return min(max(total / count, low), high) if count else math.nan
+from gyre.rl.corrections import TOKEN_CORRECTIONS, inside, kept_normalizer_scale, validate_band
+from gyre.rl.loss_metrics import LossMetrics as LossMetrics  # re-exported: callers import it from here
 
 
 @dataclass(slots=True, frozen=True)
@@ -126,6 +51,25 @@ class ObjectiveParams:
     """Cap of the stop-gradient token weight min(ρ_u, cap)."""
     token_loss_cap: float = 100.0
     """Cap of a token's loss."""
+    token_correction: str = "tis"
+    """Token-level mismatch correction, a name in `gyre.rl.corrections.TOKEN_CORRECTIONS`: `tis` (the
+    paper's capped weight), `mis` or `icepop` (a band outside which a target is dropped)."""
+    mis_low: float = 0.0
+    """`mis`: a target with ρ_u below this is dropped (0 = no lower bound)."""
+    mis_high: float = 2.0
+    """`mis`: a target with ρ_u above this is dropped."""
+    icepop_low: float = 0.5
+    """`icepop`: a target with ρ_u below this is dropped."""
+    icepop_high: float = 5.0
+    """`icepop`: a target with ρ_u above this is dropped."""
+    sequence_mask: bool = False
+    """Drop an execution whose geometric-mean ratio s_i leaves [sequence_mask_low, sequence_mask_high]."""
+    sequence_mask_low: float = 0.99
+    """Lower bound of s_i under `sequence_mask`."""
+    sequence_mask_high: float = 1.01
+    """Upper bound of s_i under `sequence_mask`."""
+    mismatch_bound: float = 0.1
+    """|log π_θ − log p_roll| above which a target counts in the mismatch's over-bound fraction."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.clip_low <= 1.0 <= self.clip_high:
@@ -136,24 +80,50 @@ class ObjectiveParams:
             raise ValueError(f"token_ratio_cap must be > 0; got {self.token_ratio_cap}")
         if not self.token_loss_cap > 0.0:
             raise ValueError(f"token_loss_cap must be > 0; got {self.token_loss_cap}")
+        if self.token_correction not in TOKEN_CORRECTIONS:
+            raise ValueError(
+                f"token_correction must be one of {', '.join(TOKEN_CORRECTIONS)}; got {self.token_correction!r}"
+            )
+        validate_band("mis", self.mis_low, self.mis_high, low_may_be_zero=True)
+        validate_band("icepop", self.icepop_low, self.icepop_high, low_may_be_zero=False)
+        validate_band("sequence_mask", self.sequence_mask_low, self.sequence_mask_high, low_may_be_zero=False)
+        if not self.mismatch_bound > 0.0:
+            raise ValueError(f"mismatch_bound must be > 0; got {self.mismatch_bound}")
+
+    @property
+    def token_band(self) -> tuple[float, float] | None:
+        """The [low, high] band of ρ_u outside which a target is dropped; None under `tis`."""
+        if self.token_correction == "mis":
+            return self.mis_low, self.mis_high
+        if self.token_correction == "icepop":
+            return self.icepop_low, self.icepop_high
+        return None
 
 
 DEFAULT_OBJECTIVE = ObjectiveParams()
 
 
 def execution_log_seq_ratios(
-    log_ratio: torch.Tensor, execution_index: torch.Tensor, num_executions: int
+    log_ratio: torch.Tensor,
+    execution_index: torch.Tensor,
+    num_executions: int,
+    keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log s_i, L_i seen) per execution from per-target log ρ, without gradient; log s_i = 0 where L_i = 0.
 
+    With `keep` (a token correction's mask) only the kept targets count, in the mean and in L_i.
     Accumulated in float64 whatever the training dtype, so the clip decision near a bound does not
     depend on how many tokens or chunks were summed.
     """
     with torch.no_grad():
+        values = log_ratio.detach().double()
+        ones = torch.ones_like(execution_index)
+        if keep is not None:
+            values, ones = values * keep, ones * keep
         sums = torch.zeros(num_executions, dtype=torch.float64, device=log_ratio.device)
-        sums.index_add_(0, execution_index, log_ratio.detach().double())
+        sums.index_add_(0, execution_index, values)
         counts = torch.zeros(num_executions, dtype=torch.int64, device=log_ratio.device)
-        counts.index_add_(0, execution_index, torch.ones_like(execution_index))
+        counts.index_add_(0, execution_index, ones)
         return sums / counts.clamp(min=1).to(sums.dtype), counts
 
 
@@ -166,25 +136,47 @@ def clip_mask(
     return ~(over | under)
 
 
+def sequence_keep(log_seq_ratio: torch.Tensor, objective: ObjectiveParams) -> torch.Tensor:
+    """[E] bool: False where the sequence (geometric-mean) mask drops the execution; all True when it is off."""
+    if not objective.sequence_mask:
+        return torch.ones_like(log_seq_ratio, dtype=torch.bool)
+    return inside(log_seq_ratio, objective.sequence_mask_low, objective.sequence_mask_high)
+
+
+def token_keep(log_ratio: torch.Tensor, objective: ObjectiveParams) -> torch.Tensor | None:
+    """[U] bool: False where the token correction drops the target; None under `tis` (nothing dropped)."""
+    band = objective.token_band
+    return None if band is None else inside(log_ratio.detach(), *band)
+
+
 def sequence_metrics(
     advantages: torch.Tensor,
     log_seq_ratio: torch.Tensor,
     num_targets: torch.Tensor,
     objective: ObjectiveParams,
+    num_kept: torch.Tensor | None = None,
+    num_measured: torch.Tensor | None = None,
 ) -> LossMetrics:
-    """The execution-level fields of `LossMetrics` (executions with num_targets > 0 only)."""
+    """The execution-level fields of `LossMetrics`: executions with num_targets > 0 count; their ratio,
+    clip and sequence mask only where the token correction kept a target (`num_kept`, default all); the
+    mismatch's executions where a target was sampled at the trainer's version (`num_measured`, default all)."""
     with torch.no_grad():
         present = num_targets > 0
+        scored = present if num_kept is None else num_kept > 0
         keep = clip_mask(advantages, log_seq_ratio, objective)
-        seq_ratio = torch.exp(log_seq_ratio[present].double())
+        dropped = scored & ~sequence_keep(log_seq_ratio, objective)
+        seq_ratio = torch.exp(log_seq_ratio[scored].double())
         inf = torch.tensor(math.inf, dtype=torch.float64, device=seq_ratio.device)
         stats = torch.stack(
             [
                 present.sum().double(),
-                (present & ~keep).sum().double(),
+                (scored & ~keep).sum().double(),
                 seq_ratio.sum(),
                 seq_ratio.min() if seq_ratio.numel() else inf,
                 seq_ratio.max() if seq_ratio.numel() else -inf,
+                dropped.sum().double(),
+                (present & ~scored).sum().double(),
+                (present if num_measured is None else num_measured > 0).sum().double(),
             ]
         ).tolist()
     return LossMetrics(
@@ -193,6 +185,9 @@ def sequence_metrics(
         seq_ratio_sum=stats[2],
         seq_ratio_min=stats[3],
         seq_ratio_max=stats[4],
+        num_sequence_masked_executions=int(stats[5]),
+        num_unscored_executions=int(stats[6]),
+        num_mismatch_executions=int(stats[7]),
     )
 
 
@@ -205,15 +200,19 @@ def gspo_loss(
     *,
     objective: ObjectiveParams = DEFAULT_OBJECTIVE,
     log_seq_ratio: torch.Tensor | None = None,
+    normalizer_scale: torch.Tensor | None = None,
+    on_policy: torch.Tensor | None = None,
     execution_metrics: bool = True,
 ) -> tuple[torch.Tensor, LossMetrics]:
     """The loss Σ c_u·ℓ_u over the given targets and its metrics.
 
     Per target [U]: `logprobs` (with gradient), `behaviour_logprobs`, `execution_index` (into
     `advantages` [E]) and `coefficients`. `log_seq_ratio` [E], when given, replaces the log s_i
-    computed from these targets (it must then cover every target of each execution). With
-    `execution_metrics=False` the execution-level metric fields stay empty (the caller fills them
-    once, e.g. when one execution is evaluated in several chunks).
+    computed from these targets, and `normalizer_scale` [E] the L_i / L'_i of a token correction (both
+    must then cover every target of each execution: `gyre.rl.corrections`). `on_policy` [U] bool marks
+    the targets sampled at the trainer's own weight version, over which the mismatch is measured
+    (default: every target). With `execution_metrics=False` the execution-level metric fields stay
+    empty (the caller fills them once, e.g. when one execution is evaluated in several chunks).
     """
     num_targets = logprobs.shape[0]
     if not (behaviour_logprobs.shape[0] == execution_index.shape[0] == coefficients.shape[0] == num_targets):
@@ -226,7 +225,13 @@ def gspo_loss(
     advantages = advantages.to(dtype)
 
     log_ratio = logprobs.detach() - behaviour_logprobs.to(dtype)
+    tokens_kept = token_keep(log_ratio, objective)
     local_log_s, counts = execution_log_seq_ratios(log_ratio, execution_index, num_executions)
+    num_kept = None
+    if tokens_kept is not None:
+        local_log_s, num_kept = execution_log_seq_ratios(
+            log_ratio, execution_index, num_executions, tokens_kept
+        )
     if log_seq_ratio is None:
         log_s = local_log_s
     else:
@@ -234,40 +239,90 @@ def gspo_loss(
             raise ValueError(f"log_seq_ratio needs one entry per execution ({num_executions})")
         log_s = log_seq_ratio.detach().double()
     keep = clip_mask(advantages, log_s, objective)
+    clip_keep = keep[execution_index]
+    seq_keep = sequence_keep(log_s, objective)
+    if objective.sequence_mask:
+        keep = keep & seq_keep
 
     ratio = torch.exp(log_ratio)
-    weight = ratio.clamp(max=objective.token_ratio_cap)
-    token_keep = keep[execution_index]
-    raw = -(token_keep.to(dtype) * weight * advantages[execution_index]) * logprobs
+    weight = ratio if objective.token_correction == "mis" else ratio.clamp(max=objective.token_ratio_cap)
+    kept = keep[execution_index]
+    if tokens_kept is not None:
+        assert num_kept is not None
+        kept = kept & tokens_kept
+        if normalizer_scale is None:
+            normalizer_scale = kept_normalizer_scale(counts, num_kept)
+        elif normalizer_scale.shape[0] != num_executions:
+            raise ValueError(f"normalizer_scale needs one entry per execution ({num_executions})")
+        coefficients = coefficients * normalizer_scale.to(coefficients.dtype)[execution_index]
+    raw = -(kept.to(dtype) * weight * advantages[execution_index]) * logprobs
     token_loss = raw.clamp(max=objective.token_loss_cap)
     loss = (coefficients.to(dtype) * token_loss).sum()
 
+    measured = torch.ones_like(execution_index, dtype=torch.bool) if on_policy is None else on_policy.bool()
+    if measured.shape[0] != num_targets:
+        raise ValueError("on_policy needs one entry per target")
+    scored = torch.ones_like(clip_keep) if tokens_kept is None else tokens_kept
+    masks = (scored & ~clip_keep, scored & ~seq_keep[execution_index], ~scored)
+    metrics = _token_metrics(loss, log_ratio, ratio, raw, measured, masks, objective)
+    if execution_metrics:
+        num_measured = torch.zeros_like(counts).index_add_(0, execution_index, measured.long())
+        metrics = metrics.merge(
+            sequence_metrics(advantages, log_s, counts, objective, num_kept, num_measured)
+        )
+    return loss, metrics
+
+
+def _token_metrics(
+    loss: torch.Tensor,
+    log_ratio: torch.Tensor,
+    ratio: torch.Tensor,
+    raw: torch.Tensor,
+    measured: torch.Tensor,
+    masks: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    objective: ObjectiveParams,
+) -> LossMetrics:
+    """The per-target fields of `LossMetrics` in one device sync: the mismatch over the `measured` targets,
+    the targets of each mask (clipped, sequence-masked, token-masked) as counts."""
+    num_targets = log_ratio.shape[0]
+    capped = objective.token_correction != "mis"
     with torch.no_grad():
         ratio64 = ratio.double()
+        abs_log = log_ratio.double().abs()[measured]
+        kl = ratio64 - 1.0 - log_ratio.double()
         inf = torch.tensor(math.inf, dtype=torch.float64, device=loss.device)
         stats = torch.stack(
             [
                 loss.detach().double(),
-                (~token_keep).sum().double(),
-                (ratio > objective.token_ratio_cap).sum().double(),
+                (ratio > objective.token_ratio_cap).sum().double() if capped else torch.zeros_like(inf),
                 (raw.detach() > objective.token_loss_cap).sum().double(),
                 ratio64.sum(),
                 ratio64.min() if num_targets else inf,
                 ratio64.max() if num_targets else -inf,
-                (ratio64 - 1.0 - log_ratio.double()).sum(),
+                kl.sum(),
+                abs_log.sum(),
+                abs_log.max() if abs_log.numel() else torch.zeros_like(inf),
+                (abs_log > objective.mismatch_bound).sum().double(),
+                measured.sum().double(),
+                kl[measured].sum(),
+                *(m.sum().double() for m in masks),
             ]
         ).tolist()
-    metrics = LossMetrics(
+    return LossMetrics(
         loss=stats[0],
         num_targets=num_targets,
-        num_clipped_tokens=int(stats[1]),
-        num_ratio_capped_tokens=int(stats[2]),
-        num_loss_capped_tokens=int(stats[3]),
-        token_ratio_sum=stats[4],
-        token_ratio_min=stats[5],
-        token_ratio_max=stats[6],
-        token_kl_sum=stats[7],
+        num_ratio_capped_tokens=int(stats[1]),
+        num_loss_capped_tokens=int(stats[2]),
+        token_ratio_sum=stats[3],
+        token_ratio_min=stats[4],
+        token_ratio_max=stats[5],
+        token_kl_sum=stats[6],
+        mismatch_abs_sum=stats[7],
+        mismatch_abs_max=stats[8],
+        num_mismatch_over_bound=int(stats[9]),
+        num_mismatch_targets=int(stats[10]),
+        mismatch_kl_sum=stats[11],
+        num_clipped_tokens=int(stats[12]),
+        num_sequence_masked_tokens=int(stats[13]),
+        num_token_masked_tokens=int(stats[14]),
     )
-    if execution_metrics:
-        metrics = metrics.merge(sequence_metrics(advantages, log_s, counts, objective))
-    return loss, metrics

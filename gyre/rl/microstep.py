@@ -64,6 +64,10 @@ class MicroStep:
     """[E] L_i: every admitted target of the execution (all of them are in this micro-step)."""
     tree: TreeLayout | None = None
     """The segments of all S rows when any row is a tree row; None when every row is a path."""
+    behaviour_versions: npt.NDArray[np.int32] | None = None
+    """[T] the policy version of the weights that sampled each target (-1 off targets or where unknown);
+    None when not recorded. The trainer measures the train/inference mismatch on the targets sampled
+    at its own version (`step`)."""
 
     def __post_init__(self) -> None:
         t = len(self.input_ids)
@@ -75,6 +79,8 @@ class MicroStep:
         for name in ("position_ids", "target_mask", "behaviour_logprobs", "coefficients", "execution_index"):
             if len(getattr(self, name)) != t:
                 raise ValueError(f"{name} must have one entry per token ({t})")
+        if self.behaviour_versions is not None and len(self.behaviour_versions) != t:
+            raise ValueError(f"behaviour_versions must have one entry per token ({t})")
         if len(self.advantages) != e or len(self.execution_num_targets) != e:
             raise ValueError(f"advantages and execution_num_targets need one entry per execution ({e})")
         if len(set(self.execution_ids)) != e:
@@ -168,6 +174,9 @@ class MicroStep:
             execution_ids=self.execution_ids,
             advantages=self.advantages,
             execution_num_targets=self.execution_num_targets,
+            behaviour_versions=None
+            if self.behaviour_versions is None
+            else np.where(mask, self.behaviour_versions[index], -1).astype(np.int32),
         )
 
 

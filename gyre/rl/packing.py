@@ -177,6 +177,11 @@ def build_microstep(
         advantages=np.array([e.advantage for e in executions], dtype=np.float64),
         execution_num_targets=np.array([e.num_targets for e in executions], dtype=np.int32),
         tree=tree,
+        behaviour_versions=np.where(
+            target_mask,
+            np.concatenate([r.policy_versions for r in rows]) if rows else np.zeros(0, np.int32),
+            -1,
+        ).astype(np.int32),
     )
 
 

@@ -17,6 +17,9 @@ two passes:
 2. per chunk, a forward with gradient, the loss with that log s_i fixed (so the clip decision is
    the execution's, not the chunk's), and a backward that accumulates into `.grad`.
 
+A token correction's band (`gyre.rl.corrections`) is likewise decided in pass 1: it yields the
+execution's kept-target count L'_i, and pass 2 rescales every chunk's kept targets by L_i / L'_i.
+
 s_i carries no gradient and the loss is a sum over tokens, so the accumulated gradient equals that
 of one unchunked pass (up to summation order; tested to 1e-12 in float64). The price is one extra
 forward of that execution. Chunks are cut at row boundaries only: a tree row is never split (it is
@@ -42,7 +45,9 @@ import numpy.typing as npt
 import torch
 
 from gyre.model.tree_layout import TreeLayout
-from gyre.rl.loss import DEFAULT_OBJECTIVE, LossMetrics, ObjectiveParams, gspo_loss, sequence_metrics
+from gyre.rl.corrections import kept_normalizer_scale
+from gyre.rl.loss import DEFAULT_OBJECTIVE, ObjectiveParams, gspo_loss, sequence_metrics, token_keep
+from gyre.rl.loss_metrics import LossMetrics
 from gyre.rl.microstep import MicroStep, row_chunks
 
 LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, TreeLayout | None], torch.Tensor]
@@ -76,6 +81,10 @@ class _Tensors:
     target_execution: torch.Tensor
     advantages: torch.Tensor
     num_targets: torch.Tensor
+    on_policy: torch.Tensor | None
+    """[U] the targets sampled at the trainer's version (`step`); None when versions were not recorded."""
+    num_on_policy: torch.Tensor | None
+    """[E] their count per execution."""
 
 
 def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
@@ -84,6 +93,13 @@ def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
 
     def put(a: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+
+    on_policy = None if step.behaviour_versions is None else step.behaviour_versions[targets] == step.step
+    num_on_policy = (
+        None
+        if on_policy is None
+        else np.bincount(step.execution_index[targets][on_policy], minlength=step.num_executions)
+    )
 
     return _Tensors(
         cu_host=[int(x) for x in step.cu_seqlens],
@@ -99,6 +115,8 @@ def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
         target_execution=put(step.execution_index[targets], torch.int64),
         advantages=put(step.advantages, torch.float64),
         num_targets=put(step.execution_num_targets, torch.int64),
+        on_policy=None if on_policy is None else put(on_policy, torch.bool),
+        num_on_policy=None if num_on_policy is None else put(num_on_policy, torch.int64),
     )
 
 
@@ -160,7 +178,13 @@ def _whole_loss(
 ) -> tuple[torch.Tensor, LossMetrics]:
     logprobs, _ = _chunk_logprobs(t, logits_fn, 0, len(t.cu_host) - 1)
     return gspo_loss(
-        logprobs, t.behaviour_logprobs, t.advantages, t.target_execution, t.coefficients, objective=objective
+        logprobs,
+        t.behaviour_logprobs,
+        t.advantages,
+        t.target_execution,
+        t.coefficients,
+        objective=objective,
+        on_policy=t.on_policy,
     )
 
 
@@ -173,13 +197,30 @@ def microstep_log_seq_ratios(
 
 
 def _log_seq_ratios(t: _Tensors, logits_fn: LogitsFn, chunks: list[tuple[int, int]]) -> torch.Tensor:
-    sums = torch.zeros(t.advantages.shape[0], dtype=torch.float64, device=t.advantages.device)
+    log_s, _ = _execution_pass(t, logits_fn, chunks, DEFAULT_OBJECTIVE)
+    return log_s
+
+
+def _execution_pass(
+    t: _Tensors, logits_fn: LogitsFn, chunks: list[tuple[int, int]], objective: ObjectiveParams
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """No-grad pass over all chunks: log s_i [E] over the targets the token correction keeps, and their
+    count L'_i [E] (None under `tis`, which keeps every target)."""
+    num_executions = t.advantages.shape[0]
+    sums = torch.zeros(num_executions, dtype=torch.float64, device=t.advantages.device)
+    kept_counts = torch.zeros(num_executions, dtype=torch.int64, device=t.advantages.device)
     with torch.no_grad():
         for r0, r1 in chunks:
             logprobs, sl = _chunk_logprobs(t, logits_fn, r0, r1)
             log_ratio = logprobs - t.behaviour_logprobs[sl].to(logprobs.dtype)
-            sums.index_add_(0, t.target_execution[sl], log_ratio.double())
-    return sums / t.num_targets.clamp(min=1).to(sums.dtype)
+            kept = token_keep(log_ratio, objective)
+            values = log_ratio.double() if kept is None else log_ratio.double() * kept
+            sums.index_add_(0, t.target_execution[sl], values)
+            if kept is not None:
+                kept_counts.index_add_(0, t.target_execution[sl], kept.long())
+    if objective.token_band is None:
+        return sums / t.num_targets.clamp(min=1).to(sums.dtype), None
+    return sums / kept_counts.clamp(min=1).to(sums.dtype), kept_counts
 
 
 def train_microstep(
@@ -204,8 +245,9 @@ def train_microstep(
             torch.autograd.backward(loss)
         return StepResult(metrics=metrics, num_chunks=1)
 
-    log_s = _log_seq_ratios(t, logits_fn, chunks)
-    metrics = sequence_metrics(t.advantages, log_s, t.num_targets, objective)
+    log_s, num_kept = _execution_pass(t, logits_fn, chunks, objective)
+    scale = None if num_kept is None else kept_normalizer_scale(t.num_targets, num_kept)
+    metrics = sequence_metrics(t.advantages, log_s, t.num_targets, objective, num_kept, t.num_on_policy)
     for r0, r1 in chunks:
         target_slice = _target_slice(t, r0, r1)
         if target_slice.start == target_slice.stop:
@@ -219,6 +261,8 @@ def train_microstep(
             t.coefficients[sl],
             objective=objective,
             log_seq_ratio=log_s,
+            normalizer_scale=scale,
+            on_policy=None if t.on_policy is None else t.on_policy[sl],
             execution_metrics=False,
         )
         torch.autograd.backward(loss)

@@ -5,7 +5,7 @@ serves the engine's `gyre_engine_*` series (services/cell_agent/engine/metrics.p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -79,6 +79,27 @@ class CellAgentMetrics:
             self._switch_seconds.labels(c, to_role)
         for outcome in ("pulled", "stale"):
             self._pulls.labels(c, outcome)
+        self._masked = Gauge(
+            series(s, "step_masked_ratio"),
+            "The last step's share dropped by each mask of the objective (the core): `clip` executions "
+            "(sequence-ratio clip), `sequence` executions (geometric-mean mask), `token` targets "
+            "(token correction).",
+            [*labels, "mask"],
+            registry=registry,
+        )
+        self._mismatch_kl = Gauge(
+            series(s, "step_mismatch_kl_nats"),
+            "The last step's train/inference mismatch (the core): mean k3 = rho - 1 - log rho per target "
+            "sampled at the trainer's own version.",
+            labels,
+            registry=registry,
+        ).labels(c)
+        self._mismatch_abs = Gauge(
+            series(s, "step_mismatch_abs_log_ratio"),
+            "The last step's |log pi_train - log p_roll| over those targets (the core), by `stat` (mean, max).",
+            [*labels, "stat"],
+            registry=registry,
+        )
         self.role: Callable[[], str] = lambda: "rollout"
         """The cell's current role (set by the agent)."""
         self.policy_version: Callable[[], int | None] = lambda: None
@@ -106,6 +127,16 @@ class CellAgentMetrics:
 
     def published(self, seconds: float) -> None:
         self._publish_seconds.observe(seconds)
+
+    def step_objective(self, clip_fraction: float, fields: Mapping[str, float]) -> None:
+        """The core's step: its mask fractions and mismatch (`step_runner.correction_fields`)."""
+        self._masked.labels(self.cell, "clip").set(clip_fraction)
+        self._masked.labels(self.cell, "sequence").set(fields["sequence_mask_fraction"])
+        self._masked.labels(self.cell, "token").set(fields["token_mask_fraction"])
+        if fields["num_mismatch_targets"]:
+            self._mismatch_kl.set(fields["mismatch_kl"])
+            self._mismatch_abs.labels(self.cell, "mean").set(fields["mismatch_abs_log_ratio_mean"])
+            self._mismatch_abs.labels(self.cell, "max").set(fields["mismatch_abs_log_ratio_max"])
 
     def _read(self) -> Iterable[Family]:
         role = Family(

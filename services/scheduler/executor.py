@@ -300,11 +300,11 @@ class ActionExecutor:
 
     # -- batches -----------------------------------------------------------------------------------
     async def _open_batch(self, step: int) -> None:
-        if self.facts.max_steps and step >= self.facts.max_steps:
+        if self.facts.stopping or (self.facts.max_steps and step >= self.facts.max_steps):
             self.facts.shell.stopping = True
             self.facts.batch = None
             await self._persist()
-            log.info("max_steps_reached", steps=step)
+            log.info("batch_not_opened", steps=step, reason=self.facts.shell.stop_reason or "max_steps")
             return
         state = self.driver.policy.state
         final = step + 1 - state.burst_start_version >= self.driver.policy.params.mu

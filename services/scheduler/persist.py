@@ -41,7 +41,9 @@ class ShellState:
     last_step_reward: float = float("nan")
     """Mean reward of the groups the last completed step trained on."""
     stopping: bool = False
-    """The run is ending (Shutdown, or max_steps reached): no more dispatch, starts or batches."""
+    """The run is ending (Shutdown, max_steps reached, or a gate): no more dispatch, starts or batches."""
+    stop_reason: str = ""
+    """Why the run stopped itself before `max_steps` (the mismatch gate); "" otherwise."""
     packed_executions: int = 0
     """Executions of the groups packed so far (N per GroupPacked)."""
     executions_without_targets: int = 0
@@ -56,6 +58,7 @@ class ShellState:
             if self.last_step_reward != self.last_step_reward
             else self.last_step_reward,
             "stopping": self.stopping,
+            "stop_reason": self.stop_reason,
             "packed_executions": self.packed_executions,
             "executions_without_targets": self.executions_without_targets,
         }
@@ -69,6 +72,7 @@ class ShellState:
             batch_reward={int(k): float(v) for k, v in data["batch_reward"].items()},
             last_step_reward=float("nan") if last is None else float(last),
             stopping=bool(data["stopping"]),
+            stop_reason=str(data.get("stop_reason", "")),
             packed_executions=int(data.get("packed_executions", 0)),
             executions_without_targets=int(data.get("executions_without_targets", 0)),
         )

@@ -31,6 +31,7 @@ from services.scheduler.dispatch import Dispatcher, QuerySource
 from services.scheduler.driver import Driver
 from services.scheduler.executor import ActionExecutor, ShellFacts
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.mismatch_gate import MismatchGate
 from services.scheduler.naming import ROLE_TO_PROTO
 from services.scheduler.params import policy_params
 from services.scheduler.peers import Peers, call_peer
@@ -97,7 +98,7 @@ class SchedulerService(GyreService):
             separate_pool_capacity=cfg.separate_pool_capacity,
             persist=self.persist_state,
         )
-        self.translator = EventTranslator(shell)
+        self.translator = EventTranslator(shell, MismatchGate(cfg.mismatch_gate))
         self.driver = Driver(
             self.policy,
             self.executor.execute,
@@ -233,6 +234,7 @@ class SchedulerService(GyreService):
             + len(self.executor.commanded),
             packed_executions=self.facts.shell.packed_executions,
             executions_without_targets=self.facts.shell.executions_without_targets,
+            stop_reason=self.facts.shell.stop_reason,
         )
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 from google.protobuf.message import Message
 
 from gyre.ids import step_of_batch
+from gyre.log import get_logger
 from gyre.v1 import common_pb2
 from gyre.v1 import events_pb2 as ev
 from services.scheduler.driver import MakeEvent
+from services.scheduler.mismatch_gate import MismatchGate
 from services.scheduler.naming import engine_index
 from services.scheduler.persist import ShellState
 from services.scheduler.policy import (
@@ -30,6 +32,8 @@ from services.scheduler.policy import (
     MicroStepDone,
     StepCompleted,
 )
+
+log = get_logger("gyre.scheduler.translate")
 
 CONSUMED: tuple[type[Message], ...] = (
     ev.ExecutionStarted,
@@ -45,8 +49,10 @@ CONSUMED: tuple[type[Message], ...] = (
 
 
 class EventTranslator:
-    def __init__(self, shell: ShellState) -> None:
+    def __init__(self, shell: ShellState, gate: MismatchGate | None = None) -> None:
         self.shell = shell
+        self.gate = gate
+        """Checks each completed step's train/inference mismatch; None = no gate."""
         self.commanded = shell.commanded
         """Execution id → engine, for starts commanded and not yet confirmed (the executor's dict)."""
 
@@ -104,5 +110,21 @@ class EventTranslator:
                 reward = self.shell.batch_reward.pop(version - 1, None)
                 if reward is not None:
                     self.shell.last_step_reward = reward
+                self._check_mismatch(e)
                 return [lambda now: StepCompleted(now, version)]
         return []
+
+    def _check_mismatch(self, e: ev.StepCompleted) -> None:
+        """Feed the step's mismatch to the gate; on `stop` the run ends like at `max_steps`, with the reason kept."""
+        if self.gate is None or e.replayed:  # a replayed step was reported (and gated) once already
+            return
+        step = int(e.policy_version) - 1
+        reason = self.gate.observe(step=step, mismatch_kl=e.mismatch_kl, measured=e.num_mismatch_targets > 0)
+        if reason is None:
+            return
+        if self.gate.section.action == "stop" and not self.shell.stopping:
+            self.shell.stopping = True
+            self.shell.stop_reason = reason
+            log.error("run_stopped_by_mismatch_gate", step=step, reason=reason)
+        else:
+            log.warning("mismatch_over_bound", step=step, reason=reason)

@@ -104,3 +104,25 @@ def test_a_step_without_targets_has_no_ratios() -> None:
     (row,) = [r for e in _events(0, targets=0) for r in rows.add(e)]
     assert row["token_ratio_min"] is None and row["sequence_ratio_mean"] is None
     assert "token_ratio_min" not in scalars(row)
+
+
+def test_mask_fractions_and_the_mismatch_reach_the_row_only_when_measured() -> None:
+    events = _events(2)
+    completed = events[-1]
+    assert isinstance(completed, ev.StepCompleted)
+    completed.token_mask_fraction, completed.sequence_mask_fraction = 0.05, 0.25
+    rows = StepRows()
+    (row,) = [r for e in events for r in rows.add(e)]
+    assert (row["token_mask_fraction"], row["sequence_mask_fraction"]) == (0.05, 0.25)
+    # no target sampled at the trainer's version (every group stale): no mismatch, not a zero one
+    assert row["num_mismatch_targets"] == 0 and row["mismatch_kl"] is None
+    assert "mismatch_kl" not in scalars(row)
+    completed.num_mismatch_targets, completed.mismatch_kl, completed.mismatch_abs_log_ratio_max = (
+        30,
+        0.002,
+        0.4,
+    )
+    rows = StepRows()
+    (row,) = [r for e in events for r in rows.add(e)]
+    assert (row["mismatch_kl"], row["mismatch_abs_log_ratio_max"]) == (0.002, 0.4)
+    assert scalars(row)["mismatch_kl"] == 0.002

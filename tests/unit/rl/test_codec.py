@@ -66,6 +66,7 @@ def test_round_trip_of_an_empty_microstep():
         execution_ids=(),
         advantages=np.zeros(0),
         execution_num_targets=np.zeros(0, np.int32),
+        behaviour_versions=np.zeros(0, np.int32),
     )
     assert_same(decode_microstep(encode_microstep(blank)), blank)
 
@@ -195,3 +196,12 @@ def test_a_tree_that_is_not_in_tree_order_raises_codec_error():
     struct.pack_into("<i", blob, data_start + entry["offset"], 3)  # the first segment gets a parent
     with pytest.raises(CodecError, match="root"):
         decode_microstep(bytes(blob))
+
+
+def test_behaviour_versions_round_trip_as_runs_and_are_optional():
+    step = steps()[0]
+    versions = np.where(step.target_mask, np.arange(step.num_tokens) // 7 % 3 + 4, -1).astype(np.int32)
+    varied = dataclasses.replace(step, behaviour_versions=versions)
+    assert_same(decode_microstep(encode_microstep(varied)), varied)
+    unrecorded = dataclasses.replace(step, behaviour_versions=None)
+    assert decode_microstep(encode_microstep(unrecorded)).behaviour_versions is None
