@@ -26,20 +26,22 @@ from pathlib import Path
 import psutil
 import yaml
 
-from gyre.config import GyreConfig, load_config
-from gyre.log import get_logger
-from gyre.model.files import check_model_dir
-from gyre.procs import alive as _alive
-from gyre.procs import die_with_parent, stop_processes
-from gyre.sandbox import SandboxError
-from gyre.sandbox.host import check_sandboxes, remove_run_sandboxes
 from app.stack.credentials import generate
 from app.stack.health import grpc_health, tail
 from app.stack.servers import LOOPBACK, free_port
 from app.stack.state import ProcessEntry, StackState
 from app.stack.supervisor import SERVICES
+from gyre.config import GyreConfig, load_config
+from gyre.engine.backends import check_engine
+from gyre.log import get_logger
+from gyre.model.model_dir import ModelDir
+from gyre.procs import alive as _alive
+from gyre.procs import die_with_parent, stop_processes
+from gyre.sandbox import SandboxError
+from gyre.sandbox.host import check_sandboxes, remove_run_sandboxes
 from gyre.tasks import TaskError, TaskSet
 from gyre.trainer.layout import check_trainer
+from services.runner.harnesses import check_harness
 
 __all__ = [
     "SERVICES",
@@ -112,13 +114,15 @@ def up(
     """Start the run's supervisor and wait until every service is SERVING; on failure, or when `stop` is set
         meanwhile, stop everything started and raise `StackError`. A model directory the services could not
         load, or a trainer layout that cannot build it, raises `ModelError` before anything starts (a weight
-    transport that is not registered: `ConfigError`)."""
-    check_model_dir(config.model.require_path())
-    check_trainer(config.cell_agent.trainer, config.model.require_path())
+    transport or harness that is not registered: `ConfigError`)."""
+    model = ModelDir.open(config.model)
+    check_trainer(config.cell_agent.trainer, model.path)
+    check_engine(config.cell_agent.engine, model.path)  # ConfigError (exit 2): an engine that cannot start
     try:
         TaskSet.from_section(config.tasks)  # a malformed task fails here, before anything is spawned
     except TaskError as e:
         raise StackError(f"tasks: {e}") from None
+    check_harness(config.runner)  # ConfigError (exit 2): runner.harness names no registered harness
     check_sandboxes(config)  # ConfigError (exit 2) when a launcher cannot run here: no container engine
     run_dir = config.run.path.resolve()
     previous = StackState.load(run_dir)
@@ -128,7 +132,7 @@ def up(
     StackState.path(run_dir).unlink(missing_ok=True)
     config = config.model_copy(deep=True)
     config.run.dir = run_dir.parent
-    config.model.path = config.model.require_path().resolve()
+    config.model.path = model.path
     servers = _plan_servers(config, run_dir)
     config = resolve_ports(config)
     config_path = run_dir / "config.yaml"

@@ -1,7 +1,7 @@
 """CellAgent: one cell's role, rollout engine and training side, and the four operations the scheduler
 calls (the gRPC servicer is a thin translation of these).
 
-    agent = CellAgent(config, cell=k, redis=redis, emit=publish)
+    agent = CellAgent(config, model=ModelDir.open(config.model), cell=k, redis=redis, emit=publish)
     await agent.start()                                   # engine serving, role ROLLOUT
     await agent.switch_role(TRAINING)                     # hand back in-flight calls, free engine memory
     outcome = await agent.join_batch("b7", step=7, final_in_burst=True)
@@ -43,6 +43,7 @@ from gyre.config.infra import WILDCARD_HOSTS
 from gyre.ids import cell_engine_id
 from gyre.log import get_logger
 from gyre.model.lora import LoraAdapter, frozen_adapter
+from gyre.model.model_dir import ModelDir
 from gyre.rl.loss import ObjectiveParams
 from gyre.roles import ROLLOUT, TRAINING, CellRole, role_name
 from gyre.rpc import aio_channel
@@ -51,13 +52,14 @@ from gyre.trainer.checkpoint import published_path, write_published
 from gyre.v1 import cell_agent_pb2
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.detached import Detached
-from services.cell_agent.engine_host import EngineHost, create_engine_host
+from services.cell_agent.engine_hosts import EngineHost, create_engine_host
 from services.cell_agent.errors import CellStateError, CellUnavailableError
 from services.cell_agent.metrics import CellAgentMetrics
 from services.cell_agent.publication import Publisher
 from services.cell_agent.published_weights import PublishedWeights, stream_publication
 from services.cell_agent.replay import report_replayed
 from services.cell_agent.roles import RoleMachine
+from services.cell_agent.step_fields import correction_fields
 from services.cell_agent.step_runner import StepOutcome, StepRunner
 from services.cell_agent.trainer_state import EngineEntry, Published
 from services.cell_agent.training import TrainingSide
@@ -108,6 +110,7 @@ class CellAgent:
         self,
         config: GyreConfig,
         *,
+        model: ModelDir,
         cell: int,
         redis: aioredis.Redis,
         emit: Emit,
@@ -115,6 +118,9 @@ class CellAgent:
         metrics: CellAgentMetrics | None = None,
     ) -> None:
         self.config = config
+        self.model = model
+        """The run's model directory, read once at the service's start (what the engine falls back to and
+        publications copy their tokenizer files from)."""
         self.section = config.cell_agent
         self.cell = cell
         self.num_cells = config.scheduler.num_cells
@@ -131,14 +137,14 @@ class CellAgent:
         engine_section = self.section.engine
         if cell < len(self.section.engine_ports):
             engine_section = engine_section.model_copy(update={"port": self.section.engine_ports[cell]})
-        self.engine = engine or create_engine_host(engine_section, config.model)
+        self.engine = engine or create_engine_host(engine_section, model.path)
         self.checkpoint_root = Path(self.section.trainer.checkpoint_dir or config.run.path / "checkpoints")
         self.metrics = metrics or CellAgentMetrics(CollectorRegistry(), cell)
         self.training = TrainingSide(
             cell=cell,
             num_cells=self.num_cells,
             section=self.section.trainer,
-            model_section=config.model,
+            model_dir=model.path,
             objective=ObjectiveParams(**config.objective.model_dump()),
             redis=redis,
             keys=Keys(config.run.id),
@@ -291,7 +297,7 @@ class CellAgent:
         if published is not None and (self.engine.weights_released or serving != str(published.version)):
             await self.engine.load_weights(*await self.published_weights.local(published))
         elif self.engine.weights_released:
-            await self.engine.load_weights(self.config.model.require_path(), 0)
+            await self.engine.load_weights(self.model.path, 0)
         torch.set_num_threads(self.section.engine.num_threads)
         await self.engine.reopen()
         await self.engine.wait_ready(self.section.engine_ready_timeout_s)
@@ -373,7 +379,8 @@ class CellAgent:
         clip_fraction = (
             metrics.num_clipped_executions / metrics.num_executions if metrics.num_executions else 0.0
         )
-        trained = metrics.num_targets > 0 and metrics.num_executions > 0
+        trained = metrics.num_targets > 0 and metrics.num_scored_executions > 0
+        fields = correction_fields(metrics)
         await self.emit(
             ev.StepCompleted(
                 batch_id=outcome.batch_id,
@@ -393,9 +400,11 @@ class CellAgent:
                 sequence_ratio_mean=metrics.seq_ratio_mean if trained else 0.0,
                 sequence_ratio_max=metrics.seq_ratio_max if trained else 0.0,
                 microstep_ids=list(outcome.microstep_ids),
+                **fields,
             ),
             f"step:{outcome.batch_id}:{outcome.policy_version}",
         )
+        self.metrics.step_objective(clip_fraction, fields)
         log.info(
             "step_completed",
             batch=outcome.batch_id,
@@ -435,7 +444,7 @@ class CellAgent:
                         version=version,
                         arch=t.trainer.arch,
                         tensors=named,
-                        source=self.config.model.require_path(),
+                        source=self.model.path,
                         adapter=adapter,
                     )
                 return named, adapter
@@ -496,7 +505,7 @@ class CellAgent:
                     named, version, abort_requests=self.section.trainer.publish_abort_requests
                 )
         elif adapter is not None:
-            base = self.config.model.require_path()
+            base = self.model.path
             await self.publisher.push_adapter(target.url, adapter, version=version, path=path, base=base)
         else:
             await self.publisher.push(target.url, named, version=version, path=path)

@@ -16,9 +16,10 @@ the lost ones up to the order of the floating-point sums (the step ran split ove
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from google.protobuf.message import Message
 
@@ -28,14 +29,21 @@ from gyre.rl.codec import decode_microstep
 from gyre.rl.loss import LossMetrics
 from gyre.v1 import events_pb2 as ev
 from services.cell_agent.errors import CellStateError
-from services.cell_agent.step_archive import archive_step
+from services.cell_agent.step_archive import ArchivingSide, archive_step
+from services.cell_agent.step_fields import correction_fields
 from services.cell_agent.step_record import StepRecord
-
-if TYPE_CHECKING:
-    from services.cell_agent.training import TrainingSide
 
 log = get_logger("gyre.cell_agent.replay")
 Emit = Callable[[Message, str], Awaitable[None]]
+
+
+class ReplayingSide(ArchivingSide, Protocol):
+    """What a replay needs of the core's training side (`TrainingSide`, training.py, which imports this
+    module): besides recording the steps it takes again, the lock its optimizer steps hold."""
+
+    is_core: bool
+    num_cells: int
+    weights_lock: threading.Lock
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +57,11 @@ class ReplayedStep:
     microstep_ids: tuple[str, ...] = ()
 
 
-def _queue_key(side: TrainingSide, step: int, part: str) -> str:
+def _queue_key(side: ReplayingSide, step: int, part: str) -> str:
     return side.keys.queue(microstep_queue(batch_id(side.keys.run_id, step)), part)
 
 
-async def replay_steps(side: TrainingSide, from_version: int, to_version: int) -> list[ReplayedStep]:
+async def replay_steps(side: ReplayingSide, from_version: int, to_version: int) -> list[ReplayedStep]:
     """Core: take the steps `from_version` .. `to_version − 1` again from their stored micro-steps."""
     assert side.is_core and side.trainer.version == from_version
     replayed: list[ReplayedStep] = []
@@ -97,14 +105,14 @@ async def replay_steps(side: TrainingSide, from_version: int, to_version: int) -
     return replayed
 
 
-async def drop_replay_payloads(side: TrainingSide, steps: Iterable[int]) -> None:
+async def drop_replay_payloads(side: ReplayingSide, steps: Iterable[int]) -> None:
     """The micro-steps of these steps are covered by a checkpoint: no replay needs them any more."""
     keys = [_queue_key(side, s, part) for s in steps for part in ("payloads", "known")]
     for i in range(0, len(keys), 64):
         await side.redis.delete(*keys[i : i + 64])
 
 
-async def report_replayed(side: TrainingSide, emit: Emit, replayed: list[ReplayedStep]) -> None:
+async def report_replayed(side: ReplayingSide, emit: Emit, replayed: list[ReplayedStep]) -> None:
     """Mark each replayed step's record done (its items acknowledged) and report it: a scheduler that saw
     the step already drops the repeat, one that was waiting for it (the core died before reporting it)
     moves on."""
@@ -126,6 +134,7 @@ async def report_replayed(side: TrainingSide, emit: Emit, replayed: list[Replaye
                 final_in_burst=status.final_in_burst,
                 microstep_ids=list(r.microstep_ids),
                 replayed=True,
+                **correction_fields(m),
             ),
             f"step:{r.batch_id}:{r.version}:replayed",
         )

@@ -15,7 +15,8 @@ from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry
 
 from gyre.config import GyreConfig
-from gyre.model.files import check_model_dir
+from gyre.engine.backends import check_engine
+from gyre.model.model_dir import ModelDir
 from gyre.service import GyreService
 from gyre.trainer.layout import check_trainer
 from services.cell_agent.errors import ERROR_STATUSES
@@ -32,10 +33,12 @@ class CellAgentService(GyreService):
 
     def __init__(self, config: GyreConfig, instance: int | None = None) -> None:
         super().__init__(config, instance)
-        # Before any connection: a model directory the engine and trainer cannot load, or a trainer layout
-        # that cannot build it (megatron), stops the cell here (exit 2, the field named).
-        check_model_dir(config.model.require_path())
-        check_trainer(config.cell_agent.trainer, config.model.require_path())
+        # Before any connection: a model directory the engine and trainer cannot load, a trainer layout
+        # that cannot build it (megatron), or an engine that cannot start here (no SGLang installed) stops
+        # the cell here (exit 2, the field named).
+        self.model = ModelDir.open(config.model)  # read once; the agent and its parts get this object
+        check_trainer(config.cell_agent.trainer, self.model.path)
+        check_engine(config.cell_agent.engine, self.model.path)
         if config.cell_agent.engine.backend == "embedded":
             from services.cell_agent.engine.sources import check_output_source
 
@@ -57,6 +60,7 @@ class CellAgentService(GyreService):
 
         self.agent: CellAgent = CellAgent(
             self.config,
+            model=self.model,
             cell=self.cell,
             redis=self.redis,
             emit=self._emit,

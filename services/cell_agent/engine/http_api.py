@@ -5,7 +5,8 @@ SGLang endpoints (entrypoints/http_server.py), same paths, methods, fields and s
 `/release_memory_occupation`, `/resume_memory_occupation`, `/update_weights_from_tensor`,
 `/update_weights_from_disk`, `/init_weights_update_group`, `/update_weights_from_distributed`,
 `/destroy_weights_update_group` (gloo: `update_groups.py`), `/health`, `/health_generate`,
-`/get_model_info`, `/get_server_info`, `/get_weight_version`, `/update_weight_version`, `/metrics`
+`/get_model_info` (with `weight_version`; SGLang has no `/get_weight_version`), `/get_server_info`,
+`/update_weight_version`, `/metrics`
 (Prometheus: `gyre_engine_*` where SGLang has `sglang:*`), and the LoRA endpoints `/load_lora_adapter`,
 `/load_lora_adapter_from_tensors` and `/unload_lora_adapter` (answered as SGLang's LoRAUpdateOutput;
 `adapters.py`). Errors use SGLang's shapes: `{"error": {"message": ...}}` for a refused
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
+import torch
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -33,20 +36,69 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 import gyre
-from gyre.model.arch import ModelError
-from gyre.model.lora import adapter_from_tensors, read_adapter_dir
+from gyre.config.engine import EngineSection
+from gyre.model.arch import ModelArch, ModelError
+from gyre.model.lora import LoraAdapter, adapter_from_tensors, read_adapter_dir
 from gyre.model.lora_spec import spec_from_config
+from gyre.model.tokenizer import Tokenizer
+from services.cell_agent.engine.core import EngineCore
 from services.cell_agent.engine.output import OutputBuilder
-from services.cell_agent.engine.protocol import GenerateRequest, RequestRefused, parse_generate
+from services.cell_agent.engine.protocol import (
+    GenerateRequest,
+    RequestRefused,
+    SamplingParams,
+    parse_generate,
+)
 from services.cell_agent.engine.sources.base import OutputSourceError
 from services.cell_agent.engine.sources.scripted import ScriptedSource
-from services.cell_agent.engine.update_groups import parse_update
+from services.cell_agent.engine.update_groups import DistributedUpdate, UpdateGroups, parse_update
 from services.cell_agent.engine.weights import decode_lora_tensors, decode_named_tensors
 
-if TYPE_CHECKING:
-    from services.cell_agent.engine.server import EngineServer
-
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK_"
+
+
+class ServedEngine(Protocol):
+    """What the routes need of the engine they serve: `EngineServer` (server.py), which builds
+    `EngineApi(self)` and so imports this module, not the other way round."""
+
+    section: EngineSection
+    model_dir: Path
+    arch: ModelArch
+    tokenizer: Tokenizer
+    eos_token_ids: tuple[int, ...]
+    probe_sampling: SamplingParams
+    port: int
+    metrics_registry: CollectorRegistry
+    update_groups: UpdateGroups
+
+    @property
+    def core(self) -> EngineCore: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    async def update_weights(
+        self,
+        named_tensors: Mapping[str, torch.Tensor],
+        *,
+        weight_version: str | None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> str: ...
+
+    async def update_weights_from_disk(
+        self, path: Path, *, weight_version: str | None, abort_all_requests: bool = False
+    ) -> str: ...
+
+    async def update_weights_from_distributed(self, update: DistributedUpdate) -> str: ...
+
+    async def set_weight_version(self, version: str, *, abort_all_requests: bool = False) -> None: ...
+
+    async def load_adapter(
+        self, name: str, adapter: LoraAdapter, path: str, *, pinned: bool = False
+    ) -> dict[str, str]: ...
+
+    async def unload_adapter(self, name: str, poll_s: float = 0.01) -> dict[str, str]: ...
 
 
 def _json(content: Any, status_code: int = 200) -> Response:
@@ -95,9 +147,10 @@ async def _domain_error(request: Request, exc: Exception) -> Response:
 
 class EngineApi:
     """The engine's routes, one method per endpoint over the `EngineServer` that hosts
-    `EngineApi(server).app()`. To add an endpoint: a method here and its line in `routes`."""
+    `EngineApi(server).app()`. To add an endpoint: a method here and its line in `routes` (and what it
+    needs of the server in `ServedEngine`)."""
 
-    def __init__(self, server: EngineServer) -> None:
+    def __init__(self, server: ServedEngine) -> None:
         self.server = server
         self.core = server.core
 
@@ -132,7 +185,6 @@ class EngineApi:
             Route("/health", self.health, methods=["GET"]),
             Route("/health_generate", self.health_generate, methods=["GET"]),
             Route("/get_model_info", self.get_model_info, methods=["GET"]),
-            Route("/get_weight_version", self.get_weight_version, methods=["GET"]),
             Route("/get_server_info", self.get_server_info, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/gyre/kv/pin", self.kv_pin, methods=["POST"]),
@@ -393,9 +445,6 @@ class EngineApi:
     async def metrics(self, request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encoder(self.server.metrics_registry), media_type=content_type)
-
-    async def get_weight_version(self, request: Request) -> Response:
-        return _json({"weight_version": self.weight_version()})
 
     async def get_server_info(self, request: Request) -> Response:
         section = self.server.section

@@ -13,13 +13,13 @@ from urllib.parse import urlparse
 
 import pytest
 
+from app.stack.launcher import SERVICES
 from gyre.config import ConfigError, GyreConfig, RunSection, load_config
 from gyre.model.arch import ModelError
-from gyre.model.files import check_model_dir
-from gyre.stack.launcher import SERVICES
+from gyre.model.model_dir import ModelDir
 from gyre.trainer.backends import trainer_class
 from gyre.trainer.layout import check_trainer
-from services.cell_agent.engine_host import ENGINE_HOSTS
+from services.cell_agent.engine_hosts import ENGINE_HOSTS
 from tests.support.models import hf_dir
 from tests.unit.deploy.support import COMPOSE_CONFIG, K8S_CONFIG, OVERLAYS, Manifest, find, objects
 
@@ -121,8 +121,7 @@ def test_cell_agents_of_every_overlay_pass_their_start_checks(
     settings on a Qwen3 model: the configuration can start. (Running it needs the overlay's hardware.)"""
     model_dir = hf_dir("qwen3")
     config = _cell_agent_config(rendered, overlay, model_dir)
-    check_model_dir(config.model.require_path())
-    check_trainer(config.cell_agent.trainer, config.model.require_path())
+    check_trainer(config.cell_agent.trainer, ModelDir.open(config.model).path)
     backend = trainer_class(config.cell_agent.trainer.backend)
     assert backend.name == config.cell_agent.trainer.backend
     assert config.cell_agent.engine.backend in ENGINE_HOSTS
