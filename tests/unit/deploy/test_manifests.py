@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gyre.config import GyreConfig
 from app.stack.launcher import SERVICES
+from gyre.config import GyreConfig
 from tests.unit.deploy.support import (
     COMPOSE_FILE,
     DEPLOY,
@@ -385,7 +385,9 @@ def test_gyre_pods_mount_the_config_they_are_told_to_read(
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-        assert mounts["/etc/gyre"]["readOnly"] is True
+        # A file mount, as compose's: the TLS secret's mount beside it must not lie inside a ConfigMap volume.
+        assert mounts["/etc/gyre/gyre.yaml"]["subPath"] == "gyre.yaml"
+        assert mounts["/etc/gyre/gyre.yaml"]["readOnly"] is True
         assert "/var/lib/gyre" in mounts and "/tmp" in mounts, "read-only root: home and /tmp must be volumes"
 
 
