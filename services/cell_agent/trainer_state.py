@@ -161,10 +161,13 @@ class TrainerState:
         return None if raw is None else WorldRecord.from_json(raw)
 
     async def clear_world(self, generation: int) -> None:
-        """Forget the announced world if it is still `generation` (a core stopping for good)."""
+        """Close the announced world if it is still `generation` (a core stopping): its record stays with no
+        members, so no satellite joins it, and the next core numbers its world past it. Deleting the record
+        restarted the count: a core recreated as a new process (Kubernetes replacing a deleted pod) formed
+        generation 1 while the satellites, at a later one, follow only a newer generation, and never joined."""
         current = await self.world()
         if current is not None and current.generation == generation:
-            await self._redis.delete(self._keys.trainer("world"))
+            await self.set_world(WorldRecord(generation, current.host, current.port, ()))
 
     async def set_incarnation(self, cell: int, incarnation: str, ttl_s: float) -> None:
         """This cell's process is alive as `incarnation` for the next `ttl_s` (refreshed while it runs)."""

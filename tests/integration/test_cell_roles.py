@@ -20,7 +20,7 @@ from gyre.rl.loss import ObjectiveParams
 from gyre.store import Keys, WorkQueue
 from gyre.trainer.backends import TorchTrainer, TrainerSpec, create_trainer
 from gyre.trainer.synthetic import synthetic_microsteps
-from services.cell_agent.trainer_state import TrainerState
+from services.cell_agent.trainer_state import TrainerState, WorldRecord
 from tests.support.cells import ROLLOUT, TRAINING, CellStack, enqueue
 from tests.support.eventually import eventually
 from tests.support.torch_threads import one_torch_thread  # noqa: F401  (autouse: the references run here)
@@ -117,3 +117,15 @@ async def test_rollout_training_rollout_hands_back_and_serves_the_new_version(
                 "the engine computes with the published weights"
             )
         await cells.close_channels()
+
+
+async def test_a_closed_world_keeps_its_generation(redis: aioredis.Redis, keys: Keys) -> None:
+    # A core that stops closes its world; the next core (a new process, counting from 0) must number its
+    # world past it, or the satellites, which follow only newer generations, never join.
+    state = TrainerState(redis, keys)
+    await state.set_world(WorldRecord(3, "10.0.0.2", 29500, ("core-a", "sat-b")))
+    await state.clear_world(2)  # not the announced generation: nothing changes
+    assert await state.world() == WorldRecord(3, "10.0.0.2", 29500, ("core-a", "sat-b"))
+    await state.clear_world(3)
+    closed = await state.world()
+    assert closed is not None and closed.generation == 3 and closed.members == ()
