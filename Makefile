@@ -64,7 +64,7 @@ $(PROTO_STAMP): $(PROTOS) $(STAMP)
 
 # A hard bound under CI's limit: a hang (a test's process that will not exit) fails the run instead
 # of eating CI's whole budget; pytest's per-test timeout (pyproject) catches most hangs first.
-TEST_BOUND_S ?= 3000
+TEST_BOUND_S ?= 4200
 test: setup
 	timeout --kill-after=30 $(TEST_BOUND_S) $(PY) -m pytest -q tests
 
