@@ -89,7 +89,7 @@ class ClusterRun:
         t0 = time.monotonic()
         try:
             while True:
-                self.state = self._retrying(
+                self.state = retrying(
                     lambda: scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30), start_timeout_s
                 )
                 st = self.state
@@ -112,10 +112,10 @@ class ClusterRun:
                 raise TimeoutError(f"not healthy after {start_timeout_s:.0f} s: {', '.join(missing)}")
             print(f"[cluster] healthy: {ready}", file=sys.stderr, flush=True)
             train_s = time.monotonic() - t0
-            self._retrying(
+            retrying(
                 lambda: scheduler.Shutdown(scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120)
             )
-            self._settle(scheduler)
+            settle(scheduler)
             if self.capture is not None:  # before the refusal probes below, which dial in plaintext
                 self.capture.stop()
             hosts = self._hosts()
@@ -212,18 +212,6 @@ class ClusterRun:
         return None
 
     # -- after the run -----------------------------------------------------------------------------
-    def _retrying(self, call: Any, timeout_s: float = 300) -> Any:
-        return call_while_restarting(call, timeout_s, wait=lambda: time.sleep(0.5))
-
-    def _settle(self, scheduler: scheduler_pb2_grpc.SchedulerStub, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            st = self._retrying(lambda: scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30))
-            if st.executions_in_flight == 0:
-                time.sleep(2.0)  # the last evaluations land
-                return
-            time.sleep(0.5)
-
     def _save_events(self) -> tuple[Path, dict[str, int]]:
         """The run's events as `gyre up` writes them (`events.jsonl`) and the report's execution counts
         from them (`summary.json`'s `executions`), which `gyre audit` checks against its own records."""
@@ -476,3 +464,19 @@ def _http_get(port: int, context: ssl.SSLContext | None) -> None:
         urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}/v1/models", timeout=5, context=context)
     except urllib.error.HTTPError:
         return  # an HTTP answer (401, 404): the exchange itself went through
+
+
+def retrying(call: Any, timeout_s: float = 300) -> Any:
+    """`call()`, retried while the service it reaches restarts (a container or pod played again)."""
+    return call_while_restarting(call, timeout_s, wait=lambda: time.sleep(0.5))
+
+
+def settle(scheduler: scheduler_pb2_grpc.SchedulerStub, timeout_s: float = 180) -> None:
+    """Wait (at most `timeout_s`) until the run has no execution in flight, and its last evaluations land."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = retrying(lambda: scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30))
+        if st.executions_in_flight == 0:
+            time.sleep(2.0)  # the last evaluations land
+            return
+        time.sleep(0.5)

@@ -22,9 +22,10 @@ from app.demo.events import read_events
 from app.demo.faults import Fault, Injection, fault_report
 from app.demo.ledger import read_event_lines
 from app.demo.report import execution_counts
+from bench._cluster_run import retrying, settle
 from bench._kube_play import KubePlay
 from gyre import tls
-from gyre.rpc import call_while_restarting, sync_channel
+from gyre.rpc import sync_channel
 from gyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 FAULT_PODS = {"cell-pod-delete": "cell-agent-2.cell-agent", "core-pod-delete": "cell-agent-0.cell-agent"}
@@ -71,7 +72,7 @@ class KubeRun:
             scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
             try:
                 while True:
-                    self.state = self._retrying(
+                    self.state = retrying(
                         lambda: scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30),
                         start_timeout_s,
                     )
@@ -99,12 +100,12 @@ class KubeRun:
                 if len(ready) < len(pods):
                     raise TimeoutError(f"not healthy: {sorted(set(pods) - set(ready))}")
                 train_s = time.monotonic() - t0
-                self._retrying(
+                retrying(
                     lambda: scheduler.Shutdown(
                         scheduler_pb2.ShutdownRequest(cancel_running=True), timeout=120
                     )
                 )
-                self._settle(scheduler)
+                settle(scheduler)
             finally:
                 channel.close()
             events_path, executions = self._save_events(f"nats://127.0.0.1:{nats_port}")
@@ -199,18 +200,6 @@ class KubeRun:
             time.sleep(0.2)
 
     # -- after the run -----------------------------------------------------------------------------
-    def _retrying(self, call: Any, timeout_s: float = 300) -> Any:
-        return call_while_restarting(call, timeout_s, wait=lambda: time.sleep(0.5))
-
-    def _settle(self, scheduler: scheduler_pb2_grpc.SchedulerStub, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            st = self._retrying(lambda: scheduler.GetState(scheduler_pb2.GetStateRequest(), timeout=30))
-            if st.executions_in_flight == 0:
-                time.sleep(2.0)  # the last evaluations land
-                return
-            time.sleep(0.5)
-
     def _save_events(self, nats_url: str) -> tuple[Path, dict[str, int]]:
         """The run's events as `gyre up` writes them (`events.jsonl`) and the report's execution counts from
         them (`summary.json`), which the audit compares with its own accounting."""
