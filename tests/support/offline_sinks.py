@@ -85,3 +85,12 @@ def read_mlflow_history(run_dir: Path, key: str, experiment: str = "gyre") -> li
         for run in client.search_runs([found.experiment_id])
         for m in client.get_metric_history(run.info.run_id, key)
     ]
+
+
+def hide_package(monkeypatch: Any, module: str) -> None:
+    """As if `gyre[<module>]` were not installed: the package and every submodule already imported (another
+    test may have imported `mlflow.entities`, which a `from mlflow.entities import …` would then find)."""
+    import sys
+
+    for name in [m for m in sys.modules if m.split(".")[0] == module] or [module]:
+        monkeypatch.setitem(sys.modules, name, None)
