@@ -45,7 +45,7 @@ from gyre.sandbox import (
     SandboxSpec,
 )
 from gyre.sandbox.host import BASE_PATH
-from gyre.sandbox.launchers.base import LABEL_EXECUTION, LABEL_ROLE
+from gyre.sandbox.launchers.base import LABEL_EXECUTION, LABEL_ROLE, CopyBudget, CopyOutLimit
 from gyre.sandbox.task_paths import HarnessLayout, agent_logs_of, container_layout, harness_layout
 from gyre.sandbox.workspace import content_hash, create_workspace, preserve
 from gyre.store import CounterInvariantError, Counters
@@ -116,6 +116,12 @@ class StartFailed(Exception):
         self.environment = environment
 
 
+HARNESS_REASONS = frozenset(
+    {cm.TERMINATION_REASON_COMPLETED, cm.TERMINATION_REASON_FAILED, cm.TERMINATION_REASON_HARNESS_TIMEOUT}
+)
+"""How a harness ends by itself (or past its own time limit): a copy-out past a cap turns them FAILED."""
+
+
 def _fresh_dir(path: Path) -> None:
     if path.exists():
         shutil.rmtree(path)
@@ -150,6 +156,8 @@ class ExecutionController:
         slots: Slots,
         spawn: Spawn,
         metrics: RunnerMetrics | None = None,
+        copy_out_max_bytes: int = 1 << 30,
+        copy_out_max_files: int = 100_000,
     ) -> None:
         self.runner_id = runner_id
         self.bus = bus
@@ -163,6 +171,9 @@ class ExecutionController:
         self.sandbox_root = sandbox_root
         self.limits = limits
         self.kill_grace_s = kill_grace_s
+        self.copy_out_max_bytes = copy_out_max_bytes
+        self.copy_out_max_files = copy_out_max_files
+        """Caps of what is copied out of an execution's sandbox (launchers with their own filesystem)."""
         self.slots = slots
         self._spawn = spawn
         self.metrics = metrics or RunnerMetrics(CollectorRegistry())
@@ -470,8 +481,16 @@ class ExecutionController:
         if survivors:
             detail += f"; {len(survivors)} sandbox processes survived the sweep"
             log.error("sandbox_sweep_incomplete", pids=survivors[:10])
-        if outcome.started and self.launcher.own_filesystem and not await self._collect(owned, handle):
-            detail += "; the workspace could not be copied out of the sandbox"
+        if outcome.started and self.launcher.own_filesystem:
+            try:
+                if not await self._collect(owned, handle):
+                    detail += "; the workspace could not be copied out of the sandbox"
+            except CopyOutLimit as e:
+                # The harness left more than the host takes: FAILED where it ended by itself or at its
+                # own timeout (a stop on purpose or the overall budget keeps its reason); the cap leads.
+                if reason in HARNESS_REASONS:
+                    reason = cm.TERMINATION_REASON_FAILED
+                detail = f"{e}; {detail}"
         workspace = cm.WorkspaceRef()
         if outcome.started and Path(owned.workspace).is_dir():
             await asyncio.to_thread(preserve, Path(owned.workspace))
@@ -488,7 +507,8 @@ class ExecutionController:
     async def _collect(self, owned: OwnedExecution, handle: SandboxHandle) -> bool:
         """Copy a container's workspace (its working directory) and /logs/agent out to the host, where
         they are preserved and hashed; the container stays for the verifier. False (and no workspace
-        left on the host) when they cannot be had."""
+        left on the host) when they cannot be had; `CopyOutLimit` (and neither left on the host) when
+        together they pass a cap of `copy_out_max_bytes` / `copy_out_max_files`."""
         workspace = Path(owned.workspace)
         task, _ = self._lookup(owned.task_id)
         await asyncio.to_thread(shutil.rmtree, workspace, True)
@@ -496,11 +516,17 @@ class ExecutionController:
             return False
         inside = task.environment.workdir or DEFAULT_WORKDIR
         logs = agent_logs_of(workspace)
+        budget = CopyBudget(self.copy_out_max_bytes, self.copy_out_max_files)
         try:
             await asyncio.to_thread(_fresh_dir, logs)
-            if await handle.copy_out(inside, workspace):
-                await handle.copy_out(AGENT_LOGS_DIR, logs)
+            if await handle.copy_out(inside, workspace, budget):
+                await handle.copy_out(AGENT_LOGS_DIR, logs, budget)
                 return True
+        except CopyOutLimit as e:
+            log.warning("workspace_copy_out_limit", error=str(e))
+            await asyncio.to_thread(shutil.rmtree, workspace, True)
+            await asyncio.to_thread(shutil.rmtree, logs, True)
+            raise
         except (SandboxError, OSError) as e:
             log.error("workspace_copy_failed", error=str(e))
         await asyncio.to_thread(shutil.rmtree, workspace, True)

@@ -99,6 +99,8 @@ class RunnerService(GyreService):
             sandbox_root=run_dir / "sandboxes",
             limits=limits,
             kill_grace_s=section.sandbox.kill_grace_s,
+            copy_out_max_bytes=section.sandbox.copy_out_max_bytes,
+            copy_out_max_files=section.sandbox.copy_out_max_files,
             slots=self.slots,
             spawn=self.supervisor.spawn,
             metrics=metrics,

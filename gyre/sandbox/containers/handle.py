@@ -33,7 +33,14 @@ from docker.models.containers import Container
 from gyre import procs
 from gyre.sandbox.containers import archive, engine, processes
 from gyre.sandbox.containers.netns import listen_inside
-from gyre.sandbox.launchers.base import ExecResult, SandboxError, SandboxHandle, SandboxLauncher, SandboxState
+from gyre.sandbox.launchers.base import (
+    CopyBudget,
+    ExecResult,
+    SandboxError,
+    SandboxHandle,
+    SandboxLauncher,
+    SandboxState,
+)
 from gyre.sandbox.outcome import SandboxOutcome
 
 CONTROL = "/.gyre/control"
@@ -366,11 +373,11 @@ class ContainerHandle(SandboxHandle):
         except (docker.errors.DockerException, OSError) as e:
             raise SandboxError(f"copying into container {container.id[:12]}: {engine.why(e)}") from None
 
-    async def copy_out(self, inside: str, target: Path) -> bool:
+    async def copy_out(self, inside: str, target: Path, budget: CopyBudget | None = None) -> bool:
         init = await asyncio.to_thread(self.init_pid)
         if init is None:
             return False
-        return await asyncio.to_thread(processes.copy_out, init, inside, target)
+        return await asyncio.to_thread(processes.copy_out, init, inside, target, budget=budget)
 
     async def remove(self) -> None:
         self.stop_relay()

@@ -6,7 +6,7 @@ forever), and the API has no way to signal an exec'd process or every process of
     signal_all(init_pid, SIGTERM, keep={init_pid, wrapper_pid})
     cpu_s(init_pid), oom_kills(init_pid)        # the container's CPU time and OOM kills
     read_inside(init_pid, "/.gyre/control/status", max_bytes=4096), exists_inside(init_pid, "/tests")
-    copy_out(init_pid, "/app", host_dir)        # a directory of the container, out to the host
+    copy_out(init_pid, "/app", host_dir, budget=CopyBudget(1 << 30, 100_000))  # out to the host, capped
 
 Everything goes through the container's cgroup (`/proc/<init>/cgroup`, cgroup v1 or v2) and its root
 (`/proc/<init>/root`), so the runner must run on the engine's host with root. A file is read from inside
@@ -21,6 +21,9 @@ import os
 import shutil
 import stat
 from pathlib import Path
+from typing import BinaryIO
+
+from gyre.sandbox.launchers.base import CopyBudget, CopyOutLimit
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -136,12 +139,17 @@ def exists_inside(init_pid: int, inside: str) -> bool:
     return True
 
 
-def copy_out(init_pid: int, inside: str, target: Path, max_depth: int = 128) -> bool:
+def copy_out(
+    init_pid: int, inside: str, target: Path, max_depth: int = 128, budget: CopyBudget | None = None
+) -> bool:
     """Copy directory `inside` of the container into host directory `target` (created): directories,
     regular files (their permission bits, without setuid, setgid and sticky) and symlinks as links; never
     following a symlink, skipping sockets, fifos and devices and what lies deeper than `max_depth`. False
-    when `inside` is missing or not a directory. (The engine's archive API does the same at ~0.1 s of
-    its CPU per call, the most a container execution costs it.)"""
+    when `inside` is missing or not a directory. With a `budget`, every directory, file and symlink
+    copied counts one file and every byte of a file's content (a symlink's target) one byte: the copy
+    stops before the entry or the chunk that would pass a cap, removes `target` and raises
+    `CopyOutLimit`. (The engine's archive API does the same at ~0.1 s of its CPU per call, the most a
+    container execution costs it.)"""
     found = _walk_inside(init_pid, inside)
     if found is None:
         return False
@@ -153,37 +161,63 @@ def copy_out(init_pid: int, inside: str, target: Path, max_depth: int = 128) -> 
     finally:
         os.close(parent)
     target.mkdir(parents=True, exist_ok=True)
-    _copy_dir(fd, target, max_depth)
+    try:
+        _copy_dir(fd, target, max_depth, budget)
+    except CopyOutLimit:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
     return True
 
 
-def _copy_dir(fd: int, target: Path, depth: int) -> None:
+def _copy_dir(fd: int, target: Path, depth: int, budget: CopyBudget | None) -> None:
     """Copy what directory `fd` holds into `target`; closes `fd`."""
     try:
         for entry in os.scandir(fd):
             try:
-                _copy_entry(fd, entry.name, target / entry.name, depth)
+                _copy_entry(fd, entry.name, target / entry.name, depth, budget)
             except OSError:
                 continue  # changed or unreadable meanwhile: not copied
     finally:
         os.close(fd)
 
 
-def _copy_entry(fd: int, name: str, dest: Path, depth: int) -> None:
+def _copy_entry(fd: int, name: str, dest: Path, depth: int, budget: CopyBudget | None) -> None:
     info = os.stat(name, dir_fd=fd, follow_symlinks=False)
     mode = stat.S_IMODE(info.st_mode) & 0o777
     if stat.S_ISDIR(info.st_mode) and depth > 0:
+        if budget is not None:
+            budget.add_file()
         sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
         dest.mkdir()
-        _copy_dir(sub, dest, depth - 1)
+        _copy_dir(sub, dest, depth - 1, budget)
         dest.chmod(mode | 0o700)
     elif stat.S_ISLNK(info.st_mode):
-        os.symlink(os.readlink(name, dir_fd=fd), dest)
+        link = os.readlink(name, dir_fd=fd)
+        if budget is not None:
+            budget.add_file()
+            budget.add_bytes(len(os.fsencode(link)))
+        os.symlink(link, dest)
     elif stat.S_ISREG(info.st_mode):
+        if budget is not None:
+            budget.add_file()
+            budget.need_bytes(info.st_size)  # a file past the cap is not begun
         src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
         with os.fdopen(src, "rb") as fsrc, dest.open("xb") as fdst:
-            shutil.copyfileobj(fsrc, fdst, 1 << 20)
+            _copy_bytes(fsrc, fdst, budget)
         dest.chmod(mode)
+
+
+def _copy_bytes(fsrc: BinaryIO, fdst: BinaryIO, budget: CopyBudget | None, chunk: int = 1 << 20) -> None:
+    """Copy to the end of `fsrc`, each chunk counted before it is written (a file that grew meanwhile
+    stops at the cap)."""
+    while True:
+        size = chunk if budget is None else min(chunk, budget.max_bytes - budget.bytes + 1)
+        data = fsrc.read(size)
+        if not data:
+            return
+        if budget is not None:
+            budget.add_bytes(len(data))
+        fdst.write(data)
 
 
 def read_inside(init_pid: int, inside: str, max_bytes: int = 64 << 10) -> bytes | None:

@@ -58,6 +58,54 @@ class SandboxError(RuntimeError):
     """The sandbox could not be created (the command never started)."""
 
 
+class CopyOutLimit(SandboxError):
+    """A copy out of a sandbox stopped at one of its caps (`CopyBudget`): the sandbox's command wrote more
+    than the host takes. The message is one line naming the cap and the counts; nothing was written
+    past the cap and the partial copy is removed."""
+
+
+@dataclass(slots=True)
+class CopyBudget:
+    """What copies out of one sandbox may write on the host, shared by the copies it is passed to (an
+    execution's workspace and its agent logs together): `max_bytes` of regular files' content and
+    `max_files` entries (regular files, symlinks and directories each count one)."""
+
+    max_bytes: int
+    max_files: int
+    bytes: int = 0
+    """Copied so far."""
+    files: int = 0
+    """Entries created so far."""
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1 or self.max_files < 1:
+            raise ValueError(
+                f"copy-out caps must be at least 1; got {self.max_bytes} bytes, {self.max_files} files"
+            )
+
+    def add_file(self) -> None:
+        """One more entry, or `CopyOutLimit` (nothing counted) when that would pass `max_files`."""
+        if self.files + 1 > self.max_files:
+            raise CopyOutLimit(
+                f"copy-out over its file cap: more than {self.max_files} files "
+                f"(runner.sandbox.copy_out_max_files); stopped after {self.files} files, {self.bytes} bytes"
+            )
+        self.files += 1
+
+    def add_bytes(self, n: int) -> None:
+        """`n` more bytes, or `CopyOutLimit` (nothing counted) when that would pass `max_bytes`."""
+        self.need_bytes(n)
+        self.bytes += n
+
+    def need_bytes(self, n: int) -> None:
+        """`CopyOutLimit` when `n` more bytes would pass `max_bytes` (counts nothing)."""
+        if self.bytes + n > self.max_bytes:
+            raise CopyOutLimit(
+                f"copy-out over its byte cap: more than {self.max_bytes} bytes "
+                f"(runner.sandbox.copy_out_max_bytes); stopped after {self.bytes} bytes, {self.files} files"
+            )
+
+
 class EnvironmentUnavailableError(SandboxError):
     """The task's environment cannot be had: its image failed to build or exists nowhere, or no container
     engine answers. The message is one line naming the task and the step, or the endpoint."""
@@ -230,8 +278,10 @@ class SandboxHandle(ABC):
         """Copy each host directory to its path inside (what those held emptied first with `replace`)."""
         raise NotImplementedError(f"the {self.launcher.name} launcher has no sandbox filesystem")
 
-    async def copy_out(self, inside: str, target: Path) -> bool:
-        """Copy the contents of `inside` into host directory `target`; False when `inside` is missing."""
+    async def copy_out(self, inside: str, target: Path, budget: CopyBudget | None = None) -> bool:
+        """Copy the contents of `inside` into host directory `target`; False when `inside` is missing.
+        With a `budget`, `CopyOutLimit` (and no `target` left) when the copy would pass one of its caps;
+        without one, unbounded."""
         raise NotImplementedError(f"the {self.launcher.name} launcher has no sandbox filesystem")
 
     async def remove(self) -> None:
