@@ -230,6 +230,11 @@ def run_warnings(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"{empty} of {consumed} consumed executions ({empty / consumed:.0%}) contributed no trainable token"
         )
+    if summary.get("same_container_verifier_tasks"):
+        lines.append(
+            "verified in the execution's own container (same_container: the harness could change the "
+            f"grader): {', '.join(summary['same_container_verifier_tasks'])}"
+        )
     if num_refused:
         lines.append(f"{num_refused} model calls were refused by the proxy:")
         for reason, n in sorted(refused.items(), key=lambda kv: -kv[1]):

@@ -31,6 +31,7 @@ from app.stack.signals import StopSignals
 from gyre.bus import login_url
 from gyre.config import GyreConfig, load_config
 from gyre.rpc import call_while_restarting, sync_channel
+from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 T = TypeVar("T")
@@ -215,6 +216,10 @@ class DemoRun:
                 "run_id": self.config.run.id,
                 "run_dir": str(self.run_dir),
                 "stop_reason": self._stop_reason,
+                # tasks whose verifier ran where their harness ran (the opt-in the run allowed)
+                "same_container_verifier_tasks": TaskSet.from_section(
+                    self.config.tasks
+                ).same_container_tasks(),
             },
         )
         self._save_events(events)

@@ -42,6 +42,11 @@ class TasksSection(Section):
     a dataset line's weight over both). A task's share of dispatched groups is its share of the total
     weight; 0 = never dispatched."""
 
+    allow_same_container_verifier: bool = False
+    """Let tasks whose task.toml sets `[verifier] same_container = true` run (Harbor's order: the verifier
+    in the execution's own container, where the harness could change the grader). Off: such a task stops
+    the run's start, named. The run's summary lists the tasks that used it."""
+
     held_out: list[str] = Field(default_factory=list)
     """Task ids (`add/2+2`) of the held-out evaluation pool: removed from what the queries and datasets
     dispatch (training never samples them) and scored by `gyre demo` on the weights of fixed steps

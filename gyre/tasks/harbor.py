@@ -2,7 +2,8 @@
 integrations), read as Harbor publishes it:
 
     <task>/instruction.md         the prompt
-    <task>/task.toml              [agent] timeout_sec, [verifier] timeout_sec and env, [environment]
+    <task>/task.toml              [agent] timeout_sec, [verifier] timeout_sec and env (and Gyre's
+                                  same_container, agent_paths: services/evaluator/in_container.py), [environment]
                                   build_timeout_sec, docker_image, cpus, memory_mb, storage_mb, gpus,
                                   allow_internet; free [metadata] (and [task]); unknown keys are ignored,
                                   as Harbor ignores them, and `gyre tasks check` warns about them
@@ -33,7 +34,7 @@ from typing import Any
 
 from gyre.tasks.dockerfile import DEFAULT_WORKDIR, read_dockerfile
 from gyre.tasks.problems import Problems
-from gyre.tasks.task import Task, TaskEnvironment, TaskError, Verifier, WorkspaceSource
+from gyre.tasks.task import Task, TaskEnvironment, TaskError, Verifier, WorkspaceSource, check_relative
 
 INSTRUCTION = "instruction.md"
 TASK_TOML = "task.toml"
@@ -54,7 +55,12 @@ VERIFIER_ATTEMPTS_IN_BUDGET = 2
 _POSITIVE = "a positive number of seconds"
 _KNOWN: dict[str, dict[str, str]] = {
     "agent": {"timeout_sec": _POSITIVE},
-    "verifier": {"timeout_sec": _POSITIVE, "env": "a table of strings"},
+    "verifier": {
+        "timeout_sec": _POSITIVE,
+        "env": "a table of strings",
+        "same_container": "true or false",
+        "agent_paths": "a non-empty list of relative paths",
+    },
     "environment": {
         "build_timeout_sec": _POSITIVE,
         "docker_image": "a string",
@@ -100,9 +106,22 @@ def _valid(kind: str, value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
     if kind == "true or false":
         return isinstance(value, bool)
+    if kind == "a non-empty list of relative paths":
+        return (
+            isinstance(value, list)
+            and bool(value)
+            and all(isinstance(v, str) and _relative(v) for v in value)
+        )
     if kind == "a table of strings":
         return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
     raise AssertionError(kind)
+
+
+def _relative(path: str) -> bool:
+    try:
+        return bool(path) and check_relative(path).as_posix() not in ("", ".")
+    except ValueError:
+        return False
 
 
 def read_task_toml(path: Path, problems: Problems) -> dict[str, Any] | None:
@@ -172,6 +191,8 @@ def load_harbor_task(task_dir: Path, task_id: str, problems: Problems) -> Task |
                 env=MappingProxyType(dict(verifier_cfg.get("env", {}))),
                 protocol="harbor",
                 tests_dir=task_dir / "tests",
+                same_container=bool(verifier_cfg.get("same_container", False)),
+                agent_paths=tuple(verifier_cfg["agent_paths"]) if "agent_paths" in verifier_cfg else None,
             ),
             harness_timeout_s=agent_s,
             overall_budget_s=agent_s + VERIFIER_ATTEMPTS_IN_BUDGET * verifier_s,

@@ -75,6 +75,15 @@ class Verifier:
     """How the result is read: a score line on stdout, or Harbor's reward files."""
     tests_dir: Path | None = None
     """Harbor: the task's `tests/`, copied afresh for every attempt and given at /tests."""
+    same_container: bool = False
+    """Harbor order, opt-in (`[verifier] same_container = true`, allowed by the run's
+    `tasks.allow_same_container_verifier`): the verifier runs in the execution's own container, after the
+    harness, so it sees state outside the workspace, and whatever the harness changed there (the grader
+    included). Default: a fresh container of the task's built image with the preserved workspace copied in."""
+    agent_paths: tuple[str, ...] | None = None
+    """The paths (relative to the working directory) that are the agent's work: only these are carried
+    from the preserved workspace into the verifier's fresh container, the rest is the image's. None: the
+    whole working directory is carried."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,9 +99,24 @@ class TaskSet:
         for query in queries:
             _load(registry, query, problems, errors)
         errors += [str(p) for p in problems.errors]
+        if not errors and not section.allow_same_container_verifier:
+            errors += [
+                f"{tid}: [verifier] same_container = true runs the grader where the harness ran, so the "
+                "harness can change what scores it; allow it for this run with "
+                "tasks.allow_same_container_verifier: true"
+                for tid in same_container_tasks(registry, [q.task_id for q in queries])
+            ]
         if errors:
             raise TaskError("; ".join(dict.fromkeys(errors)))
         return cls(registry, queries, [str(p) for p in dict.fromkeys(problems.warnings)])
+
+    def same_container_tasks(self) -> list[str]:
+        """The dispatched tasks whose verifier runs in the execution's own container (the opt-in)."""
+        return same_container_tasks(self.registry, [q.task_id for q in self.queries])
+
+
+def same_container_tasks(registry: TaskRegistry, task_ids: list[str]) -> list[str]:
+    return [tid for tid in dict.fromkeys(task_ids) if registry.get(tid).verifier.same_container]
 
 
 def _expand(registry: TaskRegistry, reference: str, where: str, errors: list[str]) -> list[str]:

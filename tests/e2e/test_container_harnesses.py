@@ -122,10 +122,11 @@ def _assert_trained_in_containers(config: Any, summary: dict[str, Any]) -> None:
     done = [e["event"] for e in events if e["type"] == "gyre.v1.EvaluationDone"]
     valid = [d for d in done if d.get("status") == "EVALUATION_STATUS_VALID"]
     assert len(valid) >= 2, done
-    # The rewards are test.sh's, run in each execution's own container after the harness: 1 exactly where
+    # The rewards are test.sh's, run in a fresh container of the task's image (the harness never ran there)
+    # with each preserved workspace copied in: 1 exactly where
     # the preserved workspace holds the fix (the rules pick fix-and-check or check-only per request at
     # random; on the host the fix would earn 0: no check-sum there).
-    assert all("in the execution's container" in d["detail"] for d in valid), valid
+    assert all("in a fresh container of the task's image" in d["detail"] for d in valid), valid
     for d in valid:
         fixed = "$1 + $2" in (Path(d["workspace"]["path"]) / "sum.sh").read_text()
         assert float(d.get("reward", 0.0)) == (1.0 if fixed else 0.0), d

@@ -93,10 +93,10 @@ async def test_a_sigkilled_runner_adopts_its_containers_and_reaps_an_unrecorded_
             ready = (await events.wait_for(ev.GroupReady, timeout_s=120))[0]
         terms = {e.execution.execution_id: e for e in events.of(ev.ExecutionTerminated)}
         done = {e.execution.execution_id: e for e in events.of(ev.EvaluationDone)}
-    for eid in eids[:2]:  # adopted: finished on their own, scored in their containers
+    for eid in eids[:2]:  # adopted: finished on their own, scored in fresh containers of the image
         assert terms[eid].reason == cm.TERMINATION_REASON_COMPLETED, terms[eid]
         assert (done[eid].status, done[eid].reward) == (cm.EVALUATION_STATUS_VALID, 1.0), done[eid]
-        assert "in the execution's container" in done[eid].detail
+        assert "in a fresh container of the task's image" in done[eid].detail
     assert terms[eids[2]].reason == cm.TERMINATION_REASON_INFRA_FAILURE
     assert done[eids[2]].status == cm.EVALUATION_STATUS_PLACEHOLDER
     assert (ready.num_valid, ready.num_placeholder) == (2, 1)

@@ -1,7 +1,8 @@
 """Harbor tasks in their own images through the runner and the evaluator, with real NATS, Redis and
 containers from the local engine: examples/tasks/fix-sum, whose Dockerfile's RUN step installs the
-checker its tests/test.sh runs, is scored right in its container and scores 0 everywhere under the
-`process` launcher (the RUN step matters); a build that fails and an image that exists nowhere exclude
+checker its tests/test.sh runs, is scored right in a fresh container of its image and scores 0 everywhere
+under the `process` launcher (the RUN step matters); a hostile harness that rewrites that checker, plants
+tests and a reward file earns 0 (1.0 under the same_container opt-in); a build that fails and an image that exists nowhere exclude
 their task's executions with one line naming the task and the step; a process over the task's
 memory_mb is killed and its execution accounted; a harness stopped at its timeout is scored on what its
 container holds; the demo harness runs in an image that has python3. Every container is gone once its
@@ -119,7 +120,7 @@ async def test_the_image_run_steps_decide_the_reward(
     if isolation == "container":
         # The fix earns 1, the untouched script 0: test.sh ran check-sum, which only the image has.
         assert {k: d.reward for k, d in done.items()} == {"e00": 1.0, "e01": 0.0}
-        assert all("in the execution's container" in d.detail for d in done.values()), done
+        assert all("in a fresh container of the task's image" in d.detail for d in done.values()), done
         assert (workspace["e00"] / "where.txt").read_text().strip() == "/app"
         assert "all 4 checks passed" in (workspace["e00"] / "check.txt").read_text()
         assert "printed -1, not 5" in (workspace["e01"] / "check.txt").read_text()
@@ -131,6 +132,59 @@ async def test_the_image_run_steps_decide_the_reward(
         assert "command not found" in (workspace["e00"] / "check.txt").read_text()
     assert ready.num_valid == 2
     assert containers_of(client, **{"gyre.run": run_id}) == []
+
+
+#: A hostile agent (member 0) that never solves the task: it rewrites the grader its image's RUN step made,
+#: makes its own sum.sh end whatever sources it with success, plants a /tests/test.sh and a reward file,
+#: and preloads a library into every later process. Member 1 fixes sum.sh honestly.
+HOSTILE = [
+    "bash",
+    "-c",
+    "case {execution_id} in "
+    "*-e00) printf '#!/bin/bash\\necho all 4 checks passed\\nexit 0\\n' > /usr/local/bin/check-sum; "
+    "printf 'echo all 4 checks passed; exit 0\\n' > sum.sh; "
+    "mkdir -p /tests /logs/verifier; printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; "
+    "echo 1 > /logs/verifier/reward.txt; echo /nonexistent/hook.so > /etc/ld.so.preload;; "
+    "*) sed -i 's/\\$1 - \\$2/$1 + $2/' sum.sh;; esac; true",
+]
+
+
+@pytest.mark.parametrize("same_container", [False, True])
+async def test_a_harness_that_rewrites_its_grader_earns_nothing(
+    same_container: bool,
+    nats_server: ServerProcess,
+    redis_server: ServerProcess,
+    run_id: str,
+    tmp_path: Path,
+    bus: EventBus,
+    redis: aioredis.Redis,
+    keys: Keys,
+    proxy: ProxyStub,
+) -> None:
+    """The verifier runs in a fresh container of the built image: the hostile member scores its real work
+    (0), the honest one 1. With Harbor's same-container order (the opt-in, allowed for this run) the same
+    attack is scored 1.0: the defence is what this test sees."""
+    task = tmp_path / "tasks" / "fix-sum"
+    shutil.copytree(EXAMPLE, task)
+    if same_container:
+        toml = (task / "task.toml").read_text()
+        (task / "task.toml").write_text(toml.replace("[verifier]\n", "[verifier]\nsame_container = true\n"))
+    config = _config(run_id, tmp_path, nats_server, redis_server, proxy, "container", harness=HOSTILE)
+    config.tasks.allow_same_container_verifier = same_container
+    terms, done, ready = await _run_group(config, redis, keys, bus, "tasks/fix-sum")
+    assert {t.reason for t in terms.values()} == {cm.TERMINATION_REASON_COMPLETED}
+    assert {k: d.status for k, d in done.items()} == {
+        "e00": cm.EVALUATION_STATUS_VALID,
+        "e01": cm.EVALUATION_STATUS_VALID,
+    }, done
+    assert ready.num_valid == 2
+    if same_container:
+        assert {k: d.reward for k, d in done.items()} == {"e00": 1.0, "e01": 1.0}
+        assert all("the execution's container (same_container)" in d.detail for d in done.values())
+    else:
+        assert {k: d.reward for k, d in done.items()} == {"e00": 0.0, "e01": 1.0}
+        assert all("a fresh container of the task's image" in d.detail for d in done.values())
+    assert containers_of(engine_client(), **{"gyre.run": run_id}) == []
 
 
 def _harbor_task(root: Path, name: str, dockerfile: str, **environment: Any) -> None:
@@ -235,9 +289,9 @@ async def test_a_harness_timeout_is_scored_on_what_the_container_holds(
     terms, done, _ = await _run_group(config, redis, keys, bus, "tasks/fix-sum", size=1)
     (term,), (evaluation,) = terms.values(), done.values()
     assert term.reason == cm.TERMINATION_REASON_HARNESS_TIMEOUT and "killed by SIGKILL" in term.detail
-    # The partial work (the fix, made before the timeout) is what test.sh scores, in the same container.
+    # The partial work (the fix, made before the timeout) is what test.sh scores, copied into a fresh one.
     assert (evaluation.status, evaluation.reward) == (cm.EVALUATION_STATUS_VALID, 1.0)
-    assert "in the execution's container" in evaluation.detail
+    assert "in a fresh container of the task's image" in evaluation.detail
 
 
 async def test_the_demo_harness_runs_in_an_image_with_python(

@@ -174,6 +174,10 @@ class SandboxSpec:
     resources: Mapping[str, float] = field(default_factory=_empty)  # type: ignore[arg-type]
     """The task's own resources (`cpus`, `memory_mb`, `storage_mb`, `gpus`), applied where the launcher
     can (a launcher that cannot give what is asked refuses the spec)."""
+    change_user: bool = False
+    """The sandbox's commands may change their uid and gid (CAP_SETUID and CAP_SETGID kept, nothing else):
+    a verifier's, so its grader can run the agent's code as another user than the one that writes the
+    reward. Never a harness's."""
 
     def host_path(self, inside: Path) -> Path:
         """Where a path the command sees lies on the host (itself when no bind covers it)."""

@@ -142,8 +142,9 @@ class ContainerLauncher(ContainerEngineLauncher):
             "image": "the task's own: [environment] docker_image, else built from environment/Dockerfile "
             f"(tagged by the environment's digest), else {self.settings.default_image}",
             "user": self.settings.user or "the image's USER",
-            "capabilities": "all dropped, no-new-privileges, never privileged; host paths mounted read-only "
-            "(the init, the harness's binaries)",
+            "capabilities": "all dropped (a fresh verifier container keeps SETUID and SETGID, so its grader "
+            "can run the agent's code as another user), no-new-privileges, never privileged; host paths "
+            "mounted read-only (the init, the harness's binaries)",
             "network": "none but loopback, the proxy relayed to 127.0.0.1:<port>; the engine's default network "
             "too for a task with allow_internet = true",
             "memory": f"the container's cgroup: a task's memory_mb, else {box.memory_mb} MiB, no swap",
@@ -276,6 +277,7 @@ class ContainerLauncher(ContainerEngineLauncher):
         host: dict[str, Any] = {
             "network_mode": "bridge" if spec.network.egress else "none",
             "cap_drop": ["ALL"],
+            "cap_add": ["SETUID", "SETGID"] if spec.change_user else [],
             "security_opt": ["no-new-privileges"],
             "privileged": False,
             "mounts": mounts,

@@ -134,3 +134,13 @@ def test_a_run_that_trained_nothing_says_why() -> None:
     assert "no optimizer step trained a token" in warnings
     assert "4 of 4 consumed executions (100%)" in warnings
     assert "prompt_too_long: 7 (latest: prompt is too long: 49097 tokens > 4095 maximum)" in warnings
+
+
+def test_a_run_with_same_container_verifiers_names_them() -> None:
+    summary = summarize(_events(), FACTS)
+    assert not any("same_container" in w for w in run_warnings(summary))
+    summary["same_container_verifier_tasks"] = ["tasks/fix-sum"]
+    assert [w for w in run_warnings(summary) if "same_container" in w] == [
+        "verified in the execution's own container (same_container: the harness could change the grader): "
+        "tasks/fix-sum"
+    ]

@@ -122,3 +122,22 @@ def test_a_malformed_task_toml_is_refused_naming_file_and_key(tmp_path: Path) ->
     message = str(e.value)
     assert f"{toml.resolve()}: [environment] gpus: must be a non-negative integer; got -1" in message
     assert f"{toml.resolve()}: [environment] allow_internet: must be true or false; got 'yes'" in message
+
+
+def test_the_verifier_opt_ins_are_read_and_checked(tmp_path: Path) -> None:
+    """`[verifier] agent_paths` (relative paths, carried alone into the verifier) and `same_container`."""
+    shutil.copytree(EXAMPLE, tmp_path / "set" / "fix-add")
+    toml = tmp_path / "set" / "fix-add" / "task.toml"
+    base = toml.read_text()
+    toml.write_text(base.replace("[verifier]\n", '[verifier]\nagent_paths = ["calc.py", "src/x"]\n'))
+    task = TaskRegistry([tmp_path / "set"]).get("set/fix-add")
+    assert (task.verifier.agent_paths, task.verifier.same_container) == (("calc.py", "src/x"), False)
+    toml.write_text(base.replace("[verifier]\n", "[verifier]\nsame_container = true\n"))
+    task = TaskRegistry([tmp_path / "set"]).get("set/fix-add")
+    assert (task.verifier.agent_paths, task.verifier.same_container) == (None, True)
+    for bad in ('["/etc/passwd"]', '["../x"]', "[]", '"calc.py"', '["."]'):
+        toml.write_text(base.replace("[verifier]\n", f"[verifier]\nagent_paths = {bad}\n"))
+        with pytest.raises(
+            TaskError, match=r"\[verifier\] agent_paths: must be a non-empty list of relative"
+        ):
+            TaskRegistry([tmp_path / "set"]).get("set/fix-add")

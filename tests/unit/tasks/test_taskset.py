@@ -166,3 +166,23 @@ def test_the_moved_keys_name_their_new_place() -> None:
     ):
         with pytest.raises(ConfigError, match=want.replace(".", r"\.").replace("(", r"\(")):
             load_config(None, environ={}, overrides=overrides)
+
+
+def test_a_same_container_verifier_needs_the_runs_consent(dirs: tuple[Path, Path]) -> None:
+    """A task asking for Harbor's same-container verifier (where the harness can change its grader) stops
+    the run's start, named, unless the run allows it; then the task set lists it (the summary says so)."""
+    _, harbor = dirs
+    toml = harbor / "fix-add-2" / "task.toml"
+    toml.write_text(toml.read_text().replace("[verifier]\n", "[verifier]\nsame_container = true\n"))
+    with pytest.raises(TaskError) as e:
+        TaskSet.from_section(TasksSection(dirs=[harbor]))
+    assert str(e.value) == (
+        "harbor/fix-add-2: [verifier] same_container = true runs the grader where the harness ran, so the "
+        "harness can change what scores it; allow it for this run with tasks.allow_same_container_verifier: true"
+    )
+    allowed = TaskSet.from_section(TasksSection(dirs=[harbor], allow_same_container_verifier=True))
+    assert allowed.same_container_tasks() == ["harbor/fix-add-2"]
+    assert (
+        TaskSet.from_section(TasksSection(dirs=[harbor], queries=["harbor/fix-add"])).same_container_tasks()
+        == []
+    )
