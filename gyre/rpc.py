@@ -12,12 +12,15 @@ turns each into the status code of the first `ErrorStatus` whose error types it 
 (`ValueError` → INVALID_ARGUMENT unless a service says otherwise). An error no entry names is a bug and
 reaches the client as UNKNOWN, logged by grpc. Transport security lives in `bind` and the two channel
 functions and nowhere else: with a TLS identity configured (`gyre.tls.configure`), servers require a
-client certificate the deployment's CA signed and channels show this process's and check the server's.
+client certificate the deployment's CA signed and channels show this process's and check the server's;
+which of those clients may call which method is `gyre.authz`'s table, checked by the interceptor
+`new_server` adds with TLS on.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,6 +29,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
 from gyre import tls
+from gyre.authz import AuthorizationInterceptor
 from gyre.log import get_logger
 
 log = get_logger("gyre.rpc")
@@ -88,9 +92,21 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
         return next((s for s in self.statuses if isinstance(error, s.errors)), None)
 
 
+_authorizing: weakref.WeakSet[grpc.aio.Server] = weakref.WeakSet()
+"""Servers built with the authorization interceptor: `bind` serves TLS only on one of them."""
+
+
 def new_server(statuses: Sequence[ErrorStatus] = (INVALID_ARGUMENT,)) -> grpc.aio.Server:
-    """A grpc.aio server whose unary handlers answer domain errors with `statuses`' codes."""
-    return grpc.aio.server(interceptors=[DomainErrorInterceptor(statuses)])
+    """A grpc.aio server whose unary handlers answer domain errors with `statuses`' codes. With a TLS
+    identity configured, every call is first checked against the caller's identity (`gyre.authz`:
+    PERMISSION_DENIED unless the table allows it the method); in plaintext (the embedded default on
+    127.0.0.1) there is no identity to check and none is."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [DomainErrorInterceptor(statuses)]
+    if tls.current() is None:
+        return grpc.aio.server(interceptors=interceptors)
+    server = grpc.aio.server(interceptors=[AuthorizationInterceptor(), *interceptors])
+    _authorizing.add(server)
+    return server
 
 
 def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
@@ -105,6 +121,11 @@ def bind(server: grpc.aio.Server, address: str) -> int:
     files = tls.current()
     if files is None:
         return server.add_insecure_port(address)
+    if server not in _authorizing:
+        raise RuntimeError(
+            "rpc: a TLS port on a server built before the TLS identity was configured (gyre.tls.configure "
+            "before gyre.rpc.new_server), which would check no caller's identity (gyre.authz)"
+        )
     cert, key, ca = files.read()
     credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
     return server.add_secure_port(address, credentials)

@@ -1,0 +1,215 @@
+"""Authorization by identity (gyre.authz): with TLS on, a gRPC method answers only the identities the table
+allows it, whatever certificate of the deployment's CA the caller holds.
+
+The table names every method of every service in gyre/v1 (a new RPC cannot be forgotten: without an entry
+it is refused to everyone) and only identities `gyre tls init` and the cert-manager Certificates issue, by
+the subject common name the check reads. Over a real grpc.aio server built by `gyre.rpc.new_server` with
+certificates from `gyre.tls.issue`, and servicers registered through the generated
+`add_*Servicer_to_server` (so the method names are the real ones): the allowed identity gets through, any
+other gets PERMISSION_DENIED naming its identity and the method before the handler runs (unary, an async
+generator stream, a `context.write` stream), a method not in the table is refused, and domain errors still
+map to their status behind the check.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+import gyre.v1
+from app.cli.tls import identities
+from gyre import authz, tls
+from gyre.config import load_config
+from gyre.paths import REPO_ROOT
+from gyre.rpc import add_health, aio_channel, bind, new_server
+from gyre.v1 import cell_agent_pb2 as cell_pb
+from gyre.v1 import cell_agent_pb2_grpc as cell_grpc
+from gyre.v1 import common_pb2
+from gyre.v1 import scheduler_pb2 as scheduler_pb
+from gyre.v1 import scheduler_pb2_grpc as scheduler_grpc
+
+SWITCH_ROLE, SHUTDOWN = "/gyre.v1.CellAgent/SwitchRole", "/gyre.v1.Scheduler/Shutdown"
+FETCH, WATCH = "/gyre.v1.CellAgent/FetchPublished", "/grpc.health.v1.Health/Watch"
+UNLISTED = "/gyre.test.Unlisted/Echo"
+
+
+def _service_methods() -> set[str]:
+    """Every method of every service the protos of gyre/v1 define, as `/package.Service/Method`."""
+    methods = set()
+    for module in pkgutil.iter_modules(gyre.v1.__path__):
+        if not module.name.endswith("_pb2"):
+            continue
+        descriptor = importlib.import_module(f"gyre.v1.{module.name}").DESCRIPTOR
+        for service in descriptor.services_by_name.values():
+            methods |= {f"/{service.full_name}/{m.name}" for m in service.methods}
+    return methods
+
+
+def test_every_method_of_every_service_has_an_entry() -> None:
+    methods = _service_methods()
+    assert SWITCH_ROLE in methods and FETCH in methods  # the protos were found
+    health_methods = {
+        f"/grpc.health.v1.Health/{m.name}" for m in health_pb2.DESCRIPTOR.services_by_name["Health"].methods
+    }
+    assert sorted(methods - set(authz.METHODS)) == [], "a method without an entry is refused to everyone"
+    assert sorted(set(authz.METHODS) - methods - health_methods) == [], "an entry of no method"
+    assert all(authz.METHODS.values()), "an entry that allows no one"
+
+
+def test_every_identity_named_is_issued_under_that_common_name() -> None:
+    for method, allowed in authz.METHODS.items():
+        assert allowed <= authz.IDENTITIES, method
+    assert set(identities(load_config(None, environ={}), [])) == authz.IDENTITIES  # gyre tls init
+    manifests = REPO_ROOT / "deploy" / "k8s" / "components" / "cert-manager" / "certificates.yaml"
+    names = {
+        doc["spec"]["commonName"]
+        for doc in yaml.safe_load_all(manifests.read_text())
+        if doc and doc["kind"] == "Certificate" and not doc["spec"].get("isCA")
+    }
+    assert names == authz.IDENTITIES
+
+
+# ---- over a real server ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tls")
+    tls.issue(out, {identity: [] for identity in authz.IDENTITIES})
+    return out
+
+
+@pytest.fixture
+def as_identity() -> Iterator[None]:
+    yield
+    tls.configure(None)
+
+
+class _Cell(cell_grpc.CellAgentServicer):
+    def __init__(self) -> None:
+        self.called: list[str] = []
+
+    async def SwitchRole(
+        self, request: cell_pb.SwitchRoleRequest, context: Any
+    ) -> cell_pb.SwitchRoleResponse:
+        self.called.append("SwitchRole")
+        if request.role == common_pb2.CELL_ROLE_UNSPECIFIED:
+            raise ValueError("no role")
+        return cell_pb.SwitchRoleResponse(role=request.role)
+
+    async def FetchPublished(
+        self, request: cell_pb.FetchPublishedRequest, context: Any
+    ) -> AsyncIterator[cell_pb.PublishedChunk]:
+        self.called.append("FetchPublished")
+        for name in ("config.json", "model.safetensors"):
+            yield cell_pb.PublishedChunk(name=name, last=True)
+
+
+class _Scheduler(scheduler_grpc.SchedulerServicer):
+    async def Shutdown(
+        self, request: scheduler_pb.ShutdownRequest, context: Any
+    ) -> scheduler_pb.ShutdownResponse:
+        return scheduler_pb.ShutdownResponse(cancelled=3)
+
+
+async def _echo(request: bytes, context: Any) -> bytes:
+    return request
+
+
+async def _denied(call: Any) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as refusal:
+        await call
+    assert refusal.value.code() == grpc.StatusCode.PERMISSION_DENIED, refusal.value.details()
+    return str(refusal.value.details())
+
+
+async def test_only_the_allowed_identities_get_through(certs: Path, as_identity: None) -> None:
+    tls.configure(tls.TlsFiles.under(certs, "cell_agent"))
+    server, cell = new_server(), _Cell()
+    cell_grpc.add_CellAgentServicer_to_server(cell, server)
+    scheduler_grpc.add_SchedulerServicer_to_server(_Scheduler(), server)
+    await add_health(server).set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+    unlisted = grpc.unary_unary_rpc_method_handler(_echo)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("gyre.test.Unlisted", {"Echo": unlisted}),)
+    )
+    port = bind(server, "127.0.0.1:0")
+    await server.start()
+    channels: dict[str, grpc.aio.Channel] = {}
+    for identity in sorted(authz.IDENTITIES):
+        tls.configure(tls.TlsFiles.under(certs, identity))
+        channels[identity] = aio_channel(f"127.0.0.1:{port}")
+    try:
+        await _check_calls(channels, cell)
+    finally:
+        for channel in channels.values():
+            await channel.close()
+        await server.stop(None)
+
+
+async def _check_calls(channels: dict[str, grpc.aio.Channel], cell: _Cell) -> None:
+    switch = cell_pb.SwitchRoleRequest(role=common_pb2.CELL_ROLE_TRAINING)
+    role = await cell_grpc.CellAgentStub(channels["scheduler"]).SwitchRole(switch, timeout=10)
+    assert role.role == common_pb2.CELL_ROLE_TRAINING
+    details = await _denied(cell_grpc.CellAgentStub(channels["runner"]).SwitchRole(switch, timeout=10))
+    assert "'runner'" in details and SWITCH_ROLE in details and "scheduler" in details
+    assert cell.called == ["SwitchRole"], "a refused call never reaches the handler"
+    with pytest.raises(grpc.aio.AioRpcError) as bad:  # domain errors still map, behind the check
+        await cell_grpc.CellAgentStub(channels["scheduler"]).SwitchRole(
+            cell_pb.SwitchRoleRequest(), timeout=10
+        )
+    assert (bad.value.code(), bad.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "no role")
+
+    stop = scheduler_pb.ShutdownRequest(cancel_running=True)
+    assert (await scheduler_grpc.SchedulerStub(channels["cli"]).Shutdown(stop, timeout=10)).cancelled == 3
+    for identity in ("runner", "cell_agent", "scheduler"):
+        details = await _denied(scheduler_grpc.SchedulerStub(channels[identity]).Shutdown(stop, timeout=10))
+        assert f"'{identity}'" in details and SHUTDOWN in details
+
+    fetch = cell_pb.FetchPublishedRequest(policy_version=1)  # a stream from an async generator
+    chunks = [
+        c.name
+        async for c in cell_grpc.CellAgentStub(channels["cell_agent"]).FetchPublished(fetch, timeout=10)
+    ]
+    assert chunks == ["config.json", "model.safetensors"]
+    details = await _denied(
+        _drain(cell_grpc.CellAgentStub(channels["scheduler"]).FetchPublished(fetch, timeout=10))
+    )
+    assert "'scheduler'" in details and FETCH in details
+    assert cell.called == ["SwitchRole", "SwitchRole", "FetchPublished"]
+
+    watch = health_pb2_grpc.HealthStub(channels["runner"]).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+    first = await watch.read()  # a stream written with context.write
+    assert first.status == health_pb2.HealthCheckResponse.SERVING
+    watch.cancel()
+    details = await _denied(
+        _drain(
+            health_pb2_grpc.HealthStub(channels["nats"]).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        )
+    )
+    assert "'nats'" in details and WATCH in details
+
+    for identity in ("cli", "scheduler"):
+        details = await _denied(channels[identity].unary_unary(UNLISTED)(b"hi", timeout=10))
+        assert f"'{identity}'" in details and UNLISTED in details and "no entry" in details
+
+
+async def _drain(call: Any) -> list[Any]:
+    return [response async for response in call]
+
+
+async def test_a_tls_port_needs_a_server_built_with_the_identity_configured(
+    certs: Path, as_identity: None
+) -> None:
+    server = new_server()  # plaintext: no identity to check
+    tls.configure(tls.TlsFiles.under(certs, "scheduler"))
+    with pytest.raises(RuntimeError, match="before the TLS identity was configured"):
+        bind(server, "127.0.0.1:0")
