@@ -275,7 +275,7 @@ def _phase_result(
 async def builds(work: Path) -> dict[str, float]:
     """fix-sum's image built cold (a fresh first layer), then as a run finds it (its digest's image is
     there), then again through the engine's layer cache; the images made here are removed."""
-    from gyre.config.runner import ContainerSection
+    from gyre.config.runner import SandboxSection
     from gyre.sandbox.containers.images import Images
     from gyre.tasks.directory import DirectorySuite
 
@@ -287,15 +287,16 @@ async def builds(work: Path) -> dict[str, float]:
     lines.insert(at, f"LABEL gyre.bench={uuid.uuid4().hex}")
     dockerfile.write_text("\n".join(lines) + "\n")
     task = DirectorySuite(tasks).get("fix-sum")
-    images = Images.of_engine(ContainerSection(), work / "builds")
+    images = Images.of_engine(SandboxSection(), work / "builds")
+    image = await images.reference(task)
     try:
         cold = await images.build(task)
         # as a runner that starts afterwards finds it: a new process, the engine asked once
-        cached = await Images.of_engine(ContainerSection(), work / "builds").build(task)
+        cached = await Images.of_engine(SandboxSection(), work / "builds").build(task)
         layers = await images.build(task, force=True)
         assert not cold.cached and cached.cached and not layers.cached
     finally:
-        images.remove(images.reference(task))
+        images.remove(image)
     return {
         "image_build_cold_s": round(cold.seconds, 2),
         "image_build_cached_s": round(cached.seconds, 3),
@@ -305,11 +306,11 @@ async def builds(work: Path) -> dict[str, float]:
 
 async def prebuild(work: Path) -> None:
     """fix-sum's image, so that the container phase measures starts, not the build."""
-    from gyre.config.runner import ContainerSection
+    from gyre.config.runner import SandboxSection
     from gyre.sandbox.containers.images import Images
     from gyre.tasks.directory import DirectorySuite
 
-    images = Images.of_engine(ContainerSection(), work / "builds")
+    images = Images.of_engine(SandboxSection(), work / "builds")
     await images.ensure(DirectorySuite(work / "tasks").get("fix-sum"))
 
 

@@ -100,7 +100,7 @@ def build_cmd(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     try:
-        images = Images.of_engine(cfg.runner.sandbox.container, cfg.run.path / "builds")
+        images = Images.of_engine(cfg.runner.sandbox, cfg.run.path / "builds")
     except EnvironmentUnavailableError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

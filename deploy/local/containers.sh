@@ -104,9 +104,19 @@ service() {
   exit 1
 }
 
+subids() {
+  # sandbox.container.userns: auto (the default) gives each container a user namespace drawn from the
+  # `containers` range, so container root is not host root.
+  need_root "the containers subordinate id range"
+  for f in /etc/subuid /etc/subgid; do
+    touch "$f"
+    grep -q '^containers:' "$f" || echo "containers:2147483647:2147483648" >> "$f"
+  done
+}
+
 case "${1:-setup}" in
   base) base; python_image ;;
-  service) service ;;
-  setup) base; python_image; service ;;
+  service) subids; service ;;
+  setup) base; python_image; subids; service ;;
   *) echo "usage: $0 base|service|setup" >&2; exit 2 ;;
 esac

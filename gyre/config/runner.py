@@ -39,8 +39,15 @@ class ContainerSection(Section):
     hold what the harness needs: `/bin/sh` always, python3 (3.11) for the demo harness."""
     user: str | None = None
     """The user commands run as inside the container (`uid[:gid]` or a name); None = the image's USER."""
-    cpus: PositiveFloat | None = None
-    """CPUs per container; a task's `[environment] cpus` wins; None = no limit."""
+    cpus: PositiveFloat | None = 1.0
+    """CPUs per container (a CFS quota, not pinning); a task's `[environment] cpus` wins; None = no limit.
+    A harness, its tools and its verifier are the policy's code: by default one container cannot take
+    more than one core of the host."""
+    userns: Literal["auto", "host"] = "auto"
+    """`auto`: each container in a user namespace of its own (podman's `--userns=auto`: its root is an
+    unprivileged uid range of the host's, from the `containers` entry of /etc/subuid and /etc/subgid,
+    which `deploy/local/containers.sh setup` adds), so a process that escapes the container is nobody on
+    the host. `host`: container root is host root (the engine's default; dockerd without userns-remap)."""
     storage_mb: AtLeastOneOrNull = None
     """Writable layer size per container where the engine's storage supports a quota; a task's
     `[environment] storage_mb` wins; None = no limit."""

@@ -1,25 +1,31 @@
 """Task images through the real engine: a multi-stage Dockerfile (FROM, RUN, ENV, WORKDIR, COPY, COPY
---from, ADD) is built as the engine builds it and tagged by the environment's digest; `[environment]
-docker_image` is used as given (one line when it is not on the host); the harness runs as the image's
-USER, owning its workspace and HOME; a container has no capability, no new privileges, and the task's
-cpus, memory and the pids limit on its cgroup."""
+--from, ADD) is built as the engine builds it and tagged by the digest of the environment and of the
+images it builds from (a rebuilt base, a new tag); a build's RUN steps have no network but loopback
+unless the task allows the internet, and the task's memory and cpus; a build past its timeout is killed
+on the engine, not only abandoned; `[environment] docker_image` is used as given (one line when it is not
+on the host); the harness runs as the image's USER, owning its workspace and HOME; a container has no
+capability, no new privileges, and the task's cpus, memory and the pids limit on its cgroup."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import uuid
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 
-from gyre.config.runner import LOCAL_BASE_IMAGE
+from gyre.config.runner import LOCAL_BASE_IMAGE, SandboxSection
 from gyre.sandbox import SandboxLimits, SandboxSpec
-from gyre.sandbox.containers.images import ImageError
+from gyre.sandbox.containers.images import ImageError, Images
 from gyre.sandbox.launchers.base import LABEL_EXECUTION
 from gyre.sandbox.launchers.container import ContainerLauncher
 from gyre.tasks import Problems, Task
 from gyre.tasks.harbor import load_harbor_task
 from tests.support.containers import engine_client
+from tests.support.eventually import eventually
 from tests.support.sandboxes import launcher_for_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
@@ -147,3 +153,138 @@ COPY --chown=agent notes.txt ./
         client.containers.list(all=True, filters={"label": f"gyre.run={launcher.labels['gyre.run']}"}) == []
     )
     await launcher.close()
+
+
+def _output(log: Path, *keys: str) -> dict[str, str]:
+    """The lines `key: value` a build's RUN step printed, from its log."""
+    found = {}
+    for line in log.read_text().splitlines():
+        key, sep, value = line.partition(": ")
+        if sep and key in keys:
+            found[key] = value.strip()
+    return found
+
+
+async def test_a_build_has_no_network_unless_the_task_allows_it_and_the_tasks_limits(tmp_path: Path) -> None:
+    engine_client()
+    sandbox = SandboxSection()
+    images = Images.of_engine(sandbox, tmp_path / "builds")
+    probe = (
+        "echo \"net: $(ls /sys/class/net | tr '\\n' ' ')\"; "
+        'echo "memory: $(cat /sys/fs/cgroup/memory.max 2>/dev/null '
+        '|| cat /sys/fs/cgroup/memory/memory.limit_in_bytes)"; '
+        'echo "cpu: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null '
+        '|| echo $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us))"'
+    )
+    offline = _task(
+        tmp_path / "offline",
+        f"FROM {LOCAL_BASE_IMAGE}\nRUN echo {uuid.uuid4().hex} >/dev/null; {probe}\n",
+        {},
+        "[environment]\ncpus = 2\nmemory_mb = 300\n",
+    )
+    online = _task(
+        tmp_path / "online",
+        f"FROM {LOCAL_BASE_IMAGE}\nRUN echo {uuid.uuid4().hex} >/dev/null; {probe}\n",
+        {},
+        "[environment]\nallow_internet = true\n",
+    )
+    built = [await images.build(offline), await images.build(online)]
+    try:
+        assert [b.cached for b in built] == [False, False]
+        assert built[0].log is not None and built[1].log is not None
+        # Offline (the default): a namespace of its own with loopback only; the task's memory, no swap
+        # beyond it (the cgroup's limit), and its cpus as a CFS quota.
+        assert _output(built[0].log, "net", "memory", "cpu") == {
+            "net": "lo",
+            "memory": str(300 << 20),
+            "cpu": "200000 100000",
+        }
+        # Allowed: its own namespace on the engine's default network (not the host's interfaces); the
+        # sandbox's default memory and cpus.
+        seen = _output(built[1].log, "net", "memory", "cpu")
+        assert "lo" in seen["net"].split() and len(seen["net"].split()) >= 2, seen
+        assert set(seen["net"].split()) != set(os.listdir("/sys/class/net")), seen
+        assert seen["memory"] == str((sandbox.memory_mb or 0) << 20)
+        cpus = sandbox.container.cpus
+        assert seen["cpu"] == (f"{round(cpus * 100_000)} 100000" if cpus else seen["cpu"])
+    finally:
+        for b in built:
+            images.remove(b.image)
+
+
+def _processes(marker: str) -> list[int]:
+    """This host's processes whose command line holds `marker`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+async def test_a_build_past_its_timeout_is_killed_on_the_engine(tmp_path: Path) -> None:
+    client = engine_client()
+    marker = f"600.{uuid.uuid4().int % 10**9:09d}"  # `sleep 600.<n>`: its own command line on this host
+    slow = _task(
+        tmp_path / "slow",
+        f"FROM {LOCAL_BASE_IMAGE}\nRUN echo started && sleep {marker}\nRUN touch /never\n",
+        {},
+        "[environment]\nbuild_timeout_sec = 4\n",
+    )
+    images = Images.of_engine(SandboxSection(), tmp_path / "builds")
+    building = asyncio.create_task(images.build(slow))
+    await eventually(lambda: _processes(marker), timeout_s=50, what="the build's RUN sleep to start")
+    with pytest.raises(ImageError) as e:
+        await building
+    image = await images.reference(slow)
+    log = tmp_path / "builds" / f"t_slow-{image.rsplit(':', 1)[-1][:12]}.log"
+    assert str(e.value) == f"task t/slow: image build ran past its 4 s timeout; log: {log}"
+    # Killed on the engine, not only abandoned: by the time the execution fails no step of it runs,
+    # the build ended there (no image), and the log says what was done.
+    assert _processes(marker) == []
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(image)
+    assert "STEP 3/3" not in log.read_text()
+    assert log.read_text().splitlines()[-1].startswith("gyre: past the 4 s timeout: ")
+    # The failure is remembered: the task's next execution fails at once with the same line.
+    with pytest.raises(ImageError) as again:
+        await asyncio.wait_for(images.ensure(slow), 10)
+    assert str(again.value) == str(e.value)
+
+
+async def test_a_rebuilt_base_gives_the_task_a_new_tag(tmp_path: Path) -> None:
+    client = engine_client()
+    base = f"localhost/gyre/test-base:{uuid.uuid4().hex[:12]}"
+    (tmp_path / "base").mkdir()
+
+    def build_base(marker: str) -> str:
+        (tmp_path / "base" / "Dockerfile").write_text(f"FROM {LOCAL_BASE_IMAGE}\nCOPY marker.txt /\n")
+        (tmp_path / "base" / "marker.txt").write_text(marker + "\n")
+        image, _ = client.images.build(path=str(tmp_path / "base"), tag=base, rm=True)
+        return str(image.id)
+
+    # The base is a stage's, not the final FROM: every image the Dockerfile builds from counts.
+    dockerfile = f"FROM {base} AS stage\nFROM {LOCAL_BASE_IMAGE}\nCOPY --from=stage /marker.txt /opt/\n"
+    task = _task(tmp_path / "based", dockerfile, {})
+    launcher = launcher_for_test("container", 0, 1)
+    assert isinstance(launcher, ContainerLauncher)
+    built: list[str] = []
+    try:
+        first_base = build_base("one")
+        first = await launcher.images.build(task)
+        built.append(first.image)
+        assert (await launcher.images.build(task)).cached
+        second_base = build_base("two")
+        assert second_base != first_base
+        second = await launcher.images.build(task)
+        built.append(second.image)
+        assert not second.cached and second.image != first.image
+        stdout, _, _ = await _run(launcher, task, "cat /opt/marker.txt", tmp_path)
+        assert stdout.split() == ["two"]
+    finally:
+        for image in built:
+            launcher.images.remove(image)
+        client.images.remove(base, force=True)
+        await launcher.close()

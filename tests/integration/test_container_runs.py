@@ -37,13 +37,13 @@ from tests.support.scripted_anthropic import ScriptedAnthropic, arithmetic_solve
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("container_session")]
 
 EXAMPLE = REPO_ROOT / "examples" / "tasks" / "fix-sum"
-#: A stand-in agent: member 0 fixes sum.sh; every member records where it ran, what check-sum said and
-#: whether it can see the verifier's tests (it must not: they are copied in after it ends).
+#: A stand-in agent: member 0 fixes sum.sh; every member records where it ran, what check-sum said,
+#: whether it can see the verifier's tests (it must not: they are copied in after it ends) and its uid map.
 HARNESS = [
     "bash",
     "-c",
     "case {execution_id} in *-e00) sed -i 's/\\$1 - \\$2/$1 + $2/' sum.sh;; esac; pwd > where.txt; "
-    "check-sum sum.sh > check.txt 2>&1; ls /tests > tests.txt 2>&1; true",
+    "check-sum sum.sh > check.txt 2>&1; ls /tests > tests.txt 2>&1; cat /proc/self/uid_map > uids.txt; true",
 ]
 
 
@@ -125,6 +125,9 @@ async def test_the_image_run_steps_decide_the_reward(
         assert "all 4 checks passed" in (workspace["e00"] / "check.txt").read_text()
         assert "printed -1, not 5" in (workspace["e01"] / "check.txt").read_text()
         assert "No such file or directory" in (workspace["e00"] / "tests.txt").read_text()
+        # a user namespace of its own (sandbox.container.userns: auto): container root is not host root
+        inside, host, size = map(int, (workspace["e00"] / "uids.txt").read_text().split())
+        assert inside == 0 and host >= 65536 and size >= 65534, (inside, host, size)
         assert terms["e00"].workspace.content_hash != terms["e01"].workspace.content_hash
     else:
         # On the host there is no check-sum: the same fix scores 0, like no fix at all.

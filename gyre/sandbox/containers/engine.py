@@ -13,6 +13,7 @@ state is shared with whatever else runs on the host.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -105,15 +106,27 @@ def find(client: docker.DockerClient, labels: Mapping[str, str]) -> list[Contain
     raise ContainerEngineError(f"listing containers {dict(labels)}: {why(error)}")
 
 
+REMOVE_BUSY_S = 15.0
+"""How long a removal is retried while the engine reports the container's mounts busy."""
+
+
 def remove(container: Container) -> None:
     """Remove, running or not (Gyre's containers stop with SIGKILL: their init has nothing to save); a
     container already gone is not an error."""
-    try:
-        container.remove(force=True, v=True)
-    except docker.errors.NotFound:
-        pass
-    except (docker.errors.DockerException, OSError) as e:
-        raise ContainerEngineError(f"removing container {container.name}: {why(e)}") from None
+    deadline = time.monotonic() + REMOVE_BUSY_S
+    while True:
+        try:
+            container.remove(force=True, v=True)
+            return
+        except docker.errors.NotFound:
+            return
+        except (docker.errors.DockerException, OSError) as e:
+            # podman 4.3 with a user namespace (userns=auto) sometimes finds the container's /dev/shm
+            # mount still busy right after the kill; the same call succeeds once it is released.
+            if "device or resource busy" in str(e) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            raise ContainerEngineError(f"removing container {container.name}: {why(e)}") from None
 
 
 def remove_labelled(client: docker.DockerClient, labels: Mapping[str, str]) -> int:

@@ -63,6 +63,17 @@ where it runs without CAP_SYS_RESOURCE. It bounds nothing (it counts a uid's pro
 ignores it): a container's processes are bounded by its pids limit."""
 
 
+SUBID_FILES = (Path("/etc/subuid"), Path("/etc/subgid"))
+
+
+def _names_containers(path: Path) -> bool:
+    """The file gives the user `containers` a range (what podman's rootful `--userns=auto` draws from)."""
+    try:
+        return any(line.split(":")[0].strip() == "containers" for line in path.read_text().splitlines())
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class ImageInfo:
     user: str
@@ -95,6 +106,15 @@ class ContainerLauncher(ContainerEngineLauncher):
         self.init_binary = found[0]
         self.section = section
         self.settings = section.container
+        if self.settings.userns == "auto":
+            missing = [f for f in SUBID_FILES if not _names_containers(f)]
+            if missing:
+                raise SandboxError(
+                    "sandbox.container.userns: auto gives each container a user namespace from the "
+                    f"`containers` range of /etc/subuid and /etc/subgid, and {', '.join(map(str, missing))} "
+                    "has none: run `bash deploy/local/containers.sh setup` as root (it adds "
+                    "`containers:2147483647:2147483648`), or set sandbox.container.userns: host"
+                )
         self.endpoint = engine.resolve_endpoint(self.settings.endpoint)
         self.labels = {**engine.extra_labels(), **labels}
         self.images = Images(
@@ -102,6 +122,8 @@ class ContainerLauncher(ContainerEngineLauncher):
             self.settings.default_image,
             work_dir / "builds" if work_dir is not None else None,
             self.settings.build_timeout_s,
+            memory_mb=section.memory_mb,
+            cpus=self.settings.cpus,
         )
         self._client: docker.DockerClient | None = None
         self._image_info: dict[str, ImageInfo] = {}
@@ -140,8 +162,14 @@ class ContainerLauncher(ContainerEngineLauncher):
             "launcher": self.name,
             "engine": self.endpoint,
             "image": "the task's own: [environment] docker_image, else built from environment/Dockerfile "
-            f"(tagged by the environment's digest), else {self.settings.default_image}",
-            "user": self.settings.user or "the image's USER",
+            f"(tagged by the digest of the environment and its base images), else {self.settings.default_image}",
+            "builds": self.images.enforced(),
+            "user": (self.settings.user or "the image's USER")
+            + (
+                ", in a user namespace of its own (container root is an unprivileged uid of this host)"
+                if self.settings.userns == "auto"
+                else ", no user namespace (container root is host root)"
+            ),
             "capabilities": "all dropped (a fresh verifier container keeps SETUID and SETGID, so its grader "
             "can run the agent's code as another user), no-new-privileges, never privileged; host paths "
             "mounted read-only (the init, the harness's binaries)",
@@ -223,7 +251,10 @@ class ContainerLauncher(ContainerEngineLauncher):
         api = self.client.api
         for attempt in (1, 2):
             try:
-                created = api.create_container(image, host_config=api.create_host_config(**host), **config)
+                host_config = api.create_host_config(**host)
+                if self.settings.userns == "auto":  # podman's; the SDK only knows "host", so set it raw
+                    host_config["UsernsMode"] = "auto"
+                created = api.create_container(image, host_config=host_config, **config)
                 api.start(created["Id"])
                 # One inspect, after the start: the init's pid is in it (the SDK's run inspects twice).
                 container: Container = self.client.containers.prepare_model(

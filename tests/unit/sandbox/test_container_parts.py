@@ -24,18 +24,77 @@ def _env(tmp_path: Path) -> Path:
     return env
 
 
-def test_the_environment_digest_follows_content_and_modes_not_times(tmp_path: Path) -> None:
+def test_the_environment_digest_follows_content_modes_and_base_ids_not_times(tmp_path: Path) -> None:
     env = _env(tmp_path)
-    first = images.environment_digest(env)
+    bases = {"localhost/gyre/debian-base:bookworm": "c1ba65d982e1"}
+    first = images.environment_digest(env, bases)
     os.utime(env / "run.sh", (1, 1))
-    assert images.environment_digest(env) == first
+    assert images.environment_digest(env, bases) == first
     (env / "run.sh").chmod(0o755)
-    executable = images.environment_digest(env)
+    executable = images.environment_digest(env, bases)
     assert executable != first
     (env / "run.sh").write_text("echo ho\n")
-    assert images.environment_digest(env) not in (first, executable)
+    content = images.environment_digest(env, bases)
+    assert content not in (first, executable)
+    # A base rebuilt under the same name (a new id), or absent from the host, is another digest.
+    rebuilt = images.environment_digest(env, {"localhost/gyre/debian-base:bookworm": "0a1b2c3d4e5f"})
+    absent = images.environment_digest(env, {"localhost/gyre/debian-base:bookworm": ""})
+    assert len({content, rebuilt, absent, images.environment_digest(env, {})}) == 4
     (env / "link").symlink_to("run.sh")
-    assert images.image_tag(env).startswith("localhost/gyre/env:") and len(images.image_tag(env)) == 19 + 24
+    tag = images.image_tag(env, bases)
+    assert tag.startswith("localhost/gyre/env:") and len(tag) == 19 + 24
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "bases"),
+    [
+        ("FROM localhost/gyre/debian-base:bookworm\nRUN true\n", ["localhost/gyre/debian-base:bookworm"]),
+        (  # multi-stage: a stage's name or index is not an image; COPY --from an image is
+            "FROM base:1 AS Build\nRUN make\nFROM --platform=linux/amd64 build AS test\n"
+            "FROM other:2\nCOPY --from=build /a /a\nCOPY --from=0 /b /b\nCOPY --from=tools:3 /c /c\n",
+            ["base:1", "other:2", "tools:3"],
+        ),
+        (  # global ARG defaults, continuation lines, comments, scratch
+            "# escape=\\\nARG TAG=12\nARG REPO\nFROM \\\n  debian:${TAG}-slim\n# a comment\n"
+            "FROM ${REPO:-localhost/x}:$TAG AS two\nFROM scratch\nCOPY --from=two / /\n",
+            ["debian:12-slim", "localhost/x:12"],
+        ),
+        ("# escape=`\nFROM win:1 `\n  AS a\nFROM a\n", ["win:1"]),
+    ],
+)
+def test_the_images_a_dockerfile_builds_from_are_each_from_that_names_one(
+    dockerfile: str, bases: list[str]
+) -> None:
+    assert images.dockerfile_images(dockerfile) == bases
+
+
+def test_build_parameters_bound_network_memory_and_cpu_in_each_engines_terms() -> None:
+    podman = images.build_params(True, False, 512, 1.5, "gyre-build-x")
+    assert podman == {
+        "networkmode": "NetworkDisabled",  # podman's compat endpoint ignores Docker's "none"
+        "cgroupparent": "gyre-build-x",
+        "memory": 512 << 20,
+        "memswap": 512 << 20,
+        "cpuperiod": 100_000,
+        "cpuquota": 150_000,
+    }
+    online = images.build_params(True, True, None, None, None)
+    assert online["networkmode"] == "NetworkEnabled"  # its own namespace, not the host's
+    assert '"Host": false' in online["nsoptions"] and set(online) == {"networkmode", "nsoptions"}
+    assert images.build_params(False, False, None, None, None) == {"networkmode": "none"}
+    assert images.build_params(False, True, 64, None, None) == {"memory": 64 << 20, "memswap": 64 << 20}
+
+
+def test_the_processes_of_a_build_are_found_by_their_cgroup(tmp_path: Path) -> None:
+    for pid, lines in {
+        "7": "4:memory:/process_api/ab/gyre-build-x1\n1:cpu:/gyre-build-x1\n",
+        "8": "0::/gyre-build-x10\n",
+        "9": "0::/system.slice/gyre-build-x1/sub\n",
+    }.items():
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "cgroup").write_text(lines)
+    (tmp_path / "self").mkdir()
+    assert sorted(images.cgroup_pids("gyre-build-x1", tmp_path)) == [7, 9]
 
 
 @pytest.mark.parametrize(
