@@ -106,12 +106,13 @@ class RunnerSandboxSection(SandboxSection):
     """First sandbox uid; slot k runs as uid_base + k (instance i adds i * 1000). Keep the runner's and
     the evaluator's ranges apart."""
     copy_out_max_bytes: AtLeastOne = 1 << 30
-    """Bytes of file content (and symlink targets) copied out of an execution's container after its
-    harness (`container`: its workspace and /logs/agent together). Past it the copy stops, nothing of it
-    is kept and the execution ends FAILED with the reason (the harness is the policy's code)."""
+    """Bytes of file content (and symlink targets) the host keeps of an execution after its harness (its
+    workspace and /logs/agent together): copied out of its container (`container`: the copy stops at the
+    cap), or measured in place (host launchers). Past it nothing of them is kept and the execution ends
+    FAILED with the reason (the harness is the policy's code)."""
     copy_out_max_files: AtLeastOne = 100_000
-    """Files, directories and symlinks copied out of an execution's container after its harness
-    (`container`: its workspace and /logs/agent together); past it as `copy_out_max_bytes`."""
+    """Files, directories and symlinks the host keeps of an execution after its harness (its workspace and
+    /logs/agent together); past it as `copy_out_max_bytes`."""
 
 
 class VerifierSandboxSection(SandboxSection):

@@ -21,7 +21,9 @@ crashes mid-report and reconciles reports again without double counting.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -120,6 +122,19 @@ HARNESS_REASONS = frozenset(
     {cm.TERMINATION_REASON_COMPLETED, cm.TERMINATION_REASON_FAILED, cm.TERMINATION_REASON_HARNESS_TIMEOUT}
 )
 """How a harness ends by itself (or past its own time limit): a copy-out past a cap turns them FAILED."""
+
+
+def _measure(roots: list[Path], budget: CopyBudget) -> None:
+    """Count every entry and regular file's bytes under `roots` (symlinks not followed) against `budget`."""
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for dirpath, dirs, files in os.walk(root):
+            for name in dirs + files:
+                budget.add_file()
+                st = os.lstat(os.path.join(dirpath, name))
+                if stat.S_ISREG(st.st_mode):
+                    budget.add_bytes(st.st_size)
 
 
 def _fresh_dir(path: Path) -> None:
@@ -481,9 +496,11 @@ class ExecutionController:
         if survivors:
             detail += f"; {len(survivors)} sandbox processes survived the sweep"
             log.error("sandbox_sweep_incomplete", pids=survivors[:10])
-        if outcome.started and self.launcher.own_filesystem:
+        if outcome.started:
             try:
-                if not await self._collect(owned, handle):
+                if not self.launcher.own_filesystem:
+                    await self._bound_in_place(owned)
+                elif not await self._collect(owned, handle):
                     detail += "; the workspace could not be copied out of the sandbox"
             except CopyOutLimit as e:
                 # The harness left more than the host takes: FAILED where it ended by itself or at its
@@ -503,6 +520,21 @@ class ExecutionController:
         if self.running.pop(owned.execution_id, None) is not None:
             self.tasks.pop(owned.execution_id, None)
             await self.slots.release()
+
+    async def _bound_in_place(self, owned: OwnedExecution) -> None:
+        """Host launchers write the workspace in place: the same caps bound what the host keeps of it (and
+        of /logs/agent); over one, `CopyOutLimit` and neither is kept. (During the run only RLIMIT_FSIZE
+        bounds each file: this host's storage has no quota.)"""
+        workspace = Path(owned.workspace)
+        logs = agent_logs_of(workspace)
+        budget = CopyBudget(self.copy_out_max_bytes, self.copy_out_max_files)
+        try:
+            await asyncio.to_thread(_measure, [workspace, logs], budget)
+        except CopyOutLimit as e:
+            log.warning("workspace_over_limit", error=str(e))
+            await asyncio.to_thread(shutil.rmtree, workspace, True)
+            await asyncio.to_thread(shutil.rmtree, logs, True)
+            raise
 
     async def _collect(self, owned: OwnedExecution, handle: SandboxHandle) -> bool:
         """Copy a container's workspace (its working directory) and /logs/agent out to the host, where
