@@ -34,9 +34,11 @@ from app.demo.events import read_events
 from app.demo.faults import Fault, Injection, fault_report
 from app.demo.ledger import read_event_lines
 from app.demo.report import execution_counts
+from app.deploy.access import REDIS_LOGIN_FILE
 from bench._capture import NetworkCapture
 from bench._compose import ComposeProject
 from gyre import tls
+from gyre.config.infra import read_login
 from gyre.rpc import call_while_restarting, sync_channel
 from gyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -59,6 +61,7 @@ class ClusterRun:
         self.project = project
         self.capture = capture
         self.identity = tls.TlsFiles.under(tls_dir, "cli")
+        self.tls_dir = tls_dir
         tls.configure(self.identity)  # the bench's channel to the scheduler and its NATS reader
         self.run_dir = run_dir
         self.run_id = str(config["run"]["id"])
@@ -269,7 +272,12 @@ class ClusterRun:
         nats_tls = {
             str(c.get("name") or c["cid"]): str(c.get("tls_version", "")) for c in connz["connections"]
         }
-        redis_view = _redis_server_view(p["GYRE_REDIS_PORT"], self.identity, hosts)
+        redis_view = _redis_server_view(p["GYRE_REDIS_PORT"], self.tls_dir, hosts)
+        cli_cert = {
+            "ssl_certfile": str(self.identity.cert),
+            "ssl_keyfile": str(self.identity.key),
+            "ssl_ca_certs": str(self.identity.ca),
+        }
         no_cert = ssl.create_default_context(cafile=str(self.identity.ca))
         scheduler = f"127.0.0.1:{p['GYRE_SCHEDULER_PORT']}"
         refused = {
@@ -278,6 +286,11 @@ class ClusterRun:
             "redis plaintext": _refused(lambda: _redis_ping(p["GYRE_REDIS_PORT"], None)),
             "redis without certificate": _refused(
                 lambda: _redis_ping(p["GYRE_REDIS_PORT"], {"ssl_ca_certs": str(self.identity.ca)})
+            ),
+            # Redis cannot map a certificate to an ACL user: without its identity's password, a client is
+            # the `default` user, which is off.
+            "redis with certificate, without password": _refused(
+                lambda: _redis_ping(p["GYRE_REDIS_PORT"], cli_cert)
             ),
             "scheduler grpc plaintext": _refused(lambda: _grpc_health(grpc.insecure_channel(scheduler))),
             "scheduler grpc without certificate": _refused(
@@ -297,15 +310,8 @@ class ClusterRun:
             "nats with certificate": not _refused(
                 lambda: _nats_ping(p["GYRE_NATS_PORT"], self.identity.client_context())
             ),
-            "redis with certificate": not _refused(
-                lambda: _redis_ping(
-                    p["GYRE_REDIS_PORT"],
-                    {
-                        "ssl_certfile": str(self.identity.cert),
-                        "ssl_keyfile": str(self.identity.key),
-                        "ssl_ca_certs": str(self.identity.ca),
-                    },
-                )
+            "redis with certificate and password": not _refused(
+                lambda: _redis_ping(p["GYRE_REDIS_PORT"], cli_cert, _redis_login(self.tls_dir, "cli"))
             ),
             "scheduler grpc with certificate": not _refused(lambda: _grpc_health(sync_channel(scheduler))),
             "proxy https (the CA, no certificate: a harness)": not _refused(
@@ -372,10 +378,20 @@ except grpc.RpcError as e:
 """A cell agent's gRPC from inside a container."""
 
 
-def _redis_server_view(port: int, identity: tls.TlsFiles, hosts: dict[str, str]) -> dict[str, Any]:
+def _redis_login(tls_dir: Path, identity: str) -> dict[str, str]:
+    """`identity`'s Redis ACL user and password (`gyre tls init`'s `<identity>/redis.json`)."""
+    login = read_login(str(tls_dir / "{service}" / REDIS_LOGIN_FILE), identity)
+    assert login is not None
+    return {"username": login.user, "password": login.password}
+
+
+def _redis_server_view(port: int, tls_dir: Path, hosts: dict[str, str]) -> dict[str, Any]:
     """Redis's own word on its listeners (`CONFIG GET`: no plaintext port, client certificates required)
     and on its clients (`CLIENT LIST`: the container each connected from; with no plaintext port, every
-    one of them came in over TLS)."""
+    one of them came in over TLS), asked as the `redis` identity (the ACL user of its health check, which
+    may read both; `cli` may not)."""
+    identity = tls.TlsFiles.under(tls_dir, "redis")
+    login = _redis_login(tls_dir, "redis")
     client = redis.Redis(
         host="127.0.0.1",
         port=port,
@@ -385,6 +401,8 @@ def _redis_server_view(port: int, identity: tls.TlsFiles, hosts: dict[str, str])
         ssl_certfile=str(identity.cert),
         ssl_keyfile=str(identity.key),
         ssl_ca_certs=str(identity.ca),
+        username=login["username"],
+        password=login["password"],
     )
     try:
         config = {
@@ -439,10 +457,11 @@ def _nats_ping(port: int, context: ssl.SSLContext | None) -> None:
     asyncio.run(ping())
 
 
-def _redis_ping(port: int, secure: dict[str, str] | None) -> None:
+def _redis_ping(port: int, secure: dict[str, str] | None, login: dict[str, str] | None = None) -> None:
     options: dict[str, Any] = (
         {"ssl": True, "ssl_cert_reqs": "required", **secure} if secure is not None else {}
     )
+    options.update(login or {})
     client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5, socket_connect_timeout=5, **options)
     try:
         if not client.ping():

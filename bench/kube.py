@@ -45,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from app.deploy.access import PERMISSIONS_FILE, nats_permissions
 from app.deploy.kustomize import load_manifests
 from bench._images import IMAGE_PREFIX, ClusterImages, build_images, untag_images
 from bench._kube_convert import CONVERSIONS, convert
@@ -112,7 +113,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def prepare(manifests: list[dict[str, Any]], run_id: str, steps: int, overlay: Path | None) -> dict[str, Any]:
     """The `gyre-config` ConfigMap's gyre.yaml ← the demo's run settings ← `overlay`, validated as Gyre
     would, written back into the ConfigMap (the bench's input, as compose's GYRE_CONFIG is the compose
-    bench's); returns the config."""
+    bench's), and the `nats-config` ConfigMap's permissions.conf for `run_id`; returns the config."""
     from gyre.config import load_config
 
     configmap = next(
@@ -127,6 +128,12 @@ def prepare(manifests: list[dict[str, Any]], run_id: str, steps: int, overlay: P
     merged = _merge(merged, {"run": {"id": run_id}, "scheduler": {"max_steps": steps}})
     load_config(None, environ={}, overrides=_merge(merged, {"model": {"path": None}}))
     configmap["data"]["gyre.yaml"] = yaml.safe_dump(merged, sort_keys=False)
+    # nats-server's users for this run id (deploy/nats/permissions.conf is for the base's run id), as an
+    # operator who changes run.id regenerates it (`gyre deploy nats-permissions`).
+    nats_config = next(
+        m for m in manifests if m["kind"] == "ConfigMap" and m["metadata"]["name"].startswith("nats-config")
+    )
+    nats_config["data"][PERMISSIONS_FILE] = nats_permissions(run_id)
     return merged
 
 

@@ -1,5 +1,6 @@
 """`gyre deploy check-kube SOURCE`: the kubelet's rules a pod dies of, checked over rendered manifests
-(app/deploy/kube_check.py), one line per finding.
+(app/deploy/kube_check.py), one line per finding. `gyre deploy nats-permissions --config C`: nats-server's
+users of the deploy shape for C's run id (app/deploy/access.py; deploy/nats/permissions.conf).
 
     gyre deploy check-kube deploy/k8s/overlays/cpu        # a kustomization, rendered by kubectl
     kubectl kustomize deploy/k8s/overlays/gpu | gyre deploy check-kube -
@@ -42,6 +43,24 @@ def check_kube(
     )
     if findings:
         raise typer.Exit(1)
+
+
+@deploy_app.command("nats-permissions")
+def nats_permissions(
+    config: Path = typer.Option(..., "--config", help="The deployment's Gyre config (its run id)."),
+    out: Path | None = typer.Option(None, "--out", help="File to write (default: stdout)."),
+) -> None:
+    """nats-server's users of the deploy shape, one per certificate identity, from gyre/bus/permissions.py."""
+    from app.cli._config import config_or_exit
+    from app.deploy.access import nats_permissions as render
+    from gyre.config import load_config
+
+    loaded = config_or_exit(load=lambda: load_config(config, environ={}), identity=None)
+    text = render(loaded.run.id)
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,10 @@ hosts of `nats.url` and `redis.url`, plus `--dns IDENTITY=NAME` (a Kubernetes FQ
 certificate also names localhost and 127.0.0.1. `--group` makes the keys readable by that group (0640):
 the containers' user (10001 in deploy/docker/Dockerfile) is not the user who runs this. The files are laid
 out as a cert-manager Certificate's secret (`<identity>/tls.crt`, `tls.key`, `ca.crt`), so Kubernetes
-can mount either. Prints the directory of each identity, one JSON object.
+can mount either. Beside them, what NATS and Redis need of each identity for the config's run id
+(app/deploy/access.py): `<identity>/redis.json` (its Redis ACL user and a fresh password, 0600 or 0640 with
+`--group`), `redis/users.acl` (the server's ACL file) and `nats/permissions.conf` (the server's users, by
+certificate subject). Prints the directory of each identity, one JSON object.
 """
 
 from __future__ import annotations
@@ -59,18 +62,23 @@ def init(
 ) -> None:
     """Write a new CA and every identity's key and certificate under OUT."""
     from app.cli._config import config_or_exit
+    from app.deploy.access import write_access
     from gyre.config import load_config
     from gyre.tls import KEY_FILE, issue
 
     # The config as the deployment will run it; its certificates are what this writes, so none is read.
     loaded = config_or_exit(load=lambda: load_config(config, environ={}), identity=None)
     written = issue(out, identities(loaded, dns), days=days)
+    access = write_access(out, loaded.run.id)  # Redis passwords and ACL file, NATS permissions: its run id
     if group is not None:
         try:
             for directory in written.values():
                 for path in (directory, directory / KEY_FILE):
                     os.chown(path, -1, group)
                 (directory / KEY_FILE).chmod(0o640)
+            for path in access.values():
+                os.chown(path, -1, group)
+                path.chmod(0o640 if path.stat().st_mode & 0o077 == 0 else 0o644)
         except PermissionError:
             typer.echo(
                 f"error: --group {group}: only root or a member of group {group} can give it the keys "

@@ -36,6 +36,14 @@ REDIS_RULES: dict[str, str] = {
 }
 
 
+def redis_acl_line(user: str, password: str, run_id: str, rules: str | None = None) -> str:
+    """The ACL file line of `user`: on, its password's SHA-256, keys `gyre:<run>:*` only, no channels, and
+    `rules` (default: its `REDIS_RULES`). The deploy shape's users.acl is made of the same lines
+    (app/deploy/access.py)."""
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    return f"user {user} on #{digest} resetkeys ~gyre:{run_id}:* resetchannels {rules or REDIS_RULES[user]}"
+
+
 @dataclass(frozen=True, slots=True)
 class RunCredentials:
     """Where a run's generated credentials are."""
@@ -88,8 +96,7 @@ def generate(run_dir: Path, run_id: str) -> RunCredentials:
             json.dumps({"user": user, "password": redis_password}),
         )
         nats_users.append({"user": user, "password": nats_password, "permissions": permissions(run_id, user)})
-        digest = hashlib.sha256(redis_password.encode()).hexdigest()
-        acl.append(f"user {user} on #{digest} resetkeys ~gyre:{run_id}:* resetchannels {REDIS_RULES[user]}")
+        acl.append(redis_acl_line(user, redis_password, run_id))
     _write_private(creds.nats_users, json.dumps(nats_users, indent=1))
     _write_private(creds.redis_acl, "\n".join(acl) + "\n")
     return creds

@@ -98,10 +98,13 @@ class EventConsumer:
 
 def nats_auth(login: ClientLogin | None) -> dict[str, object]:
     """`nats.connect` keyword arguments for `login` (user, password and the user's own inbox prefix) and
-    for this process's TLS identity (`gyre.tls`: the client's certificate, the deployment's CA)."""
+    for this process's TLS identity (`gyre.tls`: the client's certificate, the deployment's CA). Without a
+    login, a TLS identity is the NATS user (the deploy shape's `verify_and_map`): its inbox prefix, then."""
     identity = tls.current()
     secure: dict[str, object] = {"tls": identity.client_context()} if identity is not None else {}
     if login is None:
+        if identity is not None:
+            secure["inbox_prefix"] = inbox_prefix(identity.identity)
         return secure
     return {
         **secure,

@@ -4,6 +4,8 @@ The local stack generates one NATS user per entry of `BUS_USERS` (app/stack/cred
 it `permissions(run_id, user)`: the event subjects it publishes, the JetStream API subjects of its own
 durable consumers and of the run's two streams, acknowledgements of its own consumers, and replies on
 its own inbox prefix (`_INBOX_<user>`, see `inbox_prefix`). Everything else is refused by nats-server.
+The deploy shape gives the same permissions to each TLS identity's user (`CN=<identity>`, mapped from its
+certificate; app/deploy/access.py writes deploy/nats/permissions.conf and `gyre tls init`'s).
 
 Add a service's new event to its `publishes` here, or its publish is refused (nats-server logs a
 "Permissions Violation"); tests/unit/bus/test_permissions.py checks the table against the services.

@@ -89,7 +89,8 @@ class ClientLogin:
 def read_login(template: str | None, service: str) -> ClientLogin | None:
     """The credentials of `service` from `template` (`{service}` replaced); None when no template is set.
 
-    The file must be JSON `{"user": …, "password": …}` readable by its owner only (mode 0600)."""
+    The file must be JSON `{"user": …, "password": …}` readable by its owner only (mode 0600), or also by
+    its group (0640: `gyre tls init --group`, as the TLS keys; a Kubernetes secret volume's 0440 + fsGroup)."""
     if template is None:
         return None
     path = Path(template.replace("{service}", service))
@@ -102,7 +103,7 @@ def read_login(template: str | None, service: str) -> ClientLogin | None:
         ) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"credentials file {path} is not JSON: {e}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+    if mode & (stat.S_IRWXO | stat.S_IWGRP | stat.S_IXGRP):
         raise ValueError(
             f"credentials file {path} is readable by others (mode {stat.S_IMODE(mode):o}): chmod 600 it"
         )

@@ -152,8 +152,9 @@ def _default(source: str) -> str:
     return match.group(1) if match else source
 
 
-TLS_SOURCE = re.compile(r"\$\{GYRE_TLS_DIR:-\./tls\}/([a-z_]+)")
-"""A TLS identity's directory, written by `gyre tls init --out deploy/compose/tls` (not in the repository)."""
+TLS_SOURCE = re.compile(r"\$\{GYRE_TLS_DIR:-\./tls\}/([a-z_]+)(/[a-z_]+\.[a-z]+)?")
+"""A TLS identity's directory, or a file of it, written by `gyre tls init --out deploy/compose/tls` (not in
+the repository): NATS mounts its `permissions.conf` beside nats.conf as well."""
 
 TLS_IDENTITY = {"cell-agent-0": "cell_agent", "cell-agent-1": "cell_agent", "cell-agent-2": "cell_agent"}
 
@@ -170,7 +171,10 @@ def test_compose_mounts_the_deploy_configs(compose: dict[str, Any]) -> None:
             if isinstance(volume, dict) and volume["type"] == "bind":
                 if tls := TLS_SOURCE.fullmatch(volume["source"]):
                     assert volume.get("read_only") is True, f"{name}: {volume['target']} must be read-only"
-                    identities.append(tls.group(1))
+                    if tls.group(2) is None:
+                        identities.append(tls.group(1))
+                    else:
+                        assert tls.group(1) == TLS_IDENTITY.get(name, name.replace("-", "_")), volume
                     continue
                 source = (base / _default(volume["source"])).resolve()
                 assert source.exists(), f"{name} mounts missing {source}"
@@ -361,7 +365,9 @@ def test_brokers_use_the_shared_configs(rendered: dict[str, list[Manifest]], ove
         pod = statefulset["spec"]["template"]["spec"]
         (config_volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
         configmap = find(manifests, "ConfigMap", config_volume["configMap"]["name"])
-        assert configmap["data"] == {path.name: path.read_text()}
+        # NATS's users beside its config: deploy/nats/permissions.conf (tests/unit/deploy/test_access.py).
+        extra = ("permissions.conf",) if server == "nats" else ()
+        assert configmap["data"] == {p.name: p.read_text() for p in (path, *(path.parent / e for e in extra))}
         (container,) = pod["containers"]
         assert container["command"][-1] == f"/etc/{server}/{path.name}"
         assert statefulset["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"

@@ -62,3 +62,16 @@ def test_a_credentials_file_readable_by_others_is_refused(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="not found"):
         read_login(str(tmp_path / "{service}.json"), "packer")
     assert read_login(None, "proxy") is None
+
+
+def test_a_credentials_file_its_group_may_read_is_accepted(tmp_path: Path) -> None:
+    """0640 (`gyre tls init --group`: the containers' group) and 0440 (a Kubernetes secret volume with
+    fsGroup) are accepted, as the TLS keys are; group-writable is not."""
+    f = tmp_path / "proxy.json"
+    f.write_text(json.dumps({"user": "proxy", "password": "x"}))
+    for mode in (0o640, 0o440):
+        f.chmod(mode)
+        assert read_login(str(tmp_path / "{service}.json"), "proxy") is not None
+    f.chmod(0o660)
+    with pytest.raises(ValueError, match="chmod 600"):
+        read_login(str(tmp_path / "{service}.json"), "proxy")
