@@ -75,6 +75,9 @@ TINY: dict[str, list[str] | Covered] = {
     "kube": Covered(
         "tests/integration/test_kube_play.py::test_reduced_kube_play_trains_through_a_cell_pod_deletion"
     ),
+    "redteam": Covered(
+        "tests/integration/test_redteam.py::test_every_attack_class_fails_in_each_boundary_launcher"
+    ),
     "harness": ["--executions", "2", "--concurrency", "2", "--group-size", "2", "--start", "plain"],
     "learn": ["--steps", "1", "--seeds", "0", "--config", "{tiny_demo}", "--uid-base", "188000"],
     "load": Covered(
