@@ -47,7 +47,9 @@ class ContainerSection(Section):
     """`auto`: each container in a user namespace of its own (podman's `--userns=auto`: its root is an
     unprivileged uid range of the host's, from the `containers` entry of /etc/subuid and /etc/subgid,
     which `deploy/local/containers.sh setup` adds), so a process that escapes the container is nobody on
-    the host. `host`: container root is host root (the engine's default; dockerd without userns-remap)."""
+    the host — where the engine does it safely: podman ≥ 4.4 (4.3.1's API service can deadlock on it,
+    containers/podman#16062), not dockerd (userns-remap is daemon-wide). Elsewhere the launcher logs why
+    and containers share the host's user namespace. `host`: container root is host root."""
     storage_mb: AtLeastOneOrNull = None
     """Writable layer size per container where the engine's storage supports a quota; a task's
     `[environment] storage_mb` wins; None = no limit."""

@@ -13,6 +13,7 @@ state is shared with whatever else runs on the host.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,31 @@ def describe(client: docker.DockerClient) -> str:
     components = {c.get("Name", "").lower() for c in version.get("Components", [])}
     kind = "podman" if any("podman" in c for c in components) else "docker"
     return f"{kind} {version.get('Version', '?')} (API {version.get('ApiVersion', '?')})"
+
+
+USERNS_AUTO_SINCE = (4, 4)
+"""podman releases whose API service creates `--userns=auto` containers safely: 4.3.1's can deadlock holding
+userns.lock and the storage locks while another client creates or cleans up containers (every later call of
+every client then hangs; containers/podman#16062, fixed in 4.4; seen here with two suites at once)."""
+
+
+def userns_auto_unsafe(client: docker.DockerClient) -> str | None:
+    """Why the engine must not be asked for `userns=auto`, or None where it may: dockerd has no such mode;
+    podman before 4.4 deadlocks (USERNS_AUTO_SINCE)."""
+    try:
+        version: dict[str, Any] = client.version()
+    except (docker.errors.DockerException, OSError) as e:
+        raise ContainerEngineError(f"asking the engine its version: {why(e)}") from None
+    components = {c.get("Name", "").lower() for c in version.get("Components", [])}
+    if not any("podman" in c for c in components):
+        return f"{describe(client)} has no userns=auto (dockerd remaps users daemon-wide: userns-remap)"
+    numbers = tuple(int(x) for x in re.findall(r"\d+", str(version.get("Version", "0")))[:2])
+    if numbers < USERNS_AUTO_SINCE:
+        return (
+            f"podman {version.get('Version')} can deadlock creating userns=auto containers "
+            "(containers/podman#16062, fixed in 4.4)"
+        )
+    return None
 
 
 def extra_labels() -> dict[str, str]:

@@ -106,15 +106,6 @@ class ContainerLauncher(ContainerEngineLauncher):
         self.init_binary = found[0]
         self.section = section
         self.settings = section.container
-        if self.settings.userns == "auto":
-            missing = [f for f in SUBID_FILES if not _names_containers(f)]
-            if missing:
-                raise SandboxError(
-                    "sandbox.container.userns: auto gives each container a user namespace from the "
-                    f"`containers` range of /etc/subuid and /etc/subgid, and {', '.join(map(str, missing))} "
-                    "has none: run `bash deploy/local/containers.sh setup` as root (it adds "
-                    "`containers:2147483647:2147483648`), or set sandbox.container.userns: host"
-                )
         self.endpoint = engine.resolve_endpoint(self.settings.endpoint)
         self.labels = {**engine.extra_labels(), **labels}
         self.images = Images(
@@ -128,6 +119,8 @@ class ContainerLauncher(ContainerEngineLauncher):
         self._client: docker.DockerClient | None = None
         self._image_info: dict[str, ImageInfo] = {}
         self._storage_quota: bool | None = None
+        self._userns_unsafe: str | None = None
+        """Why userns=auto is not used on this engine ("" where it is); None until asked."""
 
     @classmethod
     def create(cls, spec: LauncherSpec) -> ContainerLauncher:
@@ -147,6 +140,33 @@ class ContainerLauncher(ContainerEngineLauncher):
         return engine.remove_labelled(launcher.client, labels)
 
     @property
+    def userns_auto(self) -> bool:
+        """`sandbox.container.userns: auto` and an engine that creates such containers safely (asked once;
+        otherwise each container shares the host's user namespace, said at start and in `enforced`)."""
+        if self.settings.userns != "auto":
+            return False
+        if self._userns_unsafe is None:
+            missing = [str(f) for f in SUBID_FILES if not _names_containers(f)]
+            self._userns_unsafe = engine.userns_auto_unsafe(self.client) or (
+                f"{', '.join(missing)} give the user `containers` no range (bash deploy/local/containers.sh "
+                "setup adds containers:2147483647:2147483648)"
+                if missing
+                else ""
+            )
+            if self._userns_unsafe:
+                log.warning("container_userns_not_used", reason=self._userns_unsafe)
+        return not self._userns_unsafe
+
+    def _userns_said(self) -> str:
+        try:
+            if self.userns_auto:
+                return ", in a user namespace of its own (container root is an unprivileged uid of this host)"
+        except engine.ContainerEngineError as e:
+            return f", a user namespace where the engine allows (not asked yet: {e})"
+        why = f": {self._userns_unsafe}" if self._userns_unsafe else ""
+        return f", no user namespace (container root is host root{why})"
+
+    @property
     def client(self) -> docker.DockerClient:
         """The engine's client (connected on first use; `ContainerEngineError` naming the endpoint)."""
         if self._client is None:
@@ -164,12 +184,7 @@ class ContainerLauncher(ContainerEngineLauncher):
             "image": "the task's own: [environment] docker_image, else built from environment/Dockerfile "
             f"(tagged by the digest of the environment and its base images), else {self.settings.default_image}",
             "builds": self.images.enforced(),
-            "user": (self.settings.user or "the image's USER")
-            + (
-                ", in a user namespace of its own (container root is an unprivileged uid of this host)"
-                if self.settings.userns == "auto"
-                else ", no user namespace (container root is host root)"
-            ),
+            "user": (self.settings.user or "the image's USER") + self._userns_said(),
             "capabilities": "all dropped (a fresh verifier container keeps SETUID and SETGID, so its grader "
             "can run the agent's code as another user), no-new-privileges, never privileged; host paths "
             "mounted read-only (the init, the harness's binaries)",
@@ -252,7 +267,7 @@ class ContainerLauncher(ContainerEngineLauncher):
         for attempt in (1, 2):
             try:
                 host_config = api.create_host_config(**host)
-                if self.settings.userns == "auto":  # podman's; the SDK only knows "host", so set it raw
+                if self.userns_auto:  # podman's; the SDK only knows "host", so set it raw
                     host_config["UsernsMode"] = "auto"
                 created = api.create_container(image, host_config=host_config, **config)
                 api.start(created["Id"])
