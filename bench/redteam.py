@@ -48,13 +48,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import grpc
 import psutil
 
-from app.stack.servers import start_nats, start_redis
-from bench._scripted_messages import ScriptedMessages
 from bench._startup import run_bench
-from bench.sandbox import EXAMPLE, TASK, KeyPerExecution, prebuild
+from bench.sandbox import EXAMPLE, TASK, prebuild, stand_ins
 from gyre.bus import EventBus, decode_event
 from gyre.bus.codec import TYPE_HEADER
 from gyre.config import load_config
@@ -62,7 +59,6 @@ from gyre.sandbox.host import remove_run_sandboxes
 from gyre.store import Counters, ExecutionRecord, GroupRecord, Keys, Records, connect_redis
 from gyre.v1 import common_pb2 as cm
 from gyre.v1 import events_pb2 as ev
-from gyre.v1 import proxy_pb2_grpc
 
 LAUNCHERS = ("isolated", "container")
 FILES_CAP, BYTES_CAP_MB, FILE_SIZE_MB = 2000, 48, 32
@@ -117,7 +113,6 @@ head -c {over_file_bytes} /dev/zero > huge 2>>redteam.txt; echo "disk over: $?" 
 timeout 10 bash -c 'b() {{ b | b & }}; b' 2>/dev/null; echo "fork bomb over" >> redteam.txt
 """,
 }
-RESOURCE = ("fork_bomb", "memory", "files", "disk")
 VOLUME = ("files", "disk")
 REWARD = ("grader", "loader")
 SECRET = ("links", "credentials")
@@ -394,23 +389,10 @@ async def run(
     }
     if "container" in launchers:
         await prebuild(work)
-    nats, redis_server = start_nats(work / "nats"), start_redis(work / "redis", appendonly=False)
-    calls = ScriptedMessages(tool_call=False)
-    proxy = grpc.aio.server()
-    try:
-        port = await calls.start()
-        proxy_pb2_grpc.add_ProxyServicer_to_server(KeyPerExecution(f"http://127.0.0.1:{port}"), proxy)  # type: ignore[abstract]
-        proxy_port = proxy.add_insecure_port("127.0.0.1:0")
-        await proxy.start()
-        urls = {"nats": nats.url, "redis": redis_server.url}
+    async with stand_ins(work) as (urls, proxy_port, _):
         ports = [int(u.rsplit(":", 1)[1].split("/")[0]) for u in urls.values()] + [proxy_port]
         for name in launchers:
             out[name] = await phase(name, attacks, combined, work, urls, ports, proxy_port, uid_base)
-    finally:
-        await proxy.stop(0)
-        await calls.stop()
-        nats.stop()
-        redis_server.stop()
     phases = [out[name] for name in launchers]
     out["hostile_reward_max"] = max((p["hostile_reward_max"] for p in phases), default=0.0)
     out["credentials_read"] = sum(p["credentials_read"] for p in phases)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -47,6 +48,7 @@ import shutil
 import statistics
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -314,6 +316,26 @@ async def prebuild(work: Path) -> None:
     await images.ensure(DirectorySuite(work / "tasks").get("fix-sum"))
 
 
+@contextlib.asynccontextmanager
+async def stand_ins(work: Path) -> AsyncIterator[tuple[dict[str, str], int, ScriptedMessages]]:
+    """Real nats-server and redis-server on loopback, a scripted model endpoint and a proxy that only hands
+    out its URL with one key per execution: ({"nats", "redis"} URLs, the proxy's gRPC port, the endpoint)."""
+    nats, redis_server = start_nats(work / "nats"), start_redis(work / "redis", appendonly=False)
+    calls = ScriptedMessages(tool_call=False)
+    proxy = grpc.aio.server()
+    try:
+        port = await calls.start()
+        proxy_pb2_grpc.add_ProxyServicer_to_server(KeyPerExecution(f"http://127.0.0.1:{port}"), proxy)  # type: ignore[abstract]
+        proxy_port = proxy.add_insecure_port("127.0.0.1:0")
+        await proxy.start()
+        yield {"nats": nats.url, "redis": redis_server.url}, proxy_port, calls
+    finally:
+        await proxy.stop(0)
+        await calls.stop()
+        nats.stop()
+        redis_server.stop()
+
+
 async def run(
     launchers: list[str], executions: int, concurrency: int, build: bool, uid_base: int, work: Path
 ) -> dict[str, Any]:
@@ -328,22 +350,9 @@ async def run(
         out.update(await builds(work))
     if "container" in launchers:
         await prebuild(work)
-    nats, redis_server = start_nats(work / "nats"), start_redis(work / "redis", appendonly=False)
-    calls = ScriptedMessages(tool_call=False)
-    proxy = grpc.aio.server()
-    try:
-        port = await calls.start()
-        proxy_pb2_grpc.add_ProxyServicer_to_server(KeyPerExecution(f"http://127.0.0.1:{port}"), proxy)  # type: ignore[abstract]
-        proxy_port = proxy.add_insecure_port("127.0.0.1:0")
-        await proxy.start()
-        urls = {"nats": nats.url, "redis": redis_server.url}
+    async with stand_ins(work) as (urls, proxy_port, calls):
         for name in launchers:
             out[name] = await phase(name, executions, concurrency, work, urls, proxy_port, calls, uid_base)
-    finally:
-        await proxy.stop(0)
-        await calls.stop()
-        nats.stop()
-        redis_server.stop()
     out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     if "container" in out and "isolated" in out:
         out["container_over_isolated_first_call_s_p50"] = round(
