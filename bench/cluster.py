@@ -26,7 +26,10 @@ handed the proxy and the addresses they resolve to, and the address each NATS cl
 (NATS's own /connz). Transport security (`tls`): what the servers say of their clients, which clients
 they refuse, and a packet capture of the network's bridge (`tls.capture`, bench/_capture.py): every TCP
 connection between containers by its first client bytes, the plaintext ones listed by (client, server,
-port) with those bytes, and its verdict `tls.capture_all_tls`. Last, the containers are stopped and the run
+port) with those bytes, and its verdict `tls.capture_all_tls`. Sandboxes (`sandbox_check`, before the run
+starts, bench/_sandbox_check.py): a sandbox of the runner and of the evaluator, each in its own container,
+tries to read the container's keys and passwords and to reach every server; `ok` when none was read or
+reached and the control (the `process` launcher) did read one. Last, the containers are stopped and the run
 is audited from its own records (`audit`: bench/_cluster_audit.py gathers the run directory from the
 services' volumes; `gyre audit` replays the training from the recorded micro-steps against the weights the
 core kept, and accounts for every execution from Redis and the archive, compared with the bench's own
@@ -35,7 +38,7 @@ count from the events, `executions`: `audit.accounting.matches_report`). Everyth
 
 Last line: {"completed", "steps", "lost", "double_trained", "harness_errors", "executions", "faults": {NAME: {...,
 "recovery_s"}}, "hosts", "engines", "nats_clients", "crossed_hosts", "tls": {..., "secure", "capture",
-"capture_all_tls"}, "audit": {"ok", "defects", "replay", "ledger", "accounting", "run_dir"}, "build_s",
+"capture_all_tls"}, "sandbox_check": {"runner", "evaluator", "control_process", "ok"}, "audit": {"ok", "defects", "replay", "ledger", "accounting", "run_dir"}, "build_s",
 "wall_s", "left_running", "run_dir"}; with `--bad-input`: {"bad_input", "exited": {service: {"exit_code", "error"}}, "left_running"}.
 """
 
@@ -208,9 +211,11 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
             capture = NetworkCapture(project.network_info).start()  # binds once `up` makes the bridge
             project.up()
             phases["up_s"] = round(time.monotonic() - t1, 1)
+            checked = check_sandboxes(project, args.start_timeout_s)
             result = ClusterRun(
                 project, run_dir, config, ports, args.steps, faults, tls_dir, capture
             ).execute(args.start_timeout_s)
+            result["sandbox_check"] = checked
         phases["run_s"] = round(time.monotonic() - t1 - phases["up_s"], 1)
         if args.bad_input is None and result["completed"]:
             from bench._cluster_audit import audit_compose_run
@@ -236,6 +241,16 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
         "project": project.name,
         "run_dir": str(run_dir),
     }
+
+
+def check_sandboxes(project: ComposeProject, timeout_s: float) -> dict[str, Any]:
+    """Once the proxy, the runner and the evaluator are healthy: what a sandbox of each reaches
+    (bench/_sandbox_check.py)."""
+    from bench._sandbox_check import sandboxes_check
+
+    project.wait_healthy(["proxy", "runner", "evaluator"], timeout_s)
+    found = project.containers()
+    return sandboxes_check({s: found[s].name for s in ("runner", "evaluator")}, project.env)
 
 
 def _bad_input(project: ComposeProject, watch: ExitWatch, timeout_s: float = 180.0) -> dict[str, Any]:

@@ -4,7 +4,8 @@ container with its own address, K = 3 cells, 2 steps with one satellite's contai
 policy brings it back); then the run's invariants, that every NATS client connected over TLS (NATS's own
 /connz) while clients without the deployment's certificate were refused (NATS, Redis, gRPC, the proxy's
 and an engine's HTTP), and that the packet capture on the network's bridge saw the run's connections
-between containers and that every one was TLS, the cells' own star among them. And bad input: the model
+between containers and that every one was TLS, the cells' own star among them; and that a sandbox of the runner and of the
+evaluator reads none of their containers' keys and reaches no server but the proxy. And bad input: the model
 directory missing from the mount, the services
 that load it (started alone, without the rest of the stack) exit with the one-line model error, and the
 bench names them.
@@ -107,6 +108,7 @@ def test_reduced_compose_run_trains_through_a_satellite_container_kill(tmp_path:
         f"a client with the deployment's certificate was refused: {secured}"
     )
     _check_capture(secured)
+    _check_sandboxes(result["sandbox_check"])
     run_dir = Path(result["run_dir"])
     assert (run_dir / "events.jsonl").stat().st_size > 0
     assert (run_dir / "logs" / "cell-agent-0.log").exists()
@@ -124,6 +126,23 @@ def test_reduced_compose_run_trains_through_a_satellite_container_kill(tmp_path:
         accounting["matches_report"] is True
         and result["executions"]["dispatched"] == accounting["dispatched"]
     )
+
+
+def _check_sandboxes(checked: dict[str, Any]) -> None:
+    """A sandbox of the runner and one of the evaluator, each in its own container, read none of the
+    container's keys, passwords or processes' environments and reached no server (the runner's reached the
+    proxy through its relay); the same attempt under the `process` launcher, in the runner's container,
+    read the runner's key: the check can fail."""
+    for service in ("runner", "evaluator"):
+        seen = checked[service]
+        assert seen["launcher"] == "isolated" and seen["sandbox_uid"] != 0, seen
+        assert seen["files_tried"] > 3 and seen["connections_tried"] >= 10, seen
+        assert seen["credentials_read"] == [] and seen["connections_accepted"] == [], seen
+    assert checked["runner"]["proxy_reached"] is True, checked["runner"]
+    control = checked["control_process"]
+    assert "/etc/gyre/tls/runner/tls.key" in control["credentials_read"], control
+    assert control["connections_accepted"], control
+    assert checked["ok"] is True, checked
 
 
 def _check_capture(secured: dict[str, Any]) -> None:
