@@ -4,11 +4,17 @@ published about themselves.
     report = audit_run(Path("runs/demo-…"))     # AuditReport
     report.ok, report.defects, report.to_json()
 
-Three parts, each with its own module:
+Four parts, each with its own module:
 
-- **replay** (`replay.py`): the training recomputed from the run's initial weights and its recorded
-  micro-steps with the run's own trainer backend, compared with the weights the run kept after each step,
-  its checkpoints and its publications;
+- **replay** (`replay.py`, `reduction.py`): the training recomputed from the run's initial weights and its
+  recorded micro-steps with the run's own trainer backend, compared with the weights the run kept after
+  each step, its checkpoints and its publications (a replay that cannot run is a defect, unless
+  `replay=False`);
+- **objective** (`microsteps.py`, `recompute.py`, `objective.py`, `gradients.py`): what the replay takes
+  on trust, recomputed — each trained group's advantages from the evaluator's rewards, admission and rows
+  from the trajectory trees, the coefficients, compared field by field with the micro-steps (every valid
+  member in them, no token the engine did not sample a target); and, during the replay, each micro-step's
+  gradient from the trainer's loss against that of the audit's own objective, written independently;
 - **ledger** (`ledger.py`): group → the step that trained it and its staleness, from the packer's batch
   files and the scheduler's dispatch records;
 - **accounting** (`accounting.py`): every dispatched execution in exactly one terminal state, from the
@@ -30,6 +36,7 @@ from typing import Any
 from app.audit.accounting import AccountingResult, account_executions
 from app.audit.data import AuditInputError, RunData
 from app.audit.ledger import LedgerResult, build_ledger
+from app.audit.microsteps import ObjectiveResult, check_microsteps
 from app.audit.replay import ReplayResult, replay_training
 
 
@@ -39,6 +46,7 @@ class AuditReport:
     replay: ReplayResult
     ledger: LedgerResult
     accounting: AccountingResult
+    objective: ObjectiveResult
     seconds: float
 
     @property
@@ -47,6 +55,7 @@ class AuditReport:
             *(f"replay: {d}" for d in self.replay.defects),
             *(f"ledger: {d}" for d in self.ledger.defects),
             *(f"accounting: {d}" for d in self.accounting.defects),
+            *(f"objective: {d}" for d in self.objective.defects),
         ]
 
     @property
@@ -61,6 +70,7 @@ class AuditReport:
             "replay": self.replay.to_json(),
             "ledger": self.ledger.to_json(),
             "accounting": self.accounting.to_json(),
+            "objective": self.objective.to_json(),
             "seconds": round(self.seconds, 1),
         }
 
@@ -80,12 +90,12 @@ def audit_run(
     data = RunData.load(Path(run_dir), redis_url=redis_url)
     book = build_ledger(data)
     counted = account_executions(data, book.group_step)
-    replayed = (
-        replay_training(data, probe=probe, progress=progress)
-        if replay
-        else ReplayResult(skipped="--no-replay")
-    )
-    return AuditReport(Path(run_dir), replayed, book, counted, time.monotonic() - t0)
+    checked = check_microsteps(data, book.group_step)
+    if replay:
+        replayed = replay_training(data, probe=probe, progress=progress, objective=checked)
+    else:
+        replayed, checked.skipped = ReplayResult(skipped="--no-replay"), "--no-replay"
+    return AuditReport(Path(run_dir), replayed, book, counted, checked, time.monotonic() - t0)
 
 
 __all__ = ["AuditInputError", "AuditReport", "RunData", "audit_run"]

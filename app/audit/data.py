@@ -6,13 +6,14 @@ what it reported about itself.
 - the resolved config (`config.yaml`), the run's report (`summary.json`, `events.jsonl`) for comparison;
 - the archive (gyre/store/archive.py, gyre/store/step_archive.py): each trained batch's groups and the
   group files (dispatch record, execution records, evaluations, the evaluator's member outcomes, the
-  runner's claims), and each optimizer step's micro-steps with the weights after it;
+  runner's claims), each member's trajectory tree (`archive/trees/`, read when asked: `RunData.tree`),
+  and each optimizer step's micro-steps with the weights after it;
 - the run's Redis as the run left it (the AOF under `runs/<run>/redis`, loaded into a redis-server of the
   audit's own on a copy, so the run's data is never touched): the scheduler's counters d/p/f and its
   persisted state (whether the run was stopping), and for every group not archived its dispatch record,
-  execution records, runner claims, evaluations and outcomes; and the groups each batch claimed, for a
-  step the core recorded whose batch the packer had not archived yet when the run stopped (the packer
-  archives a batch after its step committed).
+  execution records, runner claims, evaluations, outcomes and trajectory trees; and the groups each batch
+  claimed, for a step the core recorded whose batch the packer had not archived yet when the run stopped
+  (the packer archives a batch after its step committed).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from gyre.config import ConfigError, GyreConfig, load_config
 from gyre.store.archive import archived_batches, read_json_gz
 from gyre.store.keys import Keys
 from gyre.store.step_archive import StepRecordFile, read_step_records
-from gyre.trajectory.archive import archive_dir_of
+from gyre.trajectory.archive import ArchivedTree, archive_dir_of, read_archived_tree, tree_path
+from gyre.trajectory.tree import TrajectoryTree
 
 
 class AuditInputError(ValueError):
@@ -53,6 +55,10 @@ class GroupData:
     """Execution → the evaluator's stored evaluations, oldest first."""
     outcome: dict[str, str] = field(default_factory=dict)
     """Execution → the member status the evaluator resolved into the group (valid/excluded/placeholder)."""
+    rewards: dict[str, float] = field(default_factory=dict)
+    """Execution → the reward the evaluator resolved into the group (what the packer read)."""
+    trees: dict[str, bool] = field(default_factory=dict)
+    """Execution → whether the run stored a trajectory tree for it (False: the harness never opened one)."""
     records: set[str] = field(default_factory=set)
     """Executions whose dispatch record exists."""
     archived_batch: str | None = None
@@ -72,6 +78,8 @@ class RunData:
     scheduler_state: dict[str, Any] | None
     summary: dict[str, Any] | None
     events: list[dict[str, Any]] | None
+    redis_trees: dict[str, ArchivedTree] = field(default_factory=dict)
+    """The trees of the groups still in Redis (the archived ones are read from `archive/trees/`)."""
 
     @classmethod
     def load(cls, run_dir: Path, *, redis_data: bool = True, redis_url: str | None = None) -> RunData:
@@ -97,8 +105,11 @@ class RunData:
         counters: dict[str, int] = {}
         scheduler_state: dict[str, Any] | None = None
         claimed: dict[str, list[str]] = {}
+        trees: dict[str, ArchivedTree] = {}
         if redis_data:
-            counters, scheduler_state = _read_redis(run_dir, Keys(config.run.id), groups, claimed, redis_url)
+            counters, scheduler_state = _read_redis(
+                run_dir, Keys(config.run.id), groups, claimed, trees, redis_url
+            )
         _read_archived_groups(archive_dir, groups)
         archived = {str(b["batch_id"]) for b in batches}
         for record in steps:  # a step taken and recorded whose batch was not archived before the run stopped
@@ -131,7 +142,17 @@ class RunData:
             scheduler_state=scheduler_state,
             summary=summary,
             events=events,
+            redis_trees=trees,
         )
+
+    def tree(self, execution_id: str) -> TrajectoryTree | None:
+        """The execution's recorded trajectory tree (read-only), from the archive or the run's Redis; None
+        when neither holds one. A ValueError when the archived file is not a tree archive."""
+        path = tree_path(self.archive_dir, execution_id)
+        if path.is_file():
+            return read_archived_tree(path).tree()
+        stored = self.redis_trees.get(execution_id)
+        return stored.tree() if stored is not None else None
 
 
 def _live(run_dir: Path) -> bool:
@@ -166,6 +187,9 @@ def _read_archived_groups(archive_dir: Path, groups: dict[str, GroupData]) -> No
         outcome = d.get("outcome") or {}
         for eid, member in (outcome.get("members") or {}).items():
             g.outcome[eid] = str(member["status"])
+            g.rewards[eid] = float(member.get("reward", 0.0))
+        for eid, tree in (d.get("trees") or {}).items():
+            g.trees[eid] = tree is not None
         g.archived_batch = str(d["batch_id"])
         g.archived_version = int(d["trained_version"])
         groups[gid] = g
@@ -184,6 +208,7 @@ def _read_redis(
     keys: Keys,
     groups: dict[str, GroupData],
     claimed: dict[str, list[str]],
+    trees: dict[str, ArchivedTree],
     redis_url: str | None = None,
 ) -> tuple[dict[str, int], dict[str, Any] | None]:
     """Counters and scheduler state, and every group still in Redis: from the server at `redis_url`, else
@@ -191,7 +216,7 @@ def _read_redis(
     from app.stack.servers import start_redis
 
     if redis_url is not None:
-        return _read_from(redis_url, keys, groups, claimed)
+        return _read_from(redis_url, keys, groups, claimed, trees)
     data = run_dir / "redis"
     if not data.is_dir():
         raise AuditInputError(
@@ -202,7 +227,7 @@ def _read_redis(
         shutil.copytree(data, copy, ignore=shutil.ignore_patterns("*.log", "*.sock"))
         server = start_redis(copy, appendonly=True)
         try:
-            return _read_from(server.url, keys, groups, claimed, loaded_from=data)
+            return _read_from(server.url, keys, groups, claimed, trees, loaded_from=data)
         finally:
             server.stop()
 
@@ -212,6 +237,7 @@ def _read_from(
     keys: Keys,
     groups: dict[str, GroupData],
     claimed: dict[str, list[str]],
+    trees: dict[str, ArchivedTree],
     loaded_from: Path | None = None,
 ) -> tuple[dict[str, int], dict[str, Any] | None]:
     """The run's records from the server at `url`; `loaded_from`: the data directory it loaded (checked)."""
@@ -219,7 +245,7 @@ def _read_from(
     try:
         if loaded_from is not None:
             _check_readable(client, loaded_from)
-        return _read_keys(client, keys, groups, claimed)
+        return _read_keys(client, keys, groups, claimed, trees)
     finally:
         client.close()
 
@@ -239,7 +265,11 @@ def _check_readable(client: redis.Redis, data: Path) -> None:
 
 
 def _read_keys(
-    r: redis.Redis, keys: Keys, groups: dict[str, GroupData], claimed: dict[str, list[str]]
+    r: redis.Redis,
+    keys: Keys,
+    groups: dict[str, GroupData],
+    claimed: dict[str, list[str]],
+    trees: dict[str, ArchivedTree],
 ) -> tuple[dict[str, int], dict[str, Any] | None]:
     raw = r.hmget(keys.counters(), ["d", "p", "f"])
     counters = {k: int(v) if v is not None else 0 for k, v in zip(("d", "p", "f"), raw, strict=True)}
@@ -261,8 +291,26 @@ def _read_keys(
                 g.records.add(eid)
             g.runner[eid] = _s(r.get(keys.execution_runner(eid)))
             g.evaluations[eid] = [json.loads(e) for e in r.lrange(keys.evaluations(eid), 0, -1)]
+            tree = _read_tree(r, keys, eid)
+            g.trees[eid] = tree is not None
+            if tree is not None:
+                trees[eid] = tree
         members = r.hgetall(ready + f"members:{gid}")
-        for eid, outcome in members.items():
-            g.outcome[str(_s(eid))] = str(json.loads(outcome)["status"])
+        for key, outcome in members.items():
+            member = json.loads(outcome)
+            g.outcome[str(_s(key))] = str(member["status"])
+            g.rewards[str(_s(key))] = float(member.get("reward", 0.0))
         groups[gid] = g
     return counters, state
+
+
+def _read_tree(r: redis.Redis, keys: Keys, execution_id: str) -> ArchivedTree | None:
+    """The tree store's copy of an execution's tree (gyre/store/trees.py), as an archive file holds it."""
+    meta = {str(_s(k)): str(_s(v)) for k, v in r.hgetall(keys.tree_meta(execution_id)).items()}
+    if not meta:
+        return None
+    nodes = r.hgetall(keys.tree_nodes(execution_id))
+    blobs = sorted(
+        (int(str(_s(k))), v if isinstance(v, bytes) else str(v).encode()) for k, v in nodes.items()
+    )
+    return ArchivedTree(execution_id, meta, [blob for _, blob in blobs])

@@ -10,15 +10,7 @@ file the run kept for that version — the per-step record (`archive/weights/`),
 disk (weights and optimizer state, read with the backend's own `load_checkpoint`) and the publications —
 and the step's gradient norm with the one the core reported.
 
-**The cells' sum.** A float sum depends on the order of its additions, so the replay adds the cells'
-gradients in the order the run's reduction did. gloo's `reduce` (the embedded default's `dist_backend`) is
-a ring reduce-scatter followed by a gather to the core: the buffer is cut into one chunk per cell (segments
-of at most 1 MiB, `ReduceOptions::kMaxSegmentSize`, two or more per chunk), and chunk k of n cells comes
-out as g_k + (g_k+1 + (… + (g_k−2 + g_k−1))) (indices mod n; `gloo_reduce_sum`). With that order the
-replay of the embedded default is bit-exact; summed left to right instead, a step reduced over three cells
-was 1.9e-9 off and the difference grew to 4.8e-7 two steps later. `dist_backend: tls` (Gyre's TLS star,
-`gyre.trainer.star`) adds them in cell order, left to right, which is what the replay does for every
-backend but gloo: bit-exact too. NCCL keeps its order to itself, and the tolerance has to absorb it.
+**The cells' sum** is added in the order the run's reduction added it (`reduction.py`: bit-exact so).
 
 **Difference.** For two weight sets, each parameter tensor's ‖a − b‖₂ / ‖b‖₂; a step's difference is the
 largest over the tensors (`max_rel_diff`). **Tolerance** (`TOLERANCE` = 1e-6): measured 0.0 (bit-exact) at
@@ -31,6 +23,10 @@ the state, with its smallest micro-step's gradient added once more (a micro-step
 out (skipped). Their differences from the true step are what one such defect does to the weights; the
 audit requires the smallest of them to be at least `MARGIN` (100) times the tolerance, and reports them.
 
+**The objective**, which the replay takes on trust: at every step each micro-step's gradient from the trainer
+is also compared with the audit's own objective's (`gradients.py`). A replay that cannot run
+(`not_replayable`) is a defect; only `--no-replay` (`replay=False`) leaves it out without one.
+
 Record checks (named defects, before any arithmetic): a micro-step in two cells' lists or twice in one
 (applied twice), a micro-step of an earlier step again, a list that differs from the step record's done
 set, a payload of another batch or step, a gap in the steps.
@@ -42,12 +38,17 @@ import copy
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from app.audit.data import AuditInputError, RunData
+from app.audit.gradients import GRADIENT_DTYPE, GradientCheck, check_gradients
+from app.audit.microsteps import ObjectiveResult
+from app.audit.objective import ObjectiveSpec
+from app.audit.reduction import gloo_reduce_sum
 from gyre.model.arch import ModelError
 from gyre.model.files import check_model_dir
 from gyre.model.model_dir import ModelDir
@@ -62,8 +63,6 @@ from gyre.trainer.checkpoint import PUBLISHED_DIR, read_trainer_info
 TOLERANCE = 1e-6
 """Largest `max_rel_diff` a replayed step (weights, or a checkpoint's optimizer state) may have from the
 run's (see the module docstring for what was measured)."""
-GLOO_MAX_SEGMENT_BYTES = 1024 * 1024
-"""gloo's `ReduceOptions::kMaxSegmentSize`: the largest segment its ring reduce sends at once."""
 MARGIN = 100.0
 """The smallest sensitivity (one micro-step applied twice or skipped) must be this many tolerances."""
 
@@ -210,14 +209,18 @@ def _ensure_world(needs_world: bool) -> None:
         dist.init_process_group("gloo", store=hosted.store, rank=0, world_size=1)
 
 
-def build_trainer(data: RunData) -> TrainerBackend:
-    """The run's trainer backend at its initial weights (version 0), as the core built it."""
+def build_trainer(data: RunData, *, dtype: str | None = None) -> TrainerBackend:
+    """The run's trainer backend at its initial weights (version 0), as the core built it; with `dtype`, a
+    copy in that dtype without an optimizer (the gradient check's, `gradients.py`)."""
     cfg = data.config
     section = cfg.cell_agent.trainer
+    if dtype is not None:
+        section = section.model_copy(update={"dtype": dtype})
     torch.set_num_threads(section.num_threads)
     _ensure_world(trainer_class(section.backend).needs_world)
     model = ModelDir.open(cfg.model).path
-    spec = TrainerSpec(section, model, ObjectiveParams(**cfg.objective.model_dump()), with_optimizer=True)
+    objective = ObjectiveParams(**cfg.objective.model_dump())
+    spec = TrainerSpec(section, model, objective, with_optimizer=dtype is None)
     return create_trainer(section.backend, spec)
 
 
@@ -325,35 +328,6 @@ def _probe_gradient(trainer: TrainerBackend, decoded: dict[str, MicroStep]) -> t
     return None
 
 
-def gloo_reduce_sum(
-    grads: list[torch.Tensor], max_segment_bytes: int = GLOO_MAX_SEGMENT_BYTES
-) -> torch.Tensor:
-    """The sum of the cells' flat gradients (cell order) as gloo's ring `reduce` adds them (see the module
-    docstring): the same chunks, each summed in the order its partial sums travel round the ring."""
-    n = len(grads)
-    if n == 1:
-        return grads[0].clone()
-    element = grads[0].element_size()
-    numel = grads[0].numel()
-    total = numel * element
-    max_segment = element * max(1, max_segment_bytes // element)
-    segment = -(-min(-(-total // (2 * n)), max_segment) // element) * element
-    segments = max(-(-total // segment), 2 * n)
-    segments = -(-segments // n) * n
-    chunk = segments // n * segment // element
-    out = torch.empty_like(grads[0])
-    for k in range(n):
-        lo, hi = k * chunk, min((k + 1) * chunk, numel)
-        if lo >= hi:
-            continue
-        ring = [(k + j) % n for j in range(n)]
-        acc = grads[ring[-2]][lo:hi] + grads[ring[-1]][lo:hi]
-        for cell in reversed(ring[:-2]):
-            acc = grads[cell][lo:hi] + acc
-        out[lo:hi] = acc
-    return out
-
-
 def _step_with(trainer: TrainerBackend, grads: torch.Tensor) -> float:
     with torch.no_grad():
         trainer.flat_grads.copy_(grads)
@@ -361,14 +335,23 @@ def _step_with(trainer: TrainerBackend, grads: torch.Tensor) -> float:
 
 
 def replay_training(
-    data: RunData, *, probe: bool = True, progress: Callable[[str], None] | None = None
+    data: RunData,
+    *,
+    probe: bool = True,
+    progress: Callable[[str], None] | None = None,
+    objective: ObjectiveResult | None = None,
 ) -> ReplayResult:
-    """Replay every recorded step (see the module docstring); defects name what does not match."""
+    """Replay every recorded step (see the module docstring); defects name what does not match. With
+    `objective`, each micro-step's gradient is also compared with the audit's objective's (its defects go
+    there)."""
     t0 = time.monotonic()
     result = ReplayResult(defects=check_records(data))
     reason = not_replayable(data)
     if reason:
         result.skipped = reason
+        result.defects.append(f"the training could not be replayed: {reason}")
+        if objective is not None:
+            objective.skipped = "no replay"
         return result
     if not data.steps:
         result.skipped = "the run recorded no optimizer step"
@@ -377,7 +360,7 @@ def replay_training(
 
     world_before = dist.is_initialized()
     try:
-        return _replay_steps(data, result, probe, progress, t0)
+        return _replay_steps(data, result, probe, progress, t0, objective)
     finally:  # a world this replay started (gloo, megatron's groups) ends with it: the caller's process goes on
         if not world_before and dist.is_initialized():
             dist.destroy_process_group()
@@ -389,12 +372,18 @@ def _replay_steps(
     probe: bool,
     progress: Callable[[str], None] | None,
     t0: float,
+    objective: ObjectiveResult | None,
 ) -> ReplayResult:
     try:
         trainer = build_trainer(data)
     except ModelError as e:
         raise AuditInputError(f"the run's initial weights do not load: {e}") from None
     gloo = data.config.cell_agent.trainer.dist_backend == "gloo"
+    check = None
+    if objective is not None:
+        spec = ObjectiveSpec.of(data.config.objective)
+        checker = build_trainer(data, dtype=GRADIENT_DTYPE)
+        check = partial(check_gradients, checker, spec=spec, tolerance=TOLERANCE, result=objective)
     archived, checkpoints, published = _references(data)
     previous: Weights = _named_copy(trainer)
     for record in data.steps:
@@ -405,7 +394,7 @@ def _replay_steps(
             break
         began = time.monotonic()
         row = _replay_step(
-            trainer, gloo, record, previous, probe, archived, checkpoints, published, result.defects
+            trainer, gloo, record, previous, probe, archived, checkpoints, published, result.defects, check
         )
         row.seconds = time.monotonic() - began
         result.steps.append(row)
@@ -440,6 +429,7 @@ def _replay_step(
     checkpoints: dict[int, Path],
     published: dict[int, Path],
     defects: list[str],
+    check: GradientCheck | None = None,
 ) -> StepReplay:
     decoded = {mid: decode_microstep(blob) for mid, blob in record.payloads.items()}
     row = StepReplay(record.step, record.version, len(decoded), record.cells, grad_norm_run=record.grad_norm)
@@ -448,6 +438,8 @@ def _replay_step(
         for cell in record.cells
     ]
     total = gloo_reduce_sum(per_cell) if gloo else sum(per_cell[1:], per_cell[0])
+    if check is not None:
+        check(trainer.named_weights(), record, decoded)
     extra = _probe_gradient(trainer, decoded) if probe else None
     if extra is not None:
         before = _State(trainer)

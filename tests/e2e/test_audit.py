@@ -14,10 +14,19 @@ report — and each doctored copy must fail, exit 1, naming its defect:
     a group trained twice           a later batch lists a group an earlier batch trained
     an execution dropped            the runner's and the evaluator's records of one execution are gone
     a checkpoint from the wrong step  the last checkpoint holds the weights of the step before it
+    a flipped reward                one member's reward, in the group outcome and its evaluation alike
+    a changed advantage             one execution's advantage in one micro-step
+    a member left out               the one micro-step that held a valid member's rows gone from the record
+    an unsampled target             a prompt token of a row marked as a target
+    a trainer with a wrong loss     the run's training taken again with a loss whose token coefficient is
+                                    1 % off: its weights and gradient norms replay exactly, the audit's own
+                                    objective does not agree with it
+    a replay that cannot run        `archive.steps: false` in the config: a defect, unless --no-replay
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import shutil
@@ -25,15 +34,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import yaml
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from app.audit.replay import MARGIN, TOLERANCE
+import gyre.rl.step_loss
+from app.audit.data import RunData
+from app.audit.replay import MARGIN, TOLERANCE, _accumulate, _step_with, build_trainer, gloo_reduce_sum
 from app.cli import app
 from app.demo.config import demo_config
 from app.demo.run import DemoRun
-from gyre.rl.codec import decode_microstep
+from gyre.rl.codec import decode_microstep, encode_microstep
+from gyre.rl.microstep import MicroStep
 from gyre.store.step_archive import read_step_record, step_path, write_step_record
 
 pytestmark = pytest.mark.slow
@@ -96,6 +110,16 @@ def test_the_clean_run_passes_its_audit(clean_run: Path) -> None:
     accounting = report["accounting"]
     assert accounting["matches_report"] is True and accounting["lost"] == 0
     assert accounting["dispatched"] == accounting["counters"]["d"] > 0
+    # the packer's work recomputed: every trained member compared, every micro-step's gradient too
+    objective = report["objective"]
+    assert objective["groups"] == report["ledger"]["groups_trained"] and objective["executions"] > 0
+    assert (
+        objective["gradients_compared"]
+        == objective["microsteps"]
+        == sum(r["microsteps"] for r in replay["by_step"])
+    )
+    assert objective["skipped"] == "" and len(objective["gradient_rel_diff_by_step"]) == STEPS
+    assert objective["max_gradient_rel_diff"] <= TOLERANCE
 
 
 def _doctor(clean: Path, tmp_path: Path, change: Callable[[Path], None]) -> Path:
@@ -225,3 +249,175 @@ def test_a_redis_7_aof_that_the_audits_redis_cannot_load_exits_2_naming_it(
     assert "Redis 7 multi-part AOF (appendonlydir/)" in result.output and "6.2" in result.output, (
         result.output
     )
+
+
+def _trained_member(run: Path) -> tuple[Path, str, str]:
+    """A trained group's file and one of its valid members whose reward is not 0.5 (flipping it changes it)."""
+    trained = {str(g) for p in (run / "archive" / "batches").glob("*.json.gz") for g in _read_gz(p)["groups"]}
+    for path in sorted((run / "archive" / "groups").glob("*.json.gz")):
+        group = _read_gz(path)
+        for eid, member in sorted(group["outcome"]["members"].items()):
+            if group["group_id"] in trained and member["status"] == "valid" and member["reward"] != 0.5:
+                return path, str(group["group_id"]), eid
+    raise AssertionError("no trained group has a valid member with a reward to flip")
+
+
+def _read_gz(path: Path) -> dict[str, Any]:
+    return dict(json.loads(gzip.decompress(path.read_bytes())))
+
+
+def _execution_rows(ms: MicroStep, i: int) -> list[int]:
+    return [r for r in range(ms.num_rows) if int(ms.row_execution[r]) == i]
+
+
+def test_a_flipped_reward_fails_the_audit(clean_run: Path, tmp_path: Path) -> None:
+    """The reward flipped where the evaluator recorded it (its evaluation and the group outcome agree): the
+    advantages recomputed from it no longer are the micro-steps'."""
+    found: dict[str, str] = {}
+
+    def flip(run: Path) -> None:
+        path, gid, eid = _trained_member(run)
+        group = _read_gz(path)
+        reward = 1.0 - float(group["outcome"]["members"][eid]["reward"])
+        group["outcome"]["members"][eid]["reward"] = reward
+        group["evaluations"][eid][0]["reward"] = reward
+        path.write_bytes(gzip.compress(json.dumps(group).encode()))
+        found.update(group=gid, member=eid)
+
+    defects = _failing(_doctor(clean_run, tmp_path, flip), "recomputed from the evaluator's rewards")
+    assert any(f"execution {found['member']} (group {found['group']}): advantages: " in d for d in defects), (
+        defects
+    )
+    assert all(d.startswith("objective: ") for d in defects if "advantages" in d), defects
+
+
+def test_an_advantage_changed_in_one_microstep_fails_the_audit(clean_run: Path, tmp_path: Path) -> None:
+    found: dict[str, str] = {}
+
+    def change(run: Path) -> None:
+        _, record, mid, _ = _multi_cell_step(run)
+        ms = decode_microstep(record.payloads[mid])
+        advantages = ms.advantages.copy()
+        advantages[0] += 0.25
+        record.payloads[mid] = encode_microstep(dataclasses.replace(ms, advantages=advantages))
+        _rewrite(run, record)
+        found.update(step=str(record.step), mid=mid, member=ms.execution_ids[0])
+
+    defects = _failing(_doctor(clean_run, tmp_path, change), "advantages: ")
+    where = f"objective: step {found['step']} micro-step {found['mid']}: execution {found['member']} (group "
+    assert any(d.startswith(where) and "advantages: " in d for d in defects), defects
+
+
+def test_a_valid_member_left_out_of_every_microstep_fails_the_audit(clean_run: Path, tmp_path: Path) -> None:
+    found: dict[str, str] = {}
+
+    def leave_out(run: Path) -> None:
+        _, record, mid, cell = _multi_cell_step(run)
+        ms = decode_microstep(record.payloads[mid])  # its members are in no other micro-step
+        record.accumulated[cell].remove(mid)
+        record.applied.remove(mid)
+        del record.payloads[mid]
+        _rewrite(run, record)
+        found.update(step=str(record.step), member=ms.execution_ids[0])
+
+    defects = _failing(_doctor(clean_run, tmp_path, leave_out), "is in no micro-step")
+    assert any(
+        f"(step {found['step']}): valid member {found['member']} (" in d and d.endswith("is in no micro-step")
+        for d in defects
+    ), defects
+
+
+def test_a_mask_that_admits_an_unsampled_token_fails_the_audit(clean_run: Path, tmp_path: Path) -> None:
+    """The second token of a row (its system prompt: the chat template's, never sampled) made a target, the
+    micro-step otherwise consistent (its count, log-prob, coefficient and version)."""
+    found: dict[str, str] = {}
+
+    def admit_prompt(run: Path) -> None:
+        _, record, mid, _ = _multi_cell_step(run)
+        ms = decode_microstep(record.payloads[mid])
+        at = int(ms.cu_seqlens[_execution_rows(ms, 0)[0]]) + 1
+        assert not ms.target_mask[at]
+        mask, counts = ms.target_mask.copy(), ms.execution_num_targets.copy()
+        mask[at], counts[0] = True, counts[0] + 1
+        coefficient = float(ms.coefficients[ms.target_mask & (ms.execution_index == 0)][0])
+        doctored = dataclasses.replace(
+            ms,
+            target_mask=mask,
+            execution_num_targets=counts,
+            coefficients=np.where(np.arange(ms.num_tokens) == at, coefficient, ms.coefficients),
+            behaviour_logprobs=np.where(np.arange(ms.num_tokens) == at, -2.0, ms.behaviour_logprobs).astype(
+                np.float32
+            ),
+            behaviour_versions=None
+            if ms.behaviour_versions is None
+            else np.where(np.arange(ms.num_tokens) == at, ms.step, ms.behaviour_versions).astype(np.int32),
+        )
+        record.payloads[mid] = encode_microstep(doctored)
+        _rewrite(run, record)
+        found.update(mid=mid, member=ms.execution_ids[0])
+
+    defects = _failing(_doctor(clean_run, tmp_path, admit_prompt), "the engine did not sample")
+    assert any(
+        f"micro-step {found['mid']}: execution {found['member']} " in d
+        and "row 0: target_mask: admits 1 token(s) the engine did not sample" in d
+        and "first at token 1)" in d
+        for d in defects
+    ), defects
+
+
+def _retrain(run: Path) -> None:
+    """Take the run's training again with the trainer as it is now (its loss patched by the caller), as a
+    run with that trainer would have recorded it: each step's gradient norm and the weights after it. The
+    checkpoints and publications, the true trainer's, go."""
+    data = RunData.load(run, redis_data=False)
+    trainer = build_trainer(data)
+    gloo = data.config.cell_agent.trainer.dist_backend == "gloo"
+    for record in data.steps:
+        decoded = {mid: decode_microstep(blob) for mid, blob in record.payloads.items()}
+        per_cell = [
+            _accumulate(trainer, [decoded[i] for i in record.accumulated.get(c, [])]) for c in record.cells
+        ]
+        total = gloo_reduce_sum(per_cell) if gloo else sum(per_cell[1:], per_cell[0])
+        norm = _step_with(trainer, total)
+        weights = trainer.named_weights() if record.weights_file else None
+        write_step_record(run / "archive", dataclasses.replace(record, grad_norm=norm), weights=weights)
+    shutil.rmtree(run / "checkpoints")
+
+
+def test_a_trainer_whose_loss_has_one_coefficient_changed_fails_the_audit(
+    clean_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer's loss weighs every token 1 % too much (as if B·N were counted 1 % short). A run trained
+    with it replays exactly, with that same trainer; only the audit's own objective tells."""
+    true_loss = gyre.rl.step_loss.gspo_loss
+
+    def off_by_one_percent(*args: Any, **kwargs: Any) -> Any:
+        logprobs, behaviour, advantages, index, coefficients = args
+        return true_loss(logprobs, behaviour, advantages, index, coefficients * 1.01, **kwargs)
+
+    monkeypatch.setattr(gyre.rl.step_loss, "gspo_loss", off_by_one_percent)
+    run = _doctor(clean_run, tmp_path, _retrain)
+    code, report = _audit_cli(run, "--no-probe")
+    assert code == 1 and not report["ok"], report
+    defects = report["defects"]
+    assert all(d.startswith("objective: ") for d in defects), defects  # the replay itself agrees
+    assert report["replay"]["steps"] == STEPS and report["replay"]["max_rel_diff"] <= TOLERANCE, report[
+        "replay"
+    ]
+    # every micro-step with a gradient is named (one whose gradient is 0, all its advantages 0, stays 0)
+    wrong = [d for d in defects if "the trainer's gradient differs from the audit's objective by 0.01 " in d]
+    assert wrong and len(wrong) == len(defects), defects
+
+
+def test_a_replay_that_cannot_run_fails_unless_no_replay_was_asked(clean_run: Path, tmp_path: Path) -> None:
+    def no_step_record(run: Path) -> None:
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["archive"]["steps"] = False
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+    run = _doctor(clean_run, tmp_path, no_step_record)
+    defects = _failing(run, "replay: the training could not be replayed: archive.steps is false")
+    assert len(defects) == 1, defects
+    code, report = _audit_cli(run, "--no-replay")
+    assert code == 0 and report["ok"], report["defects"]
+    assert report["replay"]["skipped"] == "--no-replay" and report["objective"]["skipped"] == "--no-replay"

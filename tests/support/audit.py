@@ -4,8 +4,10 @@ and the end-to-end tests assert about a run, instead of the events its services 
     report = assert_audited(config.run.path)
 
 Passes when the replayed training equals the run's weights at every recorded step (within the audit's
-tolerance), every group was trained at most once, every dispatched execution is in exactly one terminal
-state with none lost, and the ledger and the accounting equal the run's own report.
+tolerance), every micro-step holds what the packer must have made of its groups and its gradient from the
+trainer's loss equals that of the audit's own objective, every group was trained at most once, every
+dispatched execution is in exactly one terminal state with none lost, and the ledger and the accounting
+equal the run's own report.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def assert_audited(run_dir: Path, *, steps: int | None = None, probe: bool = Fal
         assert replay["steps"] == steps and summary["ledger"]["steps"] == steps, summary
     assert all(d is not None and d <= TOLERANCE for d in replay["max_rel_diff_by_step"]), replay
     assert summary["ledger"]["matches_report"] is True
+    objective = summary["objective"]
+    assert not objective["skipped"] and objective["gradients_compared"] == objective["microsteps"], objective
     accounting = summary["accounting"]
     assert accounting["matches_report"] is True and accounting["lost"] == 0
     assert accounting["dispatched"] == accounting["counters"]["d"] > 0
