@@ -4,7 +4,11 @@ gloo and NCCL have no transport security in the torch wheels (gloo's TCP_TLS tra
 them; the rendezvous TCPStore is plaintext), so a deployment whose cells' network is not private either
 puts encryption below Gyre or uses this backend: Gyre's own star of TLS connections from every satellite
 to the core, with the deployment's certificates (`gyre.tls`: the core asks for a client certificate the
-CA signed, satellites check the core's name). The three collectives the cells need are all rooted at the
+CA signed and admits only the cell agents' identity, `CELL_IDENTITY`, so another service's certificate
+cannot join; satellites check the core's name). The core handshakes incoming connections concurrently and
+bounded (`MAX_HANDSHAKES`, `HANDSHAKE_S` each), so clients that connect and stay silent cannot hold up the
+world's formation, and a connection claiming a place a live member holds is refused. One certificate
+serves every cell (a StatefulSet mounts one secret), so the star does not tell one cell from another. The three collectives the cells need are all rooted at the
 core (`gyre.trainer.collectives`), so a star carries them with one hop each:
 
     reduce_to_core        each satellite of the prefix sends its tensor; the core adds them in cell
@@ -29,9 +33,12 @@ CPU tensors only (the trainer's `device: cpu`); between GPUs, NCCL on a private 
 
 from __future__ import annotations
 
+import queue
+import select
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +66,13 @@ CHUNK = 4 * 2**20
 """Bytes of a satellite's tensor received (and added, for a reduction) at a time by the core."""
 HANDSHAKE_S = 10.0
 """How long the core gives one incoming connection for its TLS handshake and hello."""
+MAX_HANDSHAKES = 32
+"""Incoming connections the core handshakes at once, each on its own thread: a client that connects and
+stays silent holds one of them for at most HANDSHAKE_S and delays no other; past this many, a new
+connection is closed at once (and a real satellite's retry comes later)."""
+CELL_IDENTITY = "cell_agent"
+"""The identity (certificate subject CN) a member of the star must have: `gyre.authz.CELL_AGENT`. Another
+service's certificate of the same CA (a runner's, the proxy's) is refused."""
 
 
 class StarError(RuntimeError):
@@ -133,13 +147,39 @@ class StarHub:
         self.listener.close()
 
     def accept_world(self, num_cells: int) -> dict[tuple[int, int], ssl.SSLSocket]:
-        """Every satellite's two connections of this generation (a connection that fails its handshake or
-        hello is closed and waited past); each is told READY once all are in."""
+        """Every satellite's two connections of this generation; each is told READY once all are in.
+        Connections are handshaken concurrently (`MAX_HANDSHAKES`); one that fails its handshake, has no
+        cell agent's certificate or says a wrong hello is closed and waited past; a second connection for
+        a (cell, channel) whose first is still alive is refused (a live member is never displaced), one
+        whose first has gone takes its place (a satellite that connected again)."""
         expected = {(cell, channel) for cell in range(1, num_cells) for channel in CHANNELS}
         found: dict[tuple[int, int], ssl.SSLSocket] = {}
+        admitted: queue.Queue[tuple[tuple[int, int], ssl.SSLSocket]] = queue.Queue()
+        slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        formed = threading.Event()
+        lock = threading.Lock()
+
+        def handshake(raw: socket.socket, address: object) -> None:
+            try:
+                result = self._admit(raw, address, num_cells)
+                if result is None:
+                    return
+                with lock:
+                    if formed.is_set():  # the world formed (or failed) meanwhile: not a member
+                        result[1].close()
+                    else:
+                        admitted.put(result)
+            finally:
+                slots.release()
+
         deadline = time.monotonic() + self.timeout_s
         try:
-            while set(found) != expected:
+            while True:
+                while not admitted.empty():
+                    key, conn = admitted.get_nowait()
+                    self._place(found, key, conn)
+                if set(found) == expected:
+                    break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     missing = sorted(expected - set(found))
@@ -147,26 +187,46 @@ class StarHub:
                         f"world {self.generation}: no connection from (cell, channel) {missing} "
                         f"within {self.timeout_s:.0f} s"
                     )
-                self.listener.settimeout(remaining)
+                self.listener.settimeout(min(remaining, 0.05))
                 try:
                     raw, address = self.listener.accept()
                 except TimeoutError:
                     continue
-                key_conn = self._admit(raw, address, num_cells)
-                if key_conn is not None:
-                    key, conn = key_conn
-                    if key in found:  # a satellite that connected again: its newer connection counts
-                        found[key].close()
-                    found[key] = conn
+                if not slots.acquire(blocking=False):
+                    raw.close()
+                    log.warning("star_handshakes_full", peer=str(address), max_handshakes=MAX_HANDSHAKES)
+                    continue
+                threading.Thread(
+                    target=handshake, args=(raw, address), name="star-handshake", daemon=True
+                ).start()
+            with lock:
+                formed.set()
             for conn in found.values():
                 conn.sendall(READY)
         except (OSError, StarError) as e:
+            with lock:
+                formed.set()
             for conn in found.values():
                 conn.close()
+            while not admitted.empty():
+                admitted.get_nowait()[1].close()
             if isinstance(e, StarError):
                 raise
             raise StarError(f"world {self.generation}: {e}") from e
         return found
+
+    @staticmethod
+    def _place(
+        found: dict[tuple[int, int], ssl.SSLSocket], key: tuple[int, int], conn: ssl.SSLSocket
+    ) -> None:
+        old = found.get(key)
+        if old is not None and _alive(old):
+            conn.close()
+            log.warning("star_duplicate_refused", cell=key[0], channel=key[1])
+            return
+        if old is not None:
+            old.close()
+        found[key] = conn
 
     def _admit(
         self, raw: socket.socket, address: object, num_cells: int
@@ -177,6 +237,11 @@ class StarHub:
         except OSError as e:  # no certificate, a wrong one, a plaintext client (ssl.SSLError is an OSError)
             raw.close()
             log.warning("star_connection_refused", peer=str(address), error=str(e)[:200])
+            return None
+        identity = certificate_identity(conn.getpeercert())
+        if identity != CELL_IDENTITY:
+            conn.close()
+            log.warning("star_identity_refused", peer=str(address), identity=identity)
             return None
         try:
             magic, generation, cell, channel = HELLO.unpack(_recv(conn, HELLO.size))
@@ -197,6 +262,23 @@ class StarHub:
             return None
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return (cell, channel), conn
+
+
+def certificate_identity(cert: object) -> str | None:
+    """The subject common name of a peer certificate as `ssl` decodes it (None without one)."""
+    if not isinstance(cert, dict):
+        return None
+    names = [value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"]
+    return names[0] if len(names) == 1 else None
+
+
+def _alive(conn: ssl.SSLSocket) -> bool:
+    """A member that has said its hello sends nothing until READY: readable means it closed (or broke)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 @dataclass(slots=True)

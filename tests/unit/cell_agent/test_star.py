@@ -4,8 +4,9 @@ three cells as threads of this process on loopback, with certificates from `gyre
 The core's sum is the cells' tensors added in cell order (what the audit replays, bit for bit), over
 buffers larger than the core's receive chunk; broadcasts and the pair broadcast reach exactly their
 cells; a dead satellite fails the collective it was part of and not a smaller prefix's; a client without
-a certificate, with one of another CA, in plaintext or of another world generation is refused while the
-world still forms; ranks that disagree on the collective fail instead of mixing bytes."""
+a certificate, with one of another CA, with another service's of the same CA, in plaintext or of another
+world generation is refused while the world still forms; connections that stay silent do not hold it up;
+a live member is never displaced; ranks that disagree on the collective fail instead of mixing bytes."""
 
 from __future__ import annotations
 
@@ -19,10 +20,19 @@ from typing import Any
 import pytest
 import torch
 
-from gyre import tls
+from gyre import authz, tls
 from gyre.config import ConfigError, load_config
 from gyre.trainer.collectives import host_rendezvous, initialize_groups, join_rendezvous
-from gyre.trainer.star import CHUNK, HELLO, HELLO_MAGIC, PREFIX, StarCellGroups, StarError, StarHub
+from gyre.trainer.star import (
+    CELL_IDENTITY,
+    CHUNK,
+    HELLO,
+    HELLO_MAGIC,
+    PREFIX,
+    StarCellGroups,
+    StarError,
+    StarHub,
+)
 
 GENERATION = 4
 TIMEOUT_S = 20.0
@@ -198,7 +208,9 @@ def _tls_client(context: ssl.SSLContext, port: int) -> ssl.SSLSocket:
     return context.wrap_socket(raw, server_hostname="127.0.0.1")
 
 
-@pytest.mark.parametrize("who", ["no certificate", "another CA", "plaintext", "another generation"])
+@pytest.mark.parametrize(
+    "who", ["no certificate", "another CA", "plaintext", "another generation", "another service"]
+)
 def test_the_hub_refuses_clients_without_the_deployments_certificate(
     who: str, certs: Path, as_cell_agent: None
 ) -> None:
@@ -212,10 +224,15 @@ def test_the_hub_refuses_clients_without_the_deployments_certificate(
                     answer = b""
                 assert answer in (b"", b"\x15"), "no READY for a plaintext client"  # closed or a TLS alert
             return
-        if who == "another generation":
-            conn = _tls_client(tls.TlsFiles.under(certs, "cell_agent").client_context(), port)
-            conn.sendall(HELLO.pack(HELLO_MAGIC, GENERATION - 1, 1, PREFIX))
-            assert conn.recv(1) == b"", "the hub closes a connection of another world"
+        if who in ("another generation", "another service"):
+            identity = "cli" if who == "another service" else "cell_agent"  # cli: the same CA's, not a cell's
+            conn = _tls_client(tls.TlsFiles.under(certs, identity).client_context(), port)
+            conn.sendall(HELLO.pack(HELLO_MAGIC, GENERATION - (who == "another generation"), 1, PREFIX))
+            try:
+                answer = conn.recv(1)
+            except (ssl.SSLError, ConnectionError):
+                answer = b""
+            assert answer == b"", f"the hub closes a connection of {who}"
             conn.close()
             return
         if who == "no certificate":
@@ -235,6 +252,67 @@ def test_the_hub_refuses_clients_without_the_deployments_certificate(
         _refused(client, hub)
     finally:
         hub.close()
+
+
+def test_the_star_admits_the_cell_agents_identity_of_the_authorization_table() -> None:
+    assert CELL_IDENTITY == authz.CELL_AGENT
+
+
+def test_idle_connections_do_not_stall_the_worlds_formation(as_cell_agent: None) -> None:
+    """Clients that connect and say nothing each hold a handshake slot for up to HANDSHAKE_S (10 s); the
+    world forms meanwhile, while they are all still open (handshakes are concurrent: one at a time, eight
+    of them would hold it 80 s, past the formation's 20 s)."""
+    hub = StarHub.open(bind_host="127.0.0.1", port=0, generation=GENERATION, timeout_s=TIMEOUT_S)
+    idle = [socket.create_connection(("127.0.0.1", hub.port), timeout=5) for _ in range(8)]
+    try:
+
+        def satellite() -> StarCellGroups:
+            link = join_rendezvous(
+                "tls",
+                host="127.0.0.1",
+                port=hub.port,
+                world_size=2,
+                cell=1,
+                generation=GENERATION,
+                timeout_s=5.0,
+            )
+            return StarCellGroups.initialize(link, cell=1, num_cells=2, timeout_s=TIMEOUT_S)
+
+        results = _in_threads(
+            {
+                0: lambda: StarCellGroups.initialize(hub, cell=0, num_cells=2, timeout_s=TIMEOUT_S),
+                1: satellite,
+            }
+        )
+        assert all(isinstance(r, StarCellGroups) for r in results.values()), results
+        for s in idle:  # not yet closed by the hub: the world did not wait for any of them
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+        for g in results.values():
+            g.close()
+    finally:
+        for s in idle:
+            s.close()
+        hub.close()
+
+
+def test_a_live_member_is_not_displaced_by_a_second_hello_for_its_cell() -> None:
+    """The hub's rule for a second connection claiming a (cell, channel) it already holds: refused (closed)
+    while the first is alive — a member that said its hello sends nothing until READY, so it is alive while
+    it has nothing to read — and taking the place of a first that closed (a satellite that connected
+    again)."""
+    live, live_peer = socket.socketpair()
+    second, second_peer = socket.socketpair()
+    found = {(1, PREFIX): live}
+    StarHub._place(found, (1, PREFIX), second)  # type: ignore[arg-type]
+    assert found[(1, PREFIX)] is live and second.fileno() == -1, "the live member stays, the second is closed"
+    live_peer.close()  # the first member's end goes away: its socket reads EOF
+    third, third_peer = socket.socketpair()
+    StarHub._place(found, (1, PREFIX), third)  # type: ignore[arg-type]
+    assert found[(1, PREFIX)] is third and live.fileno() == -1, "a closed member's place is taken"
+    for sock in (third, second_peer, third_peer):
+        sock.close()
 
 
 def test_a_satellite_refuses_a_core_of_another_ca(certs: Path, as_cell_agent: None) -> None:
