@@ -26,8 +26,8 @@ handed the proxy and the addresses they resolve to, and the address each NATS cl
 (NATS's own /connz). Transport security (`tls`): what the servers say of their clients, which clients
 they refuse, and a packet capture of the network's bridge (`tls.capture`, bench/_capture.py): every TCP
 connection between containers by its first client bytes, the plaintext ones listed by (client, server,
-port) with those bytes, and its verdict `tls.capture_all_tls`. Sandboxes (`sandbox_check`, before the run
-starts, bench/_sandbox_check.py): a sandbox of the runner and of the evaluator, each in its own container,
+port) with those bytes, and its verdict `tls.capture_all_tls`. Sandboxes (`sandbox_check`, beside the run,
+bench/_sandbox_check.py): a sandbox of the runner and of the evaluator, each in its own container,
 tries to read the container's keys and passwords and to reach every server; `ok` when none was read or
 reached and the control (the `process` launcher) did read one. Last, the containers are stopped and the run
 is audited from its own records (`audit`: bench/_cluster_audit.py gathers the run directory from the
@@ -60,6 +60,7 @@ import yaml
 from bench._capture import NetworkCapture
 from bench._compose import ComposeProject, ExitWatch
 from bench._images import build_images, untag_images
+from bench._sandbox_check import in_background
 from gyre.paths import REPO_ROOT
 
 FAULTS = ("satellite-kill", "satellite-partition", "redis-restart", "core-kill")
@@ -211,11 +212,11 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
             capture = NetworkCapture(project.network_info).start()  # binds once `up` makes the bridge
             project.up()
             phases["up_s"] = round(time.monotonic() - t1, 1)
-            checked = check_sandboxes(project, args.start_timeout_s)
+            checking = in_background(lambda: check_sandboxes(project, args.start_timeout_s))
             result = ClusterRun(
                 project, run_dir, config, ports, args.steps, faults, tls_dir, capture
             ).execute(args.start_timeout_s)
-            result["sandbox_check"] = checked
+            result["sandbox_check"] = checking()
         phases["run_s"] = round(time.monotonic() - t1 - phases["up_s"], 1)
         if args.bad_input is None and result["completed"]:
             from bench._cluster_audit import audit_compose_run

@@ -15,7 +15,10 @@ documented podman 4.3 gap per conversion (`conversions` in the JSON, deploy/READ
 rewritten. Each pod is played on a podman network of the bench's own; the host reaches the scheduler and
 NATS through loopback port-forwards, as `cli`.
 
-Once every pod is ready and the scheduler names its cells, the faults are injected one after another,
+Beside the run, once the proxy, runner and evaluator pods are ready, a sandbox of the runner and one of the
+evaluator try, from their pods, to read the pod's keys and passwords and to reach every server
+(`sandbox_check`, bench/_sandbox_check.py, as the compose bench does). Once every pod is ready and the
+scheduler names its cells, the faults are injected one after another,
 each once the previous one recovered: `cell-pod-delete` deletes the last satellite's pod (SIGTERM, grace,
 gone; its claim kept) and plays it again, as the StatefulSet controller recreates it (with a new address);
 `core-pod-delete` (unless `--no-core`) does the same to the core's pod while it trains. `recovery_s`:
@@ -26,7 +29,7 @@ the pods are stopped and the run is audited from their volumes as the compose be
 (bench/_cluster_audit.py). Everything the bench created is removed (`left_running` must be empty); the
 pods' logs stay in `runs/<run>/logs/`.
 
-Last line: {"completed", "steps", "lost", "double_trained", "harness_errors", "executions", "pods": {POD:
+Last line: {"completed", "steps", "lost", "double_trained", "harness_errors", "executions", "sandbox_check", "pods": {POD:
 {"from", "ip", "healthy_s"}}, "faults": {NAME: {..., "recovery_s", "next_step_s"}}, "conversions": {NAME:
 {"why", "objects"}}, "not_exercised", "audit", "train_s", "build_s", "phases_s", "wall_s", "left_running",
 "run_dir"}.
@@ -50,6 +53,7 @@ from app.deploy.kustomize import load_manifests
 from bench._images import IMAGE_PREFIX, ClusterImages, build_images, untag_images
 from bench._kube_convert import CONVERSIONS, convert
 from bench._kube_play import KubePlay
+from bench._sandbox_check import in_background, sandboxes_check
 from gyre.paths import REPO_ROOT
 
 NOT_EXERCISED = [
@@ -149,6 +153,13 @@ def set_images(manifests: list[dict[str, Any]], gyre: str, nats: str, redis: str
             )
 
 
+def check_sandboxes(play: KubePlay, timeout_s: float) -> dict[str, Any]:
+    """Once the proxy's, the runner's and the evaluator's pods are ready: what a sandbox of each of the two
+    reaches from its pod (bench/_sandbox_check.py)."""
+    play.wait_healthy(["proxy", "runner", "evaluator"], timeout_s)
+    return sandboxes_check({pod: play.containers(pod)[0] for pod in ("runner", "evaluator")}, play.env)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.cluster import issue_certificates
 
@@ -183,7 +194,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         faults = ["cell-pod-delete"] + ([] if args.no_core else ["core-pod-delete"])
         kube_run = KubeRun(play, run_dir, config, args.steps, faults, tls_dir, stall_s=args.stall_timeout_s)
         try:
+            checking = in_background(lambda: check_sandboxes(play, args.start_timeout_s))
             result = kube_run.execute(args.start_timeout_s)
+            result["sandbox_check"] = checking()
         except TimeoutError as e:
             _log(f"stopped: {e}")
             result = kube_run.stalled(e)

@@ -404,7 +404,7 @@ class ExecutionController:
             limits=self.harness.limits(self.limits),
             network=network,
             reveal=self.harness.reveal(),
-            home_files=self.harness.home_files(launch),
+            home_files=self.harness.sandbox_home_files(launch),
             writable=layout.writable,
             binds=layout.binds,
             image=image.reference if image is not None else None,

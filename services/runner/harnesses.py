@@ -115,8 +115,12 @@ class HarnessCommand(ABC):
 
     def reveal(self) -> tuple[Path, ...]:
         """Paths the harness needs besides its workspace and the Python installation."""
-        identity = tls.current()
-        return (REPO_ROOT,) if identity is None else (REPO_ROOT, identity.ca)
+        return (REPO_ROOT,)
+
+    def sandbox_home_files(self, launch: Launch) -> dict[str, str]:
+        """`home_files`, and a copy of the deployment's CA where the trust variables point on the host
+        launchers (`_trust_proxy`)."""
+        return {**self.home_files(launch), **_trust_files(launch)}
 
     def tools(self) -> tuple[tuple[Path, str], ...]:
         """(host path, path inside): what the harness needs in a container, mounted read-only."""
@@ -144,15 +148,26 @@ TRUST_ENV = ("SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE")
 
 CA_INSIDE = f"{TOOLS_INSIDE}/tls/ca.crt"
 """Where a container sandbox finds the deployment's CA (`HarnessCommand.container_mounts`)."""
+CA_IN_HOME = ".gyre/ca.crt"
+"""Where a host sandbox finds it: a copy in its HOME (`HarnessCommand.sandbox_home_files`). Not the
+service's own file: that lies in the service's TLS directory beside its key, readable by the service's
+group (a Kubernetes secret volume's 0440 + fsGroup), which a sandbox's uid is not in."""
+
+
+def _trust_files(launch: Launch) -> dict[str, str]:
+    identity = tls.current()
+    if identity is None or launch.inside or not launch.base_url.startswith("https://"):
+        return {}
+    return {CA_IN_HOME: identity.ca.read_text()}
 
 
 def _trust_proxy(launch: Launch) -> dict[str, str]:
-    """The CA that signed the proxy's certificate, for every harness, when the proxy speaks HTTPS: the
-    host's file, or its read-only mount in a container."""
+    """The CA that signed the proxy's certificate, for every harness, when the proxy speaks HTTPS: its
+    copy in the sandbox's HOME, or its read-only mount in a container."""
     identity = tls.current()
     if identity is None or not launch.base_url.startswith("https://"):
         return {}
-    return dict.fromkeys(TRUST_ENV, CA_INSIDE if launch.inside else str(identity.ca))
+    return dict.fromkeys(TRUST_ENV, CA_INSIDE if launch.inside else str(launch.home / CA_IN_HOME))
 
 
 class DemoHarness(HarnessCommand):

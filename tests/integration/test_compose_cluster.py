@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from gyre.paths import REPO_ROOT
-from tests.support.sandboxes import unavailable
+from tests.support.sandboxes import assert_sandboxes_checked, unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +93,9 @@ def test_reduced_compose_run_trains_through_a_satellite_container_kill(tmp_path:
     assert result["left_running"] == [], "everything the project created is gone"
     assert result["completed"] and result["steps"] >= 2, result
     assert result["lost"] == 0 and result["double_trained"] == 0, result["faults"]
+    # every execution ran its harness to an end the harness chose (a sandbox that broke the harness, a
+    # fault a reroute did not hide, would show here and nowhere else: the run still completes)
+    assert result["harness_errors"] == 0, result["faults"]
     kill = result["faults"]["satellite-kill"]
     assert kill["injected"] and result["recovery_s"]["satellite-kill"] is not None, kill
     hosts = result["hosts"]
@@ -108,7 +111,7 @@ def test_reduced_compose_run_trains_through_a_satellite_container_kill(tmp_path:
         f"a client with the deployment's certificate was refused: {secured}"
     )
     _check_capture(secured)
-    _check_sandboxes(result["sandbox_check"])
+    assert_sandboxes_checked(result["sandbox_check"])
     run_dir = Path(result["run_dir"])
     assert (run_dir / "events.jsonl").stat().st_size > 0
     assert (run_dir / "logs" / "cell-agent-0.log").exists()
@@ -126,23 +129,6 @@ def test_reduced_compose_run_trains_through_a_satellite_container_kill(tmp_path:
         accounting["matches_report"] is True
         and result["executions"]["dispatched"] == accounting["dispatched"]
     )
-
-
-def _check_sandboxes(checked: dict[str, Any]) -> None:
-    """A sandbox of the runner and one of the evaluator, each in its own container, read none of the
-    container's keys, passwords or processes' environments and reached no server (the runner's reached the
-    proxy through its relay); the same attempt under the `process` launcher, in the runner's container,
-    read the runner's key: the check can fail."""
-    for service in ("runner", "evaluator"):
-        seen = checked[service]
-        assert seen["launcher"] == "isolated" and seen["sandbox_uid"] != 0, seen
-        assert seen["files_tried"] > 3 and seen["connections_tried"] >= 10, seen
-        assert seen["credentials_read"] == [] and seen["connections_accepted"] == [], seen
-    assert checked["runner"]["proxy_reached"] is True, checked["runner"]
-    control = checked["control_process"]
-    assert "/etc/gyre/tls/runner/tls.key" in control["credentials_read"], control
-    assert control["connections_accepted"], control
-    assert checked["ok"] is True, checked
 
 
 def _check_capture(secured: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_compose_cluster import _gyre
-from tests.support.sandboxes import unavailable
+from tests.support.sandboxes import assert_sandboxes_checked, unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +45,9 @@ def test_reduced_kube_play_trains_through_a_cell_pod_deletion(tmp_path: Path) ->
     assert result["left_running"] == [], "everything the bench created is gone"
     assert result["completed"] and result["steps"] >= 2, result
     assert result["lost"] == 0 and result["double_trained"] == 0, result["faults"]
+    # every execution ran its harness to an end the harness chose (a sandbox that broke the harness, a
+    # fault a reroute did not hide, would show here and nowhere else: the run still completes)
+    assert result["harness_errors"] == 0, result["faults"]
     deletion = result["faults"]["cell-pod-delete"]
     assert deletion["injected"] and deletion["recovery_s"] is not None, deletion
     pods = result["pods"]
@@ -52,6 +55,7 @@ def test_reduced_kube_play_trains_through_a_cell_pod_deletion(tmp_path: Path) ->
     assert len({p["ip"] for p in pods.values()}) == len(pods), f"every pod has its own address: {pods}"
     assert set(result["conversions"]) == EXPECTED_CONVERSIONS, result["conversions"]
     assert len(result["not_exercised"]) == 5
+    assert_sandboxes_checked(result["sandbox_check"])
     audit = result["audit"]
     assert audit["ok"] and audit["defects"] == [], audit["defects"]
     assert audit["replay"]["steps"] == result["steps"], audit["replay"]

@@ -1,9 +1,11 @@
-"""Launchers for tests: any registered launcher by name, over a uid range of the test's own."""
+"""Launchers for tests: any registered launcher by name, over a uid range of the test's own; and what the
+deployment benches' sandbox check must show."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from typing import Any
 
 import pytest
 
@@ -36,3 +38,21 @@ def launcher_for_test(
     except SandboxError as e:
         unavailable(f"the {name} launcher cannot run here: {e}")
         raise
+
+
+def assert_sandboxes_checked(checked: dict[str, Any]) -> None:
+    """A deployment bench's `sandbox_check` (bench/_sandbox_check.py): a sandbox of the runner and one of
+    the evaluator, each in its own container or pod, read none of the
+    container's keys, passwords or processes' environments and reached no server (the runner's reached the
+    proxy through its relay); the same attempt under the `process` launcher, in the runner's container,
+    read the runner's key: the check can fail."""
+    for service in ("runner", "evaluator"):
+        seen = checked[service]
+        assert seen["launcher"] == "isolated" and seen["sandbox_uid"] != 0, seen
+        assert seen["files_tried"] > 3 and seen["connections_tried"] >= 10, seen
+        assert seen["credentials_read"] == [] and seen["connections_accepted"] == [], seen
+    assert checked["runner"]["proxy_reached"] is True, checked["runner"]
+    control = checked["control_process"]
+    assert "/etc/gyre/tls/runner/tls.key" in control["credentials_read"], control
+    assert control["connections_accepted"], control
+    assert checked["ok"] is True, checked

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from app.stack.launcher import SERVICES
-from gyre.config import GyreConfig
+from gyre.config import GyreConfig, load_config
 from tests.unit.deploy.support import (
     COMPOSE_FILE,
     DEPLOY,
@@ -124,14 +124,35 @@ def test_compose_publishes_ports_only_on_loopback(compose: dict[str, Any]) -> No
     assert published > 0
 
 
+SANDBOXING = {"runner", "evaluator"}
+"""The pods that run the policy's code in isolated-launcher sandboxes: root, and exactly these capabilities."""
+SANDBOX_CAPABILITIES = {
+    "SYS_ADMIN",
+    "NET_ADMIN",
+    "SETUID",
+    "SETGID",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "KILL",
+    "SYS_CHROOT",
+}
+
+
 def test_compose_containers_are_hardened(compose: dict[str, Any]) -> None:
+    """Every container: read-only root, no privileges gained, all capabilities dropped; only the runner and
+    the evaluator add some back, the sandboxes' (test_the_sandboxing_pods_have_what_compose_gives_those_containers)."""
     for name, spec in compose["services"].items():
         assert not spec.get("privileged", False), name
         assert spec.get("network_mode") is None and "gyre" in spec["networks"], name
         assert spec.get("read_only") is True, f"{name}: root filesystem must be read-only"
         assert spec.get("cap_drop") == ["ALL"], name
         assert "no-new-privileges:true" in spec.get("security_opt", []), name
-        assert not spec.get("cap_add"), name
+        if name in SANDBOXING:
+            assert set(spec["cap_add"]) == SANDBOX_CAPABILITIES, name
+        else:
+            assert not spec.get("cap_add"), name
+            assert not str(spec.get("user", "")).startswith("0"), name
         assert spec.get("pid") is None and spec.get("ipc") is None, name
 
 
@@ -243,23 +264,36 @@ def test_every_gyre_service_has_grpc_health_probes(
 def test_pods_meet_the_restricted_pod_security_profile(
     rendered: dict[str, list[Manifest]], overlay: str
 ) -> None:
-    """No host network/PID/IPC, no privileged container, no hostPath or hostPort, non-root, no privilege
-    escalation, every capability dropped, RuntimeDefault seccomp, resources bounded (the namespace enforces
-    `restricted`; this catches a violation before a cluster refuses the pod)."""
+    """No host network/PID/IPC, no privileged container, no hostPath or hostPort, no privilege escalation,
+    RuntimeDefault seccomp, resources bounded; non-root with every capability dropped (`restricted`) but
+    for the runner and the evaluator, which run as root with the sandbox's capabilities and nothing else
+    (the namespace enforces `privileged` for them and warns on `restricted`: this catches any other pod
+    that would not meet it before a cluster's warning does)."""
     manifests = rendered[overlay]
-    namespace = find(manifests, "Namespace", "gyre")
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    checked = 0
+    labels = find(manifests, "Namespace", "gyre")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert (
+        labels["pod-security.kubernetes.io/warn"]
+        == labels["pod-security.kubernetes.io/audit"]
+        == "restricted"
+    )
+    checked, sandboxing = 0, set()
     for workload in workloads(manifests):
         name = f"{workload['kind']}/{workload['metadata']['name']}"
+        component = workload["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
         pod = workload["spec"]["template"]["spec"]
         for host_field in ("hostNetwork", "hostPID", "hostIPC"):
             assert not pod.get(host_field, False), f"{name}: {host_field}"
         assert pod["automountServiceAccountToken"] is False, (
             f"{name}: no pod needs a Kubernetes API token yet"
         )
-        assert pod["securityContext"]["runAsNonRoot"] is True, name
-        assert pod["securityContext"]["runAsUser"] > 0, name
+        if component in SANDBOXING:
+            sandboxing.add(component)
+            assert pod["securityContext"]["runAsUser"] == 0, name
+            assert pod["securityContext"]["runAsNonRoot"] is False, name
+        else:
+            assert pod["securityContext"]["runAsNonRoot"] is True, name
+            assert pod["securityContext"]["runAsUser"] > 0, name
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
         assert all("hostPath" not in v for v in pod.get("volumes", [])), name
         for container in pod["containers"] + pod.get("initContainers", []):
@@ -267,7 +301,11 @@ def test_pods_meet_the_restricted_pod_security_profile(
             assert not ctx.get("privileged", False), name
             assert ctx["allowPrivilegeEscalation"] is False, name
             assert ctx["readOnlyRootFilesystem"] is True, name
-            assert ctx["capabilities"] == {"drop": ["ALL"]}, name
+            if component in SANDBOXING:
+                assert ctx["capabilities"]["drop"] == ["ALL"], name
+                assert set(ctx["capabilities"]["add"]) == SANDBOX_CAPABILITIES, name
+            else:
+                assert ctx["capabilities"] == {"drop": ["ALL"]}, name
             assert all("hostPort" not in p for p in container.get("ports", [])), name
             resources = container["resources"]
             assert {"cpu", "memory"} <= set(resources["requests"]) and {"cpu", "memory"} <= set(
@@ -275,6 +313,26 @@ def test_pods_meet_the_restricted_pod_security_profile(
             ), name
             checked += 1
     assert checked == len(SERVICES) + 2  # the six services, nats and redis
+    assert sandboxing == SANDBOXING
+
+
+def test_the_sandboxing_pods_have_what_compose_gives_those_containers(
+    rendered: dict[str, list[Manifest]], k8s_config: GyreConfig
+) -> None:
+    """Compose and Kubernetes run the runner and the evaluator alike: root, the same capabilities, AppArmor
+    off for mounts, and the isolated launcher named in both configs."""
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    compose_config = load_config(COMPOSE_FILE.parent / "gyre.yaml", environ={})
+    for service in sorted(SANDBOXING):
+        container = compose["services"][service]
+        assert container["user"].startswith("0:") and set(container["cap_add"]) == SANDBOX_CAPABILITIES
+        assert "apparmor=unconfined" in container["security_opt"], service
+        assert "no-new-privileges:true" in container["security_opt"], service
+        workload = find(rendered["cpu"], "Deployment", service)
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+        assert annotations[f"container.apparmor.security.beta.kubernetes.io/{service}"] == "unconfined"
+        for config in (compose_config, k8s_config):
+            assert getattr(config, service).sandbox.isolation == "isolated", service
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

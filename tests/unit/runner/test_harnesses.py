@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import pytest
 
+from gyre import tls
 from gyre.config import ConfigError, load_config
 from gyre.config.runner import RunnerSection
 from gyre.sandbox import SandboxLimits
 from gyre.tasks import Task
-from services.runner.harnesses import HARNESSES, CommandHarness, Launch, check_harness, make_harness
+from services.runner.harnesses import (
+    CA_INSIDE,
+    HARNESSES,
+    TRUST_ENV,
+    CommandHarness,
+    Launch,
+    check_harness,
+    make_harness,
+)
 
 LAUNCH = Launch(
     Task("add/3+5", "3+5=? Write the answer to answer.txt."),
@@ -48,6 +58,30 @@ def test_demo_harness_reaches_the_model_only_through_the_proxy() -> None:
         and argv[argv.index("--prompt") + 1] == LAUNCH.task.prompt
     )
     assert (env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"]) == (LAUNCH.base_url, LAUNCH.api_key)
+
+
+@pytest.mark.parametrize("name", sorted(HARNESSES))
+def test_a_host_sandbox_trusts_the_proxy_through_a_copy_of_the_ca_in_its_home(
+    name: str, tmp_path: Path
+) -> None:
+    """With TLS, the trust variables point at a copy of the CA in HOME, not at the service's TLS directory
+    (beside its key, readable by its group only, which a sandbox's uid is not in); a container gets its
+    mount instead."""
+    tls.issue(tmp_path / "tls", {"runner": []})
+    tls.configure(tls.TlsFiles.under(tmp_path / "tls", "runner"))
+    try:
+        harness = build(name)
+        secure = dataclasses.replace(LAUNCH, base_url="https://127.0.0.1:8123")
+        env = harness.environment(secure)  # type: ignore[attr-defined]
+        files = harness.sandbox_home_files(secure)  # type: ignore[attr-defined]
+        assert {env[k] for k in TRUST_ENV} == {"/sandbox/home/.gyre/ca.crt"}, env
+        assert files[".gyre/ca.crt"] == (tmp_path / "tls" / "runner" / "ca.crt").read_text()
+        assert str(tmp_path) not in " ".join(map(str, harness.reveal()))  # type: ignore[attr-defined]
+        inside = dataclasses.replace(secure, inside=True)
+        assert {harness.environment(inside)[k] for k in TRUST_ENV} == {CA_INSIDE}  # type: ignore[attr-defined]
+        assert ".gyre/ca.crt" not in harness.sandbox_home_files(inside)  # type: ignore[attr-defined]
+    finally:
+        tls.configure(None)
 
 
 def test_codex_gets_a_provider_pointing_at_the_proxy() -> None:
