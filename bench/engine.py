@@ -27,6 +27,18 @@ object (last line):
 Rates and times are medians of three repetitions on whatever cores the machine lends; ratios are
 the point, and engine and transformers alternate repetition by repetition so both see the same load.
 Both sides run with `--threads` torch threads.
+
+`--backend sglang,embedded,transformers` adds the real SGLang (`make setup`'s `.venv-sglang`, started on
+this CPU as a cell agent starts it: services/cell_agent/engine_hosts) on the same model and prompts, after
+the others, with the same client calls:
+    sglang.decode_tokens_per_s_b1 / _b16  SGLang's generated tokens per second, 1 / 16 concurrent requests
+    sglang.batching_gain_b16 / ttft_ms_p50 / logprob_max_abs_err (against a fresh full forward of the
+                                    model in float32; `--sglang-dtype bfloat16` makes it the
+                                    train/inference mismatch) / start_s / dtype
+    embedded_vs_sglang_b1 / _b16    the embedded engine's rate / SGLang's
+    transformers_vs_sglang_b1 / _b16  transformers' generate / SGLang's
+SGLang's CPU path picks its own threads (all cores); the ratios say what each costs here, not which is
+faster on a GPU.
 """
 
 from __future__ import annotations
@@ -51,8 +63,10 @@ from gyre.model.causal_lm import CausalLM
 from gyre.model.init import init_model_dir
 from gyre.model.logprobs import token_logprobs
 from gyre.model.weights import load_model
+from gyre.paths import REPO_ROOT
 from services.cell_agent.engine import EngineServer
 
+BACKENDS = {"embedded", "transformers", "sglang"}
 VOCAB = 256  # prompts use the first 256 ids: bytes of the demo tokenizer, frequent merges of BPE ones
 
 
@@ -193,7 +207,12 @@ async def _import_speedup(
 
 
 async def run(
-    path: Path, threads: int, decode_tokens: int, long_prompt: int, profile: bool
+    path: Path,
+    threads: int,
+    decode_tokens: int,
+    long_prompt: int,
+    profile: bool,
+    sglang_dtype: str | None = None,
 ) -> dict[str, Any]:
     load_start = os.getloadavg()[0]
     model = load_model(path)
@@ -244,6 +263,16 @@ async def run(
 
     rate_b1, rate_b16 = median(engine_b1), median(rates_b16)
     hf_b1, hf_b16 = median(hf_b1s), median(hf_b16s)
+    versus: dict[str, Any] = {}
+    if sglang_dtype is not None:
+        sglang = await _sglang(path, model, decode_tokens, sglang_dtype)
+        versus = {
+            "sglang": sglang,
+            "embedded_vs_sglang_b1": round(rate_b1 / sglang["decode_tokens_per_s_b1"], 2),
+            "embedded_vs_sglang_b16": round(rate_b16 / sglang["decode_tokens_per_s_b16"], 2),
+            "transformers_vs_sglang_b1": round(hf_b1 / sglang["decode_tokens_per_s_b1"], 2),
+            "transformers_vs_sglang_b16": round(hf_b16 / sglang["decode_tokens_per_s_b16"], 2),
+        }
     return {
         "hf_decode_tokens_per_s_b1": round(rate_b1, 1),
         "hf_decode_tokens_per_s_b16": round(rate_b16, 1),
@@ -274,6 +303,54 @@ async def run(
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "regime": "CPU, embedded engine in-process over loopback HTTP",
         **profiled,
+        **versus,
+    }
+
+
+async def _sglang(path: Path, model: CausalLM, decode_tokens: int, dtype: str) -> dict[str, Any]:
+    """The real SGLang on this CPU, started as a cell agent starts it, measured with the same calls."""
+    from services.cell_agent.engine_hosts import create_engine_host
+
+    python = REPO_ROOT / ".venv-sglang" / "bin" / "python"
+    if not python.is_file():
+        raise SystemExit(
+            f"gyre bench engine: SGLang is not installed ({python} is missing): run `make setup`"
+        )
+    section = EngineSection(
+        backend="sglang",
+        sglang_device="cpu",
+        sglang_python=str(python),
+        dtype=dtype,
+        max_batch_size=32,
+        kv_cache_tokens=32768,
+    )
+    host = create_engine_host(section, path)
+    t0 = time.perf_counter()
+    await host.start()
+    start_s = time.perf_counter() - t0
+    try:
+        async with EngineClient(host.url, timeout_s=600) as client:
+            await _decode_rate(client, 4, 16, seed=0)  # warm-up
+            b1 = [(await _decode_rate(client, 1, decode_tokens, seed=10 + i))[0] for i in range(3)]
+            runs_b16 = [await _decode_rate(client, 16, decode_tokens, seed=100 + 16 * i) for i in range(3)]
+            ttft = await _ttft_ms(client, 512, 9)
+            version = await client.get_server_info()
+    finally:
+        await host.stop()
+    outputs = [pair for _, pairs in runs_b16 for pair in pairs]
+    err = max(_max_err(model, p, r.output_ids, r.output_logprobs) for p, r in outputs)
+    rate_b1 = statistics.median(r.per_s for r in b1)
+    rate_b16 = statistics.median(r.per_s for r, _ in runs_b16)
+    return {
+        "decode_tokens_per_s_b1": round(rate_b1, 1),
+        "decode_tokens_per_s_b16": round(rate_b16, 1),
+        "batching_gain_b16": round(rate_b16 / rate_b1, 2),
+        "ttft_ms_p50": round(ttft, 2),
+        "logprob_max_abs_err": err,
+        "dtype": dtype,
+        "start_s": round(start_s, 1),
+        "version": version.get("version"),
+        "regime": "CPU, SGLang server process (--device cpu --attention-backend torch_native) over loopback HTTP",
     }
 
 
@@ -295,11 +372,23 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--profile", action="store_true", help="also profile one b1 and one b16 decode run (torch.profiler)"
     )
+    parser.add_argument(
+        "--backend",
+        default="embedded,transformers",
+        help="comma-separated: embedded and transformers (always measured), sglang (the real server)",
+    )
+    parser.add_argument("--sglang-dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args(argv)
+    backends = {b.strip() for b in args.backend.split(",") if b.strip()}
+    if not backends <= BACKENDS:
+        parser.error(
+            f"--backend: {', '.join(sorted(backends - BACKENDS))} is not one of {', '.join(sorted(BACKENDS))}"
+        )
 
     async def body(work: Path) -> dict[str, Any]:
         path = args.model or init_model_dir(work / "qwen3-tiny", arch="qwen3", size="tiny")
-        return await run(path, args.threads, args.decode_tokens, args.long_prompt, args.profile)
+        sglang_dtype = args.sglang_dtype if "sglang" in backends else None
+        return await run(path, args.threads, args.decode_tokens, args.long_prompt, args.profile, sglang_dtype)
 
     run_bench("engine", body)
 

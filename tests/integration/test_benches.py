@@ -67,7 +67,7 @@ TINY: dict[str, list[str] | Covered] = {
         "186000",
         *TINY_HARNESS,
     ],
-    "engine": ["--decode-tokens", "4", "--long-prompt", "32"],
+    "engine": ["--decode-tokens", "4", "--long-prompt", "32", "--backend", "sglang,embedded,transformers"],
     "faults": ["--steps", "1", "--only", "scheduler", "--uid-base", "190000", *TINY_HARNESS],
     "gpu": Covered(
         "tests/unit/megatron/test_bench_gpu.py::test_without_cuda_it_prints_cuda_false_and_exits_0"
