@@ -32,6 +32,7 @@ from gyre.trainer.star import (
     StarCellGroups,
     StarError,
     StarHub,
+    StarLink,
 )
 
 GENERATION = 4
@@ -185,10 +186,7 @@ def _refused(client: Callable[[int], None], hub: StarHub) -> None:
 
     def satellite() -> StarCellGroups:
         assert done.wait(TIMEOUT_S)
-        link = join_rendezvous(
-            "tls", host="127.0.0.1", port=hub.port, world_size=2, cell=1, generation=GENERATION, timeout_s=5.0
-        )
-        return StarCellGroups.initialize(link, cell=1, num_cells=2, timeout_s=TIMEOUT_S)
+        return _satellite_of_two(hub)
 
     results = _in_threads(
         {
@@ -201,6 +199,15 @@ def _refused(client: Callable[[int], None], hub: StarHub) -> None:
     assert results[2] is None, f"the stray client was not refused as expected: {results[2]!r}"
     results[0].close()
     results[1].close()
+
+
+def _satellite_of_two(hub: StarHub) -> StarCellGroups:
+    """Cell 1 of a world of two, joining `hub`."""
+    link = join_rendezvous(
+        "tls", host="127.0.0.1", port=hub.port, world_size=2, cell=1, generation=GENERATION, timeout_s=5.0
+    )
+    assert isinstance(link, StarLink)
+    return StarCellGroups.initialize(link, cell=1, num_cells=2, timeout_s=TIMEOUT_S)
 
 
 def _tls_client(context: ssl.SSLContext, port: int) -> ssl.SSLSocket:
