@@ -7,7 +7,8 @@
 Driven by the scheduler service (real events, wall clock) and by `sim/` (simulated clock). Modules:
 params (the knobs and modes), events / actions (the vocabulary), ledger (Eq. 1–3), supply (the supply
 check), reroute (destination order), placement (per-engine occupancy), staleness, state, persisted (the
-state as JSON-able data, what a restarted scheduler resumes from), policy.
+state as JSON-able data, what a restarted scheduler resumes from), membership (role transitions and a
+pool whose cells join, leave and are lost while the run goes on), policy.
 """
 
 from services.scheduler.policy.actions import (
@@ -15,14 +16,24 @@ from services.scheduler.policy.actions import (
     BeginTransition,
     DispatchGroups,
     EndBurst,
+    LoadWeights,
     OpenBatch,
     PublishWeights,
+    ReleaseMicroSteps,
+    RemoveCell,
     RerouteExecutions,
+    RestoreCore,
     ScheduleTick,
     StartExecutions,
 )
 from services.scheduler.policy.events import (
     BatchStreamClosed,
+    CellJoined,
+    CellLeaving,
+    CellLost,
+    CellReady,
+    CheckpointWritten,
+    CoreRestored,
     Event,
     ExecutionStarted,
     ExecutionTerminated,
@@ -40,16 +51,28 @@ from services.scheduler.policy.events import (
 from services.scheduler.policy.params import Mode, PolicyParams
 from services.scheduler.policy.persisted import state_from_dict, state_to_dict
 from services.scheduler.policy.policy import Policy
-from services.scheduler.policy.reroute import destination_order, fill_destinations, reroute_destination
-from services.scheduler.policy.roles import SEPARATE_POOL, Engine, Role
+from services.scheduler.policy.reroute import (
+    destination_order,
+    fill_destinations,
+    reroute_destination,
+    spread_destinations,
+)
+from services.scheduler.policy.roles import MEMBER_ROLES, SEPARATE_POOL, Engine, Role
 from services.scheduler.policy.staleness import StalenessRecord, mean_staleness
 from services.scheduler.policy.state import PendingGroup, PolicySnapshot, PolicyState
 
 __all__ = [
+    "MEMBER_ROLES",
     "SEPARATE_POOL",
     "Action",
     "BatchStreamClosed",
     "BeginTransition",
+    "CellJoined",
+    "CellLeaving",
+    "CellLost",
+    "CellReady",
+    "CheckpointWritten",
+    "CoreRestored",
     "DispatchGroups",
     "EndBurst",
     "Engine",
@@ -59,6 +82,7 @@ __all__ = [
     "GroupDispatched",
     "GroupPacked",
     "GroupReady",
+    "LoadWeights",
     "MicroStepClaimed",
     "MicroStepDone",
     "Mode",
@@ -69,7 +93,10 @@ __all__ = [
     "PolicySnapshot",
     "PolicyState",
     "PublishWeights",
+    "ReleaseMicroSteps",
+    "RemoveCell",
     "RerouteExecutions",
+    "RestoreCore",
     "Role",
     "RunStarted",
     "ScheduleTick",
@@ -83,6 +110,7 @@ __all__ = [
     "fill_destinations",
     "mean_staleness",
     "reroute_destination",
+    "spread_destinations",
     "state_from_dict",
     "state_to_dict",
 ]

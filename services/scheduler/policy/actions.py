@@ -9,6 +9,10 @@ Each action is answered later by events, never by a return value:
     OpenBatch           → GroupPacked, MicroStepClaimed/Done, BatchStreamClosed, StepCompleted
     PublishWeights      → WeightsPublished
     ScheduleTick        → Tick at (or after) `at_s`
+    LoadWeights         → CellReady
+    ReleaseMicroSteps   → nothing (the packer re-queues them; other cells claim them again)
+    RemoveCell          → nothing (the shell may stop the cell)
+    RestoreCore         → CoreRestored
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class RerouteExecutions:
     source: Engine
     destination: Engine
     execution_ids: tuple[str, ...]
+    recompute: bool = False
+    """The source is gone (lost cell): no KV cache to migrate, the destination recomputes the prefix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,43 @@ class ScheduleTick:
     at_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class LoadWeights:
+    """Load policy version `version` into the engine of the joining `cell` (answered by CellReady)."""
+
+    cell: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseMicroSteps:
+    """Every micro-step of batch `step` that `cell` claimed, in flight or done, goes back to the queue:
+    the gradient it accumulated leaves with it (it left training before the step)."""
+
+    cell: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveCell:
+    """The policy no longer counts on `cell`: its executions were rerouted and its micro-steps released,
+    so the shell may stop it (`lost`: it is already gone)."""
+
+    cell: int
+    lost: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreCore:
+    """`cell` becomes the core: it loads the core state of `from_version` (handed over by a core that
+    left with notice, or its newest checkpoint after a loss) and takes the steps from `from_version` to
+    `version` again from their kept micro-steps (none after a hand-over). Answered by CoreRestored."""
+
+    cell: int
+    from_version: int
+    version: int
+
+
 Action = (
     DispatchGroups
     | StartExecutions
@@ -95,4 +138,8 @@ Action = (
     | EndBurst
     | PublishWeights
     | ScheduleTick
+    | LoadWeights
+    | ReleaseMicroSteps
+    | RemoveCell
+    | RestoreCore
 )

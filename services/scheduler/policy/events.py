@@ -1,8 +1,10 @@
 """Events the scheduler policy consumes: facts reported by the shell (or the simulator).
 
 Every event carries `now_s`, the time it happened on the driver's clock (wall clock in the service,
-simulated clock in `sim/`). Events must arrive in non-decreasing time order. Each corresponds to a
-message of protos/gyre/v1/events.proto, reduced to what the policy needs.
+simulated clock in `sim/`). Events must arrive in non-decreasing time order. Each of the paper's
+events corresponds to a message of protos/gyre/v1/events.proto, reduced to what the policy needs. The
+last six describe a pool that changes while the run goes on (cells join, leave with notice, are lost;
+the core's state becomes durable, a new core restores it); they have no wire message yet.
 """
 
 from __future__ import annotations
@@ -125,6 +127,58 @@ class Tick:
     now_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class CellJoined:
+    """A new cell entered the pool. It takes the next cell id (`PolicyState.next_cell`: ids are dense and
+    never reused) and serves only once it holds current weights (LoadWeights → CellReady)."""
+
+    now_s: float
+    cell: int
+
+
+@dataclass(frozen=True, slots=True)
+class CellReady:
+    """A joining cell's engine holds policy version `version` (the one its LoadWeights named)."""
+
+    now_s: float
+    cell: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class CellLeaving:
+    """`cell` will leave the pool soon (a spot reclaim's notice, a node drained for maintenance): the
+    policy lets it go gracefully and answers with RemoveCell once nothing depends on it."""
+
+    now_s: float
+    cell: int
+
+
+@dataclass(frozen=True, slots=True)
+class CellLost:
+    """`cell` is gone for good, without notice (a node failed, or its notice ran out first)."""
+
+    now_s: float
+    cell: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWritten:
+    """The core's state after the step that produced `version` (weights and optimizer) is durable."""
+
+    now_s: float
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class CoreRestored:
+    """The new core `cell` holds the authoritative state of `version` (its RestoreCore is done)."""
+
+    now_s: float
+    cell: int
+    version: int
+
+
 Event = (
     RunStarted
     | GroupDispatched
@@ -139,4 +193,10 @@ Event = (
     | TransitionCompleted
     | WeightsPublished
     | Tick
+    | CellJoined
+    | CellReady
+    | CellLeaving
+    | CellLost
+    | CheckpointWritten
+    | CoreRestored
 )

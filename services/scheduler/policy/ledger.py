@@ -6,7 +6,8 @@
     w ≤ C_R − C_e                                   the next cell may leave rollout (Eq. 2)
     w + μNB ≤ C_s + (K − 1)·C_e                     the core may stay in training at burst end (Eq. 3)
 
-`colocate` moves all K cells as one unit, so its Eq. 2 and Eq. 3 release K·C_e instead of C_e; the
+K is the pool as it is now (its members: cells that joined count once they hold current weights, cells
+that left or were lost no longer count). `colocate` moves all K cells as one unit, so its Eq. 2 and Eq. 3 release K·C_e instead of C_e; the
 functions take the released capacity as an argument to serve both.
 """
 

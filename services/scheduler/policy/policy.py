@@ -3,7 +3,9 @@
 It owns the control plane of docs/design.md: the counters d/p/f, the capacity ledger C_R, boundary
 dispatch, the start rule, waterlevel control with the supply check, serial role transitions, the
 burst boundary and staleness records. It does no I/O and reads no clock: every event carries `now_s`,
-and a timer it needs (the supply check's τ) comes back as a ScheduleTick action.
+and a timer it needs (the supply check's τ) comes back as a ScheduleTick action. The cells' moves —
+role transitions, and a pool whose cells join, leave and are lost while the run goes on — are in
+`membership.py`; every rule here reads K as the pool's members now.
 
 Two drivers use it: the scheduler service (events from NATS, wall clock) and `sim/` (a simulated
 clock). A typical life:
@@ -22,7 +24,6 @@ from typing import Any
 from services.scheduler.policy import ledger
 from services.scheduler.policy.actions import (
     Action,
-    BeginTransition,
     DispatchGroups,
     EndBurst,
     OpenBatch,
@@ -33,6 +34,12 @@ from services.scheduler.policy.actions import (
 )
 from services.scheduler.policy.events import (
     BatchStreamClosed,
+    CellJoined,
+    CellLeaving,
+    CellLost,
+    CellReady,
+    CheckpointWritten,
+    CoreRestored,
     Event,
     ExecutionStarted,
     ExecutionTerminated,
@@ -47,21 +54,21 @@ from services.scheduler.policy.events import (
     TransitionCompleted,
     WeightsPublished,
 )
+from services.scheduler.policy.membership import Membership
 from services.scheduler.policy.params import Mode, PolicyParams
-from services.scheduler.policy.reroute import destination_order
 from services.scheduler.policy.roles import IN_TRANSITION, Role
 from services.scheduler.policy.staleness import StalenessRecord
 from services.scheduler.policy.state import PendingGroup, PolicySnapshot, PolicyState
 from services.scheduler.policy.supply import claimable_groups
 
 
-class Policy:
+class Policy(Membership):
     def __init__(self, params: PolicyParams, state: PolicyState | None = None) -> None:
         self.params = params
         self._s = state if state is not None else PolicyState.fresh(params)
-        if len(self._s.roles) != params.num_cells:
+        if len(self._s.roles) < params.num_cells:
             raise ValueError(f"state has {len(self._s.roles)} cells; params say {params.num_cells}")
-        self._order = destination_order(self._s.roles, params.separate_pool_capacity)
+        self._refresh_order()
         self._handlers: dict[type[Any], Callable[[Any, list[Action]], None]] = {
             RunStarted: self._on_run_started,
             GroupDispatched: self._on_group_dispatched,
@@ -76,6 +83,12 @@ class Policy:
             TransitionCompleted: self._on_transition_completed,
             WeightsPublished: self._on_weights_published,
             Tick: _ignore,
+            CellJoined: self._on_cell_joined,
+            CellReady: self._on_cell_ready,
+            CellLeaving: self._on_cell_leaving,
+            CellLost: self._on_cell_lost,
+            CheckpointWritten: self._on_checkpoint_written,
+            CoreRestored: self._on_core_restored,
         }
 
     @property
@@ -100,6 +113,10 @@ class Policy:
             self._start_executions(out)
             s.supply.observe(s.now_s, self._supply_holds())
             self._maybe_join(out)
+            if s.restore_from is not None or s.leaving_core is not None:
+                self._tend_core(out)
+            if s.placement.orphaned:
+                self._keep_serving(out)
         return out
 
     # --- events -------------------------------------------------------------------------------
@@ -111,8 +128,7 @@ class Policy:
         s.run_started = True
         s.burst_start_version = s.published_version = s.version
         if p.mode is Mode.ASYNC:
-            for cell in range(p.async_training_cells):
-                self._begin_transition(cell, Role.TRAINING, out)
+            self._refill_async(out)
         self._dispatch(p.initial_dispatch_groups, out)
         self._open_batch(out)
 
@@ -161,22 +177,33 @@ class Policy:
     def _on_microstep_claimed(self, e: MicroStepClaimed, out: list[Action]) -> None:
         s = self._s
         self._check_batch(e.step, "MicroStepClaimed")
-        if s.roles[e.cell] is not Role.TRAINING:
-            raise ValueError(f"cell {e.cell} claimed a micro-step while {s.roles[e.cell]}")
+        role = self._pool_role(e.cell)
+        if role is Role.GONE:  # a late claim of a cell that left: the packer gives the micro-step back
+            return
+        if role is not Role.TRAINING:
+            raise ValueError(f"cell {e.cell} claimed a micro-step while {role}")
+        first_claims = s.batch_cells.setdefault(e.cell, {})
         for group_id in e.group_ids:
             if group_id in s.batch_unclaimed:
                 del s.batch_unclaimed[group_id]
-                del s.groups[group_id]
+                first_claims[group_id] = s.groups.pop(group_id)
                 s.ready_unclaimed -= 1
                 s.batch_claimed += 1
             elif group_id in s.groups:
                 raise ValueError(f"micro-step of group {group_id!r}, which is not packed into batch {e.step}")
         s.microsteps_in_flight += 1
+        s.microsteps_by_cell[e.cell] = s.microsteps_by_cell.get(e.cell, 0) + 1
 
     def _on_microstep_done(self, e: MicroStepDone, out: list[Action]) -> None:
-        if self._s.microsteps_in_flight == 0:
+        s = self._s
+        if self._pool_role(e.cell) is Role.GONE:  # released when it left
+            return
+        if s.microsteps_by_cell.get(e.cell, 0) > 0:
+            s.microsteps_by_cell[e.cell] -= 1
+        elif s.microsteps_in_flight <= sum(s.microsteps_by_cell.values()):
+            # (in flight but not counted per cell: claimed before a restore from a state of format 2)
             raise ValueError(f"cell {e.cell} finished a micro-step that was never claimed")
-        self._s.microsteps_in_flight -= 1
+        s.microsteps_in_flight -= 1
 
     def _on_stream_closed(self, e: BatchStreamClosed, out: list[Action]) -> None:
         self._check_batch(e.step, "BatchStreamClosed")
@@ -191,12 +218,18 @@ class Policy:
         if e.version != s.version + 1:
             raise ValueError(f"step produced version {e.version}; expected {s.version + 1}")
         self._check_batch(s.version, "StepCompleted")
+        if s.restore_from is not None:
+            raise ValueError(f"step {e.version - 1} completed while a new core restores version {s.version}")
         # Groups packed but never claimed (all their executions excluded, no rows) are consumed too.
         for group_id in s.batch_unclaimed:
             del s.groups[group_id]
             s.ready_unclaimed -= 1
         s.version = e.version
         s.batch_step = None
+        s.batch_cells = {}
+        s.microsteps_by_cell = {}
+        if s.leaving_core is not None:  # the step boundary the leaving core waited for
+            self._remove(s.leaving_core, lost=False, out=out)
         if s.version - s.burst_start_version >= self.params.mu:
             self._end_burst(out)
         else:
@@ -204,16 +237,20 @@ class Policy:
 
     def _on_transition_completed(self, e: TransitionCompleted, out: list[Action]) -> None:
         s = self._s
+        role = self._pool_role(e.cell)
+        if role is Role.GONE:  # it left during the transition
+            return
         expected = {Role.TRAINING: Role.DRAINING, Role.ROLLOUT: Role.RETURNING}.get(e.role)
-        if expected is None or s.roles[e.cell] is not expected:
-            raise ValueError(f"cell {e.cell} completed a transition to {e.role} while {s.roles[e.cell]}")
+        if expected is None or role is not expected:
+            raise ValueError(f"cell {e.cell} completed a transition to {e.role} while {role}")
         s.roles[e.cell] = e.role
         if e.role is Role.ROLLOUT:
-            s.placement.start_serving(e.cell)
-            self._order = destination_order(s.roles, self.params.separate_pool_capacity)
+            self._refresh_order()
+            out.extend(s.placement.start_serving(e.cell))
         s.transitions_completed += 1
         s.supply.restart(s.now_s, self._supply_holds())
-        if e.role is Role.TRAINING and any(r in (Role.ROLLOUT, Role.RETURNING) for r in s.roles[: e.cell]):
+        before = s.members[: s.members.index(e.cell)]
+        if e.role is Role.TRAINING and any(s.roles[c] in (Role.ROLLOUT, Role.RETURNING) for c in before):
             # It drained while its burst ended (a slow drain: the cell restarted under it) and the cells
             # before it returned: it returns too, so that the training cells stay a prefix. (Cells before
             # it still draining to training are not returning: drains complete in any order.)
@@ -267,6 +304,7 @@ class Policy:
         s.batch_packed = s.batch_claimed = 0
         s.batch_stream_closed = False
         s.batch_unclaimed = {}
+        s.batch_cells = {}
         out.append(OpenBatch(s.version))
         s.supply.restart(s.now_s, self._supply_holds())
 
@@ -284,22 +322,28 @@ class Policy:
         return self._claimable() >= self.params.supply_threshold
 
     def _next_unit(self) -> list[int]:
-        """Cells that would join training next: the next of the prefix, or every cell (colocate)."""
-        roles, p = self._s.roles, self.params
+        """Cells that would join training next: the next member of the prefix, or every member (colocate)."""
+        s, p = self._s, self.params
+        members, roles = s.members, s.roles
         if p.mode is Mode.COLOCATE:
-            return list(range(p.num_cells)) if all(r is Role.ROLLOUT for r in roles) else []
+            return list(members) if all(roles[c] is Role.ROLLOUT for c in members) else []
         k = 0
-        while k < p.num_cells and roles[k] is Role.TRAINING:
+        while k < len(members) and roles[members[k]] is Role.TRAINING:
             k += 1
-        assert all(r is Role.ROLLOUT for r in roles[k:]), f"training cells must be a prefix: {roles}"
-        return [k] if k < p.num_cells else []
+        assert all(roles[c] is Role.ROLLOUT for c in members[k:]), f"training cells must be a prefix: {roles}"
+        if k > 0 and s.restore_from is not None:
+            return []  # satellites pull their snapshot from the core: not while a new core restores
+        return [members[k]] if k < len(members) else []
 
     def _maybe_join(self, out: list[Action]) -> None:
         """Waterlevel control: the next unit joins when Eq. 2 holds and supply held for τ."""
         s, p = self._s, self.params
-        if p.mode is Mode.ASYNC or s.pending_publications or s.batch_step is None:
+        if p.mode is Mode.ASYNC:
+            self._refill_async(out)
             return
-        if any(r in IN_TRANSITION for r in s.roles):  # transitions are serial
+        if s.pending_publications or s.batch_step is None:
+            return
+        if any(s.roles[c] in IN_TRANSITION for c in s.members):  # transitions are serial
             return
         unit = self._next_unit()
         if not unit:
@@ -322,47 +366,41 @@ class Policy:
             self._begin_transition(cell, Role.TRAINING, out)
         s.supply.restart(s.now_s, False)
 
-    def _begin_transition(self, cell: int, to_role: Role, out: list[Action]) -> None:
-        s = self._s
-        if to_role is Role.TRAINING:
-            assert s.roles[cell] is Role.ROLLOUT, f"cell {cell} cannot leave rollout while {s.roles[cell]}"
-            s.roles[cell] = Role.DRAINING
-            self._order = destination_order(s.roles, self.params.separate_pool_capacity)
-            out.extend(s.placement.stop_serving(cell, self._order))
-        else:
-            assert s.roles[cell] is Role.TRAINING, f"cell {cell} cannot leave training while {s.roles[cell]}"
-            s.roles[cell] = Role.RETURNING
-        out.append(BeginTransition(cell, to_role))
-
     def _end_burst(self, out: list[Action]) -> None:
         """Burst end: satellites return; the core stays only under supply and Eq. 3; publish."""
         s, p = self._s, self.params
         out.append(EndBurst(s.version))
         if p.mode is not Mode.ASYNC:
-            stays = self._core_stays()
-            for cell, role in enumerate(s.roles):
-                leaves = cell > 0 or not stays
-                if role is Role.TRAINING and (leaves if p.mode is Mode.ELASTIC else not stays):
+            # A new core that is restoring stays: it publishes the burst's weights once restored.
+            stays = self._core_stays() or (s.restore_from is not None and self._core_trains())
+            for cell in list(s.members):
+                leaves = cell != s.core or not stays
+                if s.roles[cell] is Role.TRAINING and (leaves if p.mode is Mode.ELASTIC else not stays):
                     self._begin_transition(cell, Role.ROLLOUT, out)
         s.pending_publications.append(s.version)
         s.burst_start_version = s.version
-        out.append(PublishWeights(s.version))
+        if s.restore_from is None:  # else the new core publishes once restored (CoreRestored)
+            out.append(PublishWeights(s.version))
         self._open_batch(out)
+
+    def _core_trains(self) -> bool:
+        s = self._s
+        return s.core is not None and s.roles[s.core] is Role.TRAINING
 
     def _core_stays(self) -> bool:
         s, p = self._s, self.params
-        if s.roles[0] is not Role.TRAINING:
+        if not self._core_trains():
             return False
         ready = claimable_groups(
             ready_unclaimed=s.ready_unclaimed, batch_needs=p.batch_groups, streaming=p.streaming
         )
         if ready < p.supply_threshold:
             return False
+        unit = len(s.members) if p.mode is Mode.COLOCATE else 1
         return ledger.core_may_stay(
             waterlevel=ledger.waterlevel(s.dispatched, s.finished),
             next_dispatch=p.burst_dispatch_groups * p.group_size,
-            capacity_without_core=p.separate_pool_capacity
-            + (p.num_cells - p.transition_unit) * p.cell_capacity,
+            capacity_without_core=p.separate_pool_capacity + (len(s.members) - unit) * p.cell_capacity,
         )
 
     # --- checks -------------------------------------------------------------------------------

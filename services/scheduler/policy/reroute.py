@@ -3,7 +3,12 @@
 The order is the separate pool first, then rollout cells in reverse index order: cells leave rollout
 in index order (core first), so the highest-index cell is the one expected to stay longest, and an
 execution moved there is not moved again within the burst. New executions are placed in the same
-order for the same reason.
+order for the same reason. In a pool that changes, "index order" is the membership order (cells that
+joined later come later), which the policy passes as `members`.
+
+When a cell leaves or is lost, its executions must go somewhere even if every engine is full:
+`spread_destinations` fills free capacity first, then spreads the rest over the serving engines
+beyond their capacity (the start rule then starts nothing until the excess has finished).
 
 Pure functions: the scheduler policy uses them, and the proxy shell may call `reroute_destination`
 directly when an engine fails.
@@ -16,10 +21,14 @@ from collections.abc import Callable, Sequence
 from services.scheduler.policy.roles import SEPARATE_POOL, Engine, Role
 
 
-def destination_order(roles: Sequence[Role], separate_pool_capacity: int) -> list[Engine]:
-    """Engines that serve rollout, in preference order: the pool, then cells K-1 down to 0."""
+def destination_order(
+    roles: Sequence[Role], separate_pool_capacity: int, members: Sequence[int] | None = None
+) -> list[Engine]:
+    """Engines that serve rollout, in preference order: the pool, then cells from the last member to the
+    first (`members`: the membership order; by default cells K-1 down to 0)."""
     order: list[Engine] = [SEPARATE_POOL] if separate_pool_capacity > 0 else []
-    order.extend(cell for cell in range(len(roles) - 1, -1, -1) if roles[cell] is Role.ROLLOUT)
+    cells = range(len(roles)) if members is None else members
+    order.extend(cell for cell in reversed(cells) if roles[cell] is Role.ROLLOUT)
     return order
 
 
@@ -44,6 +53,26 @@ def fill_destinations(
     if left:
         raise ValueError(f"no rollout capacity for {left} of {count} executions")
     return plan
+
+
+def spread_destinations(
+    order: Sequence[Engine], free: Callable[[Engine], int], count: int, *, exclude: Engine | None = None
+) -> tuple[list[tuple[Engine, int]], int]:
+    """Like `fill_destinations`, but what free capacity cannot take is spread one by one over the engines
+    in `order`, beyond their capacity. Returns the plan and how many found no engine at all (only when
+    `order` names none but `exclude`)."""
+    engines = [e for e in order if e != exclude]
+    if not engines:
+        return [], count
+    taken = dict.fromkeys(engines, 0)
+    left = count
+    for engine in engines:
+        take = min(left, max(0, free(engine)))
+        taken[engine] += take
+        left -= take
+    for i in range(left):
+        taken[engines[i % len(engines)]] += 1
+    return [(e, n) for e, n in taken.items() if n > 0], 0
 
 
 def reroute_destination(

@@ -1,8 +1,11 @@
 """Cell roles and engine ids, the nouns every scheduler event and action uses.
 
-A cell is in one of four roles. `DRAINING` (leaving rollout for training) and `RETURNING` (leaving
-training for rollout) are the two halves of a role transition: in the capacity ledger a draining cell
-already counts as training and a returning one does not serve rollout until its transition completes.
+A cell of the pool is in one of four roles. `DRAINING` (leaving rollout for training) and `RETURNING`
+(leaving training for rollout) are the two halves of a role transition: in the capacity ledger a
+draining cell already counts as training and a returning one does not serve rollout until its
+transition completes. Two more roles belong to a pool that changes while the run goes on: `JOINING`
+(a new cell loading the published weights: in the pool, not yet a member that serves or trains) and
+`GONE` (left or lost; cell ids are never reused, so a gone cell keeps its place in `roles`).
 
 Engines are named by an int: the index of a cell (0..K-1) or `SEPARATE_POOL` (-1, the same value the
 protos' `EngineEndpoint.cell` uses for the pool).
@@ -23,6 +26,10 @@ class Role(StrEnum):
     """Claiming micro-steps and computing gradients."""
     RETURNING = "returning"
     """Leaving training: the engine is restored with the newest weights; not serving yet."""
+    JOINING = "joining"
+    """New in the pool: its engine loads the published weights (LoadWeights → CellReady); not serving yet."""
+    GONE = "gone"
+    """Left the pool with notice or lost for good; nothing is routed to it or claimed by it any more."""
 
 
 Engine = int
@@ -32,3 +39,6 @@ SEPARATE_POOL: Final[Engine] = -1
 """The separate rollout pool (capacity C_s), as one logical engine."""
 
 IN_TRANSITION: Final[frozenset[Role]] = frozenset({Role.DRAINING, Role.RETURNING})
+
+MEMBER_ROLES: Final[frozenset[Role]] = frozenset({Role.ROLLOUT, Role.DRAINING, Role.TRAINING, Role.RETURNING})
+"""Roles of the cells that make up K: they hold current weights and take part in the ledger."""

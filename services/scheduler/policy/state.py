@@ -3,6 +3,11 @@
 `PolicyState` is small on purpose: the service persists the counters d/p/f, the cell roles and the
 versions, and after a restart rebuilds the policy with `PolicyState.restore(...)` (plus the running
 executions' engines and the outstanding groups, which Redis and the proxy also hold).
+
+The pool: `roles` has one entry per cell id ever used (ids are dense, never reused; a cell that left
+is GONE, one still loading weights JOINING); `members` lists the cells that make up K — they hold
+current weights — in membership order: members[0] is the core, training cells are a prefix of it, and
+a cell that became ready later comes later. With a fixed pool it is simply [0, 1, ..., K-1].
 """
 
 from __future__ import annotations
@@ -67,11 +72,46 @@ class PolicyState:
     tick_at_s: float | None = None
     """Time of the last ScheduleTick emitted (so it is not emitted twice)."""
     now_s: float = 0.0
+    members: list[int] = field(default_factory=list)
+    """The cells that make up K, in membership order; members[0] is the core (see the module docstring)."""
+    microsteps_by_cell: dict[int, int] = field(default_factory=dict)
+    """Micro-steps in flight per training cell."""
+    batch_cells: dict[int, dict[str, PendingGroup]] = field(default_factory=dict)
+    """Cells that claimed a micro-step of the open batch (their gradients hold part of it), with the groups
+    each claimed first: released with its micro-steps, they become claimable again."""
+    leaving_core: int | None = None
+    """A training core that got notice: it hands over at the next step boundary (or once it stops training)."""
+    durable_version: int = 0
+    """Newest version whose core state (weights and optimizer) is durable (CheckpointWritten)."""
+    restore_from: int | None = None
+    """A new core must restore the core state of this version (and replay up to `version`) before the next
+    step; None when the core holds it."""
+    restore_cell: int | None = None
+    """The cell RestoreCore was sent to (None: not sent yet; it is sent once the core trains)."""
+    steps_lost: int = 0
+    """Optimizer steps a lost core had taken past its newest checkpoint, taken again by its successor."""
+    cells_joined: int = 0
+    cells_left: int = 0
+    cells_lost: int = 0
 
     @classmethod
     def fresh(cls, params: PolicyParams) -> PolicyState:
         """Before RunStarted: every cell in rollout, nothing dispatched."""
-        return cls(roles=[Role.ROLLOUT] * params.num_cells, placement=_placement(params))
+        return cls(
+            roles=[Role.ROLLOUT] * params.num_cells,
+            placement=_placement(params),
+            members=list(range(params.num_cells)),
+        )
+
+    @property
+    def core(self) -> int | None:
+        """The core cell (None while the pool has no member)."""
+        return self.members[0] if self.members else None
+
+    @property
+    def next_cell(self) -> int:
+        """The id a joining cell takes."""
+        return len(self.roles)
 
     @classmethod
     def restore(
@@ -125,6 +165,8 @@ class PolicyState:
             ready_unclaimed=sum(1 for g in groups.values() if g.ready),
             groups=groups,
             now_s=now_s,
+            members=list(range(params.num_cells)),
+            durable_version=published_version,  # a lower bound until the core's next CheckpointWritten
         )
         for group_id, record in groups.items():
             if record.packed_step == version:
@@ -170,6 +212,18 @@ class PolicySnapshot:
     consumed_groups: int
     mean_staleness: float | None
     transitions_completed: int
+    num_cells: int
+    """K now: the members of the pool."""
+    members: tuple[int, ...]
+    """Member cells in membership order; the first is the core."""
+    cells_joining: int
+    orphaned_executions: int
+    """Running executions waiting for an engine (every serving cell was lost)."""
+    durable_version: int
+    steps_lost: int
+    cells_joined: int
+    cells_left: int
+    cells_lost: int
 
     @classmethod
     def of(cls, state: PolicyState, params: PolicyParams, claimable: int) -> PolicySnapshot:
@@ -199,4 +253,13 @@ class PolicySnapshot:
             consumed_groups=len(state.staleness),
             mean_staleness=mean_staleness(state.staleness),
             transitions_completed=state.transitions_completed,
+            num_cells=len(state.members),
+            members=tuple(state.members),
+            cells_joining=sum(1 for r in state.roles if r is Role.JOINING),
+            orphaned_executions=state.placement.orphaned,
+            durable_version=state.durable_version,
+            steps_lost=state.steps_lost,
+            cells_joined=state.cells_joined,
+            cells_left=state.cells_left,
+            cells_lost=state.cells_lost,
         )

@@ -2,6 +2,8 @@
 
 Groups are named g0, g1, ... in dispatch order and their executions g0.0 ... g0.{N-1}; queued
 executions start oldest first. `send` returns every action the event caused, follow-ups included.
+Cells that join, leave or are lost are reported by name too (`join`, `cell_ready`, `leave`, `lose`);
+the actions they cause are only recorded, like BeginTransition: the test reports their answers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ from services.scheduler.policy import (
     Action,
     BatchStreamClosed,
     BeginTransition,
+    CellJoined,
+    CellLeaving,
+    CellLost,
+    CellReady,
+    CheckpointWritten,
+    CoreRestored,
     DispatchGroups,
     Event,
     ExecutionStarted,
@@ -124,6 +132,24 @@ class Scenario:
     def tick(self) -> list[Action]:
         return self.send(Tick(self.now))
 
+    def join(self, cell: int) -> list[Action]:
+        return self.send(CellJoined(self.now, cell))
+
+    def cell_ready(self, cell: int, version: int) -> list[Action]:
+        return self.send(CellReady(self.now, cell, version))
+
+    def leave(self, cell: int) -> list[Action]:
+        return self.send(CellLeaving(self.now, cell))
+
+    def lose(self, cell: int) -> list[Action]:
+        return self.send(CellLost(self.now, cell))
+
+    def checkpoint(self, version: int) -> list[Action]:
+        return self.send(CheckpointWritten(self.now, version))
+
+    def restored(self, cell: int, version: int) -> list[Action]:
+        return self.send(CoreRestored(self.now, cell, version))
+
     def train_batch(self, step: int, groups: list[str], cell: int = 0) -> list[Action]:
         """Pack, claim and finish `groups` as the batch of `step` on `cell`, then take the step."""
         for group in groups:
@@ -145,3 +171,7 @@ def transitions(actions: list[Action]) -> list[tuple[int, Role]]:
 
 def starts(actions: list[Action]) -> list[tuple[int, int]]:
     return [(a.engine, a.count) for a in actions if isinstance(a, StartExecutions)]
+
+
+def of_type(actions: list[Action], kind: type) -> list[Any]:
+    return [a for a in actions if isinstance(a, kind)]

@@ -8,6 +8,7 @@ from services.scheduler.policy import (
     destination_order,
     fill_destinations,
     reroute_destination,
+    spread_destinations,
 )
 
 R, T, D = Role.ROLLOUT, Role.TRAINING, Role.DRAINING
@@ -36,3 +37,13 @@ def test_single_reroute_destination_skips_full_engines_and_the_source():
     assert reroute_destination(roles, loads, source=1, **kwargs) == 2
     assert reroute_destination(roles, loads | {2: 2}, source=1, **kwargs) is None
     assert reroute_destination(roles, loads | {SEPARATE_POOL: 3}, source=1, **kwargs) == SEPARATE_POOL
+
+
+def test_in_a_changed_pool_the_order_follows_the_members_and_a_full_pool_is_overfilled():
+    G = Role.GONE
+    # Cell 3 became ready before cell 2: it is the later member, the first choice among cells.
+    assert destination_order([R, G, R, R], separate_pool_capacity=0, members=[0, 3, 2]) == [2, 3, 0]
+    free = {3: 1, 2: 0, 0: 0}
+    plan, left = spread_destinations([3, 2, 0], free.__getitem__, 5)
+    assert (plan, left) == ([(3, 3), (2, 1), (0, 1)], 0)  # free capacity first, then one by one in order
+    assert spread_destinations([1], free.__getitem__, 2, exclude=1) == ([], 2)  # no engine at all
