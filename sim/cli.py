@@ -2,6 +2,7 @@
 
     gyre sim run --preset nl2repo-122b --mode elastic --steps 12 --plot runs/e0.png
     gyre sim run --preset nl2repo-122b --mode elastic --steps 200 --json
+    gyre sim run --preset paper --pool spot --json        # a changing pool: elastic vs fixed pool and baselines
     gyre sim ablation --preset nl2repo-122b --json
     gyre sim presets
     gyre sim validate --measured runs/e2e.json --json     # predicted vs measured per mode of gyre bench e2e
@@ -30,10 +31,12 @@ sim_app = typer.Typer(
 def _preset(name: str, node_tokens_per_s: float | None = None) -> Any:
     from dataclasses import replace
 
-    from sim.presets import PRESETS
+    from sim.presets import PRESET_ALIASES, PRESETS
 
+    name = PRESET_ALIASES.get(name, name)
     if name not in PRESETS:
-        typer.echo(f"error: unknown preset {name!r}; choose one of: {', '.join(PRESETS)}", err=True)
+        choices = ", ".join([*PRESETS, *PRESET_ALIASES])
+        typer.echo(f"error: unknown preset {name!r}; choose one of: {choices}", err=True)
         raise typer.Exit(2)
     preset = PRESETS[name]
     if node_tokens_per_s is not None:
@@ -43,6 +46,31 @@ def _preset(name: str, node_tokens_per_s: float | None = None) -> Any:
         preset = replace(preset, training=replace(preset.training, node_tokens_per_s=node_tokens_per_s))
     return preset
 
+
+def _pool(name: str | None, restart_s: float | None) -> Any:
+    """The pool scenario `--pool` names (None: none asked for), with `--restart-s` applied."""
+    from dataclasses import replace
+
+    from sim.pool import POOLS
+
+    if name is None:
+        if restart_s is not None:
+            typer.echo("error: --restart-s needs --pool (it is a pool scenario's cost)", err=True)
+            raise typer.Exit(2)
+        return None
+    if name not in POOLS:
+        typer.echo(f"error: unknown pool scenario {name!r}; choose one of: {', '.join(POOLS)}", err=True)
+        raise typer.Exit(2)
+    if restart_s is not None and restart_s < 0:
+        typer.echo(f"error: --restart-s must be >= 0; got {restart_s}", err=True)
+        raise typer.Exit(2)
+    return POOLS[name] if restart_s is None else replace(POOLS[name], restart_s=restart_s)
+
+
+_POOL_HELP = (
+    "Pool scenario: fixed, spot, failures or grow (sim/pool.py). The run uses it, and the report adds the "
+    "elastic run against the paper's fixed pool and the async and colocate baselines at equal capacity-hours."
+)
 
 _THROUGHPUT_HELP = (
     "Override the preset's training throughput (trained tokens/s per node): its least certain number."
@@ -73,6 +101,11 @@ def run(
     node_tokens_per_s: Annotated[
         float | None, typer.Option("--node-tokens-per-s", help=_THROUGHPUT_HELP)
     ] = None,
+    pool: Annotated[str | None, typer.Option("--pool", help=_POOL_HELP)] = None,
+    restart_s: Annotated[
+        float | None,
+        typer.Option("--restart-s", help="Override the scenario's restart cost of a static baseline (s)."),
+    ] = None,
 ) -> None:
     """Simulate one configuration: total time, per-step times, staleness, utilization, timeline."""
     from dataclasses import replace
@@ -82,6 +115,7 @@ def run(
     from sim.simulation import Simulation
 
     p = _preset(preset, node_tokens_per_s)
+    scenario = _pool(pool, restart_s)
     try:
         layout = Layout.default(p, Mode(mode), phi=phi, mu=mu, streaming=streaming)
         if cells is not None or cell_nodes is not None or pool_nodes or training_cells is not None:
@@ -95,7 +129,7 @@ def run(
                 else layout.async_training_cells,
             )
         simulation = Simulation(
-            p, layout, steps=steps or p.steps, seed=seed, record_timeline=plot is not None
+            p, layout, steps=steps or p.steps, seed=seed, record_timeline=plot is not None, pool=scenario
         )
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
@@ -110,6 +144,18 @@ def run(
             f"streaming {'on' if layout.streaming else 'off'}): {result.total_h:.2f} h for {result.steps} steps"
         )
         out["plot"] = str(plot_timeline(result.timeline, plot))
+    if scenario is not None:
+        from sim.pool_report import compare_pools, report_lines
+
+        elastic = layout if layout.mode is Mode.ELASTIC else Layout.default(p, Mode.ELASTIC)
+        out["pool_comparison"] = compare_pools(
+            p,
+            scenario,
+            steps=result.steps,
+            seed=seed,
+            elastic=elastic,
+            elastic_result=result if layout.mode is Mode.ELASTIC else None,
+        )
     if as_json:
         typer.echo(json.dumps(out))
         return
@@ -118,6 +164,9 @@ def run(
         typer.echo(line)
     if "plot" in out:
         typer.echo(f"timeline             {out['plot']}")
+    if "pool_comparison" in out:
+        for line in report_lines(out["pool_comparison"]):
+            typer.echo(line)
 
 
 @sim_app.command("ablation")

@@ -29,6 +29,8 @@ class SimPacker:
         self.queue: deque[tuple[float, int]] = deque()  # (tokens, group) of unclaimed micro-steps
         self.in_flight = 0
         self.num_microsteps = 0
+        self.packed_tokens = 0.0
+        """Tokens of the open batch's micro-steps (what its step trains)."""
 
     def add_ready(self, group: int, dispatch_version: int) -> None:
         heapq.heappush(self._ready, (dispatch_version, self._ready_order, group))
@@ -40,6 +42,7 @@ class SimPacker:
         self.packed = 0
         self.closed = False
         self.num_microsteps = 0
+        self.packed_tokens = 0.0
 
     def finish(self) -> None:
         """The optimizer step consumed the batch."""
@@ -69,6 +72,7 @@ class SimPacker:
         for tokens in self._training.pack(group_tokens[group]):
             self.queue.append((tokens, group))
             self.num_microsteps += 1
+            self.packed_tokens += tokens
         self.packed += 1
         return group
 
@@ -77,6 +81,10 @@ class SimPacker:
             return None
         self.in_flight += 1
         return self.queue.popleft()
+
+    def requeue(self, items: Sequence[tuple[float, int]]) -> None:
+        """Micro-steps whose gradients were lost (their cell left training) are claimed again, first."""
+        self.queue.extendleft(reversed(items))
 
     def done(self) -> None:
         assert self.in_flight > 0

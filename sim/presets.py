@@ -252,3 +252,6 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
 )
 """Every preset by name. To add one: build a Preset (document each assumed number in this module's
 docstring) and list it here; `gyre sim run --preset NAME` picks it up."""
+
+PRESET_ALIASES: Mapping[str, str] = MappingProxyType({"paper": NL2REPO_122B.name})
+"""Other names a preset answers to: `paper` is the regime of the paper's Table 2 (NL2RepoBench, 122B)."""

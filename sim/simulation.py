@@ -4,11 +4,14 @@ The simulator plays every part of the system except the policy: the runner (exec
 end), the evaluator (groups become ready), the packer (`sim/packer.py`), the training cells (claim
 micro-steps, reduce, step), role transitions and weight publication. It executes the policy's actions
 exactly as a service shell would and reports the resulting events back, so the policy code under test
-is the one the scheduler service runs.
+is the one the scheduler service runs. With a pool scenario (`sim/pool.py`) it also plays the cluster
+manager: cells join, get notice and are lost while the run goes on (`sim/membership.py`).
 
     result = Simulation(PRESETS["nl2repo-122b"], layout, steps=12, seed=0).run()
+    result = Simulation(preset, layout, steps=12, seed=0, pool=POOLS["spot"]).run()
 
-Deterministic under a seed (heap ties break by scheduling order; the workload is drawn per group).
+Deterministic under a seed (heap ties break by scheduling order; the workload is drawn per group, the
+pool's events from a generator of their own).
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ from gyre.metrics.timeline import (
     ROLLOUT,
     TRAINING_BUSY,
     TRAINING_IDLE,
-    CellUsage,
-    Timeline,
 )
 from services.scheduler.policy import (
     Action,
@@ -58,24 +59,37 @@ from services.scheduler.policy import (
     WeightsPublished,
 )
 from sim.layout import Layout
-from sim.loop import EventLoop
-from sim.metrics import SimResult
+from sim.loop import (
+    CELL_READY,
+    CHECKPOINT,
+    EXEC_END,
+    EXEC_START,
+    GROUP_READY,
+    MICRO_DONE,
+    PUBLISH_DONE,
+    STEP_DONE,
+    TICK,
+    TRANSITION_DONE,
+    EventLoop,
+)
+from sim.membership import NO_STEP_S, PoolMembership, SimulationStalled
+from sim.metrics import PoolUsage, SimResult
 from sim.packer import SimPacker
+from sim.pool import PoolScenario
 from sim.presets import Preset
 from sim.workload import OUTCOME_NAMES, WorkloadStream
 
-EXEC_END, GROUP_READY, TRANSITION_DONE, MICRO_DONE, STEP_DONE, PUBLISH_DONE, TICK, CELL_READY, EXEC_START = (
-    range(9)
-)
 
-
-class SimulationStalled(RuntimeError):
-    """No event is left but the run has not reached its step count (a policy or model bug)."""
-
-
-class Simulation:
+class Simulation(PoolMembership):
     def __init__(
-        self, preset: Preset, layout: Layout, *, steps: int, seed: int, record_timeline: bool = False
+        self,
+        preset: Preset,
+        layout: Layout,
+        *,
+        steps: int,
+        seed: int,
+        record_timeline: bool = False,
+        pool: PoolScenario | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be >= 1; got {steps}")
@@ -91,7 +105,7 @@ class Simulation:
         self._packer = SimPacker(
             preset.training, batch_groups=preset.batch_groups, streaming=layout.streaming
         )
-        self._usage = CellUsage(layout.num_cells, record=record_timeline)
+        self._usage = PoolUsage(layout.num_cells, record=record_timeline)
         self._record = record_timeline
         self._series: list[tuple[float, int, int, int]] = []
         self._publish_times: list[float] = []
@@ -131,7 +145,8 @@ class Simulation:
         self._transitions = 0
         self._reroutes = 0
         self._num_events = 0
-        self._apply_action: dict[type[Any], Callable[[Any], None]] = {
+        self._init_pool(layout, seed, pool)
+        self._apply_action: dict[type[Any], Callable[[Any], None]] = self._pool_actions() | {
             DispatchGroups: self._dispatch,
             StartExecutions: self._start,
             RerouteExecutions: self._reroute,
@@ -156,15 +171,27 @@ class Simulation:
             self._on_tick,
             self._on_cell_ready,
             self._on_exec_start,
+            self._on_cell_loaded,
+            self._on_core_restored,
+            self._on_checkpoint,
         ]
-        loop = self._loop
+        assert len(handlers) == CHECKPOINT + 1
+        loop, schedule = self._loop, self._schedule
         self._feed(RunStarted(0.0))
         self._sample_series(0.0)
+        idle_since_s: float | None = None  # since when only pool events are left
         while self._version < self._steps:
+            next_s = loop.peek_s()
+            if schedule.next_s <= (math.inf if next_s is None else next_s):
+                idle_since_s = self._pool_turn(idle_since_s, idle=next_s is None)
+                continue
+            idle_since_s = None
             item = loop.pop()
             if item is None:
                 raise SimulationStalled(f"no events left at {loop.now_s:.0f} s: {self.policy.snapshot()}")
             now_s, kind, payload = item
+            if now_s > self._stalled_at_s:
+                self._check_progress(now_s)
             self._advance(now_s)
             handlers[kind](payload)
             self._num_events += 1
@@ -184,6 +211,7 @@ class Simulation:
         if dt > 0:
             self._running_area += self._running * dt
             self._capacity_area += self.policy.state.placement.rollout_capacity * dt
+            self._node_area += (self._present_cells * self._cell_nodes + self.layout.separate_pool_nodes) * dt
             self._usage.advance(dt)
             self._last_s = now_s
 
@@ -234,20 +262,24 @@ class Simulation:
                 self._exec_engine[e] = a.engine
                 loop.at(claim_s, EXEC_START, e)
                 continue
-            loop.at(now + self._exec_run_s[e], EXEC_END, e)
+            end_s = now + self._exec_run_s[e]
+            self._exec_end[e] = (end_s, loop.at(end_s, EXEC_END, e))
             self._feed(ExecutionStarted(now, self._exec_name[e], a.engine))
             self._running += 1
             self._started += 1
 
     def _on_exec_start(self, e: int) -> None:
         now = self._loop.now_s
-        self._loop.at(now + self._exec_run_s[e], EXEC_END, e)
+        end_s = now + self._exec_run_s[e]
+        self._exec_end[e] = (end_s, self._loop.at(end_s, EXEC_END, e))
         self._running += 1
         self._started += 1
         self._feed(ExecutionStarted(now, self._exec_name[e], self._exec_engine.pop(e)))
 
     def _reroute(self, a: RerouteExecutions) -> None:
         self._reroutes += len(a.execution_ids)
+        if a.recompute:
+            self._recompute([int(name[1:]) for name in a.execution_ids])
 
     def _begin_transition(self, a: BeginTransition) -> None:
         now = self._loop.now_s
@@ -267,7 +299,9 @@ class Simulation:
 
     def _publish(self, a: PublishWeights) -> None:
         self._publishing = True
-        self._loop.at(self._loop.now_s + self._training.publish_s, PUBLISH_DONE, a.version)
+        self._publisher = self.policy.state.core
+        timer = self._loop.at(self._loop.now_s + self._training.publish_s, PUBLISH_DONE, a.version)
+        self._publications_in_flight[timer] = a.version
 
     def _schedule_tick(self, a: ScheduleTick) -> None:
         self._loop.at(max(a.at_s, self._loop.now_s), TICK)
@@ -275,6 +309,7 @@ class Simulation:
     # --- events -------------------------------------------------------------------------------
 
     def _on_exec_end(self, e: int) -> None:
+        del self._exec_end[e]
         now = self._loop.now_s
         self._running -= 1
         self._finished += 1
@@ -293,6 +328,8 @@ class Simulation:
         self._pump()
 
     def _on_transition_done(self, cell: int) -> None:
+        if self._cell_role[cell] is Role.GONE:
+            return
         now = self._loop.now_s
         self._transitions += 1
         if self._cell_role[cell] is Role.DRAINING:
@@ -308,6 +345,7 @@ class Simulation:
 
     def _on_micro_done(self, cell: int) -> None:
         now = self._loop.now_s
+        self._cell_in_flight[cell] = None
         self._cell_busy[cell] = False
         self._usage.set(cell, TRAINING_IDLE, now)
         self._packer.done()
@@ -319,11 +357,19 @@ class Simulation:
     def _on_step_done(self, version: int) -> None:
         now = self._loop.now_s
         self._reducing = False
+        self._step_tokens.append(self._packer.packed_tokens)
         self._packer.finish()
         self._version = version
         self._step_end_s.append(now)
+        self._stalled_at_s = now + NO_STEP_S
+        writer = self.policy.state.core
+        for items in self._cell_items:
+            items.clear()
         self._feed(StepCompleted(now, version))
-        training = [c for c, r in enumerate(self._cell_role) if r is Role.TRAINING]
+        if self._scenario.changes:
+            self._checkpoint_writer[version] = writer
+            self._loop.at(now + self._scenario.checkpoint_s, CHECKPOINT, version)
+        training = [c for c, r in enumerate(self._cell_role) if r is Role.TRAINING and c != self._restoring]
         if self._publishing:
             available = math.inf  # the staying cells publish first (see _on_publish_done)
         else:
@@ -333,11 +379,14 @@ class Simulation:
         self._pump()
 
     def _on_publish_done(self, version: int) -> None:
+        first = next(iter(self._publications_in_flight))  # they complete in the order they were sent
+        sent = self._publications_in_flight.pop(first)
+        assert sent == version, f"publication of {version} completed before that of {sent}"
         now = self._loop.now_s
         self._publishing = False
         self._publish_times.append(now)
         for cell, role in enumerate(self._cell_role):
-            if role is Role.TRAINING:
+            if role is Role.TRAINING and cell != self._restoring:
                 self._cell_available_s[cell] = now
         self._feed(WeightsPublished(now, version))
         self._pump()
@@ -373,16 +422,20 @@ class Simulation:
                 if item is None:
                     break
                 tokens, g = item
+                self._cell_items[cell].append(item)
+                self._cell_in_flight[cell] = item
                 self._cell_busy[cell] = True
                 self._usage.set(cell, TRAINING_BUSY, now)
-                self._loop.at(now + self._training.seconds(tokens, self.layout.cell_nodes), MICRO_DONE, cell)
+                done_s = now + self._training.seconds(tokens, self.layout.cell_nodes)
+                self._cell_timer[cell] = self._loop.at(done_s, MICRO_DONE, cell)
                 self._feed(MicroStepClaimed(now, cell, step, (self._group_name[g],)))
                 claimed = True
             if not claimed:
                 break
-        if packer.complete:
+        if packer.complete and self.policy.state.restore_from is None:
             self._reducing = True
-            self._loop.at(now + self._training.step_overhead_s, STEP_DONE, step + 1)
+            self._reducer = self.policy.state.core
+            self._step_timer = self._loop.at(now + self._training.step_overhead_s, STEP_DONE, step + 1)
 
     def _pull(self, step: int, low_water: int) -> None:
         packer = self._packer
@@ -407,15 +460,7 @@ class Simulation:
         usage.close(now)
         cell_time = sum(usage.area_s) or 1.0
         training_time = usage.area_s[TRAINING_IDLE] + usage.area_s[TRAINING_BUSY]
-        timeline = None
-        if usage.segments is not None:
-            timeline = Timeline(
-                num_cells=self.layout.num_cells,
-                segments=usage.segments,
-                series=self._series,
-                step_end_s=list(self._step_end_s),
-                publish_s=self._publish_times,
-            )
+        timeline = usage.timeline(self._series, list(self._step_end_s), self._publish_times)
         s = self.policy.state
         return SimResult(
             preset=self.preset.name,
@@ -443,6 +488,7 @@ class Simulation:
             num_events=self._num_events,
             wall_s=wall_s,
             timeline=timeline,
+            pool=self._pool_figures(),
         )
 
 

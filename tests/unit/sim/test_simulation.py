@@ -1,16 +1,16 @@
 """The simulator: deterministic, accounts for every execution, and the policy's invariants hold
 after every event on random small clusters (hypothesis)."""
 
-import dataclasses
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre.metrics.timeline import DRAINING, RETURNING
-from services.scheduler.policy import Mode, Role
+from services.scheduler.policy import Mode
 from sim.layout import Layout
 from sim.presets import PRESETS
 from sim.simulation import Simulation
+from tests.unit.scheduler.invariants import watch
+from tests.unit.sim.cases import small_layouts
 
 NL2REPO = PRESETS["nl2repo-122b"]
 
@@ -54,65 +54,12 @@ def test_elastic_timeline_joins_core_first_in_index_order_and_returns_at_burst_e
             assert set(cells[1:]) <= returns  # every satellite goes back at the burst end
 
 
-def _small_preset(group_size: int, batch_groups: int):
-    return dataclasses.replace(
-        NL2REPO,
-        group_size=group_size,
-        batch_groups=batch_groups,
-        executions_per_node=2,
-        num_nodes=0,
-        rho_min=0.5,
-        tau_s=30.0,
-    )
-
-
-@st.composite
-def small_layouts(draw):
-    mode = draw(st.sampled_from(list(Mode)))
-    batch_groups = draw(st.integers(1, 4))
-    cells = draw(st.integers(2, 4))
-    layout = Layout(
-        mode,
-        num_cells=cells,
-        cell_nodes=draw(st.integers(1, 3)),
-        phi=draw(st.integers(0, 2 * batch_groups)) / batch_groups,
-        mu=draw(st.integers(1, 3)),
-        streaming=draw(st.booleans()),
-        separate_pool_nodes=draw(st.integers(0, 2)),
-        async_training_cells=draw(st.integers(1, cells - 1)) if mode is Mode.ASYNC else 0,
-    )
-    return _small_preset(draw(st.integers(1, 4)), batch_groups), layout
-
-
 @settings(max_examples=40, deadline=None)
 @given(small_layouts(), st.integers(0, 3))
 def test_policy_invariants_hold_after_every_event(case, seed):
     preset, layout = case
     simulation = Simulation(preset, layout, steps=2 * layout.mu, seed=seed)
-    policy = simulation.policy
-    handle = policy.handle
-
-    def checked(event):
-        before = policy.state.dispatched - policy.state.finished
-        actions = handle(event)
-        s = policy.state
-        assert s.dispatched >= s.started >= s.finished >= 0
-        running = s.started - s.finished
-        assert running <= s.placement.rollout_capacity
-        loads = s.placement.loads()
-        assert sum(loads.values()) == running
-        assert all(loads[c] == 0 for c, r in enumerate(s.roles) if r is not Role.ROLLOUT)
-        if type(event).__name__ not in ("RunStarted", "WeightsPublished"):
-            assert s.dispatched - s.finished <= before  # the waterlevel never rises inside a burst
-        training = [c for c, r in enumerate(s.roles) if r in (Role.TRAINING, Role.DRAINING)]
-        if layout.mode is Mode.ELASTIC:
-            assert training == list(range(len(training)))  # a prefix
-            assert sum(r is Role.DRAINING for r in s.roles) <= 1  # serial
-        if layout.mode is Mode.ASYNC and s.run_started:
-            assert training == list(range(layout.async_training_cells))
-        return actions
-
-    policy.handle = checked
+    watch(simulation.policy)
     result = simulation.run()
     assert len(result.step_end_s) == 2 * layout.mu
     assert len(result.staleness) == 2 * layout.mu * preset.batch_groups
