@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
             help="Also measure what one micro-step applied twice or skipped does to each step.",
         ),
     ) -> None:
-        """Recompute a finished run from its primary data: training replay, group ledger, accounting."""
+        """Recompute a finished run from its primary data: training replay, what reached the loss, group
+        ledger, accounting."""
         from app.audit import AuditInputError, audit_run
 
         run_dir = Path(run)
@@ -53,6 +54,13 @@ def register(app: typer.Typer) -> None:
                     f"(tolerance {r['tolerance']:g}); smallest effect of one micro-step doubled or skipped "
                     f"{r['smallest_microstep_effect']}"
                 )
+            o = report.objective.to_json()
+            typer.echo(
+                f"objective   {o['executions']} executions of {o['groups']} groups in {o['microsteps']} "
+                f"micro-steps recomputed; {o['gradients_compared']} gradients against the audit's objective, "
+                f"max relative difference {o['max_gradient_rel_diff']}"
+                + (f" (not compared: {o['skipped']})" if o["skipped"] else "")
+            )
             typer.echo(
                 f"ledger      {book['groups_trained']} groups over {book['steps']} steps; "
                 f"matches the report: {book['matches_report']}"
