@@ -22,6 +22,7 @@ import torch
 
 from gyre import authz, tls
 from gyre.config import ConfigError, load_config
+from gyre.trainer import star
 from gyre.trainer.collectives import host_rendezvous, initialize_groups, join_rendezvous
 from gyre.trainer.star import (
     CELL_IDENTITY,
@@ -265,10 +266,14 @@ def test_the_star_admits_the_cell_agents_identity_of_the_authorization_table() -
     assert CELL_IDENTITY == authz.CELL_AGENT
 
 
-def test_idle_connections_do_not_stall_the_worlds_formation(as_cell_agent: None) -> None:
-    """Clients that connect and say nothing each hold a handshake slot for up to HANDSHAKE_S (10 s); the
-    world forms meanwhile, while they are all still open (handshakes are concurrent: one at a time, eight
-    of them would hold it 80 s, past the formation's 20 s)."""
+def test_idle_connections_do_not_stall_the_worlds_formation(
+    as_cell_agent: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clients that connect and say nothing each hold a handshake slot for up to HANDSHAKE_S (set to 60 s
+    here, past the formation's 20 s, so the hub cannot have closed them first however slow this machine);
+    the world forms meanwhile, while they are all still open (handshakes are concurrent: one at a time, the
+    first of them would hold the formation past its timeout)."""
+    monkeypatch.setattr(star, "HANDSHAKE_S", 60.0)
     hub = StarHub.open(bind_host="127.0.0.1", port=0, generation=GENERATION, timeout_s=TIMEOUT_S)
     idle = [socket.create_connection(("127.0.0.1", hub.port), timeout=5) for _ in range(8)]
     try:
