@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from app.audit.microsteps import ObjectiveResult
-from app.audit.objective import ObjectiveSpec, microstep_objective
+from app.audit.objective import Mismatch, ObjectiveSpec, microstep_objective
 from gyre.rl.microstep import MicroStep
 from gyre.store.step_archive import StepRecordFile
 
@@ -73,13 +73,14 @@ def check_gradients(
     chunk_tokens = getattr(getattr(getattr(checker, "spec", None), "section", None), "chunk_tokens", None)
     device = getattr(checker, "device", "cpu")
     worst: float | None = None
+    seen = Mismatch()
     for mid in sorted(decoded):
         ms = decoded[mid]
         checker.zero_grads()
         checker.accumulate(ms)
         trained = checker.flat_grads.detach().clone()
         checker.zero_grads()
-        loss = microstep_objective(ms, logits, spec, chunk_tokens=chunk_tokens, device=device)
+        loss = microstep_objective(ms, logits, spec, chunk_tokens=chunk_tokens, device=device, mismatch=seen)
         if loss.requires_grad:
             torch.autograd.backward(loss)
         diff = gradient_rel_diff(trained, checker.flat_grads.detach())
@@ -93,3 +94,4 @@ def check_gradients(
             )
     checker.zero_grads()
     result.gradient_diff_by_step.append(worst)
+    result.mismatch_by_step.append(seen.to_json())

@@ -66,6 +66,8 @@ class ObjectiveResult:
     """Per replayed step, the largest ‖g_trainer − g_audit‖ / ‖g_audit‖ over its micro-steps (None: none
     had a gradient)."""
     gradients_compared: int = 0
+    mismatch_by_step: list[dict[str, Any]] = field(default_factory=list)
+    """Per replayed step, the train/inference mismatch of its on-policy targets (`objective.Mismatch`)."""
     skipped: str = ""
     """Why the gradients were not compared (empty when they were)."""
     defects: list[str] = field(default_factory=list)
@@ -79,6 +81,10 @@ class ObjectiveResult:
             "gradients_compared": self.gradients_compared,
             "max_gradient_rel_diff": max(diffs) if diffs else None,
             "gradient_rel_diff_by_step": self.gradient_diff_by_step,
+            "mismatch_by_step": self.mismatch_by_step,
+            "mismatch_max_abs": max(
+                (m["max_abs"] for m in self.mismatch_by_step if m["max_abs"] is not None), default=None
+            ),
             "skipped": self.skipped,
         }
 

@@ -75,6 +75,37 @@ class ObjectiveSpec:
             )
 
 
+@dataclass(slots=True)
+class Mismatch:
+    """The train/inference mismatch of one step from primary data: the audit's log-probs of the targets
+    sampled at the weights the step trains (on-policy: their recorded behaviour version is the step's)
+    against the log-probs the engine recorded when it sampled them. d_u = log π_θ(y_u) − log p_u^roll;
+    k3 = e^d − 1 − d (the estimate of KL(behaviour ‖ policy) the trainer logs)."""
+
+    tokens: int = 0
+    abs_sum: float = 0.0
+    abs_max: float = 0.0
+    k3_sum: float = 0.0
+
+    def add(self, logprobs: torch.Tensor, behaviour: torch.Tensor) -> None:
+        d = logprobs.double() - behaviour.double()
+        if d.numel() == 0:
+            return
+        self.tokens += d.numel()
+        self.abs_sum += float(d.abs().sum())
+        self.abs_max = max(self.abs_max, float(d.abs().max()))
+        self.k3_sum += float((torch.expm1(d) - d).sum())
+
+    def to_json(self) -> dict[str, Any]:
+        n = self.tokens
+        return {
+            "tokens": n,
+            "mean_abs": self.abs_sum / n if n else None,
+            "max_abs": self.abs_max if n else None,
+            "k3_kl_token_mean": self.k3_sum / n if n else None,
+        }
+
+
 def _within(log_values: torch.Tensor, low: float, high: float) -> torch.Tensor:
     lower = math.log(low) if low > 0 else -math.inf
     return (log_values >= lower) & (log_values <= math.log(high))
@@ -124,6 +155,7 @@ def microstep_objective(
     *,
     chunk_tokens: int | None = None,
     device: torch.device | str = "cpu",
+    mismatch: Mismatch | None = None,
 ) -> torch.Tensor:
     """The loss of a whole micro-step (with gradient), its logits taken in the row chunks a trainer takes
     (`chunk_tokens`, default the micro-step's budget); the caller runs backward."""
@@ -153,9 +185,18 @@ def microstep_objective(
         picked = put(step.input_ids[mine], torch.int64).unsqueeze(1)
         pieces.append(torch.log_softmax(rows, dim=-1).gather(1, picked).squeeze(1))
     logprobs = torch.cat(pieces) if pieces else torch.zeros(0, device=device)
+    behaviour = put(step.behaviour_logprobs[targets], torch.float64)
+    if mismatch is not None:
+        versions = step.behaviour_versions
+        on_policy = (
+            torch.ones(len(targets), dtype=torch.bool, device=device)
+            if versions is None
+            else put(versions[targets] == step.step, torch.bool)
+        )
+        mismatch.add(logprobs.detach()[on_policy], behaviour[on_policy])
     return objective_loss(
         logprobs,
-        put(step.behaviour_logprobs[targets], torch.float64),
+        behaviour,
         put(step.advantages, torch.float64),
         put(step.execution_index[targets], torch.int64),
         put(step.coefficients[targets], torch.float64),

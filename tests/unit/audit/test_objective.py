@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.audit.objective import ObjectiveSpec, microstep_objective, objective_loss
+from app.audit.objective import Mismatch, ObjectiveSpec, microstep_objective, objective_loss
 from gyre.rl.loss import ObjectiveParams, gspo_loss
 from gyre.rl.microstep import row_chunks
 from gyre.rl.packing import pack
@@ -221,3 +221,17 @@ def test_the_objective_imports_none_of_the_trainers_loss_code():
     imported = graph.find_upstream_modules("app.audit.objective")
     assert sorted(m for m in imported if m.startswith(forbidden)) == []
     assert "gyre.rl.loss" in graph.find_upstream_modules("app.audit.replay")  # the graph sees such imports
+
+
+def test_the_mismatch_of_a_step_by_hand() -> None:
+    """d = log π_θ − log p_roll per on-policy target: |d| mean and max, and k3 = e^d − 1 − d."""
+    seen = Mismatch()
+    seen.add(torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.0]))  # d = 0.5, 0
+    seen.add(torch.tensor([]), torch.tensor([]))  # a micro-step without on-policy targets adds nothing
+    seen.add(torch.tensor([-3.0]), torch.tensor([-2.0]))  # d = -1
+    got = seen.to_json()
+    assert got["tokens"] == 3 and got["max_abs"] == 1.0
+    assert got["mean_abs"] == pytest.approx(0.5, abs=1e-12)
+    k3 = (math.exp(0.5) - 1 - 0.5) + 0.0 + (math.exp(-1.0) - 1 + 1.0)
+    assert got["k3_kl_token_mean"] == pytest.approx(k3 / 3, abs=1e-12)
+    assert Mismatch().to_json() == {"tokens": 0, "mean_abs": None, "max_abs": None, "k3_kl_token_mean": None}
