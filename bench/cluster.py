@@ -60,7 +60,7 @@ import yaml
 from bench._capture import NetworkCapture
 from bench._compose import ComposeProject, ExitWatch
 from bench._images import build_images, untag_images
-from bench._sandbox_check import in_background
+from bench._sandbox_check import in_background, sandboxes_check
 from gyre.paths import REPO_ROOT
 
 FAULTS = ("satellite-kill", "satellite-partition", "redis-restart", "core-kill")
@@ -247,8 +247,6 @@ def run(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
 def check_sandboxes(project: ComposeProject, timeout_s: float) -> dict[str, Any]:
     """Once the proxy, the runner and the evaluator are healthy: what a sandbox of each reaches
     (bench/_sandbox_check.py)."""
-    from bench._sandbox_check import sandboxes_check
-
     project.wait_healthy(["proxy", "runner", "evaluator"], timeout_s)
     found = project.containers()
     return sandboxes_check({s: found[s].name for s in ("runner", "evaluator")}, project.env)

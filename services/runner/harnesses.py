@@ -154,18 +154,21 @@ service's own file: that lies in the service's TLS directory beside its key, rea
 group (a Kubernetes secret volume's 0440 + fsGroup), which a sandbox's uid is not in."""
 
 
-def _trust_files(launch: Launch) -> dict[str, str]:
+def _proxy_ca(launch: Launch) -> Path | None:
+    """The CA that signed the proxy's certificate, when the proxy speaks HTTPS (None otherwise)."""
     identity = tls.current()
-    if identity is None or launch.inside or not launch.base_url.startswith("https://"):
-        return {}
-    return {CA_IN_HOME: identity.ca.read_text()}
+    return identity.ca if identity is not None and launch.base_url.startswith("https://") else None
+
+
+def _trust_files(launch: Launch) -> dict[str, str]:
+    ca = _proxy_ca(launch)
+    return {} if ca is None or launch.inside else {CA_IN_HOME: ca.read_text()}
 
 
 def _trust_proxy(launch: Launch) -> dict[str, str]:
-    """The CA that signed the proxy's certificate, for every harness, when the proxy speaks HTTPS: its
-    copy in the sandbox's HOME, or its read-only mount in a container."""
-    identity = tls.current()
-    if identity is None or not launch.base_url.startswith("https://"):
+    """Where every harness finds the proxy's CA: its copy in the sandbox's HOME, or its read-only mount in
+    a container."""
+    if _proxy_ca(launch) is None:
         return {}
     return dict.fromkeys(TRUST_ENV, CA_INSIDE if launch.inside else str(launch.home / CA_IN_HOME))
 

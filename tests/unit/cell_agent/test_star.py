@@ -277,23 +277,10 @@ def test_idle_connections_do_not_stall_the_worlds_formation(
     hub = StarHub.open(bind_host="127.0.0.1", port=0, generation=GENERATION, timeout_s=TIMEOUT_S)
     idle = [socket.create_connection(("127.0.0.1", hub.port), timeout=5) for _ in range(8)]
     try:
-
-        def satellite() -> StarCellGroups:
-            link = join_rendezvous(
-                "tls",
-                host="127.0.0.1",
-                port=hub.port,
-                world_size=2,
-                cell=1,
-                generation=GENERATION,
-                timeout_s=5.0,
-            )
-            return StarCellGroups.initialize(link, cell=1, num_cells=2, timeout_s=TIMEOUT_S)
-
         results = _in_threads(
             {
                 0: lambda: StarCellGroups.initialize(hub, cell=0, num_cells=2, timeout_s=TIMEOUT_S),
-                1: satellite,
+                1: lambda: _satellite_of_two(hub),
             }
         )
         assert all(isinstance(r, StarCellGroups) for r in results.values()), results
