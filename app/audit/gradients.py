@@ -70,7 +70,9 @@ def check_gradients(
         result.defects.append(f"the gradients could not be compared: {result.skipped}")
         return
     checker.load_weights(weights, record.step)
-    chunk_tokens = getattr(getattr(getattr(checker, "spec", None), "section", None), "chunk_tokens", None)
+    section = getattr(getattr(checker, "spec", None), "section", None)
+    chunk_tokens = getattr(section, "chunk_tokens", None)
+    routing_replay = bool(getattr(section, "routing_replay", False))
     device = getattr(checker, "device", "cpu")
     worst: float | None = None
     seen = Mismatch()
@@ -80,7 +82,15 @@ def check_gradients(
         checker.accumulate(ms)
         trained = checker.flat_grads.detach().clone()
         checker.zero_grads()
-        loss = microstep_objective(ms, logits, spec, chunk_tokens=chunk_tokens, device=device, mismatch=seen)
+        loss = microstep_objective(
+            ms,
+            logits,
+            spec,
+            chunk_tokens=chunk_tokens,
+            device=device,
+            mismatch=seen,
+            routing_replay=routing_replay,
+        )
         if loss.requires_grad:
             torch.autograd.backward(loss)
         diff = gradient_rel_diff(trained, checker.flat_grads.detach())

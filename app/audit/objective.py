@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from gyre.model.tree_layout import TreeLayout
 from gyre.rl.microstep import MicroStep, row_chunks
 
-LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, TreeLayout | None], torch.Tensor]
+LogitsFn = Callable[..., torch.Tensor]
+"""`logits_fn(input_ids, position_ids, cu_seqlens, tree[, routed_experts])`: the trainer's packed forward."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +156,11 @@ def microstep_objective(
     chunk_tokens: int | None = None,
     device: torch.device | str = "cpu",
     mismatch: Mismatch | None = None,
+    routing_replay: bool = False,
 ) -> torch.Tensor:
     """The loss of a whole micro-step (with gradient), its logits taken in the row chunks a trainer takes
-    (`chunk_tokens`, default the micro-step's budget); the caller runs backward."""
+    (`chunk_tokens`, default the micro-step's budget); the caller runs backward. `routing_replay`: the
+    forward routes each token through the engine's recorded experts, as the run's trainer did."""
     targets = np.flatnonzero(step.target_mask)
     predecessors = step.layout.predecessors()
     cu = [int(x) for x in step.cu_seqlens]
@@ -173,11 +175,17 @@ def microstep_objective(
         tree = step.tree if step.tree is None or (r0, r1) == (0, step.num_rows) else step.tree.rows(r0, r1)
         if tree is not None and tree.is_paths:
             tree = None
+        routed = (
+            [put(step.routed_experts[a:b], torch.int64)]
+            if routing_replay and step.routed_experts is not None
+            else []
+        )
         logits = logits_fn(
             put(step.input_ids[a:b], torch.int64),
             put(step.position_ids[a:b], torch.int64),
             put(step.cu_seqlens[r0 : r1 + 1] - a, torch.int32),
             tree,
+            *routed,
         )
         mine = targets[(targets >= a) & (targets < b)]
         rows = logits[put(predecessors[mine] - a, torch.int64)]

@@ -113,6 +113,12 @@ class GyreConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _routing_recorded_for_replay(self) -> GyreConfig:
+        if self.cell_agent.trainer.routing_replay:
+            self.proxy.record_routed_experts = True
+        return self
+
+    @model_validator(mode="after")
     def _tls_with_servers_of_its_own(self) -> GyreConfig:
         if not self.tls.enabled:
             return self

@@ -66,6 +66,9 @@ class ProxySection(Section):
     tree holds each call once (services/proxy/replay.py). False: such a call is sampled anew."""
     drain_timeout_s: NonNegativeFloat = 60.0
     """Longest a Drain waits for one in-flight call to leave the drained engine."""
+    record_routed_experts: bool = False
+    """Ask the engines for the MoE experts of every token (`return_routed_experts`) and keep them in the
+    trajectory tree (`gyre.trajectory.routing`); on whenever `cell_agent.trainer.routing_replay` is."""
 
     @model_validator(mode="before")
     @classmethod

@@ -236,6 +236,11 @@ class TrainerSection(Section):
     """Abort the requests an engine is running when new weights arrive (SGLang's `abort_all_requests`).
     False keeps them: they continue under the new weights with their prefix cache flushed (no prefix
     computed under old weights is served again)."""
+    routing_replay: bool = False
+    """Routing replay (R3) for MoE models: the trainer's MoE layers use the experts the engine chose for
+    each token (recorded by the proxy from `return_routed_experts`; `gyre.model.routing`), with the
+    trainer's own router weights at them. Turns on `proxy.record_routed_experts`; needs the torch
+    backend, an MoE model and engines that return routing (SGLang: `--enable-return-routed-experts`)."""
 
     @field_validator("adam_beta1", "adam_beta2")
     @classmethod
@@ -249,6 +254,11 @@ class TrainerSection(Section):
         if self.lora is not None and self.backend != "torch":
             raise ValueError(
                 f"lora: the {self.backend} backend does not train LoRA adapters; use backend: torch, or drop lora"
+            )
+        if self.routing_replay and self.backend != "torch":
+            raise ValueError(
+                f"routing_replay: the {self.backend} backend does not replay MoE routing; use backend: torch, "
+                "or set routing_replay: false"
             )
         if self.lora is not None and self.publication == "distributed":
             raise ValueError(

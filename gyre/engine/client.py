@@ -254,6 +254,7 @@ class EngineClient:
         return_text_in_logprobs: bool,
         stream: bool,
         lora_path: str | None = None,
+        return_routed_experts: bool = False,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             # an integer array is written to JSON as is (orjson's numpy support): a prompt of thousands of
@@ -269,6 +270,8 @@ class EngineClient:
             body["return_text_in_logprobs"] = True
         if lora_path is not None:
             body["lora_path"] = lora_path
+        if return_routed_experts:
+            body["return_routed_experts"] = True
         return body
 
     async def generate(
@@ -281,11 +284,20 @@ class EngineClient:
         return_text_in_logprobs: bool = False,
         timeout_s: float | None = None,
         lora_path: str | None = None,
+        return_routed_experts: bool = False,
     ) -> GenerateResult:
         """One request; `lora_path` names the LoRA adapter to run on (SGLang's field: the name the
-        adapter was loaded under), None for the base weights."""
+        adapter was loaded under), None for the base weights; `return_routed_experts` asks for the MoE
+        experts of every forwarded token (`GenerateResult.routed_experts`)."""
         body = self._generate_body(
-            input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, False, lora_path
+            input_ids,
+            sampling_params,
+            rid,
+            return_logprob,
+            return_text_in_logprobs,
+            False,
+            lora_path,
+            return_routed_experts,
         )
         response = await self._call("POST", "/generate", json=body, timeout_s=timeout_s)
         return GenerateResult.from_json(response.json())
@@ -300,11 +312,19 @@ class EngineClient:
         return_text_in_logprobs: bool = False,
         timeout_s: float | None = None,
         lora_path: str | None = None,
+        return_routed_experts: bool = False,
     ) -> AsyncIterator[GenerateChunk]:
-        """Stream `/generate`; the last chunk has `finished` set. Closing the iterator early closes
-        the connection, which makes the server abort the request."""
+        """Stream `/generate`; the last chunk has `finished` set (and, when asked, `routed_experts`).
+        Closing the iterator early closes the connection, which makes the server abort the request."""
         body = self._generate_body(
-            input_ids, sampling_params, rid, return_logprob, return_text_in_logprobs, True, lora_path
+            input_ids,
+            sampling_params,
+            rid,
+            return_logprob,
+            return_text_in_logprobs,
+            True,
+            lora_path,
+            return_routed_experts,
         )
         response = await self._open("POST", "/generate", json=body, timeout_s=timeout_s)
         url = str(response.url)

@@ -3,12 +3,46 @@
 `GenerateResult` is one finished call; `GenerateChunk` is one streamed update, normalized so callers
 never care whether the server streams cumulatively (SGLang's default) or incrementally
 (`--incremental-streaming-output`): every chunk carries both the delta and the running totals.
+
+`routed_experts` (asked with `return_routed_experts`) is SGLang's `meta_info.routed_experts`, the MoE
+experts of every forwarded token — the prompt and every output but the last — per decoder layer:
+base64 of little-endian int32 (SGLang 0.5) or a nested list (older servers), parsed to
+[prompt + completion - 1, L·k] int32 (the model's L and k reshape it).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+
+def parse_routed_experts(value: Any, num_tokens: int) -> npt.NDArray[np.int32] | None:
+    """`meta_info.routed_experts` → [num_tokens, L·k] int32; None when absent. Raises ValueError on
+    a payload that does not split into `num_tokens` rows."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except binascii.Error as e:
+            raise ValueError(f"routed_experts is not base64: {e}") from e
+        if len(raw) % 4:
+            raise ValueError(f"routed_experts holds {len(raw)} bytes, not int32 values")
+        flat = np.frombuffer(raw, dtype="<i4").astype(np.int32)
+    else:
+        flat = np.asarray(value, dtype=np.int32).reshape(-1)
+    if num_tokens <= 0 or flat.size % num_tokens:
+        raise ValueError(f"routed_experts holds {flat.size} ids, not a multiple of {num_tokens} tokens")
+    return flat.reshape(num_tokens, -1)
+
+
+def _routed(meta: dict[str, Any], prompt_tokens: int, completion_tokens: int) -> npt.NDArray[np.int32] | None:
+    return parse_routed_experts(meta.get("routed_experts"), prompt_tokens + completion_tokens - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,22 +113,28 @@ class GenerateResult:
     cached_tokens: int
     weight_version: str | None
     meta_info: dict[str, Any] = field(repr=False)
+    routed_experts: npt.NDArray[np.int32] | None = field(default=None, repr=False)
+    """[prompt_tokens + completion_tokens - 1, L·k] MoE experts per forwarded token (module doc)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GenerateResult:
         meta = data.get("meta_info") or {}
         triples = meta.get("output_token_logprobs") or []
+        output_ids = list(data.get("output_ids") or [])
+        prompt_tokens = int(meta.get("prompt_tokens") or 0)
+        completion_tokens = int(meta.get("completion_tokens") or len(output_ids))
         return cls(
             rid=str(meta.get("id", "")),
             text=data.get("text") or "",
-            output_ids=list(data.get("output_ids") or []),
+            output_ids=output_ids,
             output_logprobs=[float(t[0]) for t in triples],
             finish_reason=FinishReason.from_json(meta.get("finish_reason")),
-            prompt_tokens=int(meta.get("prompt_tokens") or 0),
+            prompt_tokens=prompt_tokens,
             completion_tokens=int(meta.get("completion_tokens") or 0),
             cached_tokens=int(meta.get("cached_tokens") or 0),
             weight_version=meta.get("weight_version"),
             meta_info=meta,
+            routed_experts=_routed(meta, prompt_tokens, completion_tokens),
         )
 
 
@@ -114,6 +154,13 @@ class GenerateChunk:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def routed_experts(self) -> npt.NDArray[np.int32] | None:
+        """The finished chunk's `routed_experts` (module doc); None before the finish or when absent."""
+        meta = self.meta_info
+        prompt_tokens = int(meta.get("prompt_tokens") or 0)
+        return _routed(meta, prompt_tokens, int(meta.get("completion_tokens") or len(self.output_ids)))
+
     def to_result(self) -> GenerateResult:
         meta = self.meta_info
         return GenerateResult(
@@ -127,6 +174,7 @@ class GenerateChunk:
             cached_tokens=int(meta.get("cached_tokens") or 0),
             weight_version=meta.get("weight_version"),
             meta_info=meta,
+            routed_experts=self.routed_experts,
         )
 
 

@@ -44,6 +44,7 @@ from gyre.model.attention import packed_attention
 from gyre.model.lora import LoraDelta
 from gyre.model.paged import PagedBatch, PagedKVCache
 from gyre.model.rope import Rotary, apply_rotary
+from gyre.model.routing import ExpertRouting, replayed_experts
 from gyre.model.tree_layout import TreeLayout
 
 
@@ -244,10 +245,11 @@ class SparseMoeBlock(nn.Module):
     is the weighted sum of its chosen experts' SwiGLU MLPs, added up in expert order. Experts keep the
     checkpoint's own names (`experts.{e}.gate_proj.weight`, ...), so a Hub checkpoint loads as is."""
 
-    def __init__(self, arch: ModelArch) -> None:
+    def __init__(self, arch: ModelArch, index: int = 0) -> None:
         super().__init__()
         moe = arch.moe
         assert moe is not None
+        self.index = index
         self.top_k = moe.num_experts_per_tok
         self.norm_topk_prob = moe.norm_topk_prob
         self.gate = nn.Linear(arch.hidden_size, moe.num_experts, bias=False)
@@ -278,18 +280,20 @@ class SparseMoeBlock(nn.Module):
     def _serves_densely(self) -> bool:
         return len(self.experts) <= 4 * self.top_k
 
-    def serve(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
+    def serve(
+        self, x: torch.Tensor, lora: LoraDelta | None = None, routing: ExpertRouting | None = None
+    ) -> torch.Tensor:
         """`forward` for the engine. With few experts (at most 4x the chosen ones), every expert runs on
         every token as three batched ops over the stacked weights, and the routing weights — zero for the
         experts a token did not choose — combine them: a decode step of a small model is bound by the
         number of ops, which the per-expert loop multiplies. Same routing and products; each token's sum
         adds the same terms (plus exact zeros)."""
         if self._stacked is None or lora is not None:
-            return self(x, lora)
+            return self(x, lora, routing)
         gate_up, down = self._stacked
         num_experts, inter = gate_up.shape[0], down.shape[2]
         flat = x.reshape(-1, x.shape[-1])
-        weights, chosen = self.route(flat)
+        weights, chosen = self._routed(flat, routing)
         dense = torch.zeros((flat.shape[0], num_experts), dtype=weights.dtype).scatter_(1, chosen, weights)
         both = F.linear(flat, gate_up.view(num_experts * 2 * inter, -1)).view(-1, num_experts, 2, inter)
         hidden = F.silu(both[:, :, 0]) * both[:, :, 1]  # [N, E, inter]
@@ -297,18 +301,33 @@ class SparseMoeBlock(nn.Module):
         out = (y * dense.t().unsqueeze(-1).to(y.dtype)).sum(dim=0)
         return out.reshape(x.shape)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, d] → (weights [N, k] in x's dtype, expert ids [N, k])."""
+    def route(self, x: torch.Tensor, given: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, d] → (weights [N, k] in x's dtype, expert ids [N, k]). `given` [N, k]: replay these
+        experts (rows with a negative id route freely); their weights are this router's probabilities
+        there, renormalized as usual, so the router keeps its gradient (`gyre.model.routing`)."""
         logits = F.linear(x, self.gate.weight)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if given is None:
+            weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        else:
+            experts = replayed_experts(probs, given, self.top_k)
+            weights = probs.gather(-1, experts)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(logits.dtype), experts
 
-    def forward(self, x: torch.Tensor, lora: LoraDelta | None = None) -> torch.Tensor:
+    def _routed(self, flat: torch.Tensor, routing: ExpertRouting | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if routing is None:
+            return self.route(flat)
+        weights, experts = self.route(flat, routing.given(self.index, flat.shape[0], self.top_k))
+        routing.chosen[self.index] = experts
+        return weights, experts
+
+    def forward(
+        self, x: torch.Tensor, lora: LoraDelta | None = None, routing: ExpertRouting | None = None
+    ) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        weights, experts = self.route(flat)
+        weights, experts = self._routed(flat, routing)
         out = torch.zeros_like(flat)
         for e in experts.unique().tolist():  # ascending: the order transformers adds experts in
             token, slot = torch.where(experts == e)
@@ -343,7 +362,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(arch, index)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp: MLP | SparseMoeBlock = (
-            SparseMoeBlock(arch)
+            SparseMoeBlock(arch, index)
             if arch.moe is not None and arch.moe.is_sparse(index)
             else MLP(arch.hidden_size, arch.intermediate_size, arch.mlp_bias, index)
         )
@@ -415,12 +434,14 @@ class CausalLM(nn.Module):
         tree: TreeLayout | None = None,
         lora: LoraDelta | None = None,
         logits_from: int = 0,
+        routing: ExpertRouting | None = None,
     ) -> torch.Tensor:
         """Packed training forward: input_ids/position_ids [T], cu_seqlens [S+1] → logits [T, V];
         `tree` is the layout of tree-packed rows (None: every row is a path). Positions are taken as
         given (in a tree row a token's position is its depth along its own path). `lora` adds an
         adapter's deltas (`gyre.model.lora.LoraAdapter`). `logits_from` > 0: the logits of tokens
-        `logits_from`.. only ([T - logits_from, V]; a scorer of a prompt's continuation needs no more)."""
+        `logits_from`.. only ([T - logits_from, V]; a scorer of a prompt's continuation needs no more).
+        `routing` replays MoE experts per token and records the experts used (`gyre.model.routing`)."""
         if input_ids.dim() != 1 or position_ids.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and position_ids must both be 1-D [T]; got {tuple(input_ids.shape)} and "
@@ -440,7 +461,8 @@ class CausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)
         for layer in self._layers():
             h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, bounds, tree, lora)
-            h = h + layer.mlp(layer.post_attention_layernorm(h), lora)
+            x, mlp = layer.post_attention_layernorm(h), layer.mlp
+            h = h + (mlp(x, lora, routing) if isinstance(mlp, SparseMoeBlock) else mlp(x, lora))
         logits: torch.Tensor = self.lm_head(self.model.norm(h[logits_from:]))
         return logits
 
@@ -451,10 +473,12 @@ class CausalLM(nn.Module):
         batch: PagedBatch,
         last_index: torch.Tensor | None = None,
         lora: LoraDelta | None = None,
+        routing: ExpertRouting | None = None,
     ) -> torch.Tensor:
         """Serving forward: input_ids [B, Lq] at `batch.positions` → logits [B, Lq, V], or [B, V] at
         the query index `last_index[b]` of each row when given (the only position a step samples).
-        `lora` gives each row its adapter (`gyre.model.lora.LoraRows`)."""
+        `lora` gives each row its adapter (`gyre.model.lora.LoraRows`); `routing` records each MoE
+        layer's experts for the B·Lq tokens, row-major."""
         self._check_positions(batch.positions)
         cos, sin = self.rotary.cached_cos_sin(batch.positions, self.lm_head.weight.dtype)
         h = F.embedding(input_ids, self.model.embed_tokens.weight)
@@ -462,7 +486,8 @@ class CausalLM(nn.Module):
             h = h + layer.self_attn.forward_paged(
                 layer.input_layernorm.fused(h), cos, sin, cache, i, batch, lora
             )
-            h = h + layer.mlp.serve(layer.post_attention_layernorm.fused(h), lora)
+            x, mlp = layer.post_attention_layernorm.fused(h), layer.mlp
+            h = h + (mlp.serve(x, lora, routing) if isinstance(mlp, SparseMoeBlock) else mlp.serve(x, lora))
         if last_index is not None:
             h = h[:, 0] if h.shape[1] == 1 else h[torch.arange(h.shape[0]), last_index]
         logits: torch.Tensor = self.lm_head(self.model.norm.fused(h))

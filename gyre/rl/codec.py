@@ -25,6 +25,10 @@ The policy version that sampled each target is optional, run-length encoded over
 values and lengths: one run per stretch of one version, a few per execution); a blob without it decodes
 with `behaviour_versions` None (the mismatch is then measured over every target).
 
+The MoE routing of each token (routing replay) is optional too: `routed_experts` [T·W] (one byte per
+expert id when every id fits, 255 = not known; else int16), W in the header; a blob without it
+decodes with `routed_experts` None.
+
 Version 2 added the tree layout; a version-1 reader would silently train a tree micro-step as path
 rows with wrong positions, hence the bump.
 
@@ -53,6 +57,7 @@ _DTYPES: dict[str, np.dtype[Any]] = {
     "i4": np.dtype("<i4"),
     "u2": np.dtype("<u2"),
     "u1": np.dtype("<u1"),
+    "i2": np.dtype("<i2"),
     "f4": np.dtype("<f4"),
     "f8": np.dtype("<f8"),
 }
@@ -103,6 +108,14 @@ def encode_microstep(step: MicroStep) -> bytes:
     if step.behaviour_versions is not None:
         values, lengths = _runs(step.behaviour_versions[mask])
         arrays += [("behaviour_version_values", "i4", values), ("behaviour_version_lengths", "i4", lengths)]
+    routing_width = 0
+    if step.routed_experts is not None:
+        routing = step.routed_experts
+        routing_width = routing.shape[1]
+        if routing.size == 0 or int(routing.max()) < 255:
+            arrays.append(("routed_experts", "u1", np.where(routing < 0, 255, routing).reshape(-1)))
+        else:
+            arrays.append(("routed_experts", "i2", routing.reshape(-1)))
     if step.tree is not None:
         arrays += [
             ("tree_row_segments", "i4", step.tree.row_segments),
@@ -125,6 +138,7 @@ def encode_microstep(step: MicroStep) -> bytes:
             "token_budget": step.token_budget,
             "num_tokens": step.num_tokens,
             "execution_ids": list(step.execution_ids),
+            "routed_experts_width": routing_width,
             "arrays": table,
         },
         separators=(",", ":"),
@@ -201,6 +215,7 @@ def decode_microstep(blob: bytes) -> MicroStep:
             raise CodecError("micro-step behaviour versions disagree with the target mask")
         versions = np.full(num_tokens, -1, dtype=np.int32)
         versions[mask] = np.repeat(values.astype(np.int32), lengths)
+    routed = _routed_experts(arrays, int(header.get("routed_experts_width") or 0), num_tokens)
     try:
         return MicroStep(
             batch_id=batch_id,
@@ -219,9 +234,24 @@ def decode_microstep(blob: bytes) -> MicroStep:
             execution_num_targets=execution_num_targets,
             tree=tree,
             behaviour_versions=versions,
+            routed_experts=routed,
         )
     except ValueError as e:
         raise CodecError(f"decoded micro-step is inconsistent: {e}") from e
+
+
+def _routed_experts(
+    arrays: dict[str, npt.NDArray[Any]], width: int, num_tokens: int
+) -> npt.NDArray[np.int16] | None:
+    raw = arrays.get("routed_experts")
+    if raw is None:
+        return None
+    if width < 1 or len(raw) != num_tokens * width:
+        raise CodecError(f"micro-step routing holds {len(raw)} ids, not {num_tokens} tokens of width {width}")
+    routed = raw.astype(np.int16)
+    if raw.dtype == np.uint8:
+        routed[raw == 255] = -1
+    return routed.reshape(num_tokens, width)
 
 
 def _read_arrays(blob: bytes, table: list[dict[str, Any]], data_start: int) -> dict[str, npt.NDArray[Any]]:

@@ -68,6 +68,9 @@ class MicroStep:
     """[T] the policy version of the weights that sampled each target (-1 off targets or where unknown);
     None when not recorded. The trainer measures the train/inference mismatch on the targets sampled
     at its own version (`step`)."""
+    routed_experts: npt.NDArray[np.int16] | None = None
+    """[T, L·k] the MoE experts the engine chose for each token (-1: not known), which the trainer
+    replays with `cell_agent.trainer.routing_replay` (`gyre.model.routing`); None when not recorded."""
 
     def __post_init__(self) -> None:
         t = len(self.input_ids)
@@ -81,6 +84,10 @@ class MicroStep:
                 raise ValueError(f"{name} must have one entry per token ({t})")
         if self.behaviour_versions is not None and len(self.behaviour_versions) != t:
             raise ValueError(f"behaviour_versions must have one entry per token ({t})")
+        if self.routed_experts is not None and (
+            self.routed_experts.ndim != 2 or len(self.routed_experts) != t
+        ):
+            raise ValueError(f"routed_experts must be [T={t}, L·k]; got {self.routed_experts.shape}")
         if len(self.advantages) != e or len(self.execution_num_targets) != e:
             raise ValueError(f"advantages and execution_num_targets need one entry per execution ({e})")
         if len(set(self.execution_ids)) != e:
@@ -177,6 +184,7 @@ class MicroStep:
             behaviour_versions=None
             if self.behaviour_versions is None
             else np.where(mask, self.behaviour_versions[index], -1).astype(np.int32),
+            routed_experts=None if self.routed_experts is None else self.routed_experts[index],
         )
 
 

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from gyre.model.tree_layout import TreeLayout
 from gyre.rl.codec import CODEC_VERSION, decode_microstep, encode_microstep
@@ -182,6 +183,20 @@ def build_microstep(
             np.concatenate([r.policy_versions for r in rows]) if rows else np.zeros(0, np.int32),
             -1,
         ).astype(np.int32),
+        routed_experts=_routing(rows),
+    )
+
+
+def _routing(rows: Sequence[TrajectoryRow]) -> npt.NDArray[np.int16] | None:
+    """[T, L·k] the rows' recorded MoE routing (-1 in rows without it); None when no row has any."""
+    width = next((r.routed_experts.shape[1] for r in rows if r.routed_experts is not None), 0)
+    if not width:
+        return None
+    return np.concatenate(
+        [
+            r.routed_experts if r.routed_experts is not None else np.full((r.num_tokens, width), -1, np.int16)
+            for r in rows
+        ]
     )
 
 

@@ -5,7 +5,9 @@ The logits function follows the model contract of the packed path:
 [T, V], with `tree` the micro-step's `TreeLayout` (None when every row is a path) and the attention
 of `gyre.model.attention.packed_attention`. The log-prob of a target comes from the logits of its
 predecessor on its path: t - 1 in a path row, `TreeLayout.predecessors` in a tree row (a row's
-first token is never a target).
+first token is never a target). With routing replay (`routing_replay=True`, MoE models) it gets a
+fifth argument, the engine's experts of those tokens, `routed_experts` [T, L·k] int64 (a row of -1:
+route freely), and must route every token through them (`gyre.model.routing`).
 
 Executions larger than the budget (chunked path). The packer gives such an execution a micro-step
 of its own; `train_microstep` then splits its rows into chunks of at most `chunk_tokens` tokens (a
@@ -50,8 +52,9 @@ from gyre.rl.loss import DEFAULT_OBJECTIVE, ObjectiveParams, gspo_loss, sequence
 from gyre.rl.loss_metrics import LossMetrics
 from gyre.rl.microstep import MicroStep, row_chunks
 
-LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, TreeLayout | None], torch.Tensor]
-"""`logits_fn(input_ids, position_ids, cu_seqlens, tree) -> logits [T, V]` (see the module docstring)."""
+LogitsFn = Callable[..., torch.Tensor]
+"""`logits_fn(input_ids, position_ids, cu_seqlens, tree[, routed_experts]) -> logits [T, V]` (see the
+module docstring)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,10 +88,17 @@ class _Tensors:
     """[U] the targets sampled at the trainer's version (`step`); None when versions were not recorded."""
     num_on_policy: torch.Tensor | None
     """[E] their count per execution."""
+    routed_experts: torch.Tensor | None = None
+    """[T, L·k] the experts to replay (routing replay on), else None."""
 
 
-def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
+def _tensors(step: MicroStep, device: torch.device | str, routing_replay: bool = False) -> _Tensors:
     targets = np.flatnonzero(step.target_mask)
+    if routing_replay and step.routed_experts is None:
+        raise ValueError(
+            f"routing replay is on but micro-step {step.batch_id}/{step.index} carries no routed experts: the "
+            "engines returned none (SGLang needs --enable-return-routed-experts; the model must be MoE)"
+        )
     sources = targets - 1 if step.tree is None else step.tree.predecessors()[targets]
 
     def put(a: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
@@ -117,6 +127,9 @@ def _tensors(step: MicroStep, device: torch.device | str) -> _Tensors:
         num_targets=put(step.execution_num_targets, torch.int64),
         on_policy=None if on_policy is None else put(on_policy, torch.bool),
         num_on_policy=None if num_on_policy is None else put(num_on_policy, torch.int64),
+        routed_experts=put(step.routed_experts, torch.int64)
+        if routing_replay and step.routed_experts is not None
+        else None,
     )
 
 
@@ -154,7 +167,8 @@ def _chunk_logprobs(
     tree = t.tree if t.tree is None or whole else t.tree.rows(row_start, row_end)
     if tree is not None and tree.is_paths:
         tree = None
-    logits = logits_fn(t.input_ids[a:b], t.position_ids[a:b], t.cu_seqlens[row_start : row_end + 1] - a, tree)
+    args = (t.input_ids[a:b], t.position_ids[a:b], t.cu_seqlens[row_start : row_end + 1] - a, tree)
+    logits = logits_fn(*args) if t.routed_experts is None else logits_fn(*args, t.routed_experts[a:b])
     if logits.dim() != 2 or logits.shape[0] != b - a:
         raise ValueError(f"logits_fn must return [{b - a}, vocab] logits; got {tuple(logits.shape)}")
     return target_logprobs(
@@ -168,9 +182,10 @@ def microstep_loss(
     *,
     objective: ObjectiveParams = DEFAULT_OBJECTIVE,
     device: torch.device | str = "cpu",
+    routing_replay: bool = False,
 ) -> tuple[torch.Tensor, LossMetrics]:
     """The loss of a whole micro-step in one forward (with gradient); the caller runs backward."""
-    return _whole_loss(_tensors(step, device), logits_fn, objective)
+    return _whole_loss(_tensors(step, device, routing_replay), logits_fn, objective)
 
 
 def _whole_loss(
@@ -230,14 +245,16 @@ def train_microstep(
     objective: ObjectiveParams = DEFAULT_OBJECTIVE,
     chunk_tokens: int | None = None,
     device: torch.device | str = "cpu",
+    routing_replay: bool = False,
 ) -> StepResult:
     """Forward and backward of one micro-step: gradients accumulate into the parameters' `.grad`.
 
     `chunk_tokens` defaults to the micro-step's token budget; a micro-step within it takes one
-    pass, a larger one takes the two-pass chunked path of the module docstring.
+    pass, a larger one takes the two-pass chunked path of the module docstring. `routing_replay`:
+    the MoE layers use the engine's experts (`MicroStep.routed_experts`, required then).
     """
     limit = step.token_budget if chunk_tokens is None else chunk_tokens
-    t = _tensors(step, device)
+    t = _tensors(step, device, routing_replay)
     chunks = row_chunks(step.cu_seqlens, limit)
     if len(chunks) <= 1:
         loss, metrics = _whole_loss(t, logits_fn, objective)

@@ -4,8 +4,9 @@ The proxy writes `encode_node(n)` for every node a commit returns (`CommitResult
 `.changed_nodes`) under the node's id, and rebuilds a tree after a restart with
 `TrajectoryTree.from_nodes(execution_id, template, profile, blobs)`. Token ids are the array's own
 bytes, 2 per id when the node's ids fit (every vocabulary under 65,536 ids), else 4; log-probs float32
-bytes; provenance a list of sampled spans. Nodes written before (ids and log-probs as repeated fields)
-decode as they did.
+bytes; provenance a list of sampled spans; recorded MoE routing one byte per expert id when every id
+fits (255 marks a row not known), else int16. Nodes written before (ids and log-probs as repeated
+fields) decode as they did.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import json
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from gyre.trajectory.messages import ToolUseBlock, canonical_json
 from gyre.trajectory.node import EMPTY_LOGPROBS, CallMeta, Node, NodeKind
 from gyre.trajectory.profiles import AgentKind, RequestKind
+from gyre.trajectory.routing import ROUTING_DTYPE
 from gyre.v1 import trajectory_pb2 as pb
 
 _AGENT = {AgentKind.MAIN: pb.TREE_AGENT_KIND_MAIN, AgentKind.SUB: pb.TREE_AGENT_KIND_SUB}
@@ -50,6 +53,14 @@ def encode_node(node: Node) -> bytes:
         agent_kind=_AGENT[node.agent_kind],
         request_kind=_REQUEST[node.request_kind],
     )
+    if node.routed_experts is not None:
+        routing = node.routed_experts
+        narrow = routing.size == 0 or int(routing.max()) < 255
+        msg.routed_experts_width = routing.shape[1]
+        msg.routed_experts_id_bytes = 1 if narrow else 2
+        msg.routed_experts_le = (
+            np.where(routing < 0, 255, routing).astype("<u1") if narrow else routing.astype("<i2")
+        ).tobytes()
     for call in node.tool_calls:
         msg.tool_calls.add(
             id=call.id,
@@ -124,6 +135,7 @@ def decode_node(data: bytes) -> tuple[Node, int]:
         ),
         aliases=list(msg.aliases),
         num_sampled=num_sampled,
+        routed_experts=_routing(msg, len(tokens)),
     )
     if msg.HasField("call"):
         c = msg.call
@@ -131,6 +143,23 @@ def decode_node(data: bytes) -> tuple[Node, int]:
             c.request_id, c.policy_version, c.engine_id, c.started_at_s, c.first_token_s, c.finished_at_s
         )
     return node, msg.parent_id
+
+
+def _routing(msg: pb.TreeNode, num_tokens: int) -> npt.NDArray[np.int16] | None:
+    width, size = msg.routed_experts_width, msg.routed_experts_id_bytes
+    if not width:
+        return None
+    if size not in (1, 2) or len(msg.routed_experts_le) != num_tokens * width * size:
+        raise ValueError(
+            f"tree node {msg.node_id}: {len(msg.routed_experts_le)} bytes of routing for {num_tokens} tokens "
+            f"of width {width} at {size} bytes per id"
+        )
+    if size == 1:
+        raw = np.frombuffer(msg.routed_experts_le, dtype="<u1").astype(ROUTING_DTYPE)
+        raw[raw == 255] = -1
+    else:
+        raw = np.frombuffer(msg.routed_experts_le, dtype="<i2").astype(ROUTING_DTYPE)
+    return raw.reshape(num_tokens, width)
 
 
 def _spans(node: Node) -> list[int]:

@@ -13,7 +13,8 @@ Two layouts (`packer.row_layout`):
 
 Either way a row carries the target mask (sampled tokens of its trajectories' frozen target nodes,
 and nothing else), the behaviour log-probs aligned to the targets and the policy version of every
-sampled token. Targets are disjoint across trajectories, so a tree row holds exactly the targets of
+sampled token, and — when the tree recorded MoE routing — each token's experts (`routed_experts`,
+once per node, so a tree row carries a shared prefix's routing once). Targets are disjoint across trajectories, so a tree row holds exactly the targets of
 its path rows, each once. Only this step copies tokens; until then a trajectory is a list of node ids
 on the shared tree.
 """
@@ -28,6 +29,7 @@ import numpy as np
 from gyre.model.tree_layout import TreeLayout
 from gyre.trajectory.admission import AdmittedTrajectory
 from gyre.trajectory.node import Node
+from gyre.trajectory.routing import ROUTING_DTYPE
 from gyre.trajectory.row import TrajectoryRow
 from gyre.trajectory.tree import TrajectoryTree
 
@@ -91,10 +93,14 @@ def _row(
     target_mask = np.zeros(total, dtype=np.bool_)
     logprobs = np.zeros(total, dtype=np.float32)
     versions = np.full(total, -1, dtype=np.int32)
+    width = next((n.routed_experts.shape[1] for n in nodes if n.routed_experts is not None), 0)
+    routing = np.full((total, width), -1, dtype=ROUTING_DTYPE) if width else None
     pos = 0
     for node in nodes:
         end = pos + node.num_tokens
         token_ids[pos:end] = node.token_ids
+        if routing is not None and node.routed_experts is not None:
+            routing[pos:end] = node.routed_experts
         if node.sampled is not None and node.num_sampled:
             positions = pos + np.flatnonzero(node.sampled)
             versions[positions] = node.meta.policy_version if node.meta is not None else -1
@@ -112,4 +118,5 @@ def _row(
         behaviour_logprobs=logprobs,
         policy_versions=versions,
         tree=layout,
+        routed_experts=routing,
     )

@@ -9,7 +9,8 @@ A node is one message-level segment of an execution's context:
   (supplied) — with the behaviour log-prob of every sampled id and the call's metadata.
 
 Memory is proportional to unique content: token ids are int32 arrays, the provenance mask a bool
-array (absent when nothing was sampled), log-probs float32 for sampled ids only.
+array (absent when nothing was sampled), log-probs float32 for sampled ids only, and — with routing
+replay — the MoE experts of each token (int16, `gyre.trajectory.routing`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class Node:
     """Provenance: True where the engine sampled the token; None = all supplied."""
     logprobs: npt.NDArray[np.float32] = field(default_factory=lambda: EMPTY_LOGPROBS)
     """Behaviour log-probs of the sampled tokens, in order (len == num_sampled)."""
+    routed_experts: npt.NDArray[np.int16] | None = None
+    """MoE experts the engine chose per token, [num_tokens, L·k] (-1: not known); None when not
+    recorded (`gyre.trajectory.routing`)."""
     agent_kind: AgentKind = AgentKind.MAIN
     request_kind: RequestKind = RequestKind.TASK
     meta: CallMeta | None = None

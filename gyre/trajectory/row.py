@@ -42,11 +42,18 @@ class TrajectoryRow:
     """Policy version that sampled each token (-1 where the token was supplied, not sampled)."""
     tree: TreeLayout | None = None
     """The segments of a tree row (a layout of one row); None for a path row."""
+    routed_experts: npt.NDArray[np.int16] | None = None
+    """[n, L·k] MoE experts the engine chose per token (-1: not known); None when no node of the row
+    recorded routing (`gyre.trajectory.routing`)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         if not (len(self.target_mask) == len(self.behaviour_logprobs) == len(self.policy_versions) == n):
             raise ValueError("row arrays must all have the length of token_ids")
+        if self.routed_experts is not None and (
+            self.routed_experts.ndim != 2 or len(self.routed_experts) != n
+        ):
+            raise ValueError(f"routed_experts must be [{n}, L·k]; got {self.routed_experts.shape}")
         if n and bool(self.target_mask[0]):
             raise ValueError("position 0 cannot be a target (nothing precedes it)")
         if self.tree is not None and (self.tree.num_rows != 1 or self.tree.num_tokens != n):

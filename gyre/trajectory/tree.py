@@ -35,6 +35,7 @@ from gyre.trajectory.node import CallMeta, Node, NodeKind
 from gyre.trajectory.output import AssistantOutput
 from gyre.trajectory.profiles import AgentKind, Classification, HarnessProfile, LeafClass, RequestKind
 from gyre.trajectory.restore import ToolCallCache
+from gyre.trajectory.routing import spread_routing
 from gyre.trajectory.templates.base import ChatTemplate
 
 _NUM_HOT_PATHS = 8
@@ -267,12 +268,14 @@ class TrajectoryTree:
         output_logprobs: Sequence[float] | npt.NDArray[np.float32],
         meta: CallMeta,
         output_message: Message | None = None,
+        routed_experts: npt.NDArray[np.integer] | None = None,
     ) -> CommitResult:
         """Append the prepared call's new messages and its output node.
 
         `output_ids` are the exact ids the engine sampled, `output_logprobs` their behaviour
         log-probs. `output_message` overrides parsing (replay/import of outputs whose tool-call
-        ids were assigned elsewhere)."""
+        ids were assigned elsewhere). `routed_experts` [≤ prompt + output, L·k]: the MoE experts the
+        engine chose per token, spread over the path's nodes (`gyre.trajectory.routing`)."""
         self._check_open()
         if prepared.tree is not self:
             raise ValueError("the prepared call belongs to another tree")
@@ -324,6 +327,7 @@ class TrajectoryTree:
         existing = node.children.get(message.digest)
         if existing is not None:  # an identical output (or supplied message) is already there
             self._remember_hot(prepared, chain, message, existing)
+            _routed(root, prepared.matched, chain, existing, routed_experts, new_nodes, changed)
             return CommitResult(existing, output, new_nodes, changed, deduplicated=True)
         head = self.template.render_generation_prompt()
         tail = self.template.close_output(ids.tolist())
@@ -342,6 +346,7 @@ class TrajectoryTree:
             node.children[bare.digest] = leaf
         new_nodes.append(leaf)
         self._remember_hot(prepared, chain, message, leaf)
+        _routed(root, prepared.matched, chain, leaf, routed_experts, new_nodes, changed)
         return CommitResult(leaf, output, new_nodes, changed)
 
     def close(self) -> None:
@@ -465,3 +470,19 @@ def _common_prefix(a: list[bytes], b: list[bytes], floor: int) -> int:
         else:
             hi = mid
     return lo
+
+
+def _routed(
+    root: Node,
+    matched: list[Node],
+    chain: list[Node],
+    leaf: Node,
+    routed: npt.NDArray[np.integer] | None,
+    new_nodes: list[Node],
+    changed: list[Node],
+) -> None:
+    """Spread a call's routing over its path; existing nodes that learned rows join `changed`."""
+    fresh = {id(n) for n in new_nodes} | {id(n) for n in changed}
+    for node in spread_routing([root, *matched, *chain, leaf], routed):
+        if id(node) not in fresh:
+            changed.append(node)

@@ -80,6 +80,8 @@ class CallSettings:
     """How long a call waits for an engine while none can be reached (ProxySection.unreachable_wait_s)."""
     replay_unanswered_calls: bool = True
     """Answer a retried call from the output already recorded for it (services/proxy/replay.py)."""
+    record_routed_experts: bool = False
+    """Ask the engines for each token's MoE experts and record them in the tree (routing replay)."""
 
 
 class ModelCall:
@@ -169,7 +171,9 @@ class ModelCall:
             finished_at_s=now,
         )
         try:
-            committed = self.state.tree.commit(self.prepared, gen.output_ids, gen.logprobs, meta)
+            committed = self.state.tree.commit(
+                self.prepared, gen.output_ids, gen.logprobs, meta, routed_experts=gen.routed_experts
+            )
         except TreeClosedError as e:
             raise ExecutionClosedError(str(e)) from e
         except ValueError as e:  # the template could not decode the output ids
@@ -263,6 +267,7 @@ async def begin_call(
             max_attempts=settings.max_engine_attempts,
             backoff_s=settings.retry_backoff_s,
             unreachable_wait_s=settings.unreachable_wait_s,
+            return_routed_experts=settings.record_routed_experts,
         )
     return ModelCall(
         state=state,

@@ -106,6 +106,7 @@ class ProxyCore:
             retry_backoff_s=section.retry_backoff_s,
             unreachable_wait_s=section.unreachable_wait_s,
             replay_unanswered_calls=section.replay_unanswered_calls,
+            record_routed_experts=section.record_routed_experts,
         )
         self.base_url = ""
         """Where harnesses reach the HTTP API (set once it is bound)."""

@@ -4,6 +4,7 @@
     async for new_ids in generation.run():      # ids as the engines produce them
         ...
     generation.output_ids, generation.logprobs, generation.finish   # one output, whatever moved
+    generation.routed_experts       # with return_routed_experts: MoE experts per forwarded token
 
 An attempt sends `prompt + output so far` to the execution's current engine with the output
 budget that is left, so an attempt that ends early (a drain aborted it, the engine aborted or
@@ -69,6 +70,7 @@ class Generation:
         max_attempts: int,
         backoff_s: float,
         unreachable_wait_s: float = 0.0,
+        return_routed_experts: bool = False,
     ) -> None:
         self.router = router
         self.execution_id = execution_id
@@ -83,6 +85,10 @@ class Generation:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.unreachable_wait_s = unreachable_wait_s
+        self.return_routed_experts = return_routed_experts
+        self.routed_experts: npt.NDArray[np.int32] | None = None
+        """[≤ prompt + output - 1, L·k] the experts of each token an attempt forwarded: the rows of the
+        first attempt that forwarded a token (its later outputs were sampled after that routing)."""
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.finish: Finish | None = None
@@ -240,14 +246,23 @@ class Generation:
         version = adapter_version(lora) if lora is not None else None
         if not self.stream:
             with self.clock.outside():
-                result = await engine.client.generate(input_ids, params, rid=self.rid, lora_path=lora)
+                result = await engine.client.generate(
+                    input_ids,
+                    params,
+                    rid=self.rid,
+                    lora_path=lora,
+                    return_routed_experts=self.return_routed_experts,
+                )
             self.router.saw_version(engine, result.weight_version)
+            self._accept_routing(result.routed_experts)
             self._accept(result.output_ids, result.output_logprobs, version or result.weight_version)
             if first:
                 self.cached_tokens = result.cached_tokens
             yield result.output_ids, result.finish_reason
             return
-        chunks = engine.client.generate_stream(input_ids, params, rid=self.rid, lora_path=lora)
+        chunks = engine.client.generate_stream(
+            input_ids, params, rid=self.rid, lora_path=lora, return_routed_experts=self.return_routed_experts
+        )
         iterator = chunks.__aiter__()
         try:
             while True:
@@ -259,12 +274,30 @@ class Generation:
                 reported = chunk.meta_info.get("weight_version")
                 self.router.saw_version(engine, reported)
                 self._accept(chunk.new_output_ids, chunk.new_logprobs, version or reported)
+                if chunk.finished:
+                    self._accept_routing(chunk.routed_experts)
                 if first and chunk.meta_info.get("cached_tokens") is not None:
                     self.cached_tokens = int(chunk.meta_info["cached_tokens"])
                 yield chunk.new_output_ids, chunk.finish_reason
         finally:
             with self.clock.outside():
                 await chunks.aclose()  # type: ignore[attr-defined]
+
+    def _accept_routing(self, rows: npt.NDArray[np.int32] | None) -> None:
+        """Extend the call's routing with an attempt's rows beyond those an earlier attempt gave."""
+        if rows is None:
+            return
+        forwarded = np.flatnonzero((rows >= 0).any(axis=1))  # an aborted prefill leaves -1 rows at the end
+        rows = rows[: int(forwarded[-1]) + 1] if len(forwarded) else rows[:0]
+        known = self.routed_experts
+        if known is None or len(known) == 0:
+            self.routed_experts = rows
+        elif rows.shape[1] != known.shape[1]:
+            raise EngineUnavailableError(
+                f"the engine returned routing of width {rows.shape[1]}; an earlier attempt's was {known.shape[1]}"
+            )
+        elif len(rows) > len(known):
+            self.routed_experts = np.concatenate([known, rows[len(known) :]])
 
     def _accept(self, ids: list[int], logprobs: list[float], weight_version: Any) -> None:
         if len(logprobs) != len(ids):

@@ -74,6 +74,8 @@ class ReplayedGeneration:
         stopped = bool(self.output_ids) and self.output_ids[-1] in stop_token_ids
         self.finish: Finish | None = Finish("stop", self.output_ids[-1]) if stopped else Finish("length")
         self.cached_tokens = len(prompt_ids)
+        self.routed_experts: npt.NDArray[np.int32] | None = None
+        """The recorded output's routing is in the tree already."""
         self.first_token_at: float | None = None
         self.num_moves = 0
         self.kv_migrated_tokens = 0

@@ -33,6 +33,7 @@ from gyre.model.files import check_model_dir
 from gyre.model.init import init_model_dir
 from gyre.model.weights import load_model
 from gyre.trainer.checkpoint import latest_checkpoint, read_adapter_checkpoint
+from gyre.trajectory.archive import archived_trees, load_archived_tree
 from tests.support.audit import assert_audited
 from tests.support.listeners import polling_listeners
 from tests.support.tensorboard import read_scalars
@@ -116,12 +117,19 @@ def test_two_elastic_steps_on_a_tiny_qwen3_moe_and_its_publication_loads_in_tran
     tmp_path: Path,
 ) -> None:
     """Full fine-tuning of a mixture-of-experts model (Qwen3's attention, every layer sparse: this run
-    stands for dense Qwen3 too, whose MLP the unit tests compare with transformers)."""
+    stands for dense Qwen3 too, whose MLP the unit tests compare with transformers), with routing replay
+    on: the engines return each token's experts, the trees keep them (archived with them), micro-steps
+    carry them and the trainer replays them (a micro-step without them would fail its step), and the
+    audit's replay of the gradients routes as the trainer did."""
     model_dir = init_model_dir(tmp_path / "qwen3-moe-tiny", arch="qwen3_moe", size="tiny", seed=0)
-    config = _tiny_config(tmp_path, "e2emoe", model_dir)
+    config = _tiny_config(tmp_path, "e2emoe", model_dir, {"routing_replay": True})
+    assert config.proxy.record_routed_experts
     summary, events = _run_with_status(config, tmp_path)
     _assert_elastic(summary, events)
     assert_audited(config.run.path, steps=2)
+    trees = [load_archived_tree(path) for path in archived_trees(config.run.path).values()]
+    outputs = [n for t in trees for n in t.nodes.values() if n.num_sampled]
+    assert outputs and all(n.routed_experts is not None for n in outputs)
     published = config.run.path / "checkpoints" / "published" / "v00000002"
     assert check_model_dir(published).policy_version == 2
     checkpoint = latest_checkpoint(config.run.path / "checkpoints")

@@ -75,6 +75,9 @@ TINY: dict[str, list[str] | Covered] = {
     "kube": Covered(
         "tests/integration/test_kube_play.py::test_reduced_kube_play_trains_through_a_cell_pod_deletion"
     ),
+    "r3": Covered(
+        "tests/e2e/test_routing_replay.py::test_routing_replay_agrees_on_every_token_and_lowers_the_mismatch"
+    ),
     "redteam": Covered(
         "tests/integration/test_redteam.py::test_every_attack_class_fails_in_each_boundary_launcher"
     ),

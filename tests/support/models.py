@@ -6,6 +6,7 @@
     hf_dir("qwen3")             # `gyre model init --arch qwen3 --size tiny` (BPE tokenizer, the family's template)
     family_dir("llama3")        # a tiny model in a chat family's format (BPE tokenizer)
     load_small()                # CausalLM of small_dir(), fp32
+    moe_dir(seed=4, num_experts=8)    # a small Qwen3-MoE, byte tokenizer + compact ChatML (dims override)
 
 Nothing is committed: every directory is generated into one temporary root per test process.
 """
@@ -59,6 +60,20 @@ def byte_dir(seed: int = 0, context: int = 1024, **dims: int) -> Path:
         family="chatml",
         seed=seed,
         overrides=overrides,
+    )
+
+
+@functools.cache
+def moe_dir(seed: int = 0, **dims: int) -> Path:
+    """A small Qwen3-MoE in the demo model's format; `dims` override config.json keys."""
+    name = "-".join(f"{k}{v}" for k, v in sorted(dims.items()))
+    return init_model_dir(
+        _ROOT / f"moe-{seed}-{name}",
+        arch="qwen3_moe",
+        tokenizer="byte",
+        family="chatml",
+        seed=seed,
+        overrides=dims,
     )
 
 

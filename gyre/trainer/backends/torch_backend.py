@@ -28,6 +28,7 @@ from gyre.model.arch import ModelArch
 from gyre.model.causal_lm import CausalLM
 from gyre.model.lora import LoraAdapter
 from gyre.model.lora_spec import LoraSpec
+from gyre.model.routing import ExpertRouting
 from gyre.model.tree_layout import TreeLayout
 from gyre.model.weights import load_model
 from gyre.rl.microstep import MicroStep
@@ -46,6 +47,11 @@ class TorchTrainer(TrainerBackend):
 
     def __init__(self, spec: TrainerSpec, model: CausalLM, version: int | None) -> None:
         section = spec.section
+        if section.routing_replay and model.arch.moe is None:
+            raise ValueError(
+                f"cell_agent.trainer.routing_replay needs an MoE model; {model.arch.architecture} is dense: "
+                "set routing_replay: false"
+            )
         self.spec = spec
         self.device = torch.device(section.device)
         dtype = _DTYPES[section.dtype]
@@ -92,9 +98,22 @@ class TorchTrainer(TrainerBackend):
         position_ids: torch.Tensor,
         cu_seqlens: torch.Tensor,
         tree: TreeLayout | None,
+        routed_experts: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The packed forward of the trained policy (the base, plus the adapter under LoRA)."""
-        return self.model(input_ids, position_ids, cu_seqlens, tree, lora=self._adapter)
+        """The packed forward of the trained policy (the base, plus the adapter under LoRA);
+        `routed_experts` [T, L·k]: the engine's experts to replay (routing replay)."""
+        routing = None
+        if routed_experts is not None:
+            moe = self.model.arch.moe
+            assert moe is not None, "routing replay on a dense model (refused at creation)"
+            layers, k = self.model.arch.num_layers, moe.num_experts_per_tok
+            if routed_experts.shape[1] != layers * k:
+                raise ValueError(
+                    f"routed experts hold {routed_experts.shape[1]} ids per token; this model routes "
+                    f"{layers} layers x {k} experts"
+                )
+            routing = ExpertRouting(replay=routed_experts.view(-1, layers, k))
+        return self.model(input_ids, position_ids, cu_seqlens, tree, lora=self._adapter, routing=routing)
 
     @property
     def flat_params(self) -> torch.Tensor:
@@ -114,6 +133,7 @@ class TorchTrainer(TrainerBackend):
             objective=self.spec.objective,
             chunk_tokens=self.spec.section.chunk_tokens,
             device=self.device,
+            routing_replay=self.spec.section.routing_replay,
         )
 
     def optimizer_step(self) -> float:

@@ -318,6 +318,8 @@ class EngineCore:
         self.num_prompt_tokens += state.num_prompt
         self.num_cached_prompt_tokens += max(state.num_cached, 0)
         self.num_output_tokens += state.num_output
+        if release and state.request.return_routed_experts:
+            state.routed_experts = self.source.routed_experts(state)
         state.set_finished(reason)
         if release:
             self.source.release(state)

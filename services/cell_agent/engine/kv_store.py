@@ -6,6 +6,7 @@
     store.release(state)             index what is reusable, drop its references
     store.pin(state) / unpin(h)      hold a request's computed KV for migration
     store.export(h) / import_(blob)  the migration payload (see kv_transfer)
+    store.record_routing(slots, r)   an MoE step's experts per slot; store.routing_of(state) reads them
 
 Versions: the source passes a *cache version* that changes on every weight update (the weight
 version plus an update counter, so even an update that keeps the version string invalidates). The
@@ -64,6 +65,9 @@ class KVStore:
         self.num_blocks = 1 + -(-num_tokens // block_size)
         self.enable_prefix_cache = enable_prefix_cache
         self.cache: PagedKVCache | None = None
+        self.routing: torch.Tensor | None = None
+        """MoE models: [slots, L, k] int32, the experts each layer chose for the token at a slot (what
+        SGLang keeps for `return_routed_experts`), so a prefix-cache hit answers its routing too."""
         self.blocks = BlockManager(self.num_blocks, block_size)
         self._pins: dict[str, _Pin] = {}
         self._handles = itertools.count(1)
@@ -80,6 +84,10 @@ class KVStore:
             self.cache = PagedKVCache.allocate(
                 self.arch, self.num_blocks * self.block_size, self.block_size, self.dtype
             )
+        moe = self.arch.moe
+        if moe is not None and self.routing is None:
+            shape = (self.num_blocks * self.block_size, self.arch.num_layers, moe.num_experts_per_tok)
+            self.routing = torch.full(shape, -1, dtype=torch.int32)
 
     def drop(self) -> None:
         """Free the pool and forget every cached block and pin (no request may hold blocks)."""
@@ -89,6 +97,7 @@ class KVStore:
         self._pins.clear()
         self.blocks = BlockManager(self.num_blocks, self.block_size)
         self.cache = None
+        self.routing = None
 
     def _pool(self) -> PagedKVCache:
         if self.cache is None:
@@ -141,6 +150,8 @@ class KVStore:
             src, dst = partial.block * bs, own[0] * bs
             pool = self._pool()
             pool.copy_slots(dst, src, k)
+            if self.routing is not None:
+                self.routing[dst : dst + k] = self.routing[src : src + k]
             covered += k
             self.blocks.decref(partial.block)
         state.backend_state = RequestKV(
@@ -278,6 +289,8 @@ class KVStore:
         pool = self._pool()
         slots = torch.tensor([blocks[p // bs] * bs + p % bs for p in range(n)], dtype=torch.long)
         pool.put_slots(slots, payload.k, payload.v)
+        if self.routing is not None:
+            self.routing[slots] = -1  # the payload carries no routing
         parent: Hashable = version_root(current_version)
         for i, block in enumerate(blocks):
             parent = self.blocks.insert(parent, payload.token_ids[i * bs : (i + 1) * bs], block)
@@ -286,6 +299,32 @@ class KVStore:
 
     def flush(self) -> int:
         return self.blocks.flush()
+
+    # ---- MoE routing -------------------------------------------------------------------------
+
+    def record_routing(self, slots: torch.Tensor, chosen: dict[int, torch.Tensor]) -> None:
+        """Compute thread: the experts `chosen` ({layer: [N, k]}) of the N tokens written at `slots`."""
+        if self.routing is None or not chosen:
+            return
+        flat = slots.reshape(-1)
+        for layer, experts in chosen.items():
+            self.routing[flat, layer] = experts.to(torch.int32)
+
+    def routing_of(self, state: RequestState) -> torch.Tensor | None:
+        """[len(tokens) - 1, L, k]: the experts of each of `state`'s tokens computed so far (the last
+        token is never forwarded), -1 beyond them."""
+        if self.routing is None:
+            return None
+        n = max(len(state.tokens) - 1, 0)
+        out = torch.full((n, *self.routing.shape[1:]), -1, dtype=torch.int32)
+        kv = state.backend_state
+        if isinstance(kv, RequestKV):
+            bs = self.block_size
+            m = min(state.num_computed, n)
+            positions = torch.arange(m)
+            blocks = torch.tensor(kv.blocks[: -(-m // bs)], dtype=torch.long)
+            out[:m] = self.routing[blocks[positions // bs] * bs + positions % bs]
+        return out
 
     def stats(self) -> dict[str, int]:
         return {

@@ -4,7 +4,8 @@
      "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
                    "weight_version", "num_retractions", "e2e_latency",
                    "output_token_logprobs": [[logprob, token_id, text | null], ...]   # return_logprob
-                   "input_token_logprobs": []}}                                      # return_logprob
+                   "input_token_logprobs": [],                                       # return_logprob
+                   "routed_experts": base64 of int32 [prompt + completion - 1, L, k]}}  # return_routed_experts
 
 As in SGLang, `output_ids` include a matched stop token while `text` does not (unless `no_stop_trim`),
 and a matched stop string is cut from `text`. The token text in log-prob triples is null unless
@@ -14,12 +15,20 @@ Streaming has SGLang's two shapes: cumulative chunks (each repeats everything so
 default) or incremental chunks (`--incremental-streaming-output`: only what is new, including the
 log-prob slice). While streaming, text that could be the start of a stop string is held back so a
 later chunk never has to take text back.
+
+`routed_experts` is SGLang's (`--enable-return-routed-experts`): the experts each decoder layer chose
+for every token that went through a forward (the prompt and all outputs but the last), little-endian
+int32 in base64, in the finished response only; -1 marks a dense layer or a token whose KV came from
+elsewhere (an import).
 """
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Any
+
+import torch
 
 from gyre.model.tokenizer import IncrementalDecoder, Tokenizer
 from services.cell_agent.engine.request import RequestState
@@ -88,6 +97,9 @@ class OutputBuilder:
                 [state.output_logprobs[i], ids[i], self._tokenizer.token_text(ids[i]) if with_text else None]
                 for i in range(first, len(ids))
             ]
+        if state.routed_experts is not None and state.finished:
+            data = state.routed_experts.to(torch.int32).numpy().astype("<i4").tobytes()
+            meta["routed_experts"] = base64.b64encode(data).decode("ascii")
         return meta
 
     def chunk(self, weight_version: str) -> dict[str, Any] | None:

@@ -2,7 +2,7 @@
 
 Field names and defaults follow SGLang's `GenerateReqInput` (managers/io_struct.py) and
 `SamplingParams` (sampling/sampling_params.py): `rid`, `input_ids` (or `text`), `sampling_params`,
-`return_logprob`, `return_text_in_logprobs`, `stream`; inside `sampling_params` `max_new_tokens`
+`return_logprob`, `return_text_in_logprobs`, `return_routed_experts`, `stream`; inside `sampling_params` `max_new_tokens`
 (default 128), `temperature` (1.0; 0 = greedy), `top_p`, `top_k` (-1 = off), `min_p`, `stop`,
 `stop_token_ids`, `ignore_eos`, `skip_special_tokens` (True), `no_stop_trim`, `sampling_seed`.
 
@@ -91,6 +91,8 @@ class GenerateRequest:
     stream: bool = False
     lora_name: str | None = None
     """The LoRA adapter to run on (SGLang's `lora_path`: the name it was loaded under); None = base."""
+    return_routed_experts: bool = False
+    """Answer the MoE experts of every token forwarded (`meta_info.routed_experts`, SGLang's format)."""
 
 
 def check_token_ids(ids: Sequence[Any], vocab_size: int) -> None:
@@ -236,6 +238,7 @@ def parse_generate(body: Any, tokenizer: Tokenizer, vocab_size: int, max_seq_len
         return_text_in_logprobs=bool(body.get("return_text_in_logprobs") or False),
         stream=bool(body.get("stream") or False),
         lora_name=lora,
+        return_routed_experts=bool(body.get("return_routed_experts") or False),
     )
 
 

@@ -52,6 +52,9 @@ class RequestState:
     num_retractions: int = 0
     admit_seq: int = 0
     backend_state: Any = None
+    routed_experts: torch.Tensor | None = None
+    """[len(tokens) - 1, L, k] int32 experts of every forwarded token, taken at the finish when the
+    request asked `return_routed_experts` and the source serves an MoE model (-1: not known)."""
     arrival_s: float = field(default_factory=time.monotonic)
     first_token_s: float | None = None
     finish_s: float | None = None

@@ -42,6 +42,11 @@ def test_yaml_then_env_then_overrides(tmp_path: Path) -> None:
             "cell_agent",
             "set published_weights: shared",
         ),
+        (
+            "cell_agent:\n  trainer:\n    backend: megatron\n    routing_replay: true\n",
+            "cell_agent.trainer",
+            "does not replay MoE routing; use backend: torch",
+        ),
     ],
 )
 def test_bad_values_name_the_field(tmp_path: Path, yaml_text: str, field: str, hint: str) -> None:
@@ -52,6 +57,12 @@ def test_bad_values_name_the_field(tmp_path: Path, yaml_text: str, field: str, h
     message = str(info.value)
     assert field in message and hint in message
     assert "\n" not in message
+
+
+def test_routing_replay_records_routing_in_the_proxy() -> None:
+    config = load_config(None, environ={}, overrides={"cell_agent": {"trainer": {"routing_replay": True}}})
+    assert config.proxy.record_routed_experts
+    assert not load_config(None, environ={}).proxy.record_routed_experts
 
 
 def test_not_yaml_and_not_a_mapping(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,9 @@ class SimulatedExecution:
         self._counter = 0
         self.main = self._new_agent("main", MAIN_SYSTEM, sub=False, task="Build the project.")
         self.pending_subs: list[tuple[Agent, str]] = []
+        self.route: Callable[[np.ndarray], np.ndarray] | None = None
+        """Routing replay: the MoE experts [n, L·k] of a call's n tokens; each commit records the rows
+        of its prompt and output but the last, as an engine's `return_routed_experts` answers."""
 
     # -- actions ------------------------------------------------------------------------------
 
@@ -161,8 +165,15 @@ class SimulatedExecution:
             prepared = self.tree.prepare(from_anthropic(self._body(agent, messages), self._headers(agent)))
         ids = self._sample()
         logprobs = [-self.rng.random() for _ in ids]
+        routed = None
+        if self.route is not None:
+            routed = self.route(np.concatenate([prepared.input_ids, np.asarray(ids, np.int32)]))[:-1]
         result = self.tree.commit(
-            prepared, ids, logprobs, CallMeta(request_id=str(self.num_requests), policy_version=3)
+            prepared,
+            ids,
+            logprobs,
+            CallMeta(request_id=str(self.num_requests), policy_version=3),
+            routed_experts=routed,
         )
         assert result.output is not None
         output_key = f"out:{result.output_node.node_id}"
@@ -251,10 +262,14 @@ def _echo(block: dict[str, Any]) -> dict[str, Any]:
     return {"type": "tool_use", "id": block["id"], "name": block["name"], "input": compact}
 
 
-def run_script(seed: int, actions: list[str]) -> SimulatedExecution:
+def run_script(
+    seed: int, actions: list[str], route: Callable[[np.ndarray], np.ndarray] | None = None
+) -> SimulatedExecution:
     """Run a list of actions: step, retry, abandon, compact, sub (starts or advances a sub-agent),
-    parallel (a main and a sub-agent call in flight together), sub_compact, sub_end."""
+    parallel (a main and a sub-agent call in flight together), sub_compact, sub_end. `route`: record
+    MoE routing (`SimulatedExecution.route`)."""
     sim = SimulatedExecution(seed)
+    sim.route = route
     sub: Agent | None = None
     for action in actions:
         if action == "step":

@@ -189,5 +189,11 @@ class OutputSource(ABC):
     @abstractmethod
     def stats(self) -> dict[str, Any]: ...
 
+    def routed_experts(self, state: RequestState) -> torch.Tensor | None:
+        """The MoE experts [len(tokens) - 1, L, k] (int32, -1 where unknown) of every token of `state`
+        forwarded so far, as SGLang's `return_routed_experts` answers them; None: this source serves
+        no MoE model. Called before `release`."""
+        return None
+
     def model_info(self) -> dict[str, Any]:
         return {"model_path": None}

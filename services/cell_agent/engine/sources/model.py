@@ -20,6 +20,7 @@ from gyre.model.arch import ModelError
 from gyre.model.causal_lm import CausalLM
 from gyre.model.files import check_model_dir
 from gyre.model.paged import PagedBatch
+from gyre.model.routing import ExpertRouting
 from gyre.model.weights import assign_weights, load_model, load_state_dict, torch_dtype
 from services.cell_agent.engine.kv_store import KVStore
 from services.cell_agent.engine.request import RequestState
@@ -182,7 +183,10 @@ class ModelSource(OutputSource):
             )
             last = torch.tensor([x.count - 1 for x in rows], dtype=torch.long)
             lora = self.adapters.bank.rows(x.adapter for x in rows) if self.adapters is not None else None
-            logits = model.forward_paged(ids, cache, batch, last_index=last, lora=lora)
+            routing = ExpertRouting() if self.store.routing is not None else None
+            logits = model.forward_paged(ids, cache, batch, last_index=last, lora=lora, routing=routing)
+            if routing is not None:
+                self.store.record_routing(batch.write_slots, routing.chosen)
             picks = [b for b, i in enumerate(group) if plan.rows[i].samples]
             sampled_rows.extend(group[b] for b in picks)
             if picks:  # a decode group samples every row: its logits as they are, no copy
@@ -204,6 +208,9 @@ class ModelSource(OutputSource):
         for row in plan.rows:
             row.state.num_computed = row.start + row.count
             self.store.register(row.state, self.cache_key(row.state))
+
+    def routed_experts(self, state: RequestState) -> torch.Tensor | None:
+        return self.store.routing_of(state)
 
     def release(self, state: RequestState) -> None:
         self.store.release(state, self.cache_key(state))

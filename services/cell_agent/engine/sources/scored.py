@@ -8,6 +8,8 @@ request's own prompt: log_softmax(logits / T) of the prompt plus the scripted to
 (effective) temperature, with the request's LoRA adapter (`lora_path`) when it names one. Training on such a run sees real importance ratios π_θ / p_roll, weight
 updates reach the scoring model, and the harness sees real tool calls — only the choice of tokens is
 a stand-in for sampling. Use it where the harness, not the policy, is what the run must exercise.
+On an MoE model the scoring forward also records each token's experts, which `return_routed_experts`
+answers (routing replay).
 
     cell_agent: {engine: {output_source: scored_script, script_file: script.jsonl, script_repeat: true}}
 """
@@ -24,7 +26,9 @@ from gyre.model.arch import ModelError
 from gyre.model.causal_lm import CausalLM
 from gyre.model.files import check_model_dir
 from gyre.model.logprobs import effective_temperature, token_logprobs
+from gyre.model.routing import ExpertRouting
 from gyre.model.weights import assign_weights, load_model, load_state_dict
+from services.cell_agent.engine.request import RequestState
 from services.cell_agent.engine.sources.base import OutputSourceError, Sampled, SourceContext, StepPlan
 from services.cell_agent.engine.sources.scripted import ScriptedSource
 
@@ -37,6 +41,8 @@ class ScoredScriptSource(ScriptedSource):
     def __init__(self, *, model: CausalLM, **scripted: Any) -> None:
         super().__init__(**scripted)
         self._model = model.eval()
+        self._routing: dict[RequestState, torch.Tensor] = {}
+        """MoE models: the experts [prompt + script, L, k] of each scored request's tokens."""
 
     @classmethod
     def create(cls, ctx: SourceContext) -> ScoredScriptSource:
@@ -67,14 +73,40 @@ class ScoredScriptSource(ScriptedSource):
                 )
                 # the logits of the last prompt token and the scripted ones only: projecting a whole
                 # prompt onto the vocabulary was ~30% of its forward (7K tokens, tiny Qwen3, CPU)
+                moe = self._model.arch.moe
+                routing = ExpertRouting() if moe is not None else None
                 logits = self._model(
-                    ids, torch.arange(len(ids)), [0, len(ids)], lora=lora, logits_from=max(len(prompt) - 1, 0)
+                    ids,
+                    torch.arange(len(ids)),
+                    [0, len(ids)],
+                    lora=lora,
+                    logits_from=max(len(prompt) - 1, 0),
+                    routing=routing,
                 )
+                if routing is not None and moe is not None:
+                    self._routing[row.state] = routing.stacked(
+                        self._model.arch.num_layers, moe.num_experts_per_tok
+                    )
                 temperature = effective_temperature(row.state.request.sampling.temperature)
                 scored = token_logprobs(logits[:-1], ids[len(prompt) :], temperature)
                 cursor.logprobs = scored.tolist()
                 cursor.scored = True
         return super().execute(plan)
+
+    def routed_experts(self, state: RequestState) -> torch.Tensor | None:
+        rows = self._routing.get(state)
+        if rows is None:
+            return None
+        n = max(len(state.tokens) - 1, 0)
+        out = torch.full((n, *rows.shape[1:]), -1, dtype=torch.int32)
+        m = min(n, len(rows))
+        out[:m] = rows[:m]
+        return out
+
+    def release(self, state: RequestState) -> None:
+        if state.finished:  # a retracted request keeps its scored script, so its routing too
+            self._routing.pop(state, None)
+        super().release(state)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor], weight_version: str | None) -> str:
