@@ -12,6 +12,9 @@ every name. To add a back end: add its name and a line on what it is here, its h
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,14 +29,21 @@ ENGINE_BACKENDS: dict[str, str] = {
 }
 """name → what it is."""
 
-_FIND_SGLANG = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('sglang') else 3)"
+_FIND_SGLANG = (
+    "import importlib.util, sys; spec = importlib.util.find_spec('sglang'); "
+    "sys.exit(3) if spec is None else print(spec.submodule_search_locations[0])"
+)
+_ENTRY_CLASS = re.compile(r"^EntryClass\s*=\s*(\[[^\]]*\]|\w+)", re.MULTILINE)
 
 
 def check_engine(section: EngineSection, model_dir: Path) -> None:
     """`ConfigError` (one line naming the field) when `section.backend` is not registered or cannot start
-    here: for `sglang`, an interpreter without sglang, or (on CPU) a KV budget smaller than the context it
-    serves. SGLang itself starts with such a budget and refuses every call longer than the budget with a
-    400, while it reports the full context length that callers size their calls by."""
+    here: for `sglang`, an interpreter without sglang, a model SGLang cannot load (an architecture no
+    module of `sglang.srt.models` serves, or whose module fails to import here — on CPU, a kernel the
+    CPU shim does not supply), or (on CPU) a KV budget smaller than the context it serves. SGLang itself
+    starts with such a budget and refuses every call longer than the budget with a 400, while it reports
+    the full context length that callers size their calls by; with such a model it starts, logs the
+    import error among dozens it ignores, and exits."""
     if section.backend not in ENGINE_BACKENDS:
         raise ConfigError(
             f"cell_agent.engine.backend: {section.backend!r} is not an engine backend; "
@@ -41,7 +51,8 @@ def check_engine(section: EngineSection, model_dir: Path) -> None:
         )
     if section.backend != "sglang":
         return
-    _check_sglang_python(section.sglang_python)
+    package = _check_sglang_python(section.sglang_python)
+    _check_sglang_serves(section, model_dir, package)
     if section.sglang_device == "cpu":
         context = served_context(section, model_dir)
         if context is not None and section.kv_cache_tokens < context:
@@ -65,7 +76,8 @@ def served_context(section: EngineSection, model_dir: Path) -> int | None:
     return read_arch(served).max_position_embeddings if served.is_dir() else None
 
 
-def _check_sglang_python(python: str) -> None:
+def _check_sglang_python(python: str) -> Path:
+    """The directory of the sglang package `python` imports."""
     path = shutil.which(python) if "/" not in python else (python if Path(python).is_file() else None)
     if path is None:
         raise ConfigError(
@@ -73,11 +85,73 @@ def _check_sglang_python(python: str) -> None:
             "run `make setup` (it installs SGLang into .venv-sglang) and set .venv-sglang/bin/python"
         )
     try:
-        found = subprocess.run([path, "-c", _FIND_SGLANG], capture_output=True, timeout=60).returncode == 0
+        found = subprocess.run([path, "-c", _FIND_SGLANG], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ConfigError(f"cell_agent.engine.sglang_python: {python!r} does not run: {e}") from None
-    if not found:
+    if found.returncode != 0 or not found.stdout.strip():
         raise ConfigError(
             f"cell_agent.engine.sglang_python: {python!r} has no sglang installed; run `make setup` "
             "(it installs SGLang into .venv-sglang) and set .venv-sglang/bin/python"
+        )
+    return Path(found.stdout.strip().splitlines()[-1])
+
+
+def sglang_model_modules(package: Path) -> dict[str, str]:
+    """Architecture class → the `sglang.srt.models` module that serves it (its `EntryClass`), read from
+    the sources without importing SGLang."""
+    served: dict[str, str] = {}
+    for source in sorted((package / "srt" / "models").glob("*.py")):
+        match = _ENTRY_CLASS.search(source.read_text(errors="replace"))
+        if match is not None:
+            for name in re.findall(r"\w+", match.group(1)):
+                served.setdefault(name, source.stem)
+    return served
+
+
+def _architecture(directory: Path, field: str) -> str:
+    """config.json's `architectures[0]` (SGLang serves classes Gyre's own registry does not know)."""
+    try:
+        archs = json.loads((directory / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(
+            f"{field}: {directory} is not a model directory SGLang can load: config.json: {e}"
+        ) from None
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise ConfigError(f"{field}: {directory}/config.json names no architectures; SGLang cannot load it")
+    return archs[0]
+
+
+def _check_sglang_serves(section: EngineSection, model_dir: Path, package: Path) -> None:
+    """A model directory SGLang serves here: its architecture has a module in `sglang.srt.models` that
+    imports with this device's settings (a hub id is not read here)."""
+    field = "cell_agent.engine.sglang_model_path" if section.sglang_model_path else "model.path"
+    served = Path(section.sglang_model_path or model_dir)
+    if not served.is_dir():
+        return
+    architecture = _architecture(served, field)
+    module = sglang_model_modules(package).get(architecture)
+    if module is None:
+        raise ConfigError(
+            f"{field}: SGLang cannot load {served}: no module of sglang.srt.models serves {architecture}"
+        )
+    env = {**os.environ, **({"SGLANG_USE_CPU_ENGINE": "1"} if section.sglang_device == "cpu" else {})}
+    code = f"import importlib; importlib.import_module('sglang.srt.models.{module}')"
+    try:
+        done = subprocess.run(
+            [section.sglang_python, "-c", code], capture_output=True, text=True, timeout=300, env=env
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(
+            f"cell_agent.engine.sglang_python: importing sglang.srt.models.{module}: {e}"
+        ) from None
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise ConfigError(
+            f"{field}: SGLang cannot load {architecture} on {section.sglang_device}: sglang.srt.models.{module} "
+            f"fails to import here ({lines[-1] if lines else f'exit {done.returncode}'})"
+            + (
+                "; a kernel the CPU shim does not supply (deploy/sglang/README.md)"
+                if "sgl_kernel" in done.stderr
+                else ""
+            )
         )

@@ -1,6 +1,7 @@
 """Acceptance (bad input): a cell agent whose engine cannot start here — a back end the registry lacks, an
-`sglang_python` that is missing or has no SGLang, a CPU KV budget too small for the context SGLang serves —
-exits 2 with one line naming the field, before it connects to anything or launches an engine. Each case
+`sglang_python` that is missing or has no SGLang, a CPU KV budget too small for the context SGLang serves,
+a model SGLang cannot load (an architecture none of its model modules serves; one whose module needs a
+kernel the CPU shim lacks) — exits 2 with one line naming the field, before it connects to anything or launches an engine. Each case
 is checked by `check_engine` (what the cell agent runs first); the entry point's exit 2 once (a cell agent
 process takes ~15 s to import its service here).
 
@@ -9,6 +10,8 @@ process takes ~15 s to import its service here).
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +72,43 @@ def _kv_budget_too_small(tmp_path: Path) -> tuple[dict[str, Any], str]:
     )
 
 
+def _model_dir(tmp_path: Path, architecture: str) -> Path:
+    """A copy of the tiny Qwen3 whose config.json names `architecture`."""
+    model = tmp_path / architecture
+    shutil.copytree(hf_dir("qwen3"), model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
+    return model
+
+
+def _architecture_sglang_lacks(tmp_path: Path) -> tuple[dict[str, Any], str]:
+    model = _model_dir(tmp_path, "NoSuchModelForCausalLM")
+    engine = {**_cpu_sglang(), "sglang_model_path": str(model)}
+    return engine, (
+        f"cell_agent.engine.sglang_model_path: SGLang cannot load {model}: no module of sglang.srt.models "
+        "serves NoSuchModelForCausalLM"
+    )
+
+
+def _architecture_needing_a_missing_kernel(tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """Qwen3.5's module imports a fused kernel (`fused_sigmoid_mul_cpu`) the CPU shim does not supply."""
+    model = _model_dir(tmp_path, "Qwen3_5ForCausalLM")
+    engine = {**_cpu_sglang(), "sglang_model_path": str(model)}
+    return engine, (
+        "cell_agent.engine.sglang_model_path: SGLang cannot load Qwen3_5ForCausalLM on cpu: "
+        "sglang.srt.models.qwen3_5"
+    )
+
+
+def _cpu_sglang() -> dict[str, Any]:
+    return {
+        "backend": "sglang",
+        "sglang_device": "cpu",
+        "sglang_python": str(sglang_python()),
+        "kv_cache_tokens": 32768,
+    }
+
+
 def _unregistered_backend(tmp_path: Path) -> tuple[dict[str, Any], str]:
     return {"backend": "vllm"}, (
         f"cell_agent.engine.backend: 'vllm' is not an engine backend; choose one of {', '.join(ENGINE_BACKENDS)}"
@@ -76,13 +116,23 @@ def _unregistered_backend(tmp_path: Path) -> tuple[dict[str, Any], str]:
 
 
 @pytest.mark.parametrize(
-    "breaks", [_unregistered_backend, _no_sglang_python, _python_without_sglang, _kv_budget_too_small]
+    "breaks",
+    [
+        _unregistered_backend,
+        _no_sglang_python,
+        _python_without_sglang,
+        _kv_budget_too_small,
+        _architecture_sglang_lacks,
+        _architecture_needing_a_missing_kernel,
+    ],
 )
 def test_check_engine_names_the_field(tmp_path: Path, breaks: Any) -> None:
     engine, message = breaks(tmp_path)
     with pytest.raises(ConfigError) as e:
         check_engine(EngineSection(**engine), hf_dir("qwen3"))
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    if breaks is _architecture_needing_a_missing_kernel:
+        assert "fused_sigmoid_mul_cpu" in str(e.value) and "CPU shim" in str(e.value)
 
 
 def test_the_cell_agent_exits_2_naming_the_field(tmp_path: Path) -> None:
