@@ -160,8 +160,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _is_resource_tracker(process: psutil.Process) -> bool:
-    """multiprocessing's own helper of this process (it exits with it)."""
+    """multiprocessing's own helper of this process, or torch's shared-memory manager (tensors shared by
+    file name, `gyre.engine.tensor_codec`): each exits with this process."""
     try:
-        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+        command = " ".join(process.cmdline())
+        return "multiprocessing.resource_tracker" in command or "torch_shm_manager" in command
     except psutil.Error:
         return False

@@ -416,6 +416,7 @@ class EngineClient:
 
         if encoding == "auto":
             encoding = SAFETENSORS if await self._kind() == "embedded" else SGLANG
+        shared: list[torch.Tensor] = []  # SGLang's encoding: memory the server reads before it answers
         payload = await asyncio.to_thread(
             update_weights_payload,
             named_tensors,
@@ -424,9 +425,11 @@ class EngineClient:
             weight_version=weight_version,
             flush_cache=flush_cache,
             abort_all_requests=abort_all_requests,
+            keep=shared,
         )
         async with self._weight_update_session():
             response = await self._call("POST", "/update_weights_from_tensor", json=payload)
+        shared.clear()
         return str(response.json().get("message", ""))
 
     @contextlib.asynccontextmanager

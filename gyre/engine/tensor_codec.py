@@ -5,7 +5,12 @@
 - `sglang` (a real SGLang server): what SGLang's `MultiprocessingSerializer.serialize(..., output_str
   =True)` produces, base64 of a torch `ForkingPickler` dump of `[(name, tensor), ...]`. Storages
   travel as shared-memory or CUDA-IPC handles, so this only works for a trainer on the same host as
-  the server and while the sending process keeps the tensors alive (SGLang's colocated weight sync).
+  the server and while the sending process keeps the tensors alive (SGLang's colocated weight sync):
+  the caller holds `keep` until the server has answered. CPU tensors are copied into named shared
+  memory (torch's `file_system` sharing): the default `file_descriptor` sharing hands a descriptor
+  over multiprocessing's resource sharer, whose authentication key only processes spawned by the
+  sender hold, and a server the cell agent launched refuses it (measured: `AuthenticationError`,
+  then the server's scheduler died).
 
 Either way the request carries one string per tensor-parallel rank of the server.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 from collections.abc import Mapping
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -23,6 +29,7 @@ import torch.multiprocessing  # registers torch's ForkingPickler reductions
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+_SHARING = threading.Lock()  # the sharing strategy is process-wide: one encoder at a time sets it
 SAFETENSORS = "safetensors"
 SGLANG = "sglang"
 
@@ -36,10 +43,22 @@ def decode_safetensors_b64(text: str) -> dict[str, torch.Tensor]:
     return dict(st_load(base64.b64decode(text)))
 
 
-def encode_sglang_b64(named_tensors: Mapping[str, torch.Tensor]) -> str:
-    """SGLang's MultiprocessingSerializer format (see the module docstring for its limits)."""
+def encode_sglang_b64(named_tensors: Mapping[str, torch.Tensor], keep: list[torch.Tensor]) -> str:
+    """SGLang's MultiprocessingSerializer format (see the module docstring for its limits); the shared
+    copies are appended to `keep`, which the caller holds until the server has read them."""
+    shared = [
+        (name, t.detach().clone() if t.device.type == "cpu" else t.detach())
+        for name, t in named_tensors.items()
+    ]
+    keep.extend(t for _, t in shared)
     buf = io.BytesIO()
-    ForkingPickler(buf).dump([(name, t.detach()) for name, t in named_tensors.items()])
+    previous = torch.multiprocessing.get_sharing_strategy()
+    with _SHARING:
+        torch.multiprocessing.set_sharing_strategy("file_system")
+        try:
+            ForkingPickler(buf).dump(shared)
+        finally:
+            torch.multiprocessing.set_sharing_strategy(previous)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -51,12 +70,18 @@ def update_weights_payload(
     weight_version: str | None = None,
     flush_cache: bool = True,
     abort_all_requests: bool = False,
+    keep: list[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of `/update_weights_from_tensor` (SGLang's UpdateWeightsFromTensorReqInput)."""
+    """The JSON body of `/update_weights_from_tensor` (SGLang's UpdateWeightsFromTensorReqInput); the
+    `sglang` encoding needs `keep` (see `encode_sglang_b64`)."""
     if encoding == SAFETENSORS:
         serialized, load_format = encode_safetensors_b64(named_tensors), SAFETENSORS
     elif encoding == SGLANG:
-        serialized, load_format = encode_sglang_b64(named_tensors), None
+        if keep is None:
+            raise ValueError(
+                "the sglang encoding shares memory: pass `keep` and hold it until the server answers"
+            )
+        serialized, load_format = encode_sglang_b64(named_tensors, keep), None
     else:
         raise ValueError(f"unknown tensor encoding {encoding!r}; expected {SAFETENSORS!r} or {SGLANG!r}")
     return {

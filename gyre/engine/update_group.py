@@ -14,12 +14,14 @@ gloo between CPU processes, NCCL between GPUs. The core hosts the store on a soc
 (loopback on one machine), as `gyre.trainer.collectives.host_store` does.
 
     sender = UpdateGroupSender.host(bind_host="127.0.0.1", world_size=2, backend="gloo", timeout_s=60)
-    ... POST /init_weights_update_group {master_address, master_port: sender.port, rank_offset: 1, ...}
-    sender.connect()                            # blocks until every engine rank has joined
+    ... POST /init_weights_update_group {master_address, master_port: sender.port, rank_offset: 1,
+                                         group_name: "g", ...}
+    sender.connect("g")                         # blocks until every engine rank has joined
     works = sender.broadcast(tensors)           # with the POST /update_weights_from_distributed in flight
 
-    group = join_group(master_address=..., master_port=..., rank=1, world_size=2, backend="gloo", timeout_s=60)
-    received = receive(group, [(name, dtype, shape), ...])            # the engine's side
+    group = join_group(master_address=..., master_port=..., rank=1, world_size=2, backend="gloo",
+                       timeout_s=60, host="127.0.0.1", group_name="g")   # the engine's side
+    received = receive(group, [(name, dtype, shape), ...])
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.distributed import TCPStore  # type: ignore[attr-defined]
+from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
 T = TypeVar("T")
 BACKENDS = ("gloo", "nccl")
@@ -61,19 +63,27 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def _group(
-    store: TCPStore, *, rank: int, world_size: int, backend: str, timeout_s: float, host: str
+    store: TCPStore, *, rank: int, world_size: int, backend: str, timeout_s: float, host: str, group_name: str
 ) -> dist.ProcessGroup:
+    """Form the group under the store keys SGLang's engine ranks use: `init_custom_process_group` puts
+    the rendezvous store under `PrefixStore(group_name)`, then torch's `_new_process_group_helper`
+    prefixes `{group_name}/` and `{device}/` for each device's backend. The tensors travel on the
+    backend of their device — `cpu/` for gloo, `cuda/` for NCCL — and that is the one formed here
+    (against SGLang 0.5.23 on torch 2.13, gloo's `cuda/` half never forms on a CPU server, and rank 0
+    waiting for it would wait forever; tests/integration/test_engine_backends.py publishes into it)."""
     timeout = datetime.timedelta(seconds=timeout_s)
+    device = {"gloo": "cpu", "nccl": "cuda"}.get(backend)
+    if device is None:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    keys = PrefixStore(f"{device}/", PrefixStore(f"{group_name}/", PrefixStore(group_name, store)))
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-        return dist.ProcessGroupGloo(store, rank, world_size, options)
-    if backend == "nccl":  # untested here: no GPU on the machines that built this
-        nccl_options = dist.ProcessGroupNCCL.Options()
-        nccl_options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, nccl_options)
-    raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        return dist.ProcessGroupGloo(keys, rank, world_size, options)
+    nccl_options = dist.ProcessGroupNCCL.Options()  # untested here: no GPU on the machines that built this
+    nccl_options._timeout = timeout
+    return dist.ProcessGroupNCCL(keys, rank, world_size, nccl_options)
 
 
 def join_group(
@@ -85,6 +95,7 @@ def join_group(
     backend: str,
     timeout_s: float,
     host: str,
+    group_name: str,
 ) -> dist.ProcessGroup:
     """An engine rank's side: connect to the trainer's store and form the group (blocks until all joined).
     `host` is the address this process's gloo device binds (the interface facing the trainer)."""
@@ -97,7 +108,15 @@ def join_group(
         is_master=False,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    return _group(store, rank=rank, world_size=world_size, backend=backend, timeout_s=timeout_s, host=host)
+    return _group(
+        store,
+        rank=rank,
+        world_size=world_size,
+        backend=backend,
+        timeout_s=timeout_s,
+        host=host,
+        group_name=group_name,
+    )
 
 
 def receive(
@@ -157,8 +176,9 @@ class UpdateGroupSender:
     def port(self) -> int:
         return int(self.listener.getsockname()[1])
 
-    def connect(self) -> None:
-        """Form the group as rank 0 (blocks until every engine rank has joined, or the timeout)."""
+    def connect(self, group_name: str) -> None:
+        """Form the group `group_name` as rank 0 (blocks until every engine rank has joined, or the
+        timeout); the engines are told the same name (`/init_weights_update_group`)."""
         self.group = _group(
             self.store,
             rank=0,
@@ -166,6 +186,7 @@ class UpdateGroupSender:
             backend=self.backend,
             timeout_s=self.timeout_s,
             host=self.bind_host,
+            group_name=group_name,
         )
 
     def broadcast(self, tensors: Sequence[torch.Tensor]) -> list[dist.Work]:

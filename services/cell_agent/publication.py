@@ -125,7 +125,7 @@ class Publisher:
             timeout_s=self.timeout_s,
         )
         name = f"gyre-{self.run_id}-{uuid.uuid4().hex[:8]}"
-        joined = in_daemon_thread(sender.connect)
+        joined = in_daemon_thread(lambda: sender.connect(name))
         try:
             await client.init_weights_update_group(
                 master_address=self.advertise_host,

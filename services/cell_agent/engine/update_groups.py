@@ -122,6 +122,7 @@ class UpdateGroups:
                 backend="gloo",
                 timeout_s=self.timeout_s,
                 host=self.host,
+                group_name=name,
             )
         )
         self._groups[name] = group

@@ -270,9 +270,18 @@ def test_tensor_encodings_round_trip() -> None:
     assert len(body["serialized_named_tensors"]) == 2  # one per tensor-parallel rank, as SGLang expects
     decoded = decode_safetensors_b64(body["serialized_named_tensors"][0])
     assert all(torch.equal(decoded[k], v) for k, v in tensors.items())
-    # SGLang's MultiprocessingSerializer format: a ForkingPickler dump of [(name, tensor), ...].
-    named = pickle.loads(base64.b64decode(encode_sglang_b64(tensors)))
+    # SGLang's MultiprocessingSerializer format: a ForkingPickler dump of [(name, tensor), ...], whose
+    # storages are copies in named shared memory (rebuilt by file name, as SGLang's unpickler allows),
+    # held in `keep` until the server has read them.
+    keep: list[torch.Tensor] = []
+    payload = encode_sglang_b64(tensors, keep)
+    assert b"rebuild_storage_filename" in base64.b64decode(payload)
+    named = pickle.loads(base64.b64decode(payload))
     assert [n for n, _ in named] == list(tensors) and torch.equal(named[0][1], tensors["norm.weight"])
-    assert update_weights_payload(tensors, encoding="sglang")["load_format"] is None
+    assert len(keep) == 2 and keep[0].data_ptr() != tensors["norm.weight"].data_ptr()
+    assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"  # restored
+    assert update_weights_payload(tensors, encoding="sglang", keep=[])["load_format"] is None
+    with pytest.raises(ValueError, match="pass `keep`"):
+        update_weights_payload(tensors, encoding="sglang")
     with pytest.raises(ValueError, match="unknown tensor encoding"):
         update_weights_payload(tensors, encoding="pickle5")

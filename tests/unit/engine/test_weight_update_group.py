@@ -23,7 +23,7 @@ GREEDY = {**PARAMS, "temperature": 0.0}
 @asynccontextmanager
 async def joined(client: EngineClient, name: str = "g") -> AsyncIterator[UpdateGroupSender]:
     sender = UpdateGroupSender.host(bind_host="127.0.0.1", world_size=2, backend="gloo", timeout_s=30)
-    connected = in_daemon_thread(sender.connect)
+    connected = in_daemon_thread(lambda: sender.connect(name))
     message = await client.init_weights_update_group(
         master_address="127.0.0.1",
         master_port=sender.port,
