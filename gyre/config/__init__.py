@@ -114,6 +114,17 @@ class GyreConfig(Section):
 
     @model_validator(mode="after")
     def _routing_recorded_for_replay(self) -> GyreConfig:
+        engine = self.cell_agent.engine
+        if (
+            self.cell_agent.trainer.routing_replay
+            and engine.backend == "sglang"
+            and engine.sglang_device == "cpu"
+        ):
+            raise ValueError(
+                "cell_agent.trainer.routing_replay: SGLang's CPU path cannot return routed experts "
+                "(--enable-return-routed-experts: its RoutedExpertsCapturer pins host memory with "
+                "cudaHostRegister and the server exits at start); replay routing on CPU with backend: embedded"
+            )
         if self.cell_agent.trainer.routing_replay:
             self.proxy.record_routed_experts = True
         return self

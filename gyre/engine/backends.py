@@ -53,6 +53,12 @@ def check_engine(section: EngineSection, model_dir: Path) -> None:
         return
     package = _check_sglang_python(section.sglang_python)
     _check_sglang_serves(section, model_dir, package)
+    if section.sglang_device == "cpu" and section.enable_lora:
+        raise ConfigError(
+            "cell_agent.engine.enable_lora: SGLang's LoRA layers cannot start on CPU "
+            "(sglang.srt.lora.layers allocates its offsets with pin_memory=True, which needs a CUDA "
+            "allocator); serve LoRA on CPU with backend: embedded"
+        )
     if section.sglang_device == "cpu":
         context = served_context(section, model_dir)
         if context is not None and section.kv_cache_tokens < context:
@@ -108,17 +114,19 @@ def sglang_model_modules(package: Path) -> dict[str, str]:
     return served
 
 
-def _architecture(directory: Path, field: str) -> str:
-    """config.json's `architectures[0]` (SGLang serves classes Gyre's own registry does not know)."""
+def _model_config(directory: Path, field: str) -> tuple[str, dict[str, object]]:
+    """config.json's `architectures[0]` and the whole config (SGLang serves classes Gyre's own registry
+    does not know)."""
     try:
-        archs = json.loads((directory / "config.json").read_text()).get("architectures")
+        config = json.loads((directory / "config.json").read_text())
+        archs = config.get("architectures")
     except (OSError, ValueError, AttributeError) as e:
         raise ConfigError(
             f"{field}: {directory} is not a model directory SGLang can load: config.json: {e}"
         ) from None
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise ConfigError(f"{field}: {directory}/config.json names no architectures; SGLang cannot load it")
-    return archs[0]
+    return archs[0], config
 
 
 def _check_sglang_serves(section: EngineSection, model_dir: Path, package: Path) -> None:
@@ -128,11 +136,18 @@ def _check_sglang_serves(section: EngineSection, model_dir: Path, package: Path)
     served = Path(section.sglang_model_path or model_dir)
     if not served.is_dir():
         return
-    architecture = _architecture(served, field)
+    architecture, config = _model_config(served, field)
     module = sglang_model_modules(package).get(architecture)
     if module is None:
         raise ConfigError(
             f"{field}: SGLang cannot load {served}: no module of sglang.srt.models serves {architecture}"
+        )
+    source = (package / "srt" / "models" / f"{module}.py").read_text(errors="replace")
+    if config.get("tie_word_embeddings") and "tie_word_embeddings" not in source:
+        raise ConfigError(
+            f"{field}: tie_word_embeddings: SGLang's {architecture} (sglang.srt.models.{module}) never ties "
+            "lm_head to the embeddings, so it would serve an lm_head the checkpoint does not hold; untie "
+            "the checkpoint (real checkpoints of this architecture are untied)"
         )
     env = {**os.environ, **({"SGLANG_USE_CPU_ENGINE": "1"} if section.sglang_device == "cpu" else {})}
     code = f"import importlib; importlib.import_module('sglang.srt.models.{module}')"

@@ -1,7 +1,7 @@
 """Acceptance (bad input): a cell agent whose engine cannot start here — a back end the registry lacks, an
 `sglang_python` that is missing or has no SGLang, a CPU KV budget too small for the context SGLang serves,
 a model SGLang cannot load (an architecture none of its model modules serves; one whose module needs a
-kernel the CPU shim lacks) — exits 2 with one line naming the field, before it connects to anything or launches an engine. Each case
+kernel the CPU shim lacks; tied embeddings its module never ties), LoRA on SGLang's CPU path — exits 2 with one line naming the field, before it connects to anything or launches an engine. Each case
 is checked by `check_engine` (what the cell agent runs first); the entry point's exit 2 once (a cell agent
 process takes ~15 s to import its service here).
 
@@ -100,6 +100,22 @@ def _architecture_needing_a_missing_kernel(tmp_path: Path) -> tuple[dict[str, An
     )
 
 
+def _tied_moe_sglang_does_not_tie(tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """SGLang's Qwen3-MoE ignores tie_word_embeddings (real Qwen3-MoE checkpoints are untied); the tiny
+    one `gyre model init` makes is tied."""
+    return _cpu_sglang(), (
+        "model.path: tie_word_embeddings: SGLang's Qwen3MoeForCausalLM (sglang.srt.models.qwen3_moe) never "
+        "ties lm_head to the embeddings"
+    )
+
+
+def _lora_on_sglang_cpu(tmp_path: Path) -> tuple[dict[str, Any], str]:
+    return {**_cpu_sglang(), "enable_lora": True}, (
+        "cell_agent.engine.enable_lora: SGLang's LoRA layers cannot start on CPU (sglang.srt.lora.layers "
+        "allocates its offsets with pin_memory=True"
+    )
+
+
 def _cpu_sglang() -> dict[str, Any]:
     return {
         "backend": "sglang",
@@ -124,12 +140,15 @@ def _unregistered_backend(tmp_path: Path) -> tuple[dict[str, Any], str]:
         _kv_budget_too_small,
         _architecture_sglang_lacks,
         _architecture_needing_a_missing_kernel,
+        _tied_moe_sglang_does_not_tie,
+        _lora_on_sglang_cpu,
     ],
 )
 def test_check_engine_names_the_field(tmp_path: Path, breaks: Any) -> None:
     engine, message = breaks(tmp_path)
+    model = hf_dir("qwen3_moe") if breaks is _tied_moe_sglang_does_not_tie else hf_dir("qwen3")
     with pytest.raises(ConfigError) as e:
-        check_engine(EngineSection(**engine), hf_dir("qwen3"))
+        check_engine(EngineSection(**engine), model)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
     if breaks is _architecture_needing_a_missing_kernel:
         assert "fused_sigmoid_mul_cpu" in str(e.value) and "CPU shim" in str(e.value)

@@ -63,6 +63,15 @@ def test_routing_replay_records_routing_in_the_proxy() -> None:
     config = load_config(None, environ={}, overrides={"cell_agent": {"trainer": {"routing_replay": True}}})
     assert config.proxy.record_routed_experts
     assert not load_config(None, environ={}).proxy.record_routed_experts
+    on_sglang_cpu = {
+        "trainer": {"routing_replay": True},
+        "engine": {"backend": "sglang", "sglang_device": "cpu"},
+    }
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={}, overrides={"cell_agent": on_sglang_cpu})
+    assert "cell_agent.trainer.routing_replay: SGLang's CPU path cannot return routed experts" in str(
+        info.value
+    )
 
 
 def test_not_yaml_and_not_a_mapping(tmp_path: Path) -> None:
