@@ -14,7 +14,9 @@ Four parts, each with its own module:
   on trust, recomputed — each trained group's advantages from the evaluator's rewards, admission and rows
   from the trajectory trees, the coefficients, compared field by field with the micro-steps (every valid
   member in them, no token the engine did not sample a target); and, during the replay, each micro-step's
-  gradient from the trainer's loss against that of the audit's own objective, written independently;
+  gradient from the trainer's loss against that of the audit's own objective, written independently; from
+  the same forward, each step's train/inference mismatch and each correction's clip and mask fractions
+  (`corrections.py`), compared with what the trainer logged for the step (`metrics.jsonl`);
 - **ledger** (`ledger.py`): group → the step that trained it and its staleness, from the packer's batch
   files and the scheduler's dispatch records;
 - **accounting** (`accounting.py`): every dispatched execution in exactly one terminal state, from the

@@ -3,7 +3,8 @@ what it reported about itself.
 
     data = RunData.load(Path("runs/demo-…"))
 
-- the resolved config (`config.yaml`), the run's report (`summary.json`, `events.jsonl`) for comparison;
+- the resolved config (`config.yaml`), the run's report (`summary.json`, `events.jsonl`) and the trainer's
+  per-step metrics (`metrics.jsonl`: the clip and mask fractions and the mismatch it logged) for comparison;
 - the archive (gyre/store/archive.py, gyre/store/step_archive.py): each trained batch's groups and the
   group files (dispatch record, execution records, evaluations, the evaluator's member outcomes, the
   runner's claims), each member's trajectory tree (`archive/trees/`, read when asked: `RunData.tree`),
@@ -29,6 +30,7 @@ from typing import Any
 import redis
 
 from gyre.config import ConfigError, GyreConfig, load_config
+from gyre.metrics.sinks.jsonl import JSONL_NAME
 from gyre.store.archive import archived_batches, read_json_gz
 from gyre.store.keys import Keys
 from gyre.store.step_archive import StepRecordFile, read_step_records
@@ -78,6 +80,8 @@ class RunData:
     scheduler_state: dict[str, Any] | None
     summary: dict[str, Any] | None
     events: list[dict[str, Any]] | None
+    step_metrics: dict[int, dict[str, Any]] | None = None
+    """Step → its row of `metrics.jsonl` (None: the run has no such file)."""
     redis_trees: dict[str, ArchivedTree] = field(default_factory=dict)
     """The trees of the groups still in Redis (the archived ones are read from `archive/trees/`)."""
 
@@ -131,6 +135,15 @@ class RunData:
             if events_path.is_file()
             else None
         )
+        metrics_path = run_dir / JSONL_NAME
+        step_metrics = (
+            {
+                int(r["step"]): r
+                for r in (json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip())
+            }
+            if metrics_path.is_file()
+            else None
+        )
         return cls(
             run_dir=run_dir,
             config=config,
@@ -142,6 +155,7 @@ class RunData:
             scheduler_state=scheduler_state,
             summary=summary,
             events=events,
+            step_metrics=step_metrics,
             redis_trees=trees,
         )
 

@@ -8,7 +8,8 @@ Called by the replay at every step before its optimizer step, with the weights t
 trained at. For each micro-step: the trainer's gradient alone (`zero_grads`, `accumulate`: its loss code),
 then the gradient of the audit's loss over the trainer's forward (`logits`, the same row chunks) by autograd
 into the same buffer. A difference ‖g_trainer − g_audit‖₂ / ‖g_audit‖₂ above the replay's tolerance is a
-defect naming the step and the micro-step.
+defect naming the step and the micro-step. The same forward gives the step's mismatch (`objective.Mismatch`)
+and its corrections' clip and mask fractions (`corrections.py`), which must equal what the trainer logged.
 
 **Why float64.** Both gradients are taken on a float64 copy of the run's trainer (same backend, same
 model code, the replayed weights cast up, no optimizer). In the run's float32, two correct
@@ -22,10 +23,11 @@ trainer's float32 arithmetic itself is what the replay compares with the run's w
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from app.audit.corrections import StepCorrections
 from app.audit.microsteps import ObjectiveResult
 from app.audit.objective import Mismatch, ObjectiveSpec, microstep_objective
 from gyre.rl.microstep import MicroStep
@@ -33,6 +35,18 @@ from gyre.store.step_archive import StepRecordFile
 
 if TYPE_CHECKING:
     from gyre.trainer.backends.base import TrainerBackend
+
+LOGGED_FIELDS = (
+    "num_target_tokens",
+    "clip_fraction",
+    "token_mask_fraction",
+    "sequence_mask_fraction",
+    "num_mismatch_targets",
+    "mismatch_abs_log_ratio_mean",
+    "mismatch_abs_log_ratio_max",
+    "mismatch_kl",
+)
+"""The fields of the trainer's step row (`gyre.metrics.steps`) the audit recomputes."""
 
 GRADIENT_DTYPE = "float64"
 """The trainer dtype the gradients are compared in (see the module docstring)."""
@@ -62,8 +76,13 @@ def check_gradients(
     spec: ObjectiveSpec,
     tolerance: float,
     result: ObjectiveResult,
+    border: float,
+    logged: dict[int, dict[str, Any]] | None,
 ) -> None:
-    """Compare every micro-step of the step at `weights` (see the module docstring); appends to `result`."""
+    """Compare every micro-step of the step at `weights` (see the module docstring); appends to `result`.
+    From the same forward, the step's mismatch and corrections (`corrections.py`), compared with the
+    trainer's `logged` row of the step (`metrics.jsonl`; None: the run kept none; a step without a row is
+    reported as not compared, `logged: null`)."""
     logits = getattr(checker, "logits", None)
     if logits is None:
         result.skipped = f"the {type(checker).__name__} backend has no packed `logits` forward"
@@ -76,6 +95,7 @@ def check_gradients(
     device = getattr(checker, "device", "cpu")
     worst: float | None = None
     seen = Mismatch()
+    corrections = StepCorrections(spec, border)
     for mid in sorted(decoded):
         ms = decoded[mid]
         checker.zero_grads()
@@ -89,6 +109,7 @@ def check_gradients(
             chunk_tokens=chunk_tokens,
             device=device,
             mismatch=seen,
+            corrections=corrections,
             routing_replay=routing_replay,
         )
         if loss.requires_grad:
@@ -105,3 +126,10 @@ def check_gradients(
     checker.zero_grads()
     result.gradient_diff_by_step.append(worst)
     result.mismatch_by_step.append(seen.to_json())
+    row = {"step": record.step, **corrections.to_json(), "logged": None}
+    if logged is not None:
+        mine = logged.get(record.step)
+        row["logged"] = None if mine is None else {k: mine.get(k) for k in LOGGED_FIELDS}
+        if mine is not None:  # a row the metrics writer had not written when the run stopped: not compared
+            result.defects.extend(corrections.compare(record.step, mine, seen))
+    result.corrections_by_step.append(row)

@@ -68,6 +68,9 @@ class ObjectiveResult:
     gradients_compared: int = 0
     mismatch_by_step: list[dict[str, Any]] = field(default_factory=list)
     """Per replayed step, the train/inference mismatch of its on-policy targets (`objective.Mismatch`)."""
+    corrections_by_step: list[dict[str, Any]] = field(default_factory=list)
+    """Per replayed step, each correction's clip and mask fractions and the trainer's logged ones
+    (`corrections.StepCorrections`)."""
     skipped: str = ""
     """Why the gradients were not compared (empty when they were)."""
     defects: list[str] = field(default_factory=list)
@@ -84,6 +87,10 @@ class ObjectiveResult:
             "mismatch_by_step": self.mismatch_by_step,
             "mismatch_max_abs": max(
                 (m["max_abs"] for m in self.mismatch_by_step if m["max_abs"] is not None), default=None
+            ),
+            "corrections_by_step": self.corrections_by_step,
+            "corrections_logged_compared": sum(
+                1 for c in self.corrections_by_step if c["logged"] is not None
             ),
             "skipped": self.skipped,
         }

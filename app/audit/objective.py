@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -44,6 +44,14 @@ from gyre.rl.microstep import MicroStep, row_chunks
 
 LogitsFn = Callable[..., torch.Tensor]
 """`logits_fn(input_ids, position_ids, cu_seqlens, tree[, routed_experts])`: the trainer's packed forward."""
+
+
+class TargetsObserver(Protocol):
+    """What sees every target's log ratio of a micro-step (`corrections.StepCorrections`)."""
+
+    def add(
+        self, log_ratio: torch.Tensor, execution_index: torch.Tensor, advantages: torch.Tensor
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +164,13 @@ def microstep_objective(
     chunk_tokens: int | None = None,
     device: torch.device | str = "cpu",
     mismatch: Mismatch | None = None,
+    corrections: TargetsObserver | None = None,
     routing_replay: bool = False,
 ) -> torch.Tensor:
     """The loss of a whole micro-step (with gradient), its logits taken in the row chunks a trainer takes
     (`chunk_tokens`, default the micro-step's budget); the caller runs backward. `routing_replay`: the
-    forward routes each token through the engine's recorded experts, as the run's trainer did."""
+    forward routes each token through the engine's recorded experts, as the run's trainer did. `mismatch` and
+    `corrections` are given the targets' log-probs against the engine's (see `Mismatch`, `corrections.py`)."""
     targets = np.flatnonzero(step.target_mask)
     predecessors = step.layout.predecessors()
     cu = [int(x) for x in step.cu_seqlens]
@@ -202,11 +212,10 @@ def microstep_objective(
             else put(versions[targets] == step.step, torch.bool)
         )
         mismatch.add(logprobs.detach()[on_policy], behaviour[on_policy])
+    advantages = put(step.advantages, torch.float64)
+    execution_index = put(step.execution_index[targets], torch.int64)
+    if corrections is not None:
+        corrections.add(logprobs.detach().double() - behaviour, execution_index, advantages)
     return objective_loss(
-        logprobs,
-        behaviour,
-        put(step.advantages, torch.float64),
-        put(step.execution_index[targets], torch.int64),
-        put(step.coefficients[targets], torch.float64),
-        spec,
+        logprobs, behaviour, advantages, execution_index, put(step.coefficients[targets], torch.float64), spec
     )

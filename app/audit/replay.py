@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from app.audit.corrections import border_log
 from app.audit.data import AuditInputError, RunData
 from app.audit.gradients import GRADIENT_DTYPE, GradientCheck, check_gradients
 from app.audit.microsteps import ObjectiveResult
@@ -383,7 +384,15 @@ def _replay_steps(
     if objective is not None:
         spec = ObjectiveSpec.of(data.config.objective)
         checker = build_trainer(data, dtype=GRADIENT_DTYPE)
-        check = partial(check_gradients, checker, spec=spec, tolerance=TOLERANCE, result=objective)
+        check = partial(
+            check_gradients,
+            checker,
+            spec=spec,
+            tolerance=TOLERANCE,
+            result=objective,
+            border=border_log(data.config.cell_agent.trainer.dtype),
+            logged=data.step_metrics,
+        )
     archived, checkpoints, published = _references(data)
     previous: Weights = _named_copy(trainer)
     for record in data.steps:

@@ -61,6 +61,19 @@ def register(app: typer.Typer) -> None:
                 f"max relative difference {o['max_gradient_rel_diff']}"
                 + (f" (not compared: {o['skipped']})" if o["skipped"] else "")
             )
+            for m, c in zip(o["mismatch_by_step"], o["corrections_by_step"], strict=False):
+                run = c["variants"]["run"]
+                typer.echo(
+                    f"step {c['step']:<6} mismatch over {m['tokens']} on-policy targets: mean |Δ log p| "
+                    f"{_g(m['mean_abs'])}, max {_g(m['max_abs'])}, k3 KL {_g(m['k3_kl_token_mean'])}; the run's "
+                    f"objective: token mask {_g(run['token_mask_fraction'])}, clip {_g(run['clip_fraction'])}, "
+                    f"sequence mask {_g(run['sequence_mask_fraction'])} "
+                    + (
+                        "(the trainer's log not compared)"
+                        if c["logged"] is None
+                        else "(compared with the trainer's)"
+                    )
+                )
             typer.echo(
                 f"ledger      {book['groups_trained']} groups over {book['steps']} steps; "
                 f"matches the report: {book['matches_report']}"
@@ -76,3 +89,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"DEFECT {defect}")
             typer.echo("ok" if report.ok else f"{len(report.defects)} defect(s)")
         raise typer.Exit(0 if report.ok else 1)
+
+
+def _g(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"

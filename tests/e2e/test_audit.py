@@ -127,6 +127,17 @@ def test_the_clean_run_passes_its_audit(clean_run: Path) -> None:
     print(json.dumps(mismatch))
     assert len(mismatch) == STEPS and sum(m["tokens"] for m in mismatch) > 0, mismatch
     assert objective["mismatch_max_abs"] <= 1e-5, mismatch
+    # each step's clip and mask fractions recounted and compared with the trainer's metrics.jsonl row (tis,
+    # no sequence mask: nothing masked)
+    corrections = objective["corrections_by_step"]
+    assert objective["corrections_logged_compared"] == len(corrections) == STEPS, corrections
+    for row in corrections:
+        assert row["logged"]["num_target_tokens"] == row["targets"] > 0, row
+        assert (
+            row["variants"]["run"]["token_mask_fraction"]
+            == row["variants"]["run"]["sequence_mask_fraction"]
+            == 0
+        )
 
 
 def _doctor(clean: Path, tmp_path: Path, change: Callable[[Path], None]) -> Path:
