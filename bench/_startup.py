@@ -71,24 +71,33 @@ async def start_engine_and_proxy(
     returns the engine's URL and the proxy's endpoint file."""
     config_path = work / "gyre.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     engine_proc = subprocess.Popen(
         [sys.executable, "-m", "services.cell_agent.engine", "--config", str(config_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env(),
     )  # fmt: skip
     processes.append(engine_proc)
     assert engine_proc.stdout is not None
     engine_url = str(json.loads(await asyncio.to_thread(engine_proc.stdout.readline))["url"])
+    return engine_url, await start_proxy(work, config, processes)
+
+
+async def start_proxy(
+    work: Path, config: dict[str, Any], processes: list[subprocess.Popen[bytes]]
+) -> dict[str, Any]:
+    """Start the proxy on `config` (appended to `processes`); returns its endpoint file."""
+    config_path = work / "gyre.yaml"
+    config_path.write_text(yaml.safe_dump(config))
     proxy_proc = subprocess.Popen(
         [sys.executable, "-m", "services.proxy", "--config", str(config_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
     )  # fmt: skip
     processes.append(proxy_proc)
     run = config["run"]
-    endpoint = await wait_endpoint_file(
-        Path(run["dir"]) / run["id"] / "services" / "proxy.json", proxy_proc, 60
-    )
-    return engine_url, endpoint
+    return await wait_endpoint_file(Path(run["dir"]) / run["id"] / "services" / "proxy.json", proxy_proc, 60)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
 def stop_processes(processes: list[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:

@@ -2,6 +2,7 @@
 in the same run, on a short history and on an 800 KB Claude-Code-shaped one, and its throughput.
 
     gyre bench proxy [--small-samples N] [--large-samples N] [--concurrency N] [--history-kb N]
+    gyre bench proxy --backend sglang [--sglang-samples N]
 
 Three processes: the real proxy service (`python -m services.proxy`, with NATS and Redis), an
 embedded engine with scripted outputs (`python -m services.cell_agent.engine`; a short answer, so
@@ -19,6 +20,14 @@ Prints one JSON object (last line):
     requests_per_s                                  proxy calls/s with `concurrency` executions
     direct_requests_per_s                           engine calls/s at the same concurrency
     direct_ms_p50_small, direct_ms_p50_800kb        the engine-only latencies the overheads subtract
+
+`--backend sglang`: the engine is the real SGLang (`make setup`'s .venv-sglang, on this CPU, float32)
+serving the same model, which generates (no script): each proxy call on a short history is followed by
+its direct twin with the same prompt ids and as many output tokens (`ignore_eos`), one execution at a
+time (b1) and 16 at once (b16). The proxy's overhead, recording into Redis included, as a share of
+SGLang's own call latency (goal <= 5%):
+    sglang.overhead_share_b1 / _b16       median(proxy - direct) / median(direct)
+    sglang.overhead_ms_p50_b1 / _b16, sglang.direct_ms_p50_b1 / _b16, sglang.samples_b1 / _b16
 """
 
 from __future__ import annotations
@@ -36,8 +45,10 @@ from typing import Any, cast
 import httpx
 
 from app.stack.servers import ServerProcess, start_nats, start_redis
-from bench._startup import bench_model, run_bench, start_engine_and_proxy, stop_processes
+from bench._startup import bench_model, run_bench, start_engine_and_proxy, start_proxy, stop_processes
+from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
+from gyre.paths import REPO_ROOT
 from gyre.rpc import aio_channel
 from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profile, template_for_family
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
@@ -191,10 +202,27 @@ class Bench:
             raise RuntimeError(f"proxy answered {response.status_code}: {response.text[:300]}")
         return elapsed, response.json()
 
-    async def direct_call(self, ids: list[int]) -> float:
+    async def direct_call(self, ids: list[int], output_tokens: int | None = None) -> float:
+        """The engine alone on `ids`: the scripted answer's stop rule, or exactly `output_tokens`."""
+        params: dict[str, Any] = {"max_new_tokens": 32, "stop_token_ids": [256, 258]}
+        if output_tokens is not None:
+            params = {"max_new_tokens": output_tokens, "ignore_eos": True}
         start = time.perf_counter()
-        await self.engine.generate(ids, {"max_new_tokens": 32, "stop_token_ids": [256, 258]})
+        await self.engine.generate(ids, params)
         return time.perf_counter() - start
+
+    async def twinned(self, execution: Execution, rounds: int) -> tuple[list[float], list[float]]:
+        """(overheads, direct latencies): each proxy call, then the engine alone on its prompt ids for as
+        many output tokens as the proxy's call generated (a generating engine answers at any length)."""
+        overheads, directs = [], []
+        for _ in range(rounds):
+            ids = execution.prompt_ids()
+            proxied, answer = await self.proxy_call(execution)
+            direct = await self.direct_call(ids, int(answer["usage"]["output_tokens"]))
+            execution.advance(answer["content"])
+            overheads.append(proxied - direct)
+            directs.append(direct)
+        return overheads, directs
 
     async def paired(
         self, execution: Execution, samples: int, warmup: int
@@ -325,15 +353,95 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     }
 
 
+async def run_sglang(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """The proxy in front of the real SGLang (see the module docstring)."""
+    from services.cell_agent.engine_hosts import create_engine_host
+
+    python = REPO_ROOT / ".venv-sglang" / "bin" / "python"
+    if not python.is_file():
+        raise SystemExit(f"gyre bench proxy: SGLang is not installed ({python} is missing): run `make setup`")
+    nats: ServerProcess = start_nats(workdir / "nats")
+    redis: ServerProcess = start_redis(workdir / "redis", appendonly=False)
+    processes: list[subprocess.Popen[bytes]] = []
+    model = bench_model(workdir / "model")
+    section = EngineSection(
+        backend="sglang",
+        sglang_device="cpu",
+        sglang_python=str(python),
+        dtype="float32",
+        max_batch_size=32,
+        kv_cache_tokens=32768,
+        sglang_args=["--context-length", "32768"],
+    )
+    host = create_engine_host(section, model)
+    try:
+        await host.start()
+        config = {
+            "run": {"id": "benchproxy", "dir": str(workdir / "runs")},
+            "nats": {"url": nats.url},
+            "redis": {"url": redis.url},
+            "log": {"level": "warning", "format": "json"},
+            "model": {"path": str(model)},
+        }
+        endpoint = await start_proxy(workdir, config, processes)
+        async with (
+            aio_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
+            EngineClient(host.url, timeout_s=300) as engine,
+            httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as http,
+        ):
+            stub = proxy_pb2_grpc.ProxyStub(channel)
+            await stub.UpdateRoutes(
+                proxy_pb2.UpdateRoutesRequest(
+                    engines=[common_pb2.EngineEndpoint(engine_id="cell-0", url=host.url, cell=0)],
+                    default_engine_id="cell-0",
+                )
+            )
+
+            async def open_execution(name: str, seed: int) -> Execution:
+                response = await stub.OpenExecution(
+                    proxy_pb2.OpenExecutionRequest(
+                        execution=common_pb2.ExecutionRef(execution_id=name), profile="claude_code"
+                    )
+                )
+                return Execution(response.api_key, small_body(seed), grows=False)
+
+            bench = Bench(endpoint["base_url"], engine, http)
+            await bench.twinned(await open_execution("warm", 0), 3)
+            b1 = await bench.twinned(await open_execution("b1", 1), args.sglang_samples)
+            executions = [await open_execution(f"b16-{i}", 100 + i) for i in range(16)]
+            rounds = max(1, args.sglang_samples // 8)
+            b16_runs = await asyncio.gather(*(bench.twinned(e, rounds) for e in executions))
+            b16 = ([o for run, _ in b16_runs for o in run], [d for _, run in b16_runs for d in run])
+    finally:
+        stop_processes(processes)
+        await host.stop()
+        nats.stop()
+        redis.stop()
+    out: dict[str, Any] = {}
+    for name, (overheads, directs) in (("b1", b1), ("b16", b16)):
+        overhead, direct = statistics.median(overheads), statistics.median(directs)
+        out |= {
+            f"overhead_share_{name}": round(overhead / direct, 4),
+            f"overhead_ms_p50_{name}": _ms(overhead),
+            f"direct_ms_p50_{name}": _ms(direct),
+            f"samples_{name}": len(overheads),
+        }
+    return {"backend": "sglang", "sglang": out}
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="gyre bench proxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["embedded", "sglang"], default="embedded")
+    parser.add_argument(
+        "--sglang-samples", type=int, default=40, help="--backend sglang: twinned calls at b1 (b16: 16 x N/8)"
+    )
     parser.add_argument("--small-samples", type=int, default=300, help="paired calls on the short history")
     parser.add_argument("--large-samples", type=int, default=30, help="paired calls on the 800 KB history")
     parser.add_argument("--history-kb", type=int, default=800, help="size of the long history's JSON")
     parser.add_argument("--concurrency", type=int, default=64, help="executions calling at once (throughput)")
     parser.add_argument("--duration-s", type=float, default=5.0, help="length of each throughput run")
     args = parser.parse_args(argv)
-    run_bench("proxy", lambda work: run(args, work))
+    run_bench("proxy", lambda work: (run_sglang if args.backend == "sglang" else run)(args, work))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Benchmark of role switches on one cell (the embedded default): rollout → training with requests in
-flight, one training step, training → rollout loading the newly published weights.
+"""Benchmark of role switches on one cell: rollout → training with requests in flight, one training
+step, training → rollout loading the newly published weights.
 
-    gyre bench switch [--cycles 5] [--inflight 8] [--release-weights]
+    gyre bench switch [--cycles 5] [--inflight 8] [--release-weights] [--backend embedded|sglang]
 
-A real CellAgent (embedded engine in-process, the embedded default's model unless `--model`, real Redis and NATS started for the
-run) is driven the way the scheduler drives it. Each cycle: `--inflight` long generations are
+A real CellAgent (the embedded default's model unless `--model`, real Redis and NATS started for the
+run; its engine the embedded one in-process, or with `--backend sglang` a real SGLang server it launches
+with the demo's CPU settings, app/demo/sglang.yaml) is driven the way the scheduler drives it. Each cycle: `--inflight` long generations are
 running; SwitchRole(TRAINING) hands them back (aborts them, counted), releases the KV cache (and the
 engine's weights with `--release-weights`); a one-step batch is trained and published; then
 SwitchRole(ROLLOUT, v) resumes memory, loads the published weights from disk and reports ready.
@@ -23,8 +24,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import yaml
 from google.protobuf.message import Message
 
+from app.demo import config as demo_config
 from app.demo.config import embedded_model_path
 from app.stack.servers import start_nats, start_redis
 from bench._startup import run_bench
@@ -38,15 +41,24 @@ from gyre.store import Keys, WorkQueue, connect_redis
 from gyre.trainer.backends import TorchTrainer
 from gyre.trainer.synthetic import synthetic_microsteps
 from services.cell_agent.agent import CellAgent
+from services.cell_agent.engine_hosts import EngineHost
 
 
-async def _in_flight(client: EngineClient, n: int) -> None:
-    for _ in range(2000):
-        states = (await client.get_server_info())["internal_states"][0]
-        if states["num_running_reqs"] + states["num_waiting_reqs"] >= n:
-            return
+async def _in_flight(engine: EngineHost, n: int, timeout_s: float = 120.0) -> None:
+    """Until the engine counts `n` requests in flight (SGLang's gauges trail by up to 40 decode steps)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await engine.num_in_flight() < n:
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"{n} requests never got in flight within {timeout_s} s")
         await asyncio.sleep(0.005)
-    raise RuntimeError(f"{n} requests never got in flight")
+
+
+def _engine_section(backend: str) -> dict[str, Any]:
+    """The cell's engine: the embedded default, or SGLang as the demo's SGLang overlay sets it."""
+    if backend == "embedded":
+        return {}
+    overlay = yaml.safe_load((Path(demo_config.__file__).parent / "sglang.yaml").read_text())
+    return {"engine": overlay["cell_agent"]["engine"]}
 
 
 async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: str) -> dict[str, float]:
@@ -60,7 +72,7 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
             "nats": {"url": nats_url},
             "redis": {"url": redis_url},
             "scheduler": {"num_cells": 1},
-            "cell_agent": {"release_engine_weights": args.release_weights},
+            "cell_agent": {"release_engine_weights": args.release_weights, **_engine_section(args.backend)},
         },
     )
     redis = await connect_redis(redis_url)
@@ -83,7 +95,7 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
                     asyncio.create_task(client.generate([1, 2, 3, cycle, i], long))
                     for i in range(args.inflight)
                 ]
-                await _in_flight(client, args.inflight)
+                await _in_flight(agent.engine, args.inflight)
                 result = await agent.switch_role(TRAINING)
                 to_training.append(result.duration_s)
                 handed_back += result.requests_handed_back
@@ -123,6 +135,7 @@ async def _run(args: argparse.Namespace, root: Path, nats_url: str, redis_url: s
         "cycles": args.cycles,
         "inflight_per_switch": args.inflight,
         "release_weights": args.release_weights,
+        "backend": args.backend,
     }
 
 
@@ -139,6 +152,12 @@ def main(argv: list[str]) -> None:
         "--inflight", type=int, default=8, help="generations running at each switch to training"
     )
     parser.add_argument("--release-weights", action="store_true", help="also release the engine's weights")
+    parser.add_argument(
+        "--backend",
+        choices=["embedded", "sglang"],
+        default="embedded",
+        help="the cell's rollout engine (sglang: a real server, app/demo/sglang.yaml's CPU settings)",
+    )
     args = parser.parse_args(argv)
 
     async def body(root: Path) -> dict[str, Any]:

@@ -17,10 +17,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench._cli import _names as bench_names
+from tests.support.sglang import sglang_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,6 +114,11 @@ TINY: dict[str, list[str] | Covered] = {
 }
 
 RUNS = sorted(name for name, entry in TINY.items() if not isinstance(entry, Covered))
+SGLANG_TINY = {
+    "proxy": ["--backend", "sglang", "--sglang-samples", "2"],
+    "switch": ["--backend", "sglang", "--cycles", "1", "--inflight", "2"],
+}
+"""The benches with a `--backend sglang` mode, each once against the real server (`make setup`'s)."""
 COVERED = sorted((name, entry.test) for name, entry in TINY.items() if isinstance(entry, Covered))
 
 
@@ -142,10 +149,31 @@ def test_the_benchmark_prints_its_json_line_at_a_tiny_size(name: str, tmp_path: 
     tiny_demo.write_text(json.dumps(TINY_DEMO))
     entry = TINY[name]
     assert isinstance(entry, list)
-    args = [a.format(tiny_demo=tiny_demo) for a in entry]
+    report = _bench(name, [a.format(tiny_demo=tiny_demo) for a in entry], tmp_path)
+    if name == "sandbox" and "container" in report:  # its runs end with none of their containers left
+        from tests.support.containers import containers_of, engine_client
+
+        assert [c for c in containers_of(engine_client()) if c.startswith("gyre-bsbx")] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SGLANG_TINY))
+def test_the_benchmark_against_the_real_sglang_prints_its_json_line(name: str, tmp_path: Path) -> None:
+    sglang_python()  # a failure under CI, a skip elsewhere, without `make setup`'s SGLang
+    report = _bench(name, SGLANG_TINY[name], tmp_path)
+    assert report["backend"] == "sglang", report
+    if name == "proxy":
+        shares = report["sglang"]
+        assert shares["samples_b1"] == 2 and shares["samples_b16"] == 16 and shares["direct_ms_p50_b1"] > 0
+    else:
+        assert report["training_to_rollout_s_p50"] > 0 and report["requests_handed_back"] >= 1
+
+
+def _bench(name: str, args: list[str], cwd: Path) -> dict[str, Any]:
+    """`gyre bench NAME --json ARGS`: its whole stdout as one JSON object (progress and logs on stderr)."""
     result = subprocess.run(
         [sys.executable, "-c", "from app.cli import main; main()", "bench", name, "--json", *args],
-        cwd=tmp_path,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=600,
@@ -158,7 +186,4 @@ def test_the_benchmark_prints_its_json_line_at_a_tiny_size(name: str, tmp_path: 
     except ValueError:
         pytest.fail(f"gyre bench {name}: stdout is not one JSON object:\n{result.stdout[-2000:]}\n{tail}")
     assert isinstance(report, dict) and report, result.stdout
-    if name == "sandbox" and "container" in report:  # its runs end with none of their containers left
-        from tests.support.containers import containers_of, engine_client
-
-        assert [c for c in containers_of(engine_client()) if c.startswith("gyre-bsbx")] == []
+    return report
