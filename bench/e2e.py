@@ -7,7 +7,8 @@ not CPU. (φ, μ) are set for one matched target staleness E[d] = φ + (μ − 1
     elastic (E[d] − (μ_e − 1)/2, μ_e)   async (E[d], 1), T = 1 training cell   colocate (0, 2·E[d] + 1)
 
 The defaults, E[d] = 1.5 and μ_e = 3, are the paper's Table 2 rows E0 (0.5, 3), A0 (1.5, 1) and
-C0 (0, 4). The default tool sleeps (median 20 s, Pareto tail capped at 120 s) make executions mostly
+C0 (0, 4). `--config app/demo/sglang.yaml` runs the cells' engines on SGLang (each run names its
+`engine`). The default tool sleeps (median 20 s, Pareto tail capped at 120 s) make executions mostly
 wait, as agent executions do; with short sleeps the three modes are bound by the machine's two
 cores, which every cell shares. The runner may run as many executions as the cells hold (K · C_e),
 so the rollout capacity the policy plans with is the one it gets.
@@ -92,6 +93,7 @@ def measure(argv: list[str]) -> dict[str, Any]:
             "wall_s": round(time.monotonic() - t0, 1),
             "summary": summary,
             "load": (load_before, os.getloadavg()[0]),
+            "engine": cfg.cell_agent.engine.backend,
         }
     return _report(args, results)
 
@@ -165,6 +167,7 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]
                 "scheduled_s": scheduled_s(Path(v["summary"]["run_dir"]), args.steps),
                 "run_dir": str(Path(v["summary"]["run_dir"]).resolve()),
                 "load_avg_1m": [round(x, 2) for x in v["load"]],
+                "engine": v["engine"],
                 **{key: v["summary"][key] for key in ("mode", "phi", "mu", "executions", "transitions")},
             }
             for k, v in results.items()

@@ -68,6 +68,8 @@ class DemoRun:
 
     def execute(self, progress: Progress | None = None, start_timeout_s: float = 120.0) -> dict[str, Any]:
         t0 = time.monotonic()
+        # Every cell serves once its engine does: a launched SGLang may take engine_ready_timeout_s to start.
+        start_timeout_s = max(start_timeout_s, self.config.cell_agent.engine_ready_timeout_s)
         with StopSignals() as stop:
             self._stop = stop
             try:

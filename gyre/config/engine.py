@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gyre.config.base import AtLeastOne, AtLeastOneOrNull, NonNegativeFloat, Port, Section
+from gyre.paths import REPO_ROOT
 
 
 class EngineSection(Section):
@@ -92,7 +93,8 @@ class EngineSection(Section):
     (`kv_cache_tokens`), `max_batch_size`, `dtype` and `SGLANG_USE_CPU_ENGINE=1` (deploy/sglang/README.md)."""
     sglang_python: str = "python"
     """SGLang only: interpreter that runs `-m sglang.launch_server` (`make setup` installs SGLang into
-    `.venv-sglang`: `.venv-sglang/bin/python`); checked at start to have sglang."""
+    `.venv-sglang`: `.venv-sglang/bin/python`); checked at start to have sglang. A bare name is looked up
+    on PATH; a relative path is the checkout's (`gyre.paths.REPO_ROOT`), whatever the working directory."""
     sglang_args: list[str] = Field(default_factory=list)
     """Extra arguments for `python -m sglang.launch_server` (cluster only)."""
 
@@ -101,6 +103,13 @@ class EngineSection(Section):
     def _kv_tokens(cls, v: int) -> int:
         if v < 64:
             raise ValueError(f"kv_cache_tokens must be at least 64; got {v}")
+        return v
+
+    @field_validator("sglang_python")
+    @classmethod
+    def _python_in_checkout(cls, v: str) -> str:
+        if "/" in v and not Path(v).is_absolute():
+            return str(REPO_ROOT / v)
         return v
 
     @field_validator("sglang_mem_fraction_static")

@@ -21,7 +21,9 @@ over that group while the request is in flight (`gyre.engine.update_group` is th
 the group). Every update carries a `weight_version`; the server flushes its prefix cache (`flush_cache`)
 and aborts running requests only when `abort_all_requests` says so. A real SGLang loads tensors and
 broadcasts only inside a weight-update session (`/begin_weight_update` … `/end_weight_update`, else 400):
-the client opens one around those two calls when the server is SGLang. The served version is read from
+the client opens one around those two calls when the server is SGLang. SGLang flushes only with no
+request running, so around every update that keeps running requests the client retracts them and
+continues them after it (`_retracted_for_flush`). The served version is read from
 `/get_model_info` (SGLang has no `GET /get_weight_version`) and comes with every `/generate` answer. LoRA adapters take SGLang's
 endpoints (`/load_lora_adapter` with a PEFT directory, `/load_lora_adapter_from_tensors`,
 `/unload_lora_adapter`; the server needs `--enable-lora`) and a request names its adapter in
@@ -427,7 +429,7 @@ class EngineClient:
             abort_all_requests=abort_all_requests,
             keep=shared,
         )
-        async with self._weight_update_session():
+        async with self._retracted_for_flush(flush_cache, abort_all_requests), self._weight_update_session():
             response = await self._call("POST", "/update_weights_from_tensor", json=payload)
         shared.clear()
         return str(response.json().get("message", ""))
@@ -459,8 +461,27 @@ class EngineClient:
             "weight_version": weight_version,
             "abort_all_requests": abort_all_requests,
         }
-        response = await self._call("POST", "/update_weights_from_disk", json=body)
+        async with self._retracted_for_flush(True, abort_all_requests):  # SGLang flushes after a disk load
+            response = await self._call("POST", "/update_weights_from_disk", json=body)
         return str(response.json().get("message", ""))
+
+    @contextlib.asynccontextmanager
+    async def _retracted_for_flush(self, flush_cache: bool, abort_all_requests: bool) -> AsyncIterator[None]:
+        """SGLang flushes its prefix cache after a weight update only when no request runs, and unless it
+        is paused an update first waits for every request in flight to end (minutes for an agent's long
+        calls; new ones wait behind it) and then may still find one running (400: the weights changed, the
+        cache was not flushed). Around an update that flushes and keeps running requests, they are
+        retracted to its queue (`pause_generation` mode `retract`, their KV freed) and continued after
+        it: they recompute their prefix under the new weights. The embedded engine updates and flushes
+        with requests running (they keep their KV)."""
+        if not flush_cache or abort_all_requests or await self._kind() != "sglang":
+            yield
+            return
+        await self.pause_generation("retract")
+        try:
+            yield
+        finally:
+            await self.continue_generation()
 
     async def init_weights_update_group(
         self,
@@ -511,7 +532,7 @@ class EngineClient:
             "abort_all_requests": abort_all_requests,
             "weight_version": weight_version,
         }
-        async with self._weight_update_session():
+        async with self._retracted_for_flush(flush_cache, abort_all_requests), self._weight_update_session():
             response = await self._call(
                 "POST", "/update_weights_from_distributed", json=body, timeout_s=timeout_s
             )

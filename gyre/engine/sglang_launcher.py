@@ -8,7 +8,7 @@ The command comes from the engine section (`backend: sglang`):
     python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size T
         --random-seed S --weight-version V [--enable-memory-saver] [--mem-fraction-static F]
         [--device cpu --attention-backend torch_native --max-total-tokens K --max-running-requests B
-         --dtype D --skip-server-warmup] [--incremental-streaming-output] [--enable-lora ...] [sglang_args...]
+         --dtype D --skip-server-warmup --sleep-on-idle] [--incremental-streaming-output] [--enable-lora ...] [sglang_args...]
 
 `--enable-memory-saver` is what lets the cell agent release and resume GPU memory on a role switch
 (`/release_memory_occupation`, `/resume_memory_occupation`); it needs CUDA, so a CPU server runs without
@@ -122,6 +122,8 @@ def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
             section.dtype,
             "--skip-server-warmup",  # ~10 s of a CPU start; the launcher's /health wait is the check
         ]
+        if "--sleep-on-idle" not in section.sglang_args:
+            cmd.append("--sleep-on-idle")  # else an idle scheduler spins a core at 100%, next to the trainer
     elif section.sglang_enable_memory_saver:
         cmd.append("--enable-memory-saver")
     if section.sglang_mem_fraction_static is not None:
@@ -179,6 +181,8 @@ class SGLangLauncher:
         return self._process.pid if self._process is not None else None
 
     async def _spawn(self) -> None:
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115 (owned by the child)
         try:
             self._process = await asyncio.create_subprocess_exec(

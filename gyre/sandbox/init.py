@@ -361,8 +361,12 @@ def _unix_connect(path: str) -> socket.socket:
     return s
 
 
-def _tcp_connect(host: str, port: int) -> socket.socket:
-    return socket.create_connection((host, port), timeout=30)
+def tcp_connect(host: str, port: int, connect_timeout_s: float = 30.0) -> socket.socket:
+    """A blocking connection to the proxy; `connect_timeout_s` bounds the connect only: a model call may
+    send nothing for minutes (a slow engine's first token, a drain), and a read timeout would cut it."""
+    s = socket.create_connection((host, port), timeout=connect_timeout_s)
+    s.settimeout(None)
+    return s
 
 
 def netns_child(spec: dict[str, Any], execute: Execute = exec_argv) -> NoReturn:
@@ -426,7 +430,7 @@ def main(spec_path: str, execute: Execute = exec_argv) -> int:
         netns_child(spec, execute)
     if network["mode"] == "proxy":
         target = (network["target_host"], network["target_port"])
-        relay(listener, lambda: _tcp_connect(*target))
+        relay(listener, lambda: tcp_connect(*target))
     _, status = os.waitpid(pid, 0)
     status_path = os.path.join(spec["control_dir"], "status.json")
     if not os.path.exists(status_path):

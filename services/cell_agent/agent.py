@@ -137,7 +137,9 @@ class CellAgent:
         engine_section = self.section.engine
         if cell < len(self.section.engine_ports):
             engine_section = engine_section.model_copy(update={"port": self.section.engine_ports[cell]})
-        self.engine = engine or create_engine_host(engine_section, model.path)
+        self.engine = engine or create_engine_host(
+            engine_section, model.path, log_path=config.run.path / "logs" / f"engine-{cell}.log"
+        )
         self.checkpoint_root = Path(self.section.trainer.checkpoint_dir or config.run.path / "checkpoints")
         self.metrics = metrics or CellAgentMetrics(CollectorRegistry(), cell)
         self.training = TrainingSide(

@@ -6,13 +6,15 @@ the embedded engine and the real SGLang (launched on these CPUs from `.venv-sgla
 Each back end serves a tiny Qwen3 in float32, one server per back end for the whole module (SGLang takes
 26–45 s to start here). The reference is the trainer's model (`gyre.model`, float32) on the same weights:
 served output ids are its greedy choices and served log-probs equal its log-probs within 1e-4, before and
-after a weight update. Also: streaming gives what a whole call gives, abort by rid ends a call in flight
-with an `abort` finish, `flush_cache` empties the prefix cache, and a role switch hands back every call
-in flight; and a killed SGLang server is restarted by its launcher and serves the same log-probs.
+after a weight update, and after the core's publication in each mode (tensor, distributed, disk). Also:
+streaming gives what a whole call gives, abort by rid ends a call in flight with an `abort` finish,
+`flush_cache` empties the prefix cache, a role switch hands back every call in flight, an update with a
+call running flushes the cache and keeps the call; and a killed SGLang server is restarted by its launcher and serves the same log-probs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -32,6 +34,7 @@ from gyre.rl.loss import ObjectiveParams
 from gyre.trainer.backends import TrainerSpec, create_trainer
 from gyre.trainer.checkpoint import write_published
 from services.cell_agent.engine_hosts import ENGINE_HOSTS, EngineHost, SGLangEngineHost, create_engine_host
+from services.cell_agent.publication import Publisher
 from tests.support.eventually import eventually
 from tests.support.models import hf_dir
 from tests.support.sglang import sglang_section
@@ -186,6 +189,60 @@ async def test_a_published_update_serves_the_new_weights(
     await host.load_weights(MODEL_DIR, 4)  # back to the base weights for the other tests of the module
     restored = await client.generate(prompt, GREEDY)
     assert restored.output_ids == before.output_ids and restored.weight_version == "4"
+
+
+async def test_an_update_keeps_a_call_in_flight_and_flushes_the_cache(
+    host: EngineHost, client: EngineClient
+) -> None:
+    """A publication into a rollout engine while a long call runs: the update does not wait for the call
+    (SGLang would, then refuse to flush while a request runs: its running requests are retracted and
+    continued around the update), the call goes on after it, the engine reports the new version, and no
+    prefix from before the update is served."""
+    prompt = list(range(300, 364))
+    await client.generate(prompt, {"max_new_tokens": 1})
+    rid = "contract-update-in-flight"
+    stream = client.generate_stream([1, 2, 3, 4], LONG, rid=rid)
+    assert not (await anext(stream)).finished
+    await asyncio.wait_for(host.load_weights(MODEL_DIR, 5), timeout=120)  # the same weights, a new version
+    assert await host.weight_version() == "5"
+    await client.abort(rid)  # the call was still running after the update: it ends here, by this abort
+    last = None
+    async for chunk in stream:
+        last = chunk
+    assert last is not None and last.finish_reason is not None and last.finish_reason.aborted, last
+    assert len(last.output_ids) < LONG["max_new_tokens"]
+    cold = await client.generate(prompt, {"max_new_tokens": 1})
+    assert cold.cached_tokens == 0 and cold.weight_version == "5"
+
+
+@pytest.mark.parametrize("mode", ["tensor", "distributed", "disk"])
+async def test_each_publication_mode_serves_the_trainers_weights(
+    host: EngineHost, client: EngineClient, tmp_path: Path, mode: str
+) -> None:
+    """The core's publication (`services.cell_agent.publication.Publisher`) in each mode, into the served
+    engine: SGLang's serialized tensors (named shared memory, read by a server the trainer did not spawn),
+    a gloo weight-update group under SGLang's store keys, and a published directory."""
+    prompt = [42, 43, 44, 45, 46, 47]
+    trainer = create_trainer(
+        "torch", TrainerSpec(TrainerSection(), MODEL_DIR, ObjectiveParams(), with_optimizer=False)
+    )
+    with torch.no_grad():
+        trainer.flat_params.add_(torch.randn_like(trainer.flat_params), alpha=0.05)
+    named = trainer.named_weights()
+    published = write_published(tmp_path, version=7, arch=trainer.arch, tensors=named, source=MODEL_DIR)
+    await client.generate(prompt, {"max_new_tokens": 1})  # warm the prefix cache: the push must flush it
+    section = TrainerSection(publication=mode, dist_backend="gloo")
+    publisher = Publisher(
+        section, bind_host="127.0.0.1", advertise_host="127.0.0.1", timeout_s=120, run_id="contract"
+    )
+    try:
+        await publisher.push(host.url, named, version=7, path=published)
+    finally:
+        await publisher.close()
+    after = await client.generate(prompt, GREEDY)
+    assert after.weight_version == "7" and after.cached_tokens == 0
+    assert_matches_reference(after, published, prompt)
+    await host.load_weights(MODEL_DIR, 8)  # back to the base weights for the other tests of the module
 
 
 @pytest.mark.parametrize("host", ["sglang"], indirect=True)

@@ -32,11 +32,11 @@ def start_ticks(pid: int) -> int | None:
 
 def main(init_pid: int, listener_fd: int, target_host: str, target_port: int) -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from init import relay  # gyre/sandbox/init.py, a standard-library script too
+    from init import relay, tcp_connect  # gyre/sandbox/init.py, a standard-library script too
 
     started = start_ticks(init_pid)
     listener = socket.socket(fileno=listener_fd)
-    relay(listener, lambda: socket.create_connection((target_host, target_port), timeout=30))
+    relay(listener, lambda: tcp_connect(target_host, target_port))
     while started is not None and start_ticks(init_pid) == started:
         time.sleep(1.0)
     return 0

@@ -31,8 +31,10 @@ ENGINE_HOSTS: dict[str, type[EngineHost]] = {
 """name → host class; the names are `ENGINE_BACKENDS`'."""
 
 
-def create_engine_host(section: EngineSection, model_dir: Path) -> EngineHost:
-    """The host of `section.backend`."""
+def create_engine_host(
+    section: EngineSection, model_dir: Path, *, log_path: Path | None = None
+) -> EngineHost:
+    """The host of `section.backend`; an engine in its own process writes its output to `log_path`."""
     try:
         cls = ENGINE_HOSTS[section.backend]
     except KeyError:
@@ -40,7 +42,7 @@ def create_engine_host(section: EngineSection, model_dir: Path) -> EngineHost:
             f"cell_agent.engine.backend {section.backend!r} has no engine host; "
             f"available: {', '.join(ENGINE_BACKENDS)}"
         ) from None
-    return cls(section, model_dir)
+    return cls(section, model_dir, log_path=log_path)
 
 
 __all__ = [

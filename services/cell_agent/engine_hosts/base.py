@@ -39,9 +39,11 @@ from gyre.model.lora import LoraAdapter
 class EngineHost(ABC):
     name: ClassVar[str]
 
-    def __init__(self, section: EngineSection, model_dir: Path) -> None:
+    def __init__(self, section: EngineSection, model_dir: Path, *, log_path: Path | None = None) -> None:
         self.section = section
         self.model_dir = model_dir
+        self.log_path = log_path
+        """Where an engine that runs as its own process writes its output (None: discarded)."""
         self.weights_released = False
 
     @property

@@ -23,8 +23,8 @@ from services.cell_agent.engine_hosts.base import EngineHost
 class EmbeddedEngineHost(EngineHost):
     name: ClassVar[str] = "embedded"
 
-    def __init__(self, section: EngineSection, model_dir: Path) -> None:
-        super().__init__(section, model_dir)
+    def __init__(self, section: EngineSection, model_dir: Path, *, log_path: Path | None = None) -> None:
+        super().__init__(section, model_dir, log_path=log_path)
         self.server = EngineServer(section, model_dir=model_dir)
 
     @property

@@ -27,8 +27,10 @@ class HttpEngineHost(EngineHost):
 
     name: ClassVar[str] = "http"
 
-    def __init__(self, section: EngineSection, model_dir: Path, base_url: str = "") -> None:
-        super().__init__(section, model_dir)
+    def __init__(
+        self, section: EngineSection, model_dir: Path, base_url: str = "", *, log_path: Path | None = None
+    ) -> None:
+        super().__init__(section, model_dir, log_path=log_path)
         self._base_url = base_url
         self._client: EngineClient | None = None
 

@@ -16,11 +16,11 @@ class SGLangEngineHost(HttpEngineHost):
 
     name: ClassVar[str] = "sglang"
 
-    def __init__(self, section: EngineSection, model_dir: Path) -> None:
+    def __init__(self, section: EngineSection, model_dir: Path, *, log_path: Path | None = None) -> None:
         if not section.sglang_model_path:
             section = section.model_copy(update={"sglang_model_path": str(model_dir)})
-        super().__init__(section, model_dir)
-        self.launcher = SGLangLauncher(section)
+        super().__init__(section, model_dir, log_path=log_path)
+        self.launcher = SGLangLauncher(section, log_path=log_path)
         self._base_url = self.launcher.url
 
     async def start(self) -> None:

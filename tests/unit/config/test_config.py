@@ -96,3 +96,18 @@ def test_every_field_is_documented() -> None:
         return missing
 
     assert walk(GyreConfig) == []
+
+
+def test_a_relative_sglang_python_is_the_checkouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make setup` puts SGLang's interpreter in the checkout: `.venv-sglang/bin/python` names it from any
+    working directory; a bare name is still looked up on PATH, and an absolute path stays as it is."""
+    from gyre.paths import REPO_ROOT
+
+    def resolved(python: str) -> str:
+        engine = {"cell_agent": {"engine": {"sglang_python": python}}}
+        return load_config(overrides=engine).cell_agent.engine.sglang_python
+
+    monkeypatch.chdir(tmp_path)
+    assert resolved(".venv-sglang/bin/python") == str(REPO_ROOT / ".venv-sglang" / "bin" / "python")
+    assert resolved("python3") == "python3"
+    assert resolved("/opt/sglang/bin/python") == "/opt/sglang/bin/python"

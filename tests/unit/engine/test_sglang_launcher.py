@@ -89,9 +89,11 @@ def test_a_cpu_server_gets_the_flags_this_device_needs() -> None:
     assert "--device cpu --attention-backend torch_native" in joined
     assert "--max-total-tokens 8192 --max-running-requests 16 --dtype bfloat16" in joined
     assert "--enable-memory-saver" not in cmd, "the memory saver needs CUDA"
+    assert "--sleep-on-idle" in cmd, "an idle scheduler would spin a core the trainer needs"
     assert SGLangLauncher(section).env["SGLANG_USE_CPU_ENGINE"] == "1"
     gpu = build_sglang_command(sglang_section(), port=1)
     assert "--device" not in gpu and "--max-total-tokens" not in gpu and "--enable-memory-saver" in gpu
+    assert "--sleep-on-idle" not in gpu
 
 
 @pytest.mark.parametrize(

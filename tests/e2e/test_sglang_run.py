@@ -1,0 +1,185 @@
+"""Two elastic steps on the real SGLang: the demo with `app/demo/sglang.yaml` (every cell's rollout engine is
+an SGLang server its cell agent launches on these CPUs; K = 3, the demo's warm start, `disk` publication),
+shaped like tests/e2e/test_elastic_run.py and with cells small enough that every cell hosts executions, so
+a cell switches to training while one of its calls runs on its SGLang.
+
+Asserted from the run's stored events and the proxy's log, and from the servers themselves: a role switch
+rerouted a call in flight to another SGLang, which recomputed its prefix (SGLang has no `/gyre/kv/*`: no
+KV moved); every SGLang serves the last publication (each server's own `GET /get_model_info`, asked while
+the run is still up); `gyre audit` recomputes the run; 0 harness errors; nothing of the run is left
+running once it is down (no SGLang process group, no listening engine port, no process naming the run).
+
+    .venv/bin/python -m pytest -q tests/e2e/test_sglang_run.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from app.demo.config import demo_config
+from app.demo.run import DemoRun
+from gyre.config import GyreConfig, load_config
+from gyre.paths import REPO_ROOT
+from tests.support.audit import assert_audited
+from tests.support.eventually import eventually_sync
+from tests.support.sglang import sglang_python
+
+# Three SGLang servers start in 40–80 s together here (200 s each on a loaded machine): the start counts.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+OVERLAY = REPO_ROOT / "app" / "demo" / "sglang.yaml"
+STEPS = 2
+SHAPE: dict[str, Any] = {
+    "scheduler": {
+        "num_cells": 3,
+        "group_size": 2,
+        "batch_groups": 3,
+        "phi": 1 / 3,
+        "mu": 2,
+        "rho_min": 1 / 3,
+        "tau_s": 0.2,
+        "cell_capacity": 4,  # 14 executions over 3 cells: the core hosts some when it switches
+    },
+    "tasks": {"queries": ["add"]},
+    # Sandbox uids of its own: a runner kills every process of the uids it takes, and other stacks on this
+    # machine (tests, benches) use the default ranges.
+    "runner": {
+        "harness_args": ["--tool-latency-s", "1", "--tool-latency-max-s", "8"],
+        "sandbox": {"uid_base": 163000},
+    },
+    "evaluator": {"sandbox": {"uid_base": 164000}},
+}
+
+
+def test_two_elastic_steps_on_three_sglang_servers(tmp_path: Path) -> None:
+    config = demo_config(
+        OVERLAY,
+        {
+            "run": {"id": "e2esglang", "dir": str(tmp_path / "runs")},
+            "cell_agent": {"engine": {"sglang_python": str(sglang_python())}},
+            **SHAPE,
+        },
+    )
+    assert config.cell_agent.engine.backend == "sglang" and config.cell_agent.trainer.publication == "disk"
+    served: dict[str, list[str | None]] = {}
+
+    def progress(state: Any, elapsed_s: float) -> None:
+        # The last step is done: wait (the stack still up) until the publication reached every SGLang.
+        if state.steps >= STEPS and not served:
+            served["versions"] = _wait_served(config, str(STEPS), timeout_s=300)
+
+    summary = DemoRun(config, steps=STEPS).execute(progress=progress)
+    events = [json.loads(line) for line in (config.run.path / "events.jsonl").read_text().splitlines()]
+
+    assert summary["steps"] == STEPS
+    steps = [e["event"] for e in events if e["type"] == "gyre.v1.StepCompleted"]
+    assert len(steps) == STEPS and all(int(s.get("numTargets", 0)) > 0 for s in steps), steps
+    published = [e["event"] for e in events if e["type"] == "gyre.v1.WeightsPublished"]
+    assert published and published[-1]["policyVersion"] == str(STEPS)
+    assert served["versions"] == [str(STEPS)] * 3, served  # every server's own report, last publication
+
+    assert summary["harness_errors_during_transitions"] == 0
+    terminated = [e["event"] for e in events if e["type"] == "gyre.v1.ExecutionTerminated"]
+    assert terminated and all(
+        t.get("reason") in ("TERMINATION_REASON_COMPLETED", "TERMINATION_REASON_CANCELLED")
+        for t in terminated
+    ), [t.get("reason") for t in terminated]
+    _assert_rerouted_on_a_switch(config, events, summary)
+    assert_audited(config.run.path, steps=STEPS)
+    _assert_nothing_left(config)
+
+
+def _engine_urls(config: GyreConfig) -> list[str]:
+    """The engines' URLs as the run resolved them (its config.yaml names every cell's engine port)."""
+    resolved = load_config(config.run.path / "config.yaml")
+    host = resolved.cell_agent.engine.host
+    return [f"http://{host}:{port}" for port in resolved.cell_agent.engine_ports]
+
+
+def _model_info_version(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"{url}/get_model_info", timeout=10) as reply:
+            version = json.load(reply).get("weight_version")
+    except OSError:
+        return None
+    return None if version is None else str(version)
+
+
+def _wait_served(config: GyreConfig, version: str, timeout_s: float) -> list[str | None]:
+    """Every server's weight version once all equal `version` (or as they are after `timeout_s`)."""
+    urls = _engine_urls(config)
+    assert len(urls) == 3, urls
+    versions: list[str | None] = []
+
+    def all_served() -> bool:
+        versions[:] = [_model_info_version(url) for url in urls]
+        return versions == [version] * len(urls)
+
+    with contextlib.suppress(AssertionError):  # timed out: the caller asserts on what they serve
+        eventually_sync(
+            all_served, timeout_s=timeout_s, interval_s=0.5, what=f"every SGLang to serve {version}"
+        )
+    return versions
+
+
+def _assert_rerouted_on_a_switch(
+    config: GyreConfig, events: list[dict[str, Any]], summary: dict[str, Any]
+) -> None:
+    """A cell began to switch to training while executions ran, and the proxy moved a call in flight off
+    its engine then: continued on another SGLang, with no KV carried (the destination recomputed it)."""
+    assert summary["reroutes"] >= 1, summary
+    drains = [
+        line
+        for line in map(json.loads, (config.run.path / "logs" / "proxy.log").read_text().splitlines())
+        if line.get("event") == "engine_drained"
+    ]
+    rerouted = [d for d in drains if d["calls_rerouted"] > 0]
+    assert rerouted, drains
+    assert all(d["kv_migrated_tokens"] == 0 for d in drains), drains
+    running, live = 0, set()
+    for e in events:
+        if e["type"] == "gyre.v1.ExecutionStarted":
+            running += 1
+        elif e["type"] == "gyre.v1.ExecutionTerminated":
+            running -= 1
+        elif (
+            e["type"] == "gyre.v1.RoleTransitionBegun"
+            and e["event"].get("toRole") == "CELL_ROLE_TRAINING"
+            and running > 0
+        ):
+            live.add(f"cell-{e['event'].get('cell', 0)}")
+    assert live & {d["engine"] for d in rerouted}, (live, rerouted)
+
+
+def _assert_nothing_left(config: GyreConfig) -> None:
+    """The run is down: no SGLang process group its cells started, no engine port listening, no process
+    that names the run's directory."""
+    spawned = [
+        line["pid"]
+        for path in (config.run.path / "logs").glob("cell_agent-*.log")
+        for line in map(json.loads, path.read_text().splitlines())
+        if line.get("event") == "sglang_spawned"
+    ]
+    assert len(spawned) >= 3, spawned
+    for pgid in spawned:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pgid, 0)
+    for url in _engine_urls(config):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=5):
+            pass
+    run_dir = str(config.run.path)
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if any(run_dir in arg for arg in p.info["cmdline"] or ()):
+            left.append((p.info["pid"], p.info["cmdline"]))
+    assert left == [], left
