@@ -16,7 +16,8 @@ from typing import Any, Literal
 from gyre.procs import ProcessId, alive
 
 Phase = Literal["starting", "serving", "stopping", "failed"]
-MemberState = Literal["running", "restarting", "gave_up", "stopped"]
+MemberState = Literal["running", "restarting", "gave_up", "lost", "stopped"]
+"""`lost`: a satellite's cell agent out of restarts, removed from the pool while the run goes on."""
 
 
 @dataclass

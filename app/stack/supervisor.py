@@ -12,7 +12,9 @@ foreground `gyre up` / `gyre demo`, it gets SIGTERM itself when that process die
   stopped (no half-started stacks) and `stack.json` keeps the error.
 - Run: a process that exits is restarted on the same ports and data directories after a backoff, within
   a restart budget (`run.supervisor`, app/stack/restarts.py); each exit is published as `ProcessExited`
-  (`gyre.<run>.stack.process_exited`) and shown by `gyre status`. Out of budget, the run is stopped.
+  (`gyre.<run>.stack.process_exited`) and shown by `gyre status`. Out of budget, the run is stopped —
+  except for a satellite's cell agent (`cell_agent-K`, K > 0; cell 0 is the core): that cell is lost for
+  good, its `ProcessExited` (gave_up) tells the scheduler to remove it from the pool, and the run goes on.
 - Stop (SIGTERM, SIGINT, SIGHUP): SIGTERM to every service at once, SIGKILL of what is left after
   `stop_grace_s`; then NATS and Redis likewise; then whatever descendants remain. Within `stop_bound_s`.
 """
@@ -49,6 +51,8 @@ from gyre.sandbox.host import remove_run_sandboxes
 log = get_logger("app.stack.supervisor")
 
 SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
+_CORE_AGENT = "cell_agent-0"
+"""The core's cell agent (services/cell_agent: cell 0 is the core): the run cannot go on without it."""
 
 
 class StackStartFailed(RuntimeError):
@@ -272,6 +276,9 @@ class StackSupervisor:
                 restart_in_s=decision.delay_s,
                 restarts_in_window=decision.num_restarts,
             )
+        elif _is_satellite_agent(m.entry.name):
+            m.entry.state = "lost"
+            log.error("cell_lost", process=m.entry.name, pid=m.entry.pid, reason=reason)
         else:
             m.entry.state = "gave_up"
             self.gave_up = (
@@ -328,7 +335,7 @@ class StackSupervisor:
         for m in self.members:
             if m.proc is not None:
                 m.proc.poll()
-            m.entry.state = "stopped" if m.entry.state != "gave_up" else "gave_up"
+            m.entry.state = m.entry.state if m.entry.state in ("gave_up", "lost") else "stopped"
         self._save()
         removed = await asyncio.to_thread(self._remove_sandboxes)
         log.info("stack_stopped", after_s=round(time.monotonic() - t0, 2), sandboxes_removed=removed)
@@ -340,6 +347,11 @@ class StackSupervisor:
         except (OSError, ValueError, SandboxError) as e:
             log.error("sandboxes_not_removed", error=str(e))
             return 0
+
+
+def _is_satellite_agent(process: str) -> bool:
+    """A satellite's cell agent: out of restarts, its cell leaves the pool and the run goes on."""
+    return process.startswith("cell_agent-") and process != _CORE_AGENT
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,8 @@
 The supervisor (app/stack/supervisor.py) owns every process of a `gyre up` / `gyre demo` run. A process
 that exits while the run is up is restarted after `backoff_initial_s · backoff_factor^n` seconds (n = its
 restarts within `restart_window_s`, capped at `backoff_max_s`); its `max_restarts + 1`-th exit within the
-window stops the run. A stop — `gyre down`, SIGTERM/SIGINT, the parent dying — SIGTERMs every service at
+window stops the run — except a satellite's cell agent, whose cell is then lost for good: the scheduler
+removes it from the pool and the run goes on without it. A stop — `gyre down`, SIGTERM/SIGINT, the parent dying — SIGTERMs every service at
 once, SIGKILLs what is left after `stop_grace_s`, then stops NATS and Redis the same way within
 `server_stop_grace_s`: every process of the run is gone within `stop_bound_s` (20 s with the defaults).
 Compose and Kubernetes use their own restart policies instead (deploy/).
@@ -19,9 +20,10 @@ from gyre.config.base import NonNegativeFloat, NonNegativeInt, PositiveFloat, Se
 class SupervisorSection(Section):
     restart: bool = True
     """Restart a service, nats-server or redis-server that exits while the run is up (False: any exit
-    stops the run)."""
+    stops the run, but a satellite's cell agent's, which removes its cell from the pool)."""
     max_restarts: NonNegativeInt = 5
-    """Restarts of one process allowed within `restart_window_s`; one more exit stops the run."""
+    """Restarts of one process allowed within `restart_window_s`; one more exit stops the run (a satellite's
+    cell agent's removes its cell from the pool instead)."""
     restart_window_s: PositiveFloat = 600.0
     """Window over which restarts count against `max_restarts` (and set the backoff exponent)."""
     backoff_initial_s: NonNegativeFloat = 0.5

@@ -9,6 +9,10 @@
     OpenBatch         → packer OpenBatch, then JoinBatch on every training cell
     PublishWeights    → core PublishWeights to every rollout engine
     ScheduleTick      → a timer that posts a Tick
+    ReleaseMicroSteps → recorded only: the training cells reclaim a dead cell's claims themselves (by
+                        heartbeat, services/cell_agent/step_runner.py)
+    RemoveCell        → the cell's transition and JoinBatch calls are abandoned and its engine leaves the
+                        proxy's table (its executions were rerouted by the RerouteExecutions before it)
 
 Long actions run as supervised tasks that report back through the driver, and start only once the
 state that emitted them is persisted (`start_deferred`, called after each save): a scheduler killed at
@@ -43,6 +47,8 @@ from services.scheduler.policy import (
     GroupDispatched,
     OpenBatch,
     PublishWeights,
+    ReleaseMicroSteps,
+    RemoveCell,
     RerouteExecutions,
     Role,
     ScheduleTick,
@@ -102,8 +108,11 @@ class ActionExecutor:
         self._tick_handles: list[asyncio.TimerHandle] = []
         self.commanded = facts.shell.commanded
         """Executions whose start was commanded, not yet confirmed started, and their engines."""
-        self._deferred: list[tuple[Coroutine[Any, Any, None], str]] = []
-        """Long actions emitted by the event being applied: started once the state is persisted."""
+        self._deferred: list[tuple[Coroutine[Any, Any, None], str, int | None]] = []
+        """Long actions emitted by the event being applied (and the cell each is about): started once the
+        state is persisted."""
+        self._cell_tasks: dict[int, set[asyncio.Task[None]]] = {}
+        """The transitions in flight per cell: abandoned when the cell leaves the pool."""
         self._joins: dict[int, asyncio.Task[None]] = {}
         """The JoinBatch call in flight per cell: a cell leaves training only after it returned."""
         self._routable: set[int] = set()
@@ -141,6 +150,7 @@ class ActionExecutor:
                 self._defer(
                     self._transition(action.cell, action.to_role),
                     f"transition-{action.cell}-{action.to_role}",
+                    action.cell,
                 )
             case OpenBatch():
                 self._defer(self._open_batch(action.step), f"open-batch-{action.step}")
@@ -155,18 +165,30 @@ class ActionExecutor:
                     h for h in self._tick_handles if h.when() > loop.time()
                 ]  # drop fired ones
                 self._tick_handles.append(loop.call_later(delay, self.driver.post, lambda now: Tick(now)))
+            case ReleaseMicroSteps():
+                log.info("microsteps_released", cell=action.cell, step=action.step)
+            case RemoveCell():
+                self._abandon(action.cell)
+                self._defer(self._drop_engine(action), f"remove-{action.cell}")
             case _:
                 raise AssertionError(f"unhandled action {action!r}")
         return []
 
-    def _defer(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        self._deferred.append((coro, name))
+    def _defer(self, coro: Coroutine[Any, Any, None], name: str, cell: int | None = None) -> None:
+        self._deferred.append((coro, name, cell))
 
     def start_deferred(self) -> None:
         """Start the long actions of the events applied so far (their state is persisted now)."""
         deferred, self._deferred = self._deferred, []
-        for coro, name in deferred:
-            self._supervisor.spawn(coro, name)
+        for coro, name, cell in deferred:
+            if cell is not None and self.driver.policy.state.roles[cell] is Role.GONE:
+                coro.close()  # the cell left the pool in the same apply
+                continue
+            task = self._supervisor.spawn(coro, name)
+            if cell is not None:
+                tasks = self._cell_tasks.setdefault(cell, set())
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
 
     # -- after a restart ------------------------------------------------------------------------------
     def recover(self) -> list[str]:
@@ -178,10 +200,10 @@ class ActionExecutor:
         redriven: list[str] = []
         for cell, role in enumerate(state.roles):
             if role is Role.DRAINING:
-                self._defer(self._transition(cell, Role.TRAINING), f"transition-{cell}-training")
+                self._defer(self._transition(cell, Role.TRAINING), f"transition-{cell}-training", cell)
                 redriven.append(f"transition {cell}→training")
             elif role is Role.RETURNING:
-                self._defer(self._transition(cell, Role.ROLLOUT), f"transition-{cell}-rollout")
+                self._defer(self._transition(cell, Role.ROLLOUT), f"transition-{cell}-rollout", cell)
                 redriven.append(f"transition {cell}→rollout")
         if state.pending_publications:
             versions = list(state.pending_publications)
@@ -221,6 +243,39 @@ class ActionExecutor:
             "UpdateRoutes",
             timeout_s=30,
         )
+        log.info(
+            "executions_rerouted",
+            source=a.source,
+            destination=a.destination,
+            executions=len(a.execution_ids),
+            recompute=a.recompute,
+        )
+
+    # -- a cell leaves the pool -----------------------------------------------------------------------
+    def _abandon(self, cell: int) -> None:
+        """Stop calling a cell that left the pool (a lost one never answers again)."""
+        abandoned = self._cell_tasks.pop(cell, set())
+        join = self._joins.pop(cell, None)
+        if join is not None and not join.done():
+            abandoned.add(join)
+        for task in abandoned:
+            task.cancel()
+        if abandoned:
+            log.info("cell_calls_abandoned", cell=cell, calls=len(abandoned))
+
+    async def _drop_engine(self, a: RemoveCell) -> None:
+        """Take the cell's engine out of the proxy's table (a restarted scheduler's table leaves it out)."""
+        async with self._table_lock:
+            self._routable.discard(a.cell)
+            engines = [self._peers.engines[c] for c in sorted(self._routable)]
+            if engines:  # an empty table keeps the proxy's; the next cell back in rollout replaces it
+                await self._call(
+                    self._peers.proxy.UpdateRoutes,
+                    proxy_pb2.UpdateRoutesRequest(engines=engines),
+                    "UpdateRoutes",
+                    timeout_s=30,
+                )
+        log.warning("cell_removed", cell=a.cell, lost=a.lost)
 
     # -- transitions -------------------------------------------------------------------------------
     async def _transition(self, cell: int, to_role: Role) -> None:

@@ -34,4 +34,5 @@ ROLE_TO_PROTO: dict[Role, int] = {
     Role.TRAINING: common.CELL_ROLE_TRAINING,
     # The wire has no role for training → rollout; a returning cell is still training-side.
     Role.RETURNING: common.CELL_ROLE_TRAINING,
+    Role.GONE: common.CELL_ROLE_GONE,
 }

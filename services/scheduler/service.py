@@ -39,6 +39,7 @@ from services.scheduler.persist import ShellState
 from services.scheduler.policy import (
     Mode,
     Policy,
+    Role,
     RunStarted,
     Tick,
 )
@@ -159,12 +160,16 @@ class SchedulerService(GyreService):
         self.supervisor.spawn(self._ticker(), "ticker")
 
     async def _wait_for_peers(self, timeout_s: float = 120.0) -> list[str]:
-        """Every cell agent's role, once each answers."""
+        """Every cell agent's role, once each answers (a cell removed from the pool is not asked)."""
         from gyre.v1 import cell_agent_pb2
 
         deadline = asyncio.get_running_loop().time() + timeout_s
         roles: list[str] = []
+        policy_roles = self.policy.state.roles
         for cell, stub in enumerate(self.peers.cells):
+            if cell < len(policy_roles) and policy_roles[cell] is Role.GONE:
+                roles.append(str(Role.GONE))
+                continue
             while True:
                 try:
                     status = await stub.GetStatus(cell_agent_pb2.GetCellStatusRequest(), timeout=5)

@@ -5,6 +5,10 @@ keep live in the shell's `ShellState` (persisted with the policy): starts comman
 confirmed (the executor records them), each open batch's mean reward until its step completes (for
 `GetState`), and the groups of each enqueued micro-step.
 
+A satellite's cell agent that the stack's supervisor gave up on (`ProcessExited` with `gave_up`, process
+`cell_agent-K`, K > 0) is lost for good: `CellLost(K)`. The core's (cell 0) stops the run instead, and an
+exit followed by a restart changes nothing here.
+
 Each policy event is made by a `MakeEvent` closure that the driver calls inside its serialized
 apply, so a closure that reads or changes `commanded` sees the executor's writes in action order —
 a runner can report a start while the executor is still recording the command.
@@ -24,6 +28,7 @@ from services.scheduler.naming import engine_index
 from services.scheduler.persist import ShellState
 from services.scheduler.policy import (
     BatchStreamClosed,
+    CellLost,
     ExecutionStarted,
     ExecutionTerminated,
     GroupPacked,
@@ -45,7 +50,10 @@ CONSUMED: tuple[type[Message], ...] = (
     ev.MicroStepDone,
     ev.StreamClosed,
     ev.StepCompleted,
+    ev.ProcessExited,
 )
+
+_CELL_AGENT = "cell_agent-"
 
 
 class EventTranslator:
@@ -112,6 +120,12 @@ class EventTranslator:
                     self.shell.last_step_reward = reward
                 self._check_mismatch(e)
                 return [lambda now: StepCompleted(now, version)]
+            case ev.ProcessExited():
+                lost = lost_satellite(e)
+                if lost is None:
+                    return []
+                log.warning("cell_lost", cell=lost, process=e.process, reason=e.reason)
+                return [lambda now: CellLost(now, lost)]
         return []
 
     def _check_mismatch(self, e: ev.StepCompleted) -> None:
@@ -128,3 +142,11 @@ class EventTranslator:
             log.error("run_stopped_by_mismatch_gate", step=step, reason=reason)
         else:
             log.warning("mismatch_over_bound", step=step, reason=reason)
+
+
+def lost_satellite(e: ev.ProcessExited) -> int | None:
+    """The satellite cell a `ProcessExited` reports lost for good (its agent out of restarts), else None."""
+    index = e.process.removeprefix(_CELL_AGENT)
+    if not e.gave_up or index == e.process or not index.isdigit() or int(index) == 0:
+        return None
+    return int(index)
