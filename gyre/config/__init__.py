@@ -127,6 +127,7 @@ class GyreConfig(Section):
             )
         if self.cell_agent.trainer.routing_replay:
             self.proxy.record_routed_experts = True
+            engine.return_routed_experts = True
         return self
 
     @model_validator(mode="after")

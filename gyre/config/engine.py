@@ -68,6 +68,9 @@ class EngineSection(Section):
     weights_cpu_backup: bool = False
     """On `/release_memory_occupation` with tag `weights`, keep a copy to restore on resume (SGLang's
     `--enable-weights-cpu-backup`); off = weights must be updated after resume before serving."""
+    return_routed_experts: bool = False
+    """Return each forwarded token's MoE experts on request (SGLang's `--enable-return-routed-experts`; the
+    embedded engine always can). Turned on for the run's engines with `trainer.routing_replay`."""
     enable_lora: bool = False
     """Serve LoRA adapters (SGLang's `--enable-lora`): `/load_lora_adapter`, `/unload_lora_adapter` and a
     request's `lora_path`. Turned on for the run's engines when `trainer.lora` is set."""

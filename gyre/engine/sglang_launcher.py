@@ -130,6 +130,8 @@ def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
         cmd += ["--mem-fraction-static", str(section.sglang_mem_fraction_static)]
     if section.incremental_streaming_output:
         cmd.append("--incremental-streaming-output")
+    if section.return_routed_experts:
+        cmd.append("--enable-return-routed-experts")  # routing replay (gyre/model/routing.py)
     if section.enable_lora:
         # SGLang requires max_loaded_loras >= max_loras_per_batch (default 8): a batch may mix them all.
         loras = str(section.max_loaded_loras)

@@ -61,7 +61,7 @@ def test_bad_values_name_the_field(tmp_path: Path, yaml_text: str, field: str, h
 
 def test_routing_replay_records_routing_in_the_proxy() -> None:
     config = load_config(None, environ={}, overrides={"cell_agent": {"trainer": {"routing_replay": True}}})
-    assert config.proxy.record_routed_experts
+    assert config.proxy.record_routed_experts and config.cell_agent.engine.return_routed_experts
     assert not load_config(None, environ={}).proxy.record_routed_experts
     on_sglang_cpu = {
         "trainer": {"routing_replay": True},

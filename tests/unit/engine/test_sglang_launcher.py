@@ -64,6 +64,12 @@ def test_command_serves_lora_adapters_when_enabled() -> None:
     )
 
 
+def test_command_returns_routed_experts_for_routing_replay() -> None:
+    assert "--enable-return-routed-experts" not in build_sglang_command(sglang_section(), port=1)
+    section = sglang_section(return_routed_experts=True)
+    assert "--enable-return-routed-experts" in build_sglang_command(section, port=1)
+
+
 def test_command_options_and_extra_args() -> None:
     section = sglang_section(
         sglang_enable_memory_saver=False,
