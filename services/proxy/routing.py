@@ -254,7 +254,12 @@ class Router:
             # nothing to move; later calls find no engine until one serves again.
             source.serving = False
             log.info(
-                "engine_drained", engine=engine_id, destinations=[], executions_moved=0, calls_rerouted=0
+                "engine_drained",
+                engine=engine_id,
+                destinations=[],
+                executions_moved=0,
+                calls_rerouted=0,
+                kv_migrated_tokens=0,
             )
             return DrainResult(destinations=[])
         self.num_drains_active += 1

@@ -6,7 +6,8 @@ a cell switches to training while one of its calls runs on its SGLang.
 Asserted from the run's stored events and the proxy's log, and from the servers themselves: a role switch
 rerouted a call in flight to another SGLang, which recomputed its prefix (SGLang has no `/gyre/kv/*`: no
 KV moved); every SGLang serves the last publication (each server's own `GET /get_model_info`, asked while
-the run is still up); `gyre audit` recomputes the run; 0 harness errors; nothing of the run is left
+the run is still up); `gyre audit` recomputes the run, and its forward on the ids the proxy recorded gives
+the recorded behaviour log-probs within 1e-4 (SGLang's own sampling, float32); 0 harness errors; nothing of the run is left
 running once it is down (no SGLang process group, no listening engine port, no process naming the run).
 
     .venv/bin/python -m pytest -q tests/e2e/test_sglang_run.py
@@ -94,7 +95,11 @@ def test_two_elastic_steps_on_three_sglang_servers(tmp_path: Path) -> None:
         for t in terminated
     ), [t.get("reason") for t in terminated]
     _assert_rerouted_on_a_switch(config, events, summary)
-    assert_audited(config.run.path, steps=STEPS)
+    objective = assert_audited(config.run.path, steps=STEPS).to_json()["objective"]
+    # what the proxy recorded is SGLang's own sampling: the audit's float32 forward on the recorded ids gives
+    # the recorded behaviour log-probs within the engine contract's 1e-4 (SGLang serves in float32 here)
+    mismatch = objective["mismatch_by_step"]
+    assert sum(m["tokens"] for m in mismatch) > 0 and objective["mismatch_max_abs"] <= 1e-4, mismatch
     _assert_nothing_left(config)
 
 
@@ -144,7 +149,7 @@ def _assert_rerouted_on_a_switch(
     ]
     rerouted = [d for d in drains if d["calls_rerouted"] > 0]
     assert rerouted, drains
-    assert all(d["kv_migrated_tokens"] == 0 for d in drains), drains
+    assert all(d.get("kv_migrated_tokens", 0) == 0 for d in drains), drains  # absent: nowhere to move to
     running, live = 0, set()
     for e in events:
         if e["type"] == "gyre.v1.ExecutionStarted":
