@@ -65,6 +65,12 @@ MANAGED_FLAGS = (
 #: The environment a CPU server needs (SGLang's CPU engine path).
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 
+#: uvicorn's exit code when its server cannot start, typically its port taken: between `free_port` and
+#: SGLang's bind, 20-200 s of startup here, another process (SGLang's own random internal ports among them)
+#: can take the port. Measured once in a fresh-clone `make test`.
+STARTUP_FAILURE = 3
+PORT_ATTEMPTS = 3
+
 
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -145,6 +151,14 @@ def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
     return cmd + list(section.sglang_args)
 
 
+class SGLangStartupFailed(RuntimeError):
+    """The server exited before it answered `/health`."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"SGLang exited with code {code} during startup")
+        self.code = code
+
+
 class SGLangLauncher:
     """Starts, health-checks, restarts and stops one SGLang server process."""
 
@@ -206,13 +220,25 @@ class SGLangLauncher:
             deadline = asyncio.get_running_loop().time() + self.startup_timeout_s
             while not await client.health():
                 if self._process.returncode is not None:
-                    raise RuntimeError(f"SGLang exited with code {self._process.returncode} during startup")
+                    raise SGLangStartupFailed(self._process.returncode)
                 if asyncio.get_running_loop().time() > deadline:
                     raise TimeoutError(f"SGLang at {self.url} not healthy after {self.startup_timeout_s} s")
                 await asyncio.sleep(0.5)
 
     async def start(self) -> SGLangLauncher:
-        await self._spawn()
+        """Spawn and wait until healthy. A server that could not start its HTTP server (uvicorn's exit 3) on
+        a port this launcher chose is started again on a new one, up to PORT_ATTEMPTS in all."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                await self._spawn()
+                break
+            except SGLangStartupFailed as e:
+                if e.code != STARTUP_FAILURE or self.section.port or attempt == PORT_ATTEMPTS:
+                    raise
+                taken = self.port
+                self.port = free_port(self.section.host)
+                self.command = build_sglang_command(self.section, port=self.port)
+                log.warning("sglang_port_retry", port_taken=taken, port=self.port, attempt=attempt)
         self._supervisor = asyncio.create_task(self._supervise(), name="sglang-supervisor")
         return self
 

@@ -25,6 +25,7 @@ class SGLangEngineHost(HttpEngineHost):
 
     async def start(self) -> None:
         await self.launcher.start()
+        self._base_url = self.launcher.url  # a new port if the first was taken before the server bound it
         await super().start()
 
     async def stop(self) -> None:

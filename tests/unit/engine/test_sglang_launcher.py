@@ -26,6 +26,10 @@ parser.add_argument("--host")
 args, _ = parser.parse_known_args()
 if os.environ.get("STAND_IN_EXIT_CODE"):
     sys.exit(int(os.environ["STAND_IN_EXIT_CODE"]))
+once = os.environ.get("STAND_IN_FAIL_ONCE_FILE")
+if once and not os.path.exists(once):
+    open(once, "w").close()
+    sys.exit(3)  # uvicorn's STARTUP_FAILURE, as when the port was taken
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
@@ -144,6 +148,22 @@ async def test_launcher_waits_for_health_restarts_a_dead_server_and_stops(stand_
     assert launcher.pid is not None
     with pytest.raises(ProcessLookupError):
         os.kill(launcher.pid, 0)
+
+
+async def test_a_server_whose_port_was_taken_starts_on_a_new_one(
+    stand_in: dict[str, str], tmp_path: Path
+) -> None:
+    section = sglang_section(sglang_python=sys.executable)
+    env = {**stand_in, "STAND_IN_FAIL_ONCE_FILE": str(tmp_path / "failed-once")}
+    launcher = SGLangLauncher(section, env=env, startup_timeout_s=30)
+    first = launcher.port
+    try:
+        await launcher.start()
+        assert launcher.port != first and launcher.url.endswith(f":{launcher.port}")
+        async with EngineClient(launcher.url) as client:
+            assert await client.health()
+    finally:
+        await launcher.stop()
 
 
 async def test_launcher_reports_a_server_that_dies_on_startup(stand_in: dict[str, str]) -> None:
