@@ -7,7 +7,9 @@ import asyncio
 
 import torch
 
+from gyre.engine import EngineClient
 from gyre.model.logprobs import effective_temperature
+from tests.support.eventually import eventually
 from tests.unit.engine.helpers import (
     engine_section,
     engine_stats,
@@ -18,6 +20,10 @@ from tests.unit.engine.helpers import (
 )
 
 TOL = 1e-4
+
+
+async def _waiting_at_least(client: EngineClient, n: int) -> bool:
+    return bool((await engine_stats(client))["num_waiting_reqs"] >= n)
 
 
 async def test_logprobs_are_exact_under_continuous_batching() -> None:
@@ -42,11 +48,20 @@ async def test_logprobs_are_exact_under_continuous_batching() -> None:
     async with serve(section, model=model) as (_, client):
 
         async def one(i: int) -> object:
-            await asyncio.sleep(0.01 * i)  # scenario: staggered arrivals join a running batch
             ids, params = cases[i]
             return await client.generate(ids, params, rid=f"r{i}")
 
-        results = await asyncio.gather(*(one(i) for i in range(len(cases))))
+        async def late(i: int) -> object:
+            await asyncio.sleep(0.01 * i)  # scenario: staggered arrivals join a running batch
+            return await one(i)
+
+        # The first half is queued while the engine is paused and starts together, so steps are shared
+        # however fast each request would run alone; the second half arrives while they run.
+        await client.pause_generation("in_place")
+        first = [asyncio.ensure_future(one(i)) for i in range(4)]
+        await eventually(lambda: _waiting_at_least(client, 4), timeout_s=30, what="4 requests queued")
+        await client.continue_generation()
+        results = await asyncio.gather(*first, *(late(i) for i in range(4, len(cases))))
         stats = await engine_stats(client)
     total_tokens = 0
     for (ids, params), result in zip(cases, results, strict=True):
