@@ -18,22 +18,11 @@ from gyre.model.weights import load_model
 from gyre.trajectory import encode_node
 from gyre.trajectory.routing import known_rows
 from services.cell_agent.engine import EngineServer
-from tests.support.models import moe_dir
+from tests.support.models import MOE_SMALL, moe_dir
 from tests.support.proxy_stack import proxy_stack
 
 LAYERS, TOP_K = 2, 2
-DIMS = {
-    "hidden_size": 32,
-    "num_hidden_layers": LAYERS,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "intermediate_size": 64,
-    "moe_intermediate_size": 16,
-    "num_experts": 8,
-    "num_experts_per_tok": TOP_K,
-    "max_position_embeddings": 2048,
-}
+DIMS = {**MOE_SMALL, "max_position_embeddings": 2048}
 
 
 async def test_the_proxy_records_each_tokens_experts_in_the_tree(

@@ -47,6 +47,33 @@ CELL: dict[str, Any] = {
 }
 
 
+MOE_SMALL: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 16,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+}
+"""A 2-layer Qwen3-MoE (8 experts, top 2) for the routing tests' `moe_dir` (each sets its context)."""
+MOE_MIXED: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "mlp_only_layers": [1],
+}
+"""A 3-layer Qwen3-MoE whose middle layer is dense (routing is recorded per decoder layer, -1 there)."""
+
+
 @functools.cache
 def byte_dir(seed: int = 0, context: int = 1024, **dims: int) -> Path:
     """A Llama in the demo model's format (byte tokenizer, compact ChatML); `dims` override SMALL's

@@ -22,22 +22,11 @@ from gyre.model.routing import ExpertRouting
 from gyre.model.weights import load_model
 from services.cell_agent.engine import EngineServer
 from tests.support.eventually import eventually
+from tests.support.models import MOE_MIXED
 from tests.unit.engine.helpers import engine_section, engine_stats, prompt, serve
 
 LAYERS, TOP_K = 3, 2
-MOE = {
-    "hidden_size": 64,
-    "num_hidden_layers": LAYERS,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "intermediate_size": 96,
-    "moe_intermediate_size": 32,
-    "num_experts": 8,
-    "num_experts_per_tok": TOP_K,
-    "mlp_only_layers": [1],
-    "max_position_embeddings": 1024,
-}
+MOE = {**MOE_MIXED, "max_position_embeddings": 1024}
 
 
 @pytest.fixture(scope="module")

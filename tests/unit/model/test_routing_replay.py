@@ -11,19 +11,9 @@ from gyre.model.causal_lm import CausalLM, SparseMoeBlock
 from gyre.model.init import init_model_dir
 from gyre.model.routing import ExpertRouting
 from gyre.model.weights import load_model
+from tests.support.models import MOE_MIXED
 
-SMALL = {
-    "hidden_size": 64,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "intermediate_size": 96,
-    "moe_intermediate_size": 32,
-    "num_experts": 8,
-    "num_experts_per_tok": 2,
-    "mlp_only_layers": [1],
-}
+SMALL = MOE_MIXED
 """Layers 0 and 2 sparse, 1 dense (its routing rows stay -1)."""
 
 

@@ -25,23 +25,12 @@ from gyre.trainer.backends import TrainerSpec, create_trainer
 from gyre.trainer.backends.torch_backend import TorchTrainer
 from gyre.trajectory import TrajectoryTree, admit, materialize
 from gyre.trajectory.materialize import RowLayout
+from tests.support.models import MOE_SMALL, small_dir
 from tests.support.models import moe_dir as _moe_dir
-from tests.support.models import small_dir
 from tests.unit.trajectory.harness_sim import run_script
 
 LAYERS, TOP_K = 2, 2
-MOE = {
-    "hidden_size": 32,
-    "num_hidden_layers": LAYERS,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "intermediate_size": 64,
-    "moe_intermediate_size": 16,
-    "num_experts": 8,
-    "num_experts_per_tok": TOP_K,
-    "max_position_embeddings": 4096,
-}
+MOE = {**MOE_SMALL, "max_position_embeddings": 4096}
 SCRIPTS = [
     ["step", "retry", "sub", "sub", "step", "compact", "step", "retry"],
     ["step", "step", "retry", "sub", "sub_compact", "sub", "step"],
