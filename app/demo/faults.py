@@ -6,12 +6,15 @@
 
 A `Fault` names a process of the run as `stack.json` does (`scheduler`, `cell_agent-0`, `nats`, ...) or by
 role (`core` = cell_agent-0, `satellite` = the last cell agent), and an action: `kill` (SIGKILL; the stack's
-supervisor restarts it), `stop` (SIGSTOP for `stop_s`, then SIGCONT) or `hang_verifier` (SIGSTOP a verifier
-process in the evaluator's sandbox uids and leave it stopped: the evaluator's timeout must deal with it).
+supervisor restarts it), `stop` (SIGSTOP for `stop_s`, then SIGCONT), `kill_engine` (SIGKILL the process
+group of the SGLang server a cell agent launched, once it runs a call; the cell's launcher restarts it) or
+`hang_verifier` (SIGSTOP a verifier process in the evaluator's sandbox uids and leave it stopped: the
+evaluator's timeout must deal with it).
 Faults are injected in order, each once the run has reached `at_step` steps and its `when` holds (`live`:
 executions are running; `training`: the core is training), and the next only after the previous one
 recovered. `recovery_s`: injection → the process answers SERVING again (servers: accepts connections;
-`stop`: counted from SIGCONT; `hang_verifier`: until the stopped verifier is gone).
+`stop`: counted from SIGCONT; `kill_engine`: a new server answers `/health`; `hang_verifier`: until the
+stopped verifier is gone).
 
 The report attributes each invariant violation (app/demo/ledger.py) to the fault whose window
 [injection, next injection) it falls in; `harness_errors` counts the executions in that window that ended
@@ -25,6 +28,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +41,9 @@ from app.stack.state import ProcessEntry, StackState
 from gyre.procs import ProcessId, crash_tree
 from gyre.v1 import common_pb2, scheduler_pb2
 
-Action = Literal["kill", "stop", "hang_verifier"]
+Action = Literal["kill", "stop", "kill_engine", "hang_verifier"]
+ENGINE_MODULE = "sglang.launch_server"
+"""What a cell agent's SGLang server runs (`kill_engine` finds it among the agent's children by it)."""
 When = Literal["any", "live", "training"]
 _OK_ENDINGS = ("TERMINATION_REASON_COMPLETED", "TERMINATION_REASON_CANCELLED")
 
@@ -149,6 +155,9 @@ class FaultInjector:
             self._hang_verifier(injection)
             return
         entry = self._entry(fault.target)
+        if fault.action == "kill_engine":
+            self._kill_engine(injection, entry)
+            return
         injection.at_s = time.time()
         t0 = time.monotonic()
         if fault.action == "kill":
@@ -173,6 +182,28 @@ class FaultInjector:
                 return round(time.monotonic() - t0, 2)
             time.sleep(0.2)
         return None
+
+    def _kill_engine(self, injection: Injection, entry: ProcessEntry) -> None:
+        """SIGKILL the cell's SGLang server (its whole process group) once it runs a call, then wait for
+        the launcher's restart to answer `/health`."""
+        deadline = time.monotonic() + self.wait_s
+        server = _engine_server(entry.pid)
+        while server is None or _running_calls(server[1]) < 1:
+            if time.monotonic() > deadline or self._over.is_set():
+                injection.detail = "not injected: the engine ran no call" if server else "no engine server"
+                return
+            time.sleep(0.1)
+            server = _engine_server(entry.pid)
+        pid, port = server
+        injection.at_s, t0 = time.time(), time.monotonic()
+        os.killpg(pid, signal.SIGKILL)
+        injection.detail = f"engine pid {pid} on port {port} killed"
+        while time.monotonic() < t0 + self.wait_s and not self._over.is_set():
+            again = _engine_server(entry.pid)
+            if again is not None and again[0] != pid and _healthy(again[1]):
+                injection.recovery_s = round(time.monotonic() - t0, 2)
+                return
+            time.sleep(0.2)
 
     def _hang_verifier(self, injection: Injection) -> None:
         deadline = time.monotonic() + self.wait_s
@@ -203,6 +234,35 @@ class _suppressed:
 
     def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
         return kind is not None and issubclass(kind, psutil.Error)
+
+
+def _engine_server(agent_pid: int) -> tuple[int, int] | None:
+    """(pid, port) of the SGLang server a cell agent runs, None while it has none."""
+    with _suppressed():
+        for child in psutil.Process(agent_pid).children():
+            argv = child.cmdline()
+            if ENGINE_MODULE in argv and "--port" in argv:
+                return child.pid, int(argv[argv.index("--port") + 1])
+    return None
+
+
+def _running_calls(port: int) -> float:
+    """Requests running on the SGLang server at `port`, by its own gauge (0 while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2.0) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return 0.0
+    gauges = [line for line in text.splitlines() if line.startswith("sglang:num_running_reqs{")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in gauges)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2.0) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
 
 
 def _serving(entry: ProcessEntry) -> bool:

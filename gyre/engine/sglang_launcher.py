@@ -17,6 +17,15 @@ KV budget (`kv_cache_tokens`; else SGLang takes 72% of free RAM), the engine's b
 `SGLANG_USE_CPU_ENGINE=1`; deploy/sglang/ installs that SGLang (`make setup`). The launcher starts the
 server in its own process group, waits for `/health`, restarts it if it dies (at most `max_restarts`
 times, with backoff) and stops it with SIGTERM, then SIGKILL after a grace period.
+
+A restart is a new server, which would come back with the configured model: `restart_weights` (set by its
+owner) names the weights it should serve instead (the run's newest publication), asked before each
+restart, and `on_restarted` runs once the new server is healthy (its owner restores what the dead one had:
+paused admission, released memory, a publication that arrived meanwhile). `up` says whether a server
+answers now; `wait_up()` waits for one.
+
+    launcher.restart_weights = newest_publication      # async () -> (model path, weight version) | None
+    launcher.on_restarted = restore
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import os
 import shlex
 import signal
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -151,6 +160,10 @@ def build_sglang_command(section: EngineSection, *, port: int) -> list[str]:
     return cmd + list(section.sglang_args)
 
 
+RestartWeights = Callable[[], Awaitable[tuple[str, str] | None]]
+"""What a restarted server serves: (model path, weight version), or None for the configured model."""
+
+
 class SGLangStartupFailed(RuntimeError):
     """The server exited before it answered `/health`."""
 
@@ -184,6 +197,11 @@ class SGLangLauncher:
         self.restart_backoff_s = restart_backoff_s
         self.stop_grace_s = stop_grace_s
         self.num_restarts = 0
+        self.restart_weights: RestartWeights | None = None
+        """Asked before each restart: the weights the new server loads (None, or None returned: the configured ones)."""
+        self.on_restarted: Callable[[], Awaitable[None]] | None = None
+        """Awaited once a restarted server is healthy, before supervision goes on."""
+        self._up = asyncio.Event()
         self._process: asyncio.subprocess.Process | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -195,6 +213,26 @@ class SGLangLauncher:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    @property
+    def up(self) -> bool:
+        """A server is running and answered `/health` (False from its exit until a restart answers)."""
+        return self._up.is_set() and self._process is not None and self._process.returncode is None
+
+    async def wait_up(self, timeout_s: float) -> None:
+        """Return once a server is up; raise TimeoutError after `timeout_s` (a restart takes a CPU server
+        30-200 s here), RuntimeError if supervision gave up or the launcher stopped."""
+        waiter = asyncio.ensure_future(self._up.wait())
+        watched = [waiter] + ([self._supervisor] if self._supervisor is not None else [])
+        try:
+            await asyncio.wait(watched, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if self.up:
+            return
+        if self._stopping or (self._supervisor is not None and self._supervisor.done()):
+            raise RuntimeError(f"SGLang at {self.url} is not supervised any more (stopped, or gave up)")
+        raise TimeoutError(f"SGLang at {self.url} not back after {timeout_s} s")
 
     async def _spawn(self) -> None:
         if self.log_path is not None:
@@ -224,6 +262,7 @@ class SGLangLauncher:
                 if asyncio.get_running_loop().time() > deadline:
                     raise TimeoutError(f"SGLang at {self.url} not healthy after {self.startup_timeout_s} s")
                 await asyncio.sleep(0.5)
+        self._up.set()
 
     async def start(self) -> SGLangLauncher:
         """Spawn and wait until healthy. A server that could not start its HTTP server (uvicorn's exit 3) on
@@ -247,6 +286,7 @@ class SGLangLauncher:
         while not self._stopping:
             assert self._process is not None
             code = await self._process.wait()
+            self._up.clear()
             if self._stopping:
                 return
             log.error("sglang_exited", code=code, restarts=self.num_restarts)
@@ -254,7 +294,28 @@ class SGLangLauncher:
                 raise RuntimeError(f"SGLang exited with code {code} after {self.num_restarts} restarts")
             self.num_restarts += 1
             await asyncio.sleep(self.restart_backoff_s * self.num_restarts)
+            self.command = build_sglang_command(await self._restart_section(), port=self.port)
             await self._spawn()
+            log.info("sglang_restarted", url=self.url, restarts=self.num_restarts, pid=self.pid)
+            if self.on_restarted is not None:
+                await self.on_restarted()
+
+    async def _restart_section(self) -> EngineSection:
+        """The engine section a restart launches: the configured one, with `restart_weights`' model path
+        and weight version where it names them."""
+        weights = None
+        if self.restart_weights is not None:
+            try:
+                weights = await self.restart_weights()
+            except (
+                Exception
+            ) as e:  # e.g. Redis unreachable this moment: on_restarted catches up after the start
+                log.warning("sglang_restart_weights_unknown", error=repr(e))
+        if weights is None:
+            return self.section
+        path, version = weights
+        log.info("sglang_restart_weights", model_path=path, weight_version=version)
+        return self.section.model_copy(update={"sglang_model_path": path, "weight_version": version})
 
     async def wait(self) -> None:
         """Return when supervision ends; raise its error if SGLang could not be kept alive."""
@@ -276,9 +337,11 @@ class SGLangLauncher:
                     os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
         if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+            supervisor = self._supervisor
+            supervisor.cancel()
+            await asyncio.wait([supervisor])
+            if not supervisor.cancelled():
+                supervisor.exception()  # gave up: raised to whoever awaited wait(), not again here
 
     async def __aenter__(self) -> SGLangLauncher:
         return await self.start()

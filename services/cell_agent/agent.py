@@ -191,6 +191,8 @@ class CellAgent:
         self._published_event_version: int | None = None
         self._ops = Detached()
         """Switches, steps and publications run detached from the RPC that asked (detached.py)."""
+        self.engine.weights_on_restart = self._newest_published
+        self.engine.on_restarted = self._engine_restarted
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -212,7 +214,36 @@ class CellAgent:
         tasks: list[Coroutine[Any, Any, None]] = [self.training.keep_world(), self.training.world.heartbeat()]
         if self.is_core:
             tasks.append(self.training.serve_pulls())
+        engine = self.engine.supervision()
+        if engine is not None:
+            tasks.append(engine)
         return tasks
+
+    async def _newest_published(self) -> tuple[Path, int] | None:
+        """The newest publication as this cell's files (a satellite streams it from the core first)."""
+        published = await self.state.published()
+        return None if published is None else await self.published_weights.local(published)
+
+    async def _engine_restarted(self) -> None:
+        """The engine died and its host restarted it with the newest publication at that moment: in the
+        rollout role, serve one published since (each push to it failed while it was down), then register
+        it again. A switch in progress finishes first (it waited for the restart itself)."""
+        async with self._switch_lock:
+            loaded = ""
+            while self.roles.role == ROLLOUT:
+                newest = await self._newest_published()
+                serving = await self.engine.weight_version()
+                if newest is None or serving == str(newest[1]) or loaded == str(newest[1]):
+                    break
+                await self.engine.load_weights(*newest)
+                loaded = str(newest[1])
+            await self._register_engine()
+            log.warning(
+                "engine_restarted",
+                cell=self.cell,
+                role=role_name(self.roles.role),
+                engine_weight_version=await self.engine.weight_version(),
+            )
 
     async def stop(self) -> None:
         self._ops.cancel_all()

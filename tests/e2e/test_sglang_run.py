@@ -15,24 +15,19 @@ running once it is down (no SGLang process group, no listening engine port, no p
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import socket
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from app.demo.config import demo_config
 from app.demo.run import DemoRun
-from gyre.config import GyreConfig, load_config
+from gyre.config import GyreConfig
 from gyre.paths import REPO_ROOT
 from tests.support.audit import assert_audited
-from tests.support.eventually import eventually_sync
 from tests.support.sglang import sglang_python
+from tests.support.sglang_runs import assert_nothing_left, wait_served
 
 # Three SGLang servers start in 40–80 s together here (200 s each on a loaded machine): the start counts.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -76,7 +71,7 @@ def test_two_elastic_steps_on_three_sglang_servers(tmp_path: Path) -> None:
     def progress(state: Any, elapsed_s: float) -> None:
         # The last step is done: wait (the stack still up) until the publication reached every SGLang.
         if state.steps >= STEPS and not served:
-            served["versions"] = _wait_served(config, str(STEPS), timeout_s=300)
+            served["versions"] = wait_served(config, str(STEPS), timeout_s=300)
 
     summary = DemoRun(config, steps=STEPS).execute(progress=progress)
     events = [json.loads(line) for line in (config.run.path / "events.jsonl").read_text().splitlines()]
@@ -100,40 +95,7 @@ def test_two_elastic_steps_on_three_sglang_servers(tmp_path: Path) -> None:
     # the recorded behaviour log-probs within the engine contract's 1e-4 (SGLang serves in float32 here)
     mismatch = objective["mismatch_by_step"]
     assert sum(m["tokens"] for m in mismatch) > 0 and objective["mismatch_max_abs"] <= 1e-4, mismatch
-    _assert_nothing_left(config)
-
-
-def _engine_urls(config: GyreConfig) -> list[str]:
-    """The engines' URLs as the run resolved them (its config.yaml names every cell's engine port)."""
-    resolved = load_config(config.run.path / "config.yaml")
-    host = resolved.cell_agent.engine.host
-    return [f"http://{host}:{port}" for port in resolved.cell_agent.engine_ports]
-
-
-def _model_info_version(url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(f"{url}/get_model_info", timeout=10) as reply:
-            version = json.load(reply).get("weight_version")
-    except OSError:
-        return None
-    return None if version is None else str(version)
-
-
-def _wait_served(config: GyreConfig, version: str, timeout_s: float) -> list[str | None]:
-    """Every server's weight version once all equal `version` (or as they are after `timeout_s`)."""
-    urls = _engine_urls(config)
-    assert len(urls) == 3, urls
-    versions: list[str | None] = []
-
-    def all_served() -> bool:
-        versions[:] = [_model_info_version(url) for url in urls]
-        return versions == [version] * len(urls)
-
-    with contextlib.suppress(AssertionError):  # timed out: the caller asserts on what they serve
-        eventually_sync(
-            all_served, timeout_s=timeout_s, interval_s=0.5, what=f"every SGLang to serve {version}"
-        )
-    return versions
+    assert_nothing_left(config)
 
 
 def _assert_rerouted_on_a_switch(
@@ -163,28 +125,3 @@ def _assert_rerouted_on_a_switch(
         ):
             live.add(f"cell-{e['event'].get('cell', 0)}")
     assert live & {d["engine"] for d in rerouted}, (live, rerouted)
-
-
-def _assert_nothing_left(config: GyreConfig) -> None:
-    """The run is down: no SGLang process group its cells started, no engine port listening, no process
-    that names the run's directory."""
-    spawned = [
-        line["pid"]
-        for path in (config.run.path / "logs").glob("cell_agent-*.log")
-        for line in map(json.loads, path.read_text().splitlines())
-        if line.get("event") == "sglang_spawned"
-    ]
-    assert len(spawned) >= 3, spawned
-    for pgid in spawned:
-        with pytest.raises(ProcessLookupError):
-            os.killpg(pgid, 0)
-    for url in _engine_urls(config):
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=5):
-            pass
-    run_dir = str(config.run.path)
-    left = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        if any(run_dir in arg for arg in p.info["cmdline"] or ()):
-            left.append((p.info["pid"], p.info["cmdline"]))
-    assert left == [], left

@@ -9,7 +9,8 @@ served output ids are its greedy choices and served log-probs equal its log-prob
 after a weight update, and after the core's publication in each mode (tensor, distributed, disk). Also:
 streaming gives what a whole call gives, abort by rid ends a call in flight with an `abort` finish,
 `flush_cache` empties the prefix cache, a role switch hands back every call in flight, an update with a
-call running flushes the cache and keeps the call; and a killed SGLang server is restarted by its launcher and serves the same log-probs.
+call running flushes the cache and keeps the call; and a killed SGLang server is restarted by its launcher
+with the newest publication the cell names, and serves it.
 """
 
 from __future__ import annotations
@@ -246,17 +247,43 @@ async def test_each_publication_mode_serves_the_trainers_weights(
 
 
 @pytest.mark.parametrize("host", ["sglang"], indirect=True)
-async def test_a_killed_sglang_server_is_restarted(host: EngineHost, client: EngineClient) -> None:
+async def test_a_killed_sglang_server_is_restarted_with_the_newest_publication(
+    host: EngineHost, client: EngineClient, tmp_path: Path
+) -> None:
+    """The launcher restarts a killed server with what the cell names as its newest publication (not the
+    model it was configured with), and the cell's `on_restarted` runs once the new server answers."""
     assert isinstance(host, SGLangEngineHost)
     launcher = host.launcher
+    trainer = create_trainer(
+        "torch", TrainerSpec(TrainerSection(), MODEL_DIR, ObjectiveParams(), with_optimizer=False)
+    )
+    with torch.no_grad():
+        trainer.flat_params.add_(torch.randn_like(trainer.flat_params), alpha=0.05)
+    published = write_published(
+        tmp_path, version=9, arch=trainer.arch, tensors=trainer.named_weights(), source=MODEL_DIR
+    )
+    restored: list[str] = []
+
+    async def newest() -> tuple[Path, int]:
+        return published, 9
+
+    async def on_restarted() -> None:
+        restored.append(await host.weight_version())
+
+    host.weights_on_restart, host.on_restarted = newest, on_restarted
     first_pid = launcher.pid
     assert first_pid is not None
-    os.killpg(first_pid, signal.SIGKILL)
-
-    async def serving_again() -> bool:
-        return launcher.pid != first_pid and await client.health()
-
-    await eventually(serving_again, timeout_s=600, interval_s=0.5, what="the SGLang server to restart")
-    assert launcher.num_restarts == 1
-    prompt = [11, 523, 97, 4001, 18, 77, 1203]
-    assert_matches_reference(await client.generate(prompt, GREEDY), MODEL_DIR, prompt)
+    try:
+        os.killpg(first_pid, signal.SIGKILL)
+        await eventually(lambda: not launcher.up, timeout_s=60, interval_s=0.05, what="the death to be seen")
+        assert await host.weight_version() == "" and await host.num_in_flight() == 0
+        await host.wait_ready(600)  # waits for the restart
+        await eventually(lambda: restored, timeout_s=60, interval_s=0.1, what="on_restarted")
+        assert launcher.num_restarts == 1 and launcher.pid != first_pid and restored == ["9"]
+        prompt = [11, 523, 97, 4001, 18, 77, 1203]
+        served = await client.generate(prompt, GREEDY)
+        assert served.weight_version == "9"
+        assert_matches_reference(served, published, prompt)
+    finally:
+        host.weights_on_restart = host.on_restarted = None
+    await host.load_weights(MODEL_DIR, 10)  # back to the base weights for the other tests of the module

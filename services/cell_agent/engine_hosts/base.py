@@ -15,6 +15,11 @@ the policy adapter of its version (`gyre.engine.adapters`: loaded, the weight ve
 older than the previous one unloaded) on top of the base weights, and `push_adapter` does the same
 with the adapter in hand.
 
+An engine in its own process can die under the cell; a host that restarts it (`sglang`) asks the cell's
+`weights_on_restart` what the new one should serve (the newest publication), restores the state the
+role switches left (admission stopped, memory released) and then awaits the cell's `on_restarted`;
+`supervision()` is what the cell's service supervises (raises once the engine is dead for good).
+
 To add an engine back end: subclass `EngineHost` (or `HttpEngineHost` for a server that speaks SGLang's
 native HTTP API) in a file of this package, set `name`, implement the abstract members, add the class to
 `ENGINE_HOSTS` in `__init__.py` and its name to `gyre.engine.backends.ENGINE_BACKENDS` (what the config
@@ -25,9 +30,9 @@ runs the engine contract against it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -45,6 +50,15 @@ class EngineHost(ABC):
         self.log_path = log_path
         """Where an engine that runs as its own process writes its output (None: discarded)."""
         self.weights_released = False
+        self.weights_on_restart: Callable[[], Awaitable[tuple[Path, int] | None]] | None = None
+        """Set by the cell: the weights a restarted engine serves (published directory, version); None: the model's."""
+        self.on_restarted: Callable[[], Awaitable[None]] | None = None
+        """Set by the cell: awaited once a restarted engine serves again, its state restored."""
+
+    def supervision(self) -> Coroutine[Any, Any, None] | None:
+        """What the cell's service supervises while the engine runs (raises once the engine is dead for
+        good); None for an engine that lives and dies with this process."""
+        return None
 
     @property
     @abstractmethod

@@ -24,6 +24,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int)
 parser.add_argument("--host")
 args, _ = parser.parse_known_args()
+if os.environ.get("STAND_IN_ARGV_FILE"):
+    with open(os.environ["STAND_IN_ARGV_FILE"], "a") as f:
+        f.write(" ".join(sys.argv[1:]) + "\\n")
 if os.environ.get("STAND_IN_EXIT_CODE"):
     sys.exit(int(os.environ["STAND_IN_EXIT_CODE"]))
 once = os.environ.get("STAND_IN_FAIL_ONCE_FILE")
@@ -148,6 +151,52 @@ async def test_launcher_waits_for_health_restarts_a_dead_server_and_stops(stand_
     assert launcher.pid is not None
     with pytest.raises(ProcessLookupError):
         os.kill(launcher.pid, 0)
+
+
+async def test_a_restarted_server_serves_the_newest_weights_and_its_owner_restores_it(
+    stand_in: dict[str, str], tmp_path: Path
+) -> None:
+    """A restart launches `restart_weights`' model and version (not the configured ones), `up` is False
+    from the death until the new server answers, and `on_restarted` runs once it does."""
+    section = sglang_section(sglang_python=sys.executable, weight_version="0")
+    argv = tmp_path / "argv"
+    launcher = SGLangLauncher(
+        section, env={**stand_in, "STAND_IN_ARGV_FILE": str(argv)}, restart_backoff_s=0.05
+    )
+    asked: list[str] = []
+    restored: list[bool] = []
+
+    async def newest() -> tuple[str, str]:
+        asked.append("asked")
+        return "/runs/r1/checkpoints/published/v7", "7"
+
+    async def restore() -> None:
+        restored.append(launcher.up)
+
+    launcher.restart_weights = newest
+    launcher.on_restarted = restore
+    async with launcher:
+        assert launcher.up and not asked
+        os.killpg(launcher.pid or 0, signal.SIGKILL)
+        await eventually(lambda: not launcher.up, timeout_s=30, interval_s=0.02, what="the death to be seen")
+        await launcher.wait_up(60)
+        await eventually(lambda: restored == [True], timeout_s=30, interval_s=0.02, what="on_restarted")
+    first, second = argv.read_text().splitlines()
+    assert "--model-path Qwen/Qwen3-8B" in first and "--weight-version 0" in first
+    assert "--model-path /runs/r1/checkpoints/published/v7" in second and "--weight-version 7" in second
+    assert asked == ["asked"]
+
+
+async def test_wait_up_fails_once_supervision_gave_up(stand_in: dict[str, str], tmp_path: Path) -> None:
+    section = sglang_section(sglang_python=sys.executable)
+    launcher = SGLangLauncher(section, env=stand_in, restart_backoff_s=0.05, max_restarts=0)
+    async with launcher:
+        os.killpg(launcher.pid or 0, signal.SIGKILL)
+        await eventually(lambda: not launcher.up, timeout_s=30, interval_s=0.02, what="the death to be seen")
+        with pytest.raises(RuntimeError, match="gave up"):
+            await launcher.wait_up(60)
+        with pytest.raises(RuntimeError, match="after 0 restarts"):
+            await launcher.wait()
 
 
 async def test_a_server_whose_port_was_taken_starts_on_a_new_one(
