@@ -23,11 +23,20 @@ Prints one JSON object (last line):
 
 `--backend sglang`: the engine is the real SGLang (`make setup`'s .venv-sglang, on this CPU, float32)
 serving the same model, which generates (no script): each proxy call on a short history is followed by
-its direct twin with the same prompt ids and as many output tokens (`ignore_eos`), one execution at a
-time (b1) and 16 at once (b16). The proxy's overhead, recording into Redis included, as a share of
-SGLang's own call latency (goal <= 5%):
+its direct twin, one execution at a time (b1) and 16 at once (b16). The twin is the same engine work as
+the proxy's call: the request the proxy sends SGLang (not streamed, with `return_logprob`; log-probs are
+the engine's work, and the proxy must record them), on the same prompt ids, for as many output tokens
+(`ignore_eos`), the prompt put in SGLang's prefix cache before either, and both sent through the same
+HTTP/1.1 client (`TwinBench`). So the difference is the proxy's own overhead — its HTTP server, its
+tree and encoding work, recording into Redis, and the extra process hop — as a share of SGLang's own
+call latency (goal <= 5%):
     sglang.overhead_share_b1 / _b16       median(proxy - direct) / median(direct)
     sglang.overhead_ms_p50_b1 / _b16, sglang.direct_ms_p50_b1 / _b16, sglang.samples_b1 / _b16
+    sglang.proxy_overhead_ms_mean_b1 / _b16   the proxy's own `overhead_seconds` histogram, mean per call
+    sglang.proxy_cpu_ms_per_call_b1 / _b16    the proxy process's CPU per call
+    sglang.twin_request                   the shape of the twin (and of the proxy's request)
+At b16 the 16 loops run nearly in step (most outputs stop at `max_tokens`), so the proxy, one event
+loop, gets its calls in bursts and works through each burst one call after another.
 """
 
 from __future__ import annotations
@@ -41,18 +50,25 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import httpx
+import orjson
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.stack.servers import ServerProcess, start_nats, start_redis
 from bench._startup import bench_model, run_bench, start_engine_and_proxy, start_proxy, stop_processes
 from gyre.config.engine import EngineSection
 from gyre.engine import EngineClient
+from gyre.engine.http1 import Http1Pool
 from gyre.paths import REPO_ROOT
 from gyre.rpc import aio_channel
 from gyre.trajectory import CallMeta, TrajectoryTree, from_anthropic, get_profile, template_for_family
+from gyre.trajectory.templates import template_for_model
 from gyre.v1 import common_pb2, proxy_pb2, proxy_pb2_grpc
 
+OVERHEAD_SERIES = "gyre_proxy_overhead_seconds"
 OUTPUT = "Done.<|im_end|>"
 OUTPUT_IDS = [*b"Done.", 258]
 TOOLS = [
@@ -202,27 +218,12 @@ class Bench:
             raise RuntimeError(f"proxy answered {response.status_code}: {response.text[:300]}")
         return elapsed, response.json()
 
-    async def direct_call(self, ids: list[int], output_tokens: int | None = None) -> float:
-        """The engine alone on `ids`: the scripted answer's stop rule, or exactly `output_tokens`."""
+    async def direct_call(self, ids: list[int]) -> float:
+        """The engine alone on `ids`, with the scripted answer's stop rule."""
         params: dict[str, Any] = {"max_new_tokens": 32, "stop_token_ids": [256, 258]}
-        if output_tokens is not None:
-            params = {"max_new_tokens": output_tokens, "ignore_eos": True}
         start = time.perf_counter()
         await self.engine.generate(ids, params)
         return time.perf_counter() - start
-
-    async def twinned(self, execution: Execution, rounds: int) -> tuple[list[float], list[float]]:
-        """(overheads, direct latencies): each proxy call, then the engine alone on its prompt ids for as
-        many output tokens as the proxy's call generated (a generating engine answers at any length)."""
-        overheads, directs = [], []
-        for _ in range(rounds):
-            ids = execution.prompt_ids()
-            proxied, answer = await self.proxy_call(execution)
-            direct = await self.direct_call(ids, int(answer["usage"]["output_tokens"]))
-            execution.advance(answer["content"])
-            overheads.append(proxied - direct)
-            directs.append(direct)
-        return overheads, directs
 
     async def paired(
         self, execution: Execution, samples: int, warmup: int
@@ -264,6 +265,93 @@ class Bench:
         start = time.perf_counter()
         await asyncio.gather(*(direct_loop(ids) for ids in prompts))
         return proxy_rate, counts[1] / (time.perf_counter() - start)
+
+
+class TwinBench:
+    """`--backend sglang`: each proxy call and its direct twin, the same engine work through the same client.
+
+    The twin is the request the proxy sends SGLang for a non-streaming harness call (`/generate`, not
+    streamed, `return_logprob`, the template's `stop_token_ids`, a `rid`), on the same prompt ids, with
+    `ignore_eos` and `max_new_tokens` set to the proxy's output length so that SGLang generates as many
+    tokens: computing log-probs is the engine's work, which both sides ask for. Before each pair an
+    untimed 1-token call on the prompt ids puts them in SGLang's prefix cache, so the proxied call does
+    not pay the prefill of the new turn that its twin, coming second, would find cached. Both calls go
+    through the same HTTP/1.1 client (`Http1Pool`; the proxy call with its API key in a header): what
+    differs between them is the proxy alone, not the harness's client."""
+
+    def __init__(self, engine: EngineClient, harness: Http1Pool, stop_token_ids: list[int]) -> None:
+        self.engine = engine
+        self.harness = harness
+        self.stop_token_ids = stop_token_ids
+        self.num_twins = 0
+
+    async def proxy_call(self, execution: Execution) -> tuple[float, dict[str, Any]]:
+        body = orjson.dumps(execution.body)
+        start = time.perf_counter()
+        status, _, content = await self.harness.request(
+            "POST",
+            "/v1/messages",
+            body,
+            "application/json",
+            timeout_s=300,
+            headers={"x-api-key": execution.key},
+        )
+        elapsed = time.perf_counter() - start
+        if status != 200:
+            raise RuntimeError(f"proxy answered {status}: {content[:300]!r}")
+        return elapsed, cast(dict[str, Any], orjson.loads(content))
+
+    async def twin_call(self, ids: list[int], output_tokens: int) -> float:
+        self.num_twins += 1
+        params = {"stop_token_ids": self.stop_token_ids, "max_new_tokens": output_tokens, "ignore_eos": True}
+        start = time.perf_counter()
+        await self.engine.generate(ids, params, rid=f"twin-{self.num_twins}")
+        return time.perf_counter() - start
+
+    async def twinned(self, execution: Execution, rounds: int) -> tuple[list[float], list[float]]:
+        """(overheads, direct latencies): each proxy call, then its twin (the class docstring)."""
+        overheads, directs = [], []
+        for _ in range(rounds):
+            ids = execution.prompt_ids()
+            await self.engine.generate(ids, {"max_new_tokens": 1}, return_logprob=False)  # into the cache
+            proxied, answer = await self.proxy_call(execution)
+            direct = await self.twin_call(ids, int(answer["usage"]["output_tokens"]))
+            execution.advance(answer["content"])
+            overheads.append(proxied - direct)
+            directs.append(direct)
+        return overheads, directs
+
+
+class ProxyGauge:
+    """What the proxy itself says about a phase of calls: its `overhead_seconds` histogram (time in the
+    proxy's own code, engine and harness waits excluded) and the CPU its process used."""
+
+    def __init__(self, harness: Http1Pool, pid: int) -> None:
+        self.harness = harness
+        self.process = psutil.Process(pid)
+
+    async def read(self) -> tuple[float, float, float]:
+        """(overhead seconds summed, calls observed, process CPU seconds)."""
+        _, _, content = await self.harness.request("GET", "/metrics", None, None, timeout_s=30)
+        total = count = 0.0
+        for family in text_string_to_metric_families(content.decode()):
+            for sample in family.samples:
+                if sample.name == OVERHEAD_SERIES + "_sum":
+                    total += sample.value
+                elif sample.name == OVERHEAD_SERIES + "_count":
+                    count += sample.value
+        times = self.process.cpu_times()
+        return total, count, float(times.user + times.system)
+
+    @staticmethod
+    def per_call_ms(
+        before: tuple[float, float, float], after: tuple[float, float, float]
+    ) -> dict[str, float]:
+        calls = max(1.0, after[1] - before[1])
+        return {
+            "proxy_overhead_ms_mean": _ms((after[0] - before[0]) / calls),
+            "proxy_cpu_ms_per_call": _ms((after[2] - before[2]) / calls),
+        }
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -354,7 +442,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 async def run_sglang(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """The proxy in front of the real SGLang (see the module docstring)."""
+    """The proxy in front of the real SGLang (see the module docstring and `TwinBench`)."""
     from services.cell_agent.engine_hosts import create_engine_host
 
     python = REPO_ROOT / ".venv-sglang" / "bin" / "python"
@@ -374,6 +462,8 @@ async def run_sglang(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         sglang_args=["--context-length", "32768"],
     )
     host = create_engine_host(section, model)
+    phases: dict[str, tuple[list[float], list[float], dict[str, float]]] = {}
+    harness: Http1Pool | None = None
     try:
         await host.start()
         config = {
@@ -384,10 +474,11 @@ async def run_sglang(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "model": {"path": str(model)},
         }
         endpoint = await start_proxy(workdir, config, processes)
+        proxy_url = urlsplit(endpoint["base_url"])
+        harness = Http1Pool(proxy_url.hostname or "127.0.0.1", proxy_url.port or 80, connect_timeout_s=5)
         async with (
             aio_channel(f"127.0.0.1:{endpoint['grpc_port']}") as channel,
             EngineClient(host.url, timeout_s=300) as engine,
-            httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as http,
         ):
             stub = proxy_pb2_grpc.ProxyStub(channel)
             await stub.UpdateRoutes(
@@ -405,20 +496,32 @@ async def run_sglang(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 )
                 return Execution(response.api_key, small_body(seed), grows=False)
 
-            bench = Bench(endpoint["base_url"], engine, http)
+            stop_token_ids = sorted(template_for_model(model).stop_token_ids)
+            bench = TwinBench(engine, harness, stop_token_ids)
+            gauge = ProxyGauge(harness, processes[-1].pid)
             await bench.twinned(await open_execution("warm", 0), 3)
-            b1 = await bench.twinned(await open_execution("b1", 1), args.sglang_samples)
+            b1_execution = await open_execution("b1", 1)
+            before = await gauge.read()
+            overheads, directs = await bench.twinned(b1_execution, args.sglang_samples)
+            phases["b1"] = overheads, directs, ProxyGauge.per_call_ms(before, await gauge.read())
             executions = [await open_execution(f"b16-{i}", 100 + i) for i in range(16)]
             rounds = max(1, args.sglang_samples // 8)
+            before = await gauge.read()
             b16_runs = await asyncio.gather(*(bench.twinned(e, rounds) for e in executions))
-            b16 = ([o for run, _ in b16_runs for o in run], [d for _, run in b16_runs for d in run])
+            phases["b16"] = (
+                [o for run, _ in b16_runs for o in run],
+                [d for _, run in b16_runs for d in run],
+                ProxyGauge.per_call_ms(before, await gauge.read()),
+            )
     finally:
+        if harness is not None:
+            await harness.aclose()
         stop_processes(processes)
         await host.stop()
         nats.stop()
         redis.stop()
     out: dict[str, Any] = {}
-    for name, (overheads, directs) in (("b1", b1), ("b16", b16)):
+    for name, (overheads, directs, proxy_says) in phases.items():
         overhead, direct = statistics.median(overheads), statistics.median(directs)
         out |= {
             f"overhead_share_{name}": round(overhead / direct, 4),
@@ -426,6 +529,15 @@ async def run_sglang(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             f"direct_ms_p50_{name}": _ms(direct),
             f"samples_{name}": len(overheads),
         }
+        out |= {f"{key}_{name}": value for key, value in proxy_says.items()}
+    out["twin_request"] = {
+        "path": "/generate",
+        "stream": False,
+        "return_logprob": True,
+        "sampling_params": ["stop_token_ids", "max_new_tokens", "ignore_eos"],
+        "rid": True,
+        "prefix_cached": True,
+    }
     return {"backend": "sglang", "sglang": out}
 
 

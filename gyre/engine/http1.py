@@ -2,6 +2,8 @@
 
     pool = Http1Pool("127.0.0.1", 30000, connect_timeout_s=5.0)
     status, reason, body = await pool.request("POST", "/generate", body, "application/json", timeout_s=600)
+    status, reason, body = await pool.request("POST", "/v1/messages", body, "application/json",
+                                              headers={"x-api-key": key}, timeout_s=600)   # extra headers
     await pool.aclose()
 
 The proxy sends one `/generate` per harness call; through aiohttp's request machinery (its request and
@@ -10,7 +12,9 @@ under `gyre bench load`, more than the engine's answer takes to parse. This pool
 write and reads the status line, the headers and a `content-length`, chunked or close-delimited body (none
 after HEAD, 204 and 304, as HTTP/1.1 has it); that is all a whole answer of SGLang or the embedded engine
 (uvicorn) needs. Streams stay on aiohttp (`EngineClient`). Over HTTPS (`ssl`: the client's context of the
-deployment's TLS identity, `gyre.tls`) the same exchanges run inside TLS.
+deployment's TLS identity, `gyre.tls`) the same exchanges run inside TLS. `gyre bench proxy` sends its
+harness calls to the proxy through it too (the API key in `headers`), so that a proxied call and its
+direct twin to the engine pay for the same client.
 
 Connections are reused most-recent first and dropped after `idle_s` unused, below uvicorn's default
 keep-alive of 5 s (SGLang's), so a request is not written into a connection the server is closing. A
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ssl as _ssl
 import time
+from collections.abc import Mapping
 
 MAX_HEAD_BYTES = 64 << 10
 """Longest status line and headers of an answer."""
@@ -67,16 +72,26 @@ class Http1Pool:
         self._host_header = f"host: {host}:{port}\r\n"
 
     async def request(
-        self, method: str, path: str, body: bytes | None, content_type: str | None, *, timeout_s: float
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        content_type: str | None,
+        *,
+        timeout_s: float,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, str, bytes]:
-        """Status, reason and the whole body of one exchange."""
+        """Status, reason and the whole body of one exchange; `headers` are added to the request's own
+        (host, content-length, content-type), which they must not repeat."""
+        head = f"{method} {path} HTTP/1.1\r\n{self._host_header}content-length: {len(body or b'')}\r\n"
+        if content_type is not None:
+            head += f"content-type: {content_type}\r\n"
+        if headers:
+            head += "".join(_header_line(name, value) for name, value in headers.items())
+        head_bytes = (head + "\r\n").encode()
         connection = self._take() or await self._connect()
         reusable = False
         try:
-            head = f"{method} {path} HTTP/1.1\r\n{self._host_header}content-length: {len(body or b'')}\r\n"
-            if content_type is not None:
-                head += f"content-type: {content_type}\r\n"
-            head_bytes = (head + "\r\n").encode()
             writer = connection.writer
             async with asyncio.timeout(timeout_s):
                 if body is not None and len(body) > LARGE_BODY_BYTES:  # not joined to the head: no copy
@@ -131,6 +146,13 @@ class Http1Pool:
         idle, self._idle = self._idle, []
         for connection in idle:
             connection.writer.close()
+
+
+def _header_line(name: str, value: str) -> str:
+    """`name: value` and its CRLF; ValueError for a name or value that would break the request's framing."""
+    if not name or any(c in name for c in ":\r\n \t") or "\r" in value or "\n" in value:
+        raise ValueError(f"malformed header {name[:100]!r}: {value[:100]!r}")
+    return f"{name}: {value}\r\n"
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, str, dict[str, str]]:

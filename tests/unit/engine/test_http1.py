@@ -89,6 +89,21 @@ async def test_the_request_is_written_whole_and_the_connection_kept(pools: Calla
         assert body == b'{"a": 1}'
 
 
+async def test_extra_headers_are_sent_and_malformed_ones_refused(pools: Callable[..., Http1Pool]) -> None:
+    async with RawServer(lambda request: _ok(b"{}")) as server:
+        pool = pools(server.port)
+        answer = await pool.request(
+            "POST", "/v1/messages", b"{}", "application/json", timeout_s=5, headers={"x-api-key": "k-1"}
+        )
+        assert answer == (200, "OK", b"{}")
+        head = server.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
+        assert b"x-api-key: k-1" in head and b"content-type: application/json" in head
+        for bad in ({"x-api-key": "k\r\nx-evil: 1"}, {"x-api-key:": "k"}, {"": "k"}):
+            with pytest.raises(ValueError, match="malformed header"):
+                await pool.request("POST", "/v1/messages", b"{}", None, timeout_s=5, headers=bad)
+        assert len(server.requests) == 1 and server.connections == 1  # nothing was written for them
+
+
 async def test_a_large_body_arrives_whole(pools: Callable[..., Http1Pool]) -> None:
     body = bytes(range(256)) * (3 << 12)  # 3 MB: written after the head and drained
     async with RawServer(lambda request: _ok(str(len(request.split(b"\r\n\r\n", 1)[1])).encode())) as server:
