@@ -84,7 +84,18 @@ TINY: dict[str, list[str] | Covered] = {
         "tests/integration/test_redteam.py::test_every_attack_class_fails_in_each_boundary_launcher"
     ),
     "harness": ["--executions", "2", "--concurrency", "2", "--group-size", "2", "--start", "plain"],
-    "learn": ["--steps", "1", "--seeds", "0", "--config", "{tiny_demo}", "--uid-base", "188000"],
+    "learn": [
+        "--steps",
+        "1",
+        "--seeds",
+        "0",
+        "--corrections",
+        "icepop",
+        "--config",
+        "{tiny_demo}",
+        "--uid-base",
+        "188000",
+    ],
     "load": Covered(
         "tests/integration/test_bench_load.py::test_bench_load_answers_every_call_and_reports_its_fields"
     ),
