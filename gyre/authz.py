@@ -56,6 +56,7 @@ METHODS: Mapping[str, frozenset[str]] = {
     "/gyre.v1.Scheduler/GetState": _only(CLI),  # gyre status, gyre demo, bench/_cluster_run.py, _kube_run.py
     "/gyre.v1.Scheduler/RegisterTrainingCell": _only(CELL_AGENT),  # a satellite (the proto's; no caller yet)
     "/gyre.v1.Scheduler/Shutdown": _only(CLI),  # gyre demo, the end of bench/_cluster_run.py, _kube_run.py
+    "/gyre.v1.Scheduler/DrainCell": _only(CLI),  # gyre cell drain (app/cli/cell.py)
     # CellAgent: driven by the scheduler (services/scheduler/executor.py, service.py)
     "/gyre.v1.CellAgent/SwitchRole": _only(SCHEDULER),
     "/gyre.v1.CellAgent/GetStatus": _only(SCHEDULER, CLI),

@@ -310,6 +310,8 @@ def status(run_dir: Path) -> list[dict[str, object]]:
             health = "GAVE_UP"
         elif p.state == "lost":
             health = "LOST"
+        elif p.state == "left":
+            health = "LEFT"
         else:
             health = grpc_health(p.grpc_port) if (alive and p.grpc_port) else ("RUNNING" if alive else "DEAD")
         metrics = metrics_port(Path(state.run_dir), p.name, p.pid) if alive and p.grpc_port else 0

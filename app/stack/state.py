@@ -16,8 +16,9 @@ from typing import Any, Literal
 from gyre.procs import ProcessId, alive
 
 Phase = Literal["starting", "serving", "stopping", "failed"]
-MemberState = Literal["running", "restarting", "gave_up", "lost", "stopped"]
-"""`lost`: a satellite's cell agent out of restarts, removed from the pool while the run goes on."""
+MemberState = Literal["running", "restarting", "gave_up", "lost", "left", "stopped"]
+"""`lost`: a satellite's cell agent out of restarts, removed from the pool while the run goes on; `left`: a
+satellite's cell agent stopped after its cell left the pool with notice (a planned departure)."""
 
 
 @dataclass

@@ -15,6 +15,10 @@ foreground `gyre up` / `gyre demo`, it gets SIGTERM itself when that process die
   (`gyre.<run>.stack.process_exited`) and shown by `gyre status`. Out of budget, the run is stopped —
   except for a satellite's cell agent (`cell_agent-K`, K > 0; cell 0 is the core): that cell is lost for
   good, its `ProcessExited` (gave_up) tells the scheduler to remove it from the pool, and the run goes on.
+- Departures: a satellite given notice (`gyre cell drain ID`) is drained and removed from the pool by the
+  scheduler; once its `GetState` shows the cell GONE (polled every second, app/stack/departures.py), its
+  agent is stopped here as planned (SIGTERM, then SIGKILL after `stop_grace_s`): state `left`, no restart,
+  no `ProcessExited`, the run goes on.
 - Stop (SIGTERM, SIGINT, SIGHUP): SIGTERM to every service at once, SIGKILL of what is left after
   `stop_grace_s`; then NATS and Redis likewise; then whatever descendants remain. Within `stop_bound_s`.
 """
@@ -36,6 +40,7 @@ from pathlib import Path
 import psutil
 from grpc_health.v1 import health_pb2
 
+from app.stack.departures import POLL_S, gone_cells, satellite_cell
 from app.stack.events import ExitPublisher
 from app.stack.health import grpc_health_async, last_error, tail
 from app.stack.restarts import RestartHistory
@@ -51,8 +56,6 @@ from gyre.sandbox.host import remove_run_sandboxes
 log = get_logger("app.stack.supervisor")
 
 SERVICES: tuple[str, ...] = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent")
-_CORE_AGENT = "cell_agent-0"
-"""The core's cell agent (services/cell_agent: cell 0 is the core): the run cannot go on without it."""
 
 
 class StackStartFailed(RuntimeError):
@@ -190,7 +193,11 @@ class StackSupervisor:
         self._save()
         log.info("stack_serving", processes=len(self.members))
         publisher = asyncio.create_task(self.publisher.run(), name="exit-publisher")
+        departures = asyncio.create_task(self._watch_departures(), name="departures")
         await self._watch()
+        departures.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await departures
         await self._stop_all(before_servers=lambda: self.publisher.close(publisher))
         if self.gave_up:
             self.state.phase, self.state.error = "failed", self.gave_up
@@ -291,6 +298,37 @@ class StackSupervisor:
         self.publisher.add(m.entry.name, m.entry.pid, exit_code, sig, reason, decision)
         self._save()
 
+    async def _watch_departures(self) -> None:
+        """Stop the agent of each satellite the scheduler removed from the pool after a notice."""
+        scheduler = next((m for m in self.members if m.entry.name == "scheduler"), None)
+        if scheduler is None:
+            return
+        while True:
+            await asyncio.sleep(POLL_S)
+            gone = await gone_cells(scheduler.entry.grpc_port)
+            for m in self.members:
+                if (
+                    gone
+                    and satellite_cell(m.entry.name) in gone
+                    and m.entry.state in ("running", "restarting")
+                ):
+                    await self._depart(m)
+
+    async def _depart(self, m: Member) -> None:
+        """A planned departure: the cell left the pool, so its agent stops and is not restarted."""
+        m.entry.state = "left"
+        self._save()
+        if m.proc is not None and m.proc.poll() is None:
+            # stop_processes reaps it, so its Popen's returncode no longer tells how it ended: its report does
+            report = await asyncio.to_thread(stop_processes, [m.entry.process_id], self.policy.stop_grace_s)
+            m.entry.last_exit = (
+                f"killed by SIGKILL {self.policy.stop_grace_s:g} s after SIGTERM (planned departure)"
+                if m.entry.pid in report.killed
+                else "stopped by SIGTERM (planned departure)"
+            )
+        log.info("cell_left", process=m.entry.name, pid=m.entry.pid, reason=m.entry.last_exit)
+        self._save()
+
     def _reap_orphans(self) -> None:
         """Adopted orphans (this process is a subreaper) become zombies here: collect them."""
         ours = {m.proc.pid for m in self.members if m.proc is not None}
@@ -335,7 +373,7 @@ class StackSupervisor:
         for m in self.members:
             if m.proc is not None:
                 m.proc.poll()
-            m.entry.state = m.entry.state if m.entry.state in ("gave_up", "lost") else "stopped"
+            m.entry.state = m.entry.state if m.entry.state in ("gave_up", "lost", "left") else "stopped"
         self._save()
         removed = await asyncio.to_thread(self._remove_sandboxes)
         log.info("stack_stopped", after_s=round(time.monotonic() - t0, 2), sandboxes_removed=removed)
@@ -350,8 +388,9 @@ class StackSupervisor:
 
 
 def _is_satellite_agent(process: str) -> bool:
-    """A satellite's cell agent: out of restarts, its cell leaves the pool and the run goes on."""
-    return process.startswith("cell_agent-") and process != _CORE_AGENT
+    """A satellite's cell agent: out of restarts, its cell leaves the pool and the run goes on (the core's,
+    cell 0's, cannot be lost: the run stops)."""
+    return satellite_cell(process) is not None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,10 @@
     ReleaseMicroSteps → recorded only: the training cells reclaim a dead cell's claims themselves (by
                         heartbeat, services/cell_agent/step_runner.py)
     RemoveCell        → the cell's transition and JoinBatch calls are abandoned and its engine leaves the
-                        proxy's table (its executions were rerouted by the RerouteExecutions before it)
+                        proxy's table (its executions were rerouted by the RerouteExecutions before it);
+                        a cell given notice (not lost) is first drained through the proxy: its in-flight
+                        calls move with their KV, and its `DrainCell` answers (removal.py, departure.py);
+                        until then it is in `ShellState.departing`, so a restarted scheduler drains it again
 
 Long actions run as supervised tasks that report back through the driver, and start only once the
 state that emitted them is persisted (`start_deferred`, called after each save): a scheduler killed at
@@ -34,6 +37,7 @@ import grpc
 from gyre.lifecycle import TaskSupervisor
 from gyre.log import get_logger
 from gyre.v1 import cell_agent_pb2, common_pb2, packer_pb2, proxy_pb2
+from services.scheduler.departure import Departures
 from services.scheduler.dispatch import Dispatcher
 from services.scheduler.driver import Driver, MakeEvent
 from services.scheduler.naming import engine_id
@@ -58,6 +62,7 @@ from services.scheduler.policy import (
     WeightsPublished,
     destination_order,
 )
+from services.scheduler.removal import CellRemoval
 
 log = get_logger("gyre.scheduler.executor")
 
@@ -86,7 +91,7 @@ class ShellFacts:
         return self.shell.stopping
 
 
-class ActionExecutor:
+class ActionExecutor(CellRemoval):
     def __init__(
         self,
         *,
@@ -103,6 +108,7 @@ class ActionExecutor:
         self._dispatcher = dispatcher
         self._supervisor = supervisor
         self.facts = facts
+        self._shell = facts.shell
         self._pool_capacity = separate_pool_capacity
         self._persist = persist
         self._tick_handles: list[asyncio.TimerHandle] = []
@@ -117,6 +123,8 @@ class ActionExecutor:
         """The JoinBatch call in flight per cell: a cell leaves training only after it returned."""
         self._routable: set[int] = set()
         """Cells whose engines the proxy's table lists (rollout cells, and a cell while it drains)."""
+        self.departures = Departures()
+        """The `DrainCell` calls waiting for their cell's drain."""
         self._table_lock = asyncio.Lock()
         """Serializes the proxy's table changes: `UpdateRoutes` replaces the whole table and marks every
         listed engine serving, so one sent while another cell drains (or from a stale view of the roles,
@@ -169,7 +177,10 @@ class ActionExecutor:
                 log.info("microsteps_released", cell=action.cell, step=action.step)
             case RemoveCell():
                 self._abandon(action.cell)
-                self._defer(self._drop_engine(action), f"remove-{action.cell}")
+                if not action.lost and action.cell not in self.facts.shell.departing:
+                    self.facts.shell.departing.append(action.cell)
+                leave = self._drop_engine(action) if action.lost else self._leave(action)
+                self._defer(leave, f"remove-{action.cell}")
             case _:
                 raise AssertionError(f"unhandled action {action!r}")
         return []
@@ -205,6 +216,9 @@ class ActionExecutor:
             elif role is Role.RETURNING:
                 self._defer(self._transition(cell, Role.ROLLOUT), f"transition-{cell}-rollout", cell)
                 redriven.append(f"transition {cell}→rollout")
+        for cell in self.facts.shell.departing:
+            self._defer(self._leave(RemoveCell(cell, lost=False)), f"remove-{cell}")
+            redriven.append(f"departure of cell {cell}")
         if state.pending_publications:
             versions = list(state.pending_publications)
             self._defer(self._publish(versions), f"publish-{versions[0]}")
@@ -250,32 +264,6 @@ class ActionExecutor:
             executions=len(a.execution_ids),
             recompute=a.recompute,
         )
-
-    # -- a cell leaves the pool -----------------------------------------------------------------------
-    def _abandon(self, cell: int) -> None:
-        """Stop calling a cell that left the pool (a lost one never answers again)."""
-        abandoned = self._cell_tasks.pop(cell, set())
-        join = self._joins.pop(cell, None)
-        if join is not None and not join.done():
-            abandoned.add(join)
-        for task in abandoned:
-            task.cancel()
-        if abandoned:
-            log.info("cell_calls_abandoned", cell=cell, calls=len(abandoned))
-
-    async def _drop_engine(self, a: RemoveCell) -> None:
-        """Take the cell's engine out of the proxy's table (a restarted scheduler's table leaves it out)."""
-        async with self._table_lock:
-            self._routable.discard(a.cell)
-            engines = [self._peers.engines[c] for c in sorted(self._routable)]
-            if engines:  # an empty table keeps the proxy's; the next cell back in rollout replaces it
-                await self._call(
-                    self._peers.proxy.UpdateRoutes,
-                    proxy_pb2.UpdateRoutesRequest(engines=engines),
-                    "UpdateRoutes",
-                    timeout_s=30,
-                )
-        log.warning("cell_removed", cell=a.cell, lost=a.lost)
 
     # -- transitions -------------------------------------------------------------------------------
     async def _transition(self, cell: int, to_role: Role) -> None:
@@ -334,8 +322,8 @@ class ActionExecutor:
     async def publish_engine_table(self, *, add: int | None = None) -> None:
         """Send the proxy the engines of the routable cells, plus `add` (a cell back in rollout).
         Without `add` (the run starts or resumes): the rollout cells of the policy's roles and the cells
-        still draining (a drain re-driven after a restart finds its engine in the table), the lowest rollout
-        cell the default engine."""
+        still draining or departing (a drain re-driven after a restart finds its engine in the table), the
+        lowest rollout cell the default engine."""
         async with self._table_lock:
             default = ""
             if add is not None:
@@ -343,6 +331,7 @@ class ActionExecutor:
             else:
                 roles = self.driver.policy.state.roles
                 self._routable = {c for c, r in enumerate(roles) if r in (Role.ROLLOUT, Role.DRAINING)}
+                self._routable.update(self.facts.shell.departing)
                 serving = [c for c, r in enumerate(roles) if r is Role.ROLLOUT]
                 default = engine_id(min(serving)) if serving else ""
             engines = [self._peers.engines[c] for c in sorted(self._routable)]

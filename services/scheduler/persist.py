@@ -8,7 +8,8 @@ and before the event's NATS message is acknowledged:
                   (transitions in flight included), placement, the open batch, pending publications,
                   staleness records, the supply timer
     shell         what the shell keeps beside it: starts commanded and not yet confirmed, the groups of
-                  each enqueued micro-step, each open batch's mean reward, whether the run is stopping
+                  each enqueued micro-step, each open batch's mean reward, whether the run is stopping,
+                  the cells given notice whose engine's drain has not ended
     applied_seq   stream sequence of the last bus event applied: a restarted scheduler re-reads the event
                   stream from the next one (services/scheduler/service.py), so every event is applied
                   exactly once and in order
@@ -48,6 +49,9 @@ class ShellState:
     """Executions of the groups packed so far (N per GroupPacked)."""
     executions_without_targets: int = 0
     """Of those, the ones that contributed no target token (`gyre status` shows the share)."""
+    departing: list[int] = field(default_factory=list)
+    """Cells given notice (gone for the policy) whose engine's drain has not ended: a restarted scheduler
+    drains them again, and `GetState` shows them DRAINING until it ends (services/scheduler/departure.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +65,7 @@ class ShellState:
             "stop_reason": self.stop_reason,
             "packed_executions": self.packed_executions,
             "executions_without_targets": self.executions_without_targets,
+            "departing": self.departing,
         }
 
     @classmethod
@@ -75,6 +80,7 @@ class ShellState:
             stop_reason=str(data.get("stop_reason", "")),
             packed_executions=int(data.get("packed_executions", 0)),
             executions_without_targets=int(data.get("executions_without_targets", 0)),
+            departing=[int(c) for c in data.get("departing", [])],
         )
 
 

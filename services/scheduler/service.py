@@ -1,7 +1,8 @@
 """The scheduler service: the shell around the policy state machine.
 
 It feeds the policy real events (from NATS, from RPC completions and a clock) and executes its
-actions on the other services (see executor.py). `GetState` serves `gyre status`.
+actions on the other services (see executor.py). `GetState` serves `gyre status`;
+`DrainCell` serves `gyre cell drain ID`, a cell's notice that it leaves the pool (departure.py).
 
 Restart-safe: the whole state is persisted after every applied event (persist.py). A restarted
 scheduler restores it, asks every cell agent for its role, re-drives the long actions that were in
@@ -22,11 +23,13 @@ from google.protobuf.message import Message
 from gyre.bus import Delivery
 from gyre.metrics.writer import StepMetricsWriter
 from gyre.roles import role_name
+from gyre.rpc import INVALID_ARGUMENT, ErrorStatus
 from gyre.service import GyreService
 from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2, runner_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gyre.v1 import events_pb2 as ev
 from services.scheduler import persist
+from services.scheduler.departure import LeaveRefused, give_notice
 from services.scheduler.dispatch import Dispatcher, QuerySource
 from services.scheduler.driver import Driver
 from services.scheduler.executor import ActionExecutor, ShellFacts
@@ -56,6 +59,7 @@ class SchedulerService(GyreService):
     """Owns the run: dispatch, start decisions, the capacity ledger, waterlevel, transitions, bursts."""
 
     name = "scheduler"
+    error_statuses = (ErrorStatus(LeaveRefused, grpc.StatusCode.FAILED_PRECONDITION), INVALID_ARGUMENT)
 
     async def setup(self) -> None:
         cfg = self.config.scheduler
@@ -210,9 +214,14 @@ class SchedulerService(GyreService):
     def state_proto(self) -> scheduler_pb2.SchedulerState:
         snap = self.policy.snapshot()
         loads = snap.engine_loads
+        departing = self.facts.shell.departing
         cells = [
             scheduler_pb2.CellState(
-                cell=c, role=ROLE_TO_PROTO[r], engine=self.peers.engines[c], executions_routed=loads.get(c, 0)
+                cell=c,
+                # a cell given notice shows DRAINING until its calls moved: the stack stops a GONE cell's agent
+                role=common_pb2.CELL_ROLE_DRAINING if c in departing else ROLE_TO_PROTO[r],
+                engine=self.peers.engines[c],
+                executions_routed=loads.get(c, 0),
             )
             for c, r in enumerate(snap.roles)
         ]
@@ -261,6 +270,24 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServicer):
             batch_id=batch.batch_id if batch else "",
             policy_version=snap.version,
             training_cells=snap.training_cells,
+        )
+
+    async def DrainCell(
+        self, request: scheduler_pb2.DrainCellRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.DrainCellResponse:
+        self.s.log.info("cell_notice", cell=request.cell)
+        outcome = await give_notice(
+            self.s.driver,
+            self.s.executor.departures,
+            request.cell,
+            separate_pool_capacity=self.s.config.scheduler.separate_pool_capacity,
+        )
+        return scheduler_pb2.DrainCellResponse(
+            cell=outcome.cell,
+            executions_moved=outcome.executions_moved,
+            calls_rerouted=outcome.calls_rerouted,
+            kv_migrated_tokens=outcome.kv_migrated_tokens,
+            duration_s=outcome.duration_s,
         )
 
     async def Shutdown(
