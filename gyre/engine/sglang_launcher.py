@@ -320,7 +320,7 @@ class SGLangLauncher:
     async def wait(self) -> None:
         """Return when supervision ends; raise its error if SGLang could not be kept alive."""
         assert self._supervisor is not None
-        await self._supervisor
+        await asyncio.shield(self._supervisor)  # a waiter that is cancelled leaves supervision running
 
     async def stop(self) -> None:
         if self._stopping:

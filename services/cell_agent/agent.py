@@ -214,9 +214,6 @@ class CellAgent:
         tasks: list[Coroutine[Any, Any, None]] = [self.training.keep_world(), self.training.world.heartbeat()]
         if self.is_core:
             tasks.append(self.training.serve_pulls())
-        engine = self.engine.supervision()
-        if engine is not None:
-            tasks.append(engine)
         return tasks
 
     async def _newest_published(self) -> tuple[Path, int] | None:

@@ -69,6 +69,11 @@ class CellAgentService(GyreService):
         await self.agent.start()
         for i, coro in enumerate(await self.agent.background()):
             self.supervisor.spawn(coro, f"cell-{self.cell}-background-{i}")
+        engine = (
+            self.agent.engine.supervision()
+        )  # runs as long as the engine: a server dead for good ends the agent
+        if engine is not None:
+            self.supervisor.spawn(engine, f"cell-{self.cell}-engine")
         cell_agent_pb2_grpc.add_CellAgentServicer_to_server(CellAgentServicer(self.agent), self.server)
 
     async def _emit(self, event: Message, event_id: str) -> None:
