@@ -30,7 +30,7 @@ from app.stack.state import StackState
 from gyre.rpc import sync_channel
 from gyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.e2e.test_elastic_run import SHAPE
-from tests.support.audit import assert_audited
+from tests.support.audit import assert_audited, assert_every_execution_ended_ok
 from tests.support.eventually import eventually_sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -142,15 +142,7 @@ def test_a_rollout_satellite_given_notice_leaves_with_its_kv_and_the_run_complet
     run_dir = config.run.path
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e for e in events if e["type"] == "gyre.v1.ProcessExited"] == []  # a planned departure
-    started = {
-        e["event"]["execution"]["executionId"] for e in events if e["type"] == "gyre.v1.ExecutionStarted"
-    }
-    terminated = [e["event"] for e in events if e["type"] == "gyre.v1.ExecutionTerminated"]
-    assert started <= {t["execution"]["executionId"] for t in terminated}
-    assert all(
-        t.get("reason") in ("TERMINATION_REASON_COMPLETED", "TERMINATION_REASON_CANCELLED")
-        for t in terminated
-    ), [t for t in terminated if t.get("reason") != "TERMINATION_REASON_COMPLETED"]
+    assert_every_execution_ended_ok(events)
     steps = [e["event"] for e in events if e["type"] == "gyre.v1.StepCompleted"]
     assert len(steps) == 2 and all(LEAVING not in s.get("cells", []) for s in steps)
 

@@ -24,7 +24,7 @@ from app.demo.run import DemoRun
 from app.stack.state import StackState
 from gyre.v1 import common_pb2
 from tests.e2e.test_elastic_run import SHAPE
-from tests.support.audit import assert_audited
+from tests.support.audit import assert_audited, assert_every_execution_ended_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -82,15 +82,7 @@ def test_a_satellite_lost_for_good_is_removed_and_the_run_completes(tmp_path: Pa
     events = [json.loads(line) for line in (config.run.path / "events.jsonl").read_text().splitlines()]
     exits = [e["event"] for e in events if e["type"] == "gyre.v1.ProcessExited"]
     assert [(x["process"], x.get("gaveUp", False)) for x in exits] == [(f"cell_agent-{lost}", True)], exits
-    started = {
-        e["event"]["execution"]["executionId"] for e in events if e["type"] == "gyre.v1.ExecutionStarted"
-    }
-    terminated = [e["event"] for e in events if e["type"] == "gyre.v1.ExecutionTerminated"]
-    assert started <= {t["execution"]["executionId"] for t in terminated}
-    assert all(
-        t.get("reason") in ("TERMINATION_REASON_COMPLETED", "TERMINATION_REASON_CANCELLED")
-        for t in terminated
-    ), [t for t in terminated if t.get("reason") != "TERMINATION_REASON_COMPLETED"]
+    assert_every_execution_ended_ok(events)
     steps = [e["event"] for e in events if e["type"] == "gyre.v1.StepCompleted"]
     assert len(steps) == 2 and all(lost not in s.get("cells", []) for s in steps)
 

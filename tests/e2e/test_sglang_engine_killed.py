@@ -20,51 +20,21 @@ from typing import Any
 
 import pytest
 
-from app.demo.config import demo_config
 from app.demo.faults import Fault, FaultInjector, fault_report
 from app.demo.ledger import read_event_lines
 from app.demo.run import DemoRun
-from gyre.paths import REPO_ROOT
 from tests.support.audit import assert_audited
 from tests.support.eventually import eventually_sync
-from tests.support.sglang import sglang_python
-from tests.support.sglang_runs import assert_nothing_left, wait_served
+from tests.support.sglang_runs import assert_nothing_left, sglang_demo_config, wait_served
 
 # Three servers start in 40-80 s together here, and the killed one again in 30-200 s.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-OVERLAY = REPO_ROOT / "app" / "demo" / "sglang.yaml"
 STEPS = 2  # the demo publishes after a burst of μ = 2 steps: the last publication is v2
-SHAPE: dict[str, Any] = {
-    "scheduler": {
-        "num_cells": 3,
-        "group_size": 2,
-        "batch_groups": 3,
-        "phi": 1 / 3,
-        "mu": 2,
-        "rho_min": 1 / 3,
-        "tau_s": 0.2,
-        "cell_capacity": 4,  # every cell hosts executions: the killed server has calls
-    },
-    "tasks": {"queries": ["add"]},
-    # Sandbox uids of its own (a runner kills every process of the uids it takes).
-    "runner": {
-        "harness_args": ["--tool-latency-s", "1", "--tool-latency-max-s", "8"],
-        "sandbox": {"uid_base": 165000},
-    },
-    "evaluator": {"sandbox": {"uid_base": 166000}},
-}
 
 
 def test_a_killed_sglang_server_is_restarted_and_its_calls_rerouted(tmp_path: Path) -> None:
-    config = demo_config(
-        OVERLAY,
-        {
-            "run": {"id": "e2esglangkill", "dir": str(tmp_path / "runs")},
-            "cell_agent": {"engine": {"sglang_python": str(sglang_python())}},
-            **SHAPE,
-        },
-    )
+    config = sglang_demo_config(tmp_path, "e2esglangkill", uid_base=165000)
     killed = config.scheduler.num_cells - 1  # "satellite": the last cell agent
     kill = Fault("satellite", at_step=0, when="live", action="kill_engine", name="engine-killed")
     injector = FaultInjector(config.run.path, [kill], wait_s=600)

@@ -21,50 +21,19 @@ from typing import Any
 
 import pytest
 
-from app.demo.config import demo_config
 from app.demo.run import DemoRun
 from gyre.config import GyreConfig
-from gyre.paths import REPO_ROOT
 from tests.support.audit import assert_audited
-from tests.support.sglang import sglang_python
-from tests.support.sglang_runs import assert_nothing_left, wait_served
+from tests.support.sglang_runs import assert_nothing_left, sglang_demo_config, wait_served
 
 # Three SGLang servers start in 40–80 s together here (200 s each on a loaded machine): the start counts.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-OVERLAY = REPO_ROOT / "app" / "demo" / "sglang.yaml"
 STEPS = 2
-SHAPE: dict[str, Any] = {
-    "scheduler": {
-        "num_cells": 3,
-        "group_size": 2,
-        "batch_groups": 3,
-        "phi": 1 / 3,
-        "mu": 2,
-        "rho_min": 1 / 3,
-        "tau_s": 0.2,
-        "cell_capacity": 4,  # 14 executions over 3 cells: the core hosts some when it switches
-    },
-    "tasks": {"queries": ["add"]},
-    # Sandbox uids of its own: a runner kills every process of the uids it takes, and other stacks on this
-    # machine (tests, benches) use the default ranges.
-    "runner": {
-        "harness_args": ["--tool-latency-s", "1", "--tool-latency-max-s", "8"],
-        "sandbox": {"uid_base": 163000},
-    },
-    "evaluator": {"sandbox": {"uid_base": 164000}},
-}
 
 
 def test_two_elastic_steps_on_three_sglang_servers(tmp_path: Path) -> None:
-    config = demo_config(
-        OVERLAY,
-        {
-            "run": {"id": "e2esglang", "dir": str(tmp_path / "runs")},
-            "cell_agent": {"engine": {"sglang_python": str(sglang_python())}},
-            **SHAPE,
-        },
-    )
+    config = sglang_demo_config(tmp_path, "e2esglang", uid_base=163000)
     assert config.cell_agent.engine.backend == "sglang" and config.cell_agent.trainer.publication == "disk"
     served: dict[str, list[str | None]] = {}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from app.audit import AuditReport, audit_run
 from app.audit.replay import TOLERANCE
@@ -36,3 +37,17 @@ def assert_audited(run_dir: Path, *, steps: int | None = None, probe: bool = Fal
     assert accounting["matches_report"] is True and accounting["lost"] == 0
     assert accounting["dispatched"] == accounting["counters"]["d"] > 0
     return report
+
+
+def assert_every_execution_ended_ok(events: list[dict[str, Any]]) -> None:
+    """From a run's stored events: every started execution terminated, each completed or cancelled (what a
+    harness saw go wrong is any other ending)."""
+    started = {
+        e["event"]["execution"]["executionId"] for e in events if e["type"] == "gyre.v1.ExecutionStarted"
+    }
+    terminated = [e["event"] for e in events if e["type"] == "gyre.v1.ExecutionTerminated"]
+    assert started <= {t["execution"]["executionId"] for t in terminated}
+    assert all(
+        t.get("reason") in ("TERMINATION_REASON_COMPLETED", "TERMINATION_REASON_CANCELLED")
+        for t in terminated
+    ), [t for t in terminated if t.get("reason") != "TERMINATION_REASON_COMPLETED"]

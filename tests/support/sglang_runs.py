@@ -1,5 +1,8 @@
-"""A run on SGLang servers, seen from outside: the engines' URLs as the run resolved them, the weight
-version each server itself reports, and nothing left running once the run is down (tests/e2e/test_sglang_*).
+"""A run on SGLang servers (tests/e2e/test_sglang_*): its config, and the run seen from outside — the engines'
+URLs as the run resolved them, the weight version each server itself reports, and nothing left running once
+the run is down.
+
+    config = sglang_demo_config(tmp_path, "e2esglang", uid_base=163000)
 """
 
 from __future__ import annotations
@@ -9,12 +12,51 @@ import json
 import os
 import socket
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from app.demo.config import demo_config
 from gyre.config import GyreConfig, load_config
+from gyre.paths import REPO_ROOT
 from tests.support.eventually import eventually_sync
+from tests.support.sglang import sglang_python
+
+OVERLAY = REPO_ROOT / "app" / "demo" / "sglang.yaml"
+SHAPE: dict[str, Any] = {
+    "scheduler": {
+        "num_cells": 3,
+        "group_size": 2,
+        "batch_groups": 3,
+        "phi": 1 / 3,
+        "mu": 2,
+        "rho_min": 1 / 3,
+        "tau_s": 0.2,
+        "cell_capacity": 4,  # 14 executions over 3 cells: every cell hosts some, the core too when it switches
+    },
+    "tasks": {"queries": ["add"]},
+    "runner": {"harness_args": ["--tool-latency-s", "1", "--tool-latency-max-s", "8"]},
+}
+"""K = 3 cells small enough that every cell hosts executions (the demo's warm start, elastic)."""
+
+
+def sglang_demo_config(tmp_path: Path, run_id: str, *, uid_base: int) -> GyreConfig:
+    """The demo on `app/demo/sglang.yaml` in `SHAPE`, with sandbox uids of its own from `uid_base` (the
+    runner's; the verifier's +1000): a runner kills every process of the uids it takes, and other stacks
+    on this machine (tests, benches) use the default ranges."""
+    runner = {**SHAPE["runner"], "sandbox": {"uid_base": uid_base}}
+    return demo_config(
+        OVERLAY,
+        {
+            **SHAPE,
+            "run": {"id": run_id, "dir": str(tmp_path / "runs")},
+            "cell_agent": {"engine": {"sglang_python": str(sglang_python())}},
+            "runner": runner,
+            "evaluator": {"sandbox": {"uid_base": uid_base + 1000}},
+        },
+    )
 
 
 def engine_urls(config: GyreConfig) -> list[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
 
 import pytest
 
@@ -18,7 +17,7 @@ from services.scheduler.persist import ShellState
 from services.scheduler.policy import Role
 from tests.support.eventually import eventually
 from tests.unit.scheduler.scenario import Scenario
-from tests.unit.scheduler.test_engine_table import FakeProxy, _executor
+from tests.unit.scheduler.test_engine_table import FakeProxy, _executor, _routed_driver
 
 
 def _started() -> Scenario:
@@ -73,21 +72,7 @@ async def test_a_rollout_satellite_given_notice_is_drained_with_its_kv_and_leave
     executor, _ = _executor(3, list(sc.policy.state.roles))
     proxy = DrainingProxy()
     executor._peers.proxy = proxy  # type: ignore[assignment]
-    routes: list[dict[str, str]] = []
-    update = proxy.UpdateRoutes
-
-    async def record(request: Any, timeout: float) -> Any:
-        if request.routes:
-            routes.append({r.execution_id: r.engine_id for r in request.routes})
-        return await update(request, timeout)
-
-    proxy.UpdateRoutes = record  # type: ignore[method-assign]
-
-    async def after_apply() -> None:
-        executor.start_deferred()
-
-    driver = Driver(sc.policy, executor.execute, after_apply)
-    executor._driver = lambda: driver
+    driver, routes = _routed_driver(sc.policy, executor, proxy)
     await executor.publish_engine_table()
     run = asyncio.create_task(driver.run())
     try:

@@ -9,12 +9,11 @@ import asyncio
 from typing import Any
 
 from gyre.v1 import events_pb2 as ev
-from services.scheduler.driver import Driver
 from services.scheduler.policy import Role
 from services.scheduler.translate import EventTranslator, lost_satellite
 from tests.support.eventually import eventually
 from tests.unit.scheduler.scenario import Scenario
-from tests.unit.scheduler.test_engine_table import _executor
+from tests.unit.scheduler.test_engine_table import _executor, _routed_driver
 
 
 def _exited(process: str, gave_up: bool = True) -> ev.ProcessExited:
@@ -33,21 +32,7 @@ async def test_a_lost_rollout_satellite_is_rerouted_and_leaves_the_proxy_table()
     sc = Scenario(num_cells=3, cell_capacity=2, group_size=1, batch_groups=2, phi=1.0, mu=2)
     sc.start()  # 6 executions fill C_R = 6: g0.0 and g1.0 run on cell 2
     executor, proxy = _executor(3, list(sc.policy.state.roles))
-    routes: list[dict[str, str]] = []
-    update = proxy.UpdateRoutes
-
-    async def record(request: Any, timeout: float) -> Any:
-        if request.routes:
-            routes.append({r.execution_id: r.engine_id for r in request.routes})
-        return await update(request, timeout)
-
-    proxy.UpdateRoutes = record  # type: ignore[method-assign]
-
-    async def after_apply() -> None:
-        executor.start_deferred()
-
-    driver = Driver(sc.policy, executor.execute, after_apply)
-    executor._driver = lambda: driver
+    driver, routes = _routed_driver(sc.policy, executor, proxy)
     await executor.publish_engine_table()
     assert proxy.tables[-1] == ["cell-0", "cell-1", "cell-2"]
     translator = EventTranslator(executor.facts.shell)

@@ -11,6 +11,7 @@ import grpc
 
 from gyre.lifecycle import TaskSupervisor
 from gyre.v1 import cell_agent_pb2, common_pb2, proxy_pb2
+from services.scheduler.driver import Driver
 from services.scheduler.executor import ActionExecutor, ShellFacts
 from services.scheduler.peers import Peers
 from services.scheduler.persist import ShellState
@@ -66,6 +67,27 @@ class CellInABatch(FakeCell):
 
 async def _nothing() -> None:
     return None
+
+
+def _routed_driver(policy: Any, executor: ActionExecutor, proxy: Any) -> tuple[Driver, list[dict[str, str]]]:
+    """A real Driver over `policy` executing through `executor`, and the routes each UpdateRoutes to `proxy`
+    carried (execution → engine), in order."""
+    routes: list[dict[str, str]] = []
+    update = proxy.UpdateRoutes
+
+    async def record(request: Any, timeout: float) -> Any:
+        if request.routes:
+            routes.append({r.execution_id: r.engine_id for r in request.routes})
+        return await update(request, timeout)
+
+    proxy.UpdateRoutes = record
+
+    async def after_apply() -> None:
+        executor.start_deferred()
+
+    driver = Driver(policy, executor.execute, after_apply)
+    executor._driver = lambda: driver
+    return driver, routes
 
 
 def _executor(num_cells: int, roles: list[Role]) -> tuple[ActionExecutor, FakeProxy]:
