@@ -7,14 +7,17 @@
 A `Fault` names a process of the run as `stack.json` does (`scheduler`, `cell_agent-0`, `nats`, ...) or by
 role (`core` = cell_agent-0, `satellite` = the last cell agent), and an action: `kill` (SIGKILL; the stack's
 supervisor restarts it), `stop` (SIGSTOP for `stop_s`, then SIGCONT), `kill_engine` (SIGKILL the process
-group of the SGLang server a cell agent launched, once it runs a call; the cell's launcher restarts it) or
-`hang_verifier` (SIGSTOP a verifier process in the evaluator's sandbox uids and leave it stopped: the
-evaluator's timeout must deal with it).
+group of the SGLang server a cell agent launched, once it runs a call; the cell's launcher restarts it),
+`hold_engine` (SIGSTOP that process group once it runs a call while its cell serves rollout, and SIGCONT it
+once the cell's role switch has begun: every call on it stays in flight until the switch — what a long
+generation does on a GPU, where calls span switches — or after `wait_s`) or `hang_verifier` (SIGSTOP a
+verifier process in the evaluator's sandbox uids and leave it stopped: the evaluator's timeout must deal
+with it).
 Faults are injected in order, each once the run has reached `at_step` steps and its `when` holds (`live`:
 executions are running; `training`: the core is training), and the next only after the previous one
 recovered. `recovery_s`: injection → the process answers SERVING again (servers: accepts connections;
-`stop`: counted from SIGCONT; `kill_engine`: a new server answers `/health`; `hang_verifier`: until the
-stopped verifier is gone).
+`stop`: counted from SIGCONT; `kill_engine`: a new server answers `/health`; `hold_engine`: how long the
+server was held; `hang_verifier`: until the stopped verifier is gone).
 
 The report attributes each invariant violation (app/demo/ledger.py) to the fault whose window
 [injection, next injection) it falls in; `harness_errors` counts the executions in that window that ended
@@ -29,6 +32,7 @@ import socket
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -41,11 +45,12 @@ from app.stack.state import ProcessEntry, StackState
 from gyre.procs import ProcessId, crash_tree
 from gyre.v1 import common_pb2, scheduler_pb2
 
-Action = Literal["kill", "stop", "kill_engine", "hang_verifier"]
+Action = Literal["kill", "stop", "kill_engine", "hold_engine", "hang_verifier"]
 ENGINE_MODULE = "sglang.launch_server"
 """What a cell agent's SGLang server runs (`kill_engine` finds it among the agent's children by it)."""
 When = Literal["any", "live", "training"]
 _OK_ENDINGS = ("TERMINATION_REASON_COMPLETED", "TERMINATION_REASON_CANCELLED")
+_ROLLOUT = common_pb2.CELL_ROLE_ROLLOUT
 
 
 @dataclass(slots=True)
@@ -158,6 +163,9 @@ class FaultInjector:
         if fault.action == "kill_engine":
             self._kill_engine(injection, entry)
             return
+        if fault.action == "hold_engine":
+            self._hold_engine(injection, entry)
+            return
         injection.at_s = time.time()
         t0 = time.monotonic()
         if fault.action == "kill":
@@ -183,17 +191,27 @@ class FaultInjector:
             time.sleep(0.2)
         return None
 
+    def _engine_running_a_call(
+        self, injection: Injection, entry: ProcessEntry, also: Callable[[], bool] = lambda: True
+    ) -> tuple[int, int] | None:
+        """(pid, port) of the cell's SGLang server once it runs a call and `also()` holds; None (the
+        injection's detail says why) if that did not happen within `wait_s`."""
+        deadline = time.monotonic() + self.wait_s
+        server = _engine_server(entry.pid)
+        while server is None or not also() or _running_calls(server[1]) < 1:
+            if time.monotonic() > deadline or self._over.is_set():
+                injection.detail = "not injected: the engine ran no call" if server else "no engine server"
+                return None
+            time.sleep(0.1)
+            server = _engine_server(entry.pid)
+        return server
+
     def _kill_engine(self, injection: Injection, entry: ProcessEntry) -> None:
         """SIGKILL the cell's SGLang server (its whole process group) once it runs a call, then wait for
         the launcher's restart to answer `/health`."""
-        deadline = time.monotonic() + self.wait_s
-        server = _engine_server(entry.pid)
-        while server is None or _running_calls(server[1]) < 1:
-            if time.monotonic() > deadline or self._over.is_set():
-                injection.detail = "not injected: the engine ran no call" if server else "no engine server"
-                return
-            time.sleep(0.1)
-            server = _engine_server(entry.pid)
+        server = self._engine_running_a_call(injection, entry)
+        if server is None:
+            return
         pid, port = server
         injection.at_s, t0 = time.time(), time.monotonic()
         os.killpg(pid, signal.SIGKILL)
@@ -204,6 +222,38 @@ class FaultInjector:
                 injection.recovery_s = round(time.monotonic() - t0, 2)
                 return
             time.sleep(0.2)
+
+    def _hold_engine(self, injection: Injection, entry: ProcessEntry) -> None:
+        """SIGSTOP the cell's SGLang server (its whole process group) once it runs a call while the cell
+        serves rollout; SIGCONT it once the scheduler reports the cell's switch begun (or after `wait_s`)."""
+        cell = int(entry.name.removeprefix("cell_agent-"))
+        server = self._engine_running_a_call(injection, entry, also=lambda: self._role(cell) == _ROLLOUT)
+        if server is None:
+            return
+        pid, port = server
+        injection.at_s, t0 = time.time(), time.monotonic()
+        os.killpg(pid, signal.SIGSTOP)
+        try:
+            deadline = t0 + self.wait_s
+            with self._changed:
+                while (
+                    self._role(cell) == _ROLLOUT and not self._over.is_set() and time.monotonic() < deadline
+                ):
+                    self._changed.wait(timeout=1.0)
+            switched = self._role(cell) != _ROLLOUT
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        injection.recovery_s = round(time.monotonic() - t0, 2)
+        injection.detail = f"engine pid {pid} on port {port} held " + (
+            "until its cell's switch began" if switched else "and released: its cell did not switch"
+        )
+
+    def _role(self, cell: int) -> int:
+        """The cell's role in the scheduler's last reported state (unspecified before any)."""
+        st = self._state
+        if st is None or cell >= len(st.cells):
+            return common_pb2.CELL_ROLE_UNSPECIFIED
+        return int(st.cells[cell].role)
 
     def _hang_verifier(self, injection: Injection) -> None:
         deadline = time.monotonic() + self.wait_s
