@@ -8,7 +8,8 @@ goes on: a rollout satellite stops taking calls, its in-flight calls move to the
 KV, and it leaves; then the stack's supervisor stops its cell agent (a planned departure, not restarted).
 The command returns once the calls moved and prints what moved. A notice the scheduler refuses (an unknown
 cell, the core, a cell already gone, a training satellite, the only rollout engine) prints one line and
-exits 2, with nothing changed.
+exits 2, with nothing changed. A drain the proxy failed (the cell left all the same; its calls in flight fail
+over instead of moving with their KV) prints the proxy's reason and exits 1.
 """
 
 from __future__ import annotations

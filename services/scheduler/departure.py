@@ -8,6 +8,10 @@ what moved. Until that drain ends the cell is in `ShellState.departing` (persist
 drains it again) and `GetState` shows it DRAINING, so the stack's supervisor, which stops the process of a
 cell the scheduler shows GONE (app/stack/supervisor.py), stops it only after its KV moved.
 
+A drain the proxy fails (it named no serving destination by then, or the RPC failed past its retries) does not
+stop the scheduler: the cell still leaves the proxy's table and the pool, and the notice answers `DrainFailed`
+(ABORTED) with the proxy's error.
+
 Refused, with nothing changed: an unknown cell (ValueError: INVALID_ARGUMENT), and (`LeaveRefused`:
 FAILED_PRECONDITION) the core (its hand-over is not built yet), a cell already gone, a training satellite
 (releasing its claimed micro-steps while its agent still runs is not executed yet), a cell switching roles,
@@ -26,6 +30,12 @@ from services.scheduler.policy.state import PolicyState
 
 class LeaveRefused(Exception):
     """The cell cannot leave now; the message says why (FAILED_PRECONDITION)."""
+
+
+class DrainFailed(Exception):
+    """The cell left the pool, but the proxy did not drain its engine (ABORTED): its calls in flight were not
+    moved with their KV; they fail over to the other engines once its agent stops (the proxy retries a call
+    whose engine is gone), recomputing their prefix."""
 
 
 @dataclass(frozen=True, slots=True)

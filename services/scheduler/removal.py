@@ -6,7 +6,8 @@ by the RerouteExecutions before it, to recompute their prefix on the other engin
 
 A cell given notice (`RemoveCell(lost=False)`, departure.py): the proxy drains its engine first — it stops
 taking calls, and its in-flight calls move to the other engines with their KV (`migrate_kv`) — then it leaves
-the table and the `DrainCell` waiting for it answers with what moved. Until then the cell is in
+the table and the `DrainCell` waiting for it answers with what moved. A drain the proxy fails does not stop
+the scheduler: the cell leaves the table all the same and the notice answers `DrainFailed`. Until then the cell is in
 `ShellState.departing` (persisted with the policy's state), so a scheduler restarted meanwhile keeps its
 engine in the table it publishes and drains it again (executor.py `recover`).
 """
@@ -17,9 +18,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc
+
 from gyre.log import get_logger
 from gyre.v1 import proxy_pb2
-from services.scheduler.departure import Departures, DrainOutcome
+from services.scheduler.departure import Departures, DrainFailed, DrainOutcome
 from services.scheduler.driver import Driver
 from services.scheduler.naming import engine_id
 from services.scheduler.peers import Peers
@@ -83,15 +86,19 @@ class CellRemoval:
         try:
             roles = self._driver().policy.state.roles
             order = [engine_id(e) for e in destination_order(roles, self._pool_capacity) if e != a.cell]
+            failure: grpc.aio.AioRpcError | None = None
             async with self._table_lock:
-                drain = await self._call(
-                    self._peers.proxy.Drain,
-                    proxy_pb2.DrainRequest(
-                        engine_id=engine_id(a.cell), destination_engine_ids=order, migrate_kv=True
-                    ),
-                    f"Drain {engine_id(a.cell)}",
-                    DRAIN_TIMEOUT_S,
-                )
+                try:
+                    drain = await self._call(
+                        self._peers.proxy.Drain,
+                        proxy_pb2.DrainRequest(
+                            engine_id=engine_id(a.cell), destination_engine_ids=order, migrate_kv=True
+                        ),
+                        f"Drain {engine_id(a.cell)}",
+                        DRAIN_TIMEOUT_S,
+                    )
+                except grpc.aio.AioRpcError as e:  # the cell leaves all the same (departure.DrainFailed)
+                    failure = e
                 self._routable.discard(a.cell)
             await self._drop_engine(a)
         except asyncio.CancelledError:
@@ -100,6 +107,20 @@ class CellRemoval:
         except Exception as e:
             self.departures.failed(a.cell, e)
             raise
+        if a.cell in self._shell.departing:
+            self._shell.departing.remove(a.cell)
+            await self._persist()
+        if failure is not None:
+            error = f"{failure.code().name}: {failure.details()}"
+            log.warning("cell_left_undrained", cell=a.cell, error=error)
+            self.departures.failed(
+                a.cell,
+                DrainFailed(
+                    f"cell {a.cell} left the pool, but the proxy did not drain its engine ({error}): its calls "
+                    "in flight fail over to the other engines once its agent stops, recomputing their prefix"
+                ),
+            )
+            return
         outcome = DrainOutcome(
             cell=a.cell,
             executions_moved=drain.executions_moved,
@@ -107,9 +128,6 @@ class CellRemoval:
             kv_migrated_tokens=drain.kv_migrated_tokens,
             duration_s=round(self._driver().now() - t0, 3),
         )
-        if a.cell in self._shell.departing:
-            self._shell.departing.remove(a.cell)
-            await self._persist()
         log.info(
             "cell_left",
             cell=a.cell,

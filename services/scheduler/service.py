@@ -29,7 +29,7 @@ from gyre.tasks import TaskSet
 from gyre.v1 import common_pb2, runner_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gyre.v1 import events_pb2 as ev
 from services.scheduler import persist
-from services.scheduler.departure import LeaveRefused, give_notice
+from services.scheduler.departure import DrainFailed, LeaveRefused, give_notice
 from services.scheduler.dispatch import Dispatcher, QuerySource
 from services.scheduler.driver import Driver
 from services.scheduler.executor import ActionExecutor, ShellFacts
@@ -59,7 +59,11 @@ class SchedulerService(GyreService):
     """Owns the run: dispatch, start decisions, the capacity ledger, waterlevel, transitions, bursts."""
 
     name = "scheduler"
-    error_statuses = (ErrorStatus(LeaveRefused, grpc.StatusCode.FAILED_PRECONDITION), INVALID_ARGUMENT)
+    error_statuses = (
+        ErrorStatus(LeaveRefused, grpc.StatusCode.FAILED_PRECONDITION),
+        ErrorStatus(DrainFailed, grpc.StatusCode.ABORTED),
+        INVALID_ARGUMENT,
+    )
 
     async def setup(self) -> None:
         cfg = self.config.scheduler

@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import re
 
+import grpc
 import pytest
 
 from gyre.v1 import proxy_pb2
-from services.scheduler.departure import LeaveRefused, check_leave, give_notice
+from services.scheduler.departure import DrainFailed, LeaveRefused, check_leave, give_notice
 from services.scheduler.driver import Driver
 from services.scheduler.persist import ShellState
 from services.scheduler.policy import Role
@@ -133,3 +134,48 @@ async def test_a_scheduler_restarted_before_the_drain_ended_drains_the_cell_agai
     (drain,) = proxy.drains
     assert drain.engine_id == "cell-2" and drain.migrate_kv
     assert proxy.tables[-1] == ["cell-0", "cell-1"]
+
+
+class RefusingProxy(FakeProxy):
+    """Answers every drain as the proxy does when no serving engine is left to take the calls in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drains = 0
+
+    async def Drain(self, request: proxy_pb2.DrainRequest, timeout: float) -> proxy_pb2.DrainResponse:
+        self.drains += 1
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            details="no serving engine to move cell-2's calls to",
+        )
+
+
+async def test_a_drain_the_proxy_fails_leaves_the_cell_out_and_the_scheduler_running() -> None:
+    """The proxy refuses the drain: the notice answers DrainFailed with the proxy's reason, the cell is out of
+    the pool and of the proxy's table, nothing stays departing, and the scheduler goes on (its task
+    supervisor saw no failure, the driver still applies events)."""
+    sc = _started()
+    executor, _ = _executor(3, list(sc.policy.state.roles))
+    proxy = RefusingProxy()
+    executor._peers.proxy = proxy  # type: ignore[assignment]
+    driver, _ = _routed_driver(sc.policy, executor, proxy)
+    await executor.publish_engine_table()
+    run = asyncio.create_task(driver.run())
+    try:
+        with pytest.raises(
+            DrainFailed,
+            match="cell 2 left the pool, but the proxy did not drain its engine "
+            r"\(FAILED_PRECONDITION: no serving engine to move cell-2's calls to\)",
+        ):
+            await asyncio.wait_for(give_notice(driver, executor.departures, 2, separate_pool_capacity=0), 10)
+        await eventually(lambda: proxy.tables[-1] == ["cell-0", "cell-1"], timeout_s=10, what="cell-2 out")
+        assert proxy.drains == 1 and executor.facts.shell.departing == []
+        assert sc.policy.state.roles[2] is Role.GONE
+        assert not run.done()
+        with pytest.raises(LeaveRefused, match="cell 2 already left the pool"):
+            await give_notice(driver, executor.departures, 2, separate_pool_capacity=0)
+    finally:
+        run.cancel()
