@@ -5,9 +5,10 @@
 
 The scheduler's `DrainCell` (services/scheduler/departure.py) takes the cell out of the pool while the run
 goes on: a rollout satellite stops taking calls, its in-flight calls move to the other engines with their
-KV, and it leaves; then the stack's supervisor stops its cell agent (a planned departure, not restarted).
+KV, and it leaves; a training satellite leaves at once, the micro-steps it claimed going back to the other
+training cells; then the stack's supervisor stops its cell agent (a planned departure, not restarted).
 The command returns once the calls moved and prints what moved. A notice the scheduler refuses (an unknown
-cell, the core, a cell already gone, a training satellite, the only rollout engine) prints one line and
+cell, the core, a cell already gone, a cell switching roles, the only rollout engine) prints one line and
 exits 2, with nothing changed. A drain the proxy failed (the cell left all the same; its calls in flight fail
 over instead of moving with their KV) prints the proxy's reason and exits 1.
 """
@@ -36,7 +37,8 @@ def drain_cmd(
     run: str | None = _RUN_OPTION,
     timeout_s: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the cell's calls to move."),
 ) -> None:
-    """The cell stops taking calls, its in-flight calls move to the other engines with their KV, it leaves."""
+    """The cell stops taking calls, its in-flight calls move to the other engines with their KV, it leaves (a
+    training satellite: its claimed micro-steps go back to the others)."""
     import grpc
 
     from app.stack.servers import LOOPBACK

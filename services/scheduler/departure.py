@@ -13,9 +13,15 @@ stop the scheduler: the cell still leaves the proxy's table and the pool, and th
 (ABORTED) with the proxy's error.
 
 Refused, with nothing changed: an unknown cell (ValueError: INVALID_ARGUMENT), and (`LeaveRefused`:
-FAILED_PRECONDITION) the core (its hand-over is not built yet), a cell already gone, a training satellite
-(releasing its claimed micro-steps while its agent still runs is not executed yet), a cell switching roles,
+FAILED_PRECONDITION) the core (its hand-over is not built yet), a cell already gone, a cell switching roles,
 and the only engine serving rollout (its calls would have nowhere to move).
+
+A training satellite may leave: it has no engine serving calls, so its notice answers at once with nothing
+moved, and the policy puts back in its queue what it knows the cell claimed of the open batch. The agent itself
+is not told: it keeps claiming and computing micro-steps until the stack stops it (about a second: the
+supervisor polls the roles). What it finished by then counts — computed on the batch's weights, it is exact,
+and the step record takes each micro-step once — and what it held when stopped the training cells reclaim once
+its heartbeat lapses, leaving it out of the reduction, as for a dead cell (services/cell_agent/step_record.py).
 """
 
 from __future__ import annotations
@@ -60,12 +66,11 @@ def check_leave(state: PolicyState, cell: int, separate_pool_capacity: int) -> N
     if cell == state.core:
         raise LeaveRefused(f"cell {cell} is the core: the core's hand-over is not built yet")
     if role is Role.TRAINING:
-        raise LeaveRefused(
-            f"cell {cell} is training: a training satellite's notice (releasing its micro-steps) is not "
-            "executed yet; give notice while it serves rollout"
-        )
+        return  # its claimed micro-steps go back to the queue (removal.py)
     if role is not Role.ROLLOUT:
-        raise LeaveRefused(f"cell {cell} is switching roles ({role}): give notice once it serves rollout")
+        raise LeaveRefused(
+            f"cell {cell} is switching roles ({role}): give notice once it serves rollout or trains"
+        )
     if not [e for e in destination_order(roles, separate_pool_capacity, state.members) if e != cell]:
         raise LeaveRefused(f"cell {cell} is the only engine serving rollout: its calls have nowhere to move")
 

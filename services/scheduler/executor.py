@@ -13,9 +13,11 @@
                         heartbeat, services/cell_agent/step_runner.py)
     RemoveCell        → the cell's transition and JoinBatch calls are abandoned and its engine leaves the
                         proxy's table (its executions were rerouted by the RerouteExecutions before it);
-                        a cell given notice (not lost) is first drained through the proxy: its in-flight
-                        calls move with their KV, and its `DrainCell` answers (removal.py, departure.py);
-                        until then it is in `ShellState.departing`, so a restarted scheduler drains it again
+                        a cell given notice (not lost) whose engine serves is first drained through the
+                        proxy: its in-flight calls move with their KV, and its `DrainCell` answers
+                        (removal.py, departure.py); until then it is in `ShellState.departing`, so a
+                        restarted scheduler drains it again. A training satellite given notice has no
+                        engine to drain: its claimed micro-steps are reclaimed like a dead cell's
 
 Long actions run as supervised tasks that report back through the driver, and start only once the
 state that emitted them is persisted (`start_deferred`, called after each save): a scheduler killed at
@@ -177,7 +179,8 @@ class ActionExecutor(CellRemoval):
                 log.info("microsteps_released", cell=action.cell, step=action.step)
             case RemoveCell():
                 self._abandon(action.cell)
-                if not action.lost and action.cell not in self.facts.shell.departing:
+                serving = action.cell in self._routable  # a training cell's engine serves no call
+                if not action.lost and serving and action.cell not in self.facts.shell.departing:
                     self.facts.shell.departing.append(action.cell)
                 leave = self._drop_engine(action) if action.lost else self._leave(action)
                 self._defer(leave, f"remove-{action.cell}")

@@ -4,7 +4,12 @@ A cell lost for good (`RemoveCell(lost=True)`, translate.py): its pending transi
 abandoned (a lost cell never answers) and its engine leaves the proxy's table; its executions were rerouted
 by the RerouteExecutions before it, to recompute their prefix on the other engines.
 
-A cell given notice (`RemoveCell(lost=False)`, departure.py): the proxy drains its engine first — it stops
+A training satellite given notice (`RemoveCell(lost=False)` of a cell whose engine is out of the table): its
+calls were abandoned above (its JoinBatch); its engine serves nothing, so `DrainCell` answers at once with
+nothing moved. The stack then stops its agent; what it held then the training cells reclaim, as for a dead
+cell (departure.py).
+
+A rollout cell given notice (`RemoveCell(lost=False)`, departure.py): the proxy drains its engine first — it stops
 taking calls, and its in-flight calls move to the other engines with their KV (`migrate_kv`) — then it leaves
 the table and the `DrainCell` waiting for it answers with what moved. A drain the proxy fails does not stop
 the scheduler: the cell leaves the table all the same and the notice answers `DrainFailed`. Until then the cell is in
@@ -81,25 +86,28 @@ class CellRemoval:
 
     async def _leave(self, a: RemoveCell) -> None:
         """A cell given notice: its engine stops taking calls and its in-flight calls move to the other
-        engines with their KV (the proxy's Drain), then it leaves the proxy's table."""
+        engines with their KV (the proxy's Drain), then it leaves the proxy's table. A training satellite's
+        engine is not in the table: nothing to drain."""
         t0 = self._driver().now()
         try:
             roles = self._driver().policy.state.roles
             order = [engine_id(e) for e in destination_order(roles, self._pool_capacity) if e != a.cell]
             failure: grpc.aio.AioRpcError | None = None
+            drain = proxy_pb2.DrainResponse()  # a training satellite's engine serves no call: nothing to move
             async with self._table_lock:
-                try:
-                    drain = await self._call(
-                        self._peers.proxy.Drain,
-                        proxy_pb2.DrainRequest(
-                            engine_id=engine_id(a.cell), destination_engine_ids=order, migrate_kv=True
-                        ),
-                        f"Drain {engine_id(a.cell)}",
-                        DRAIN_TIMEOUT_S,
-                    )
-                except grpc.aio.AioRpcError as e:  # the cell leaves all the same (departure.DrainFailed)
-                    failure = e
-                self._routable.discard(a.cell)
+                if a.cell in self._routable:
+                    try:
+                        drain = await self._call(
+                            self._peers.proxy.Drain,
+                            proxy_pb2.DrainRequest(
+                                engine_id=engine_id(a.cell), destination_engine_ids=order, migrate_kv=True
+                            ),
+                            f"Drain {engine_id(a.cell)}",
+                            DRAIN_TIMEOUT_S,
+                        )
+                    except grpc.aio.AioRpcError as e:  # the cell leaves all the same (departure.DrainFailed)
+                        failure = e
+                    self._routable.discard(a.cell)
             await self._drop_engine(a)
         except asyncio.CancelledError:
             self.departures.forget(a.cell)

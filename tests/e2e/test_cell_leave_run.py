@@ -1,4 +1,4 @@
-"""A rollout satellite leaves the pool with notice while the run goes on: the elastic run of
+"""A satellite leaves the pool with notice while the run goes on: the elastic run of
 test_elastic_run.py (K = 3, embedded engine, 2 steps) with short tool waits, so that the satellite's engine
 has calls in flight, and cell 2 given notice (`DrainCell`, what `gyre cell drain 2` sends) while it serves
 executions.
@@ -8,27 +8,39 @@ drained through the proxy — its in-flight calls move to the other engines with
 proxy's table; then the stack's supervisor stops its cell agent as a planned departure (no restart, no
 `ProcessExited`). Notices for the core, an unknown cell and the cell already gone are refused (exit 2). The
 run completes its steps without the cell and `gyre audit` accounts for every execution and step.
+
+A training satellite given notice (the same run with the demo's tool waits and several micro-steps per batch,
+notice the moment a satellite claims one): its notice answers at once with nothing moved (its engine serves no
+call), the stack stops its agent as a planned departure, and the steps complete, audited.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import sys
+import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
+import nats
+import nats.errors
 import pytest
 
 from app.demo.config import demo_config
 from app.demo.run import DemoRun
 from app.stack.state import StackState
+from gyre.bus import login_url
+from gyre.bus.codec import TYPE_HEADER, decode_event
+from gyre.bus.subjects import subject_for
+from gyre.config import load_config
 from gyre.rpc import sync_channel
-from gyre.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from gyre.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.e2e.test_elastic_run import SHAPE
 from tests.support.audit import assert_audited, assert_every_execution_ended_ok
 from tests.support.eventually import eventually_sync
@@ -171,4 +183,100 @@ def test_a_rollout_satellite_given_notice_leaves_with_its_kv_and_the_run_complet
         if r.get("process") == agent
         and r.get("event") in ("process_exited", "process_restarted", "cell_lost")
     ]
+    assert_audited(run_dir, steps=2)
+
+
+def _notice_on_first_claim(run_dir: Path, seen: dict[str, Any], over: threading.Event) -> None:
+    """Give notice (`DrainCell`) to the first satellite that claims a micro-step of the first batch, at once:
+    watched on the run's NATS subject (what `nats sub 'gyre.<run>.batch.microstep_claimed'` shows), since a
+    micro-step here takes under a second."""
+
+    async def watch() -> None:
+        state = None
+        while not over.is_set() and (state is None or not state.config_path):
+            state = StackState.load(run_dir)
+            await asyncio.sleep(0.2)  # scenario: stack.json appears once the stack started
+        if state is None or not state.config_path:
+            return
+        resolved = load_config(Path(state.config_path))
+        nc = await nats.connect(login_url(resolved.nats.url or "", resolved.nats.login_for("cli")))
+        try:
+            sub = await nc.subscribe(subject_for(resolved.run.id, events_pb2.MicroStepClaimed))
+            while not over.is_set():
+                try:
+                    msg = await sub.next_msg(timeout=1.0)
+                except nats.errors.TimeoutError:
+                    continue
+                claimed = decode_event(msg.headers[TYPE_HEADER], msg.data)
+                assert isinstance(claimed, events_pb2.MicroStepClaimed)
+                if claimed.cell != 0 and claimed.step == 0:
+                    seen.update(cell=claimed.cell, claimed=claimed.microstep_id)
+                    seen["notice"] = await asyncio.to_thread(_notice, run_dir, claimed.cell)
+                    return
+        finally:
+            await nc.close()
+
+    try:
+        asyncio.run(watch())
+    except Exception as e:  # asserted by the test
+        seen["error"] = e
+
+
+def _notice(run_dir: Path, cell: int) -> scheduler_pb2.DrainCellResponse:
+    state = StackState.load(run_dir)
+    assert state is not None
+    (scheduler,) = [p for p in state.processes if p.name == "scheduler"]
+    with sync_channel(f"127.0.0.1:{scheduler.grpc_port}") as channel:
+        response: scheduler_pb2.DrainCellResponse = scheduler_pb2_grpc.SchedulerStub(channel).DrainCell(
+            scheduler_pb2.DrainCellRequest(cell=cell), timeout=60
+        )
+    return response
+
+
+def test_a_training_satellite_given_notice_leaves_and_the_steps_complete(tmp_path: Path) -> None:
+    """Notice given the moment a satellite claimed a micro-step of the first batch. It is out of the pool at
+    once; its agent runs until the stack stops it about a second later, and what it finished meanwhile counts
+    (computed on the batch's weights: exact) while what it held when stopped is redone by the others. Either
+    way the audit finds every micro-step trained once and every step replayed."""
+    config = demo_config(
+        None,
+        {
+            **SHAPE,
+            "run": {"id": "e2eleavetrain", "dir": str(tmp_path / "runs")},
+            "packer": {"microstep_tokens": 600},  # several micro-steps per batch: a satellite claims some
+            "runner": {**SHAPE["runner"], "sandbox": {"uid_base": 173000}},
+            "evaluator": {"sandbox": {"uid_base": 174000}},
+        },
+    )
+    seen: dict[str, Any] = {}
+    over = threading.Event()
+    watcher = threading.Thread(target=_notice_on_first_claim, args=(config.run.path, seen, over), daemon=True)
+    watcher.start()
+    try:
+        summary = DemoRun(config, steps=2).execute()
+    finally:
+        over.set()
+        watcher.join(timeout=30)
+    assert "error" not in seen, seen
+    assert "notice" in seen, "no satellite claimed a micro-step of the first batch"
+    leaving, drained = seen["cell"], seen["notice"]
+    assert (drained.cell, drained.executions_moved, drained.calls_rerouted, drained.kv_migrated_tokens) == (
+        leaving,
+        0,
+        0,
+        0,
+    ), drained
+    assert summary["steps"] == 2
+
+    run_dir = config.run.path
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e for e in events if e["type"] == "gyre.v1.ProcessExited"] == []  # a planned departure
+    assert_every_execution_ended_ok(events)
+    assert len([e for e in events if e["type"] == "gyre.v1.StepCompleted"]) == 2
+    scheduler_log = _log(run_dir / "logs" / "scheduler.log")
+    removed = [r for r in scheduler_log if r.get("event") == "cell_removed"]
+    assert [(r["cell"], r["lost"]) for r in removed] == [(leaving, False)], removed
+    supervisor_log = _log(run_dir / "logs" / "supervisor.log")
+    (stopped,) = [r for r in supervisor_log if r.get("event") == "cell_left"]
+    assert stopped["process"] == f"cell_agent-{leaving}", stopped
     assert_audited(run_dir, steps=2)

@@ -27,7 +27,7 @@ def _started() -> Scenario:
     return sc
 
 
-def test_only_a_rollout_satellite_with_somewhere_to_move_may_leave() -> None:
+def test_only_a_satellite_serving_with_somewhere_to_move_or_training_may_leave() -> None:
     sc = _started()
     state = sc.policy.state
     check_leave(state, 2, separate_pool_capacity=0)
@@ -38,8 +38,7 @@ def test_only_a_rollout_satellite_with_somewhere_to_move_may_leave() -> None:
     roles = list(state.roles)
     try:
         state.roles[1] = Role.TRAINING
-        with pytest.raises(LeaveRefused, match="cell 1 is training"):
-            check_leave(state, 1, separate_pool_capacity=0)
+        check_leave(state, 1, separate_pool_capacity=0)  # a training satellite: its micro-steps go back
         state.roles[1] = Role.DRAINING
         with pytest.raises(LeaveRefused, match="cell 1 is switching roles"):
             check_leave(state, 1, separate_pool_capacity=0)
@@ -179,3 +178,36 @@ async def test_a_drain_the_proxy_fails_leaves_the_cell_out_and_the_scheduler_run
             await give_notice(driver, executor.departures, 2, separate_pool_capacity=0)
     finally:
         run.cancel()
+
+
+async def test_a_training_satellite_given_notice_leaves_at_once_with_nothing_to_drain() -> None:
+    """Its engine is out of the proxy's table: no Drain is sent (this proxy would hold one), the notice answers
+    at once with nothing moved, the policy releases the micro-steps it claimed, and nothing stays departing."""
+    sc = Scenario(num_cells=3, cell_capacity=2, group_size=1, batch_groups=2, phi=1.0, mu=2)
+    sc.start()
+    for group in ("g0", "g1", "g2", "g3", "g4", "g5"):  # the batch is ready, then nothing runs: every cell
+        sc.finish_group(group)  # goes to training, one after another (the core first)
+    sc.transitioned(0, Role.TRAINING)
+    sc.transitioned(1, Role.TRAINING)
+    assert sc.policy.state.roles == [Role.TRAINING, Role.TRAINING, Role.DRAINING]
+    executor, _ = _executor(3, list(sc.policy.state.roles))
+    proxy = DrainingProxy()  # never released: a Drain sent would hang the notice
+    executor._peers.proxy = proxy  # type: ignore[assignment]
+    driver, _ = _routed_driver(sc.policy, executor, proxy)
+    await executor.publish_engine_table()
+    run = asyncio.create_task(driver.run())
+    try:
+        outcome = await asyncio.wait_for(
+            give_notice(driver, executor.departures, 1, separate_pool_capacity=0), 10
+        )
+    finally:
+        run.cancel()
+    assert (outcome.cell, outcome.executions_moved, outcome.calls_rerouted, outcome.kv_migrated_tokens) == (
+        1,
+        0,
+        0,
+        0,
+    )
+    assert proxy.drains == [] and executor.facts.shell.departing == []
+    assert sc.policy.state.roles == [Role.TRAINING, Role.GONE, Role.DRAINING]
+    assert sc.policy.snapshot().cells_left == 1 and driver.num_rejected == 0
