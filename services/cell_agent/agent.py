@@ -66,6 +66,10 @@ from services.cell_agent.training import TrainingSide
 
 log = get_logger("gyre.cell_agent")
 
+LEAVE_STEP_S = 5.0
+"""How long a stopping satellite waits to leave its step (or finish its reduction) before it is cancelled:
+within the 8 s a service gives its own shutdown."""
+
 Emit = Callable[[Message, str], Awaitable[None]]
 
 
@@ -241,6 +245,17 @@ class CellAgent:
                 role=role_name(self.roles.role),
                 engine_weight_version=await self.engine.weight_version(),
             )
+
+    async def leave_step(self, timeout_s: float = LEAVE_STEP_S) -> None:
+        """A satellite being stopped (a planned departure, the run's stop) leaves its step first, while its
+        service still runs: while the window is open it gives its claims back at once (the others need not
+        wait for its heartbeat to lapse); once the window closed it is a participant, and it finishes the
+        reduction instead of failing the others' collective. Waits at most `timeout_s`."""
+        if self.is_core or not self._batch_lock.locked():
+            return
+        self.training.leaving.set()
+        if not await self._ops.wait_for("join", timeout_s):
+            log.warning("step_not_left", batch=self.batch_id, waited_s=timeout_s)
 
     async def stop(self) -> None:
         self._ops.cancel_all()

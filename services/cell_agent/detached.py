@@ -43,6 +43,15 @@ class Detached:
         if self._tasks.get(key) is task:
             del self._tasks[key]
 
+    async def wait_for(self, kind: str, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the operations whose key starts with `kind` to end; False if one
+        is still running then."""
+        running = [t for k, t in self._tasks.items() if isinstance(k, tuple) and k and k[0] == kind]
+        if not running:
+            return True
+        _, pending = await asyncio.wait(running, timeout=timeout_s)
+        return not pending
+
     def cancel_all(self) -> None:
         for task in self._tasks.values():
             task.cancel()

@@ -79,6 +79,11 @@ class CellAgentService(GyreService):
     async def _emit(self, event: Message, event_id: str) -> None:
         await self.bus.publish(event, event_id=event_id)
 
+    async def stop(self, grace_s: float = 5.0) -> None:
+        if hasattr(self, "agent"):  # before the service stops: leaving a step needs its bus and RPCs
+            await self.agent.leave_step()
+        await super().stop(grace_s)
+
     async def teardown(self) -> None:
         if hasattr(self, "agent"):
             await self.agent.stop()

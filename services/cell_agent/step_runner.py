@@ -17,6 +17,11 @@ Every cell of the step, core and satellites alike:
    to the participants; it records the step for `gyre audit` (every cell's micro-steps in the order it
    accumulated them, and the weights after the step: step_archive.py); everyone then acknowledges its
    claims and the core marks the step done.
+
+A satellite whose agent is stopping (`TrainingSide.leaving`: a planned departure, the run's stop) leaves at
+its next claim while the window is open — it evicts itself and gives back every micro-step it holds, done or
+not, so the others redo them at once instead of after its heartbeat lapses; once the window closed it is a
+participant and goes on to the reduction (the agent waits for it: CellAgent.leave_step).
 """
 
 from __future__ import annotations
@@ -205,6 +210,10 @@ class StepRunner:
             while True:
                 if heartbeat.done():
                     heartbeat.result()
+                if t.leaving.is_set() and not t.is_core and await record.evict_self(self.cell):
+                    returned = await record.release(self.cell)
+                    log.info("left_step", batch=record.batch_id, returned=returned, discarded=work.processed)
+                    return replace(await record.status(self.cell), evicted=True), work
                 claim = await record.queue.claim(consumer_name(self.cell))
                 if claim is not None:
                     lost = claim.item_id in work.finished or not await self._compute(

@@ -91,6 +91,9 @@ class TrainingSide:
         self.on_replayed: Callable[[list[ReplayedStep]], Awaitable[None]] | None = None
         """Reports steps replayed by a trainer built once the world formed (the agent sets it)."""
         self.started_batches: set[str] = set()
+        self.leaving = asyncio.Event()
+        """Set when the agent stops (a planned departure, the run's stop): a satellite leaves the open step
+        at its next claim, giving back what it claimed (step_runner.py `_consume`)."""
         """Batches this process has begun its part of (a batch begun by an earlier process is restarted)."""
         self.archive_dir: Path | None = None
         """Core: where it records each step it takes for `gyre audit` (None: it does not; step_archive.py)."""

@@ -20,8 +20,9 @@ A training satellite may leave: it has no engine serving calls, so its notice an
 moved, and the policy puts back in its queue what it knows the cell claimed of the open batch. The agent itself
 is not told: it keeps claiming and computing micro-steps until the stack stops it (about a second: the
 supervisor polls the roles). What it finished by then counts — computed on the batch's weights, it is exact,
-and the step record takes each micro-step once — and what it held when stopped the training cells reclaim once
-its heartbeat lapses, leaving it out of the reduction, as for a dead cell (services/cell_agent/step_record.py).
+and the step record takes each micro-step once. Stopped mid-step, it leaves the step before its service stops
+(services/cell_agent/agent.py `leave_step`): while the window is open it gives back every micro-step it holds
+and is left out; once the window closed it finishes the reduction.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@
                         proxy: its in-flight calls move with their KV, and its `DrainCell` answers
                         (removal.py, departure.py); until then it is in `ShellState.departing`, so a
                         restarted scheduler drains it again. A training satellite given notice has no
-                        engine to drain: its claimed micro-steps are reclaimed like a dead cell's
+                        engine to drain: stopped, its agent gives back what it claimed (departure.py)
 
 Long actions run as supervised tasks that report back through the driver, and start only once the
 state that emitted them is persisted (`start_deferred`, called after each save): a scheduler killed at

@@ -6,8 +6,7 @@ by the RerouteExecutions before it, to recompute their prefix on the other engin
 
 A training satellite given notice (`RemoveCell(lost=False)` of a cell whose engine is out of the table): its
 calls were abandoned above (its JoinBatch); its engine serves nothing, so `DrainCell` answers at once with
-nothing moved. The stack then stops its agent; what it held then the training cells reclaim, as for a dead
-cell (departure.py).
+nothing moved. The stack then stops its agent, which first leaves its step (departure.py).
 
 A rollout cell given notice (`RemoveCell(lost=False)`, departure.py): the proxy drains its engine first — it stops
 taking calls, and its in-flight calls move to the other engines with their KV (`migrate_kv`) — then it leaves

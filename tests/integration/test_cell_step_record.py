@@ -4,11 +4,13 @@ window closes, and what happens to dead, lapsed and gapped participants."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import redis.asyncio as aioredis
 
 from gyre.store import Keys, WorkQueue
 from services.cell_agent.step_record import Registration, StepRecord, StepState, consumer_name
+from services.cell_agent.step_runner import StepRunner
 
 TIMEOUT_S = 0.5
 
@@ -285,3 +287,32 @@ async def test_the_core_finishing_an_item_twice_is_told_not_evicted(
     assert await record.reset(0) == 1, "its claim goes back to the queue"
     await _work(record, 0, 5)
     assert (await record.try_close()).cells == (0,)
+
+
+async def test_a_satellite_told_to_leave_gives_its_claims_back_at_once(
+    redis: aioredis.Redis, keys: Keys
+) -> None:
+    """StepRunner._consume of a satellite whose agent is stopping (`TrainingSide.leaving`, set by
+    CellAgent.leave_step): while the window is open it evicts itself and every item it held, done or not,
+    goes back to the head of the queue at once (not after its heartbeat lapses); it is left out of the step."""
+    record = _record(redis, keys)
+    await _fill(record, 4, close=False)
+    await record.open(3, final_in_burst=True)
+    assert await record.register(1, 3) is Registration.REGISTERED
+    assert len(await _work(record, 1, 2)) == 2  # what it computed before it was told to stop
+    await record.queue.claim(consumer_name(1))  # and one it holds, not done
+    leaving = asyncio.Event()
+    leaving.set()
+    training = SimpleNamespace(
+        cell=1,
+        is_core=False,
+        leaving=leaving,
+        section=SimpleNamespace(poll_s=0.01, heartbeat_interval_s=1.0),
+        world=SimpleNamespace(changed=lambda: False),
+    )
+    runner = StepRunner(training, emit=None, heartbeat_timeout_s=TIMEOUT_S)  # type: ignore[arg-type]
+    status, _ = await asyncio.wait_for(runner._consume(record, 3), 10)
+    assert status.evicted and status.state is StepState.OPEN
+    assert await redis.llen(record.processing_key(1)) == 0
+    assert await redis.llen(record.pending_key) == 4, "every item back in the queue"
+    assert (await record.status(1)).evicted
