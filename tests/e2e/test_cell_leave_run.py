@@ -43,7 +43,7 @@ from gyre.rpc import sync_channel
 from gyre.v1 import common_pb2, events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.e2e.test_elastic_run import SHAPE
 from tests.support.audit import assert_audited, assert_every_execution_ended_ok
-from tests.support.eventually import eventually_sync
+from tests.support.eventually import eventually, eventually_sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -72,17 +72,10 @@ def _running_requests(engine_url: str) -> int:
 def _drain(run_dir: Path, cell: int, engine_url: str) -> scheduler_pb2.DrainCellResponse:
     """The notice `gyre cell drain` gives, sent at once once the cell's engine decodes calls (the command's
     start-up, seconds on a busy host, would miss them: this run's calls are short)."""
-    state = StackState.load(run_dir)
-    assert state is not None
-    (scheduler,) = [p for p in state.processes if p.name == "scheduler"]
     eventually_sync(
         lambda: _running_requests(engine_url), timeout_s=60, what=f"calls decoding on cell {cell}"
     )
-    with sync_channel(f"127.0.0.1:{scheduler.grpc_port}") as channel:
-        response: scheduler_pb2.DrainCellResponse = scheduler_pb2_grpc.SchedulerStub(channel).DrainCell(
-            scheduler_pb2.DrainCellRequest(cell=cell), timeout=300
-        )
-    return response
+    return _notice(run_dir, cell, timeout_s=300)
 
 
 def _log(path: Path) -> list[dict[str, Any]]:
@@ -192,11 +185,13 @@ def _notice_on_first_claim(run_dir: Path, seen: dict[str, Any], over: threading.
     micro-step here takes under a second."""
 
     async def watch() -> None:
-        state = None
-        while not over.is_set() and (state is None or not state.config_path):
+        def started() -> bool:
             state = StackState.load(run_dir)
-            await asyncio.sleep(0.2)  # scenario: stack.json appears once the stack started
-        if state is None or not state.config_path:
+            return over.is_set() or (state is not None and bool(state.config_path))
+
+        await eventually(started, timeout_s=300, what="the stack to start (stack.json)")
+        state = StackState.load(run_dir)
+        if over.is_set() or state is None:
             return
         resolved = load_config(Path(state.config_path))
         nc = await nats.connect(login_url(resolved.nats.url or "", resolved.nats.login_for("cli")))
@@ -222,13 +217,14 @@ def _notice_on_first_claim(run_dir: Path, seen: dict[str, Any], over: threading.
         seen["error"] = e
 
 
-def _notice(run_dir: Path, cell: int) -> scheduler_pb2.DrainCellResponse:
+def _notice(run_dir: Path, cell: int, timeout_s: float = 60) -> scheduler_pb2.DrainCellResponse:
+    """`DrainCell(cell)` to the run's scheduler, as `gyre cell drain` sends it."""
     state = StackState.load(run_dir)
     assert state is not None
     (scheduler,) = [p for p in state.processes if p.name == "scheduler"]
     with sync_channel(f"127.0.0.1:{scheduler.grpc_port}") as channel:
         response: scheduler_pb2.DrainCellResponse = scheduler_pb2_grpc.SchedulerStub(channel).DrainCell(
-            scheduler_pb2.DrainCellRequest(cell=cell), timeout=60
+            scheduler_pb2.DrainCellRequest(cell=cell), timeout=timeout_s
         )
     return response
 

@@ -21,25 +21,19 @@ import pytest
 from app.demo.config import demo_config
 from gyre.config import GyreConfig, load_config
 from gyre.paths import REPO_ROOT
+from tests.e2e.test_elastic_run import SHAPE as ELASTIC
 from tests.support.eventually import eventually_sync
 from tests.support.sglang import sglang_python
 
 OVERLAY = REPO_ROOT / "app" / "demo" / "sglang.yaml"
 SHAPE: dict[str, Any] = {
-    "scheduler": {
-        "num_cells": 3,
-        "group_size": 2,
-        "batch_groups": 3,
-        "phi": 1 / 3,
-        "mu": 2,
-        "rho_min": 1 / 3,
-        "tau_s": 0.2,
-        "cell_capacity": 4,  # 14 executions over 3 cells: every cell hosts some, the core too when it switches
-    },
-    "tasks": {"queries": ["add"]},
+    **ELASTIC,
+    # 14 executions over 3 cells: every cell hosts some, the core too when it switches
+    "scheduler": {**ELASTIC["scheduler"], "cell_capacity": 4},
     "runner": {"harness_args": ["--tool-latency-s", "1", "--tool-latency-max-s", "8"]},
 }
-"""K = 3 cells small enough that every cell hosts executions (the demo's warm start, elastic)."""
+"""tests/e2e/test_elastic_run.py's K = 3 shape with cells small enough that every cell hosts executions, and
+shorter tool waits (the demo's warm start, elastic)."""
 
 
 def sglang_demo_config(tmp_path: Path, run_id: str, *, uid_base: int) -> GyreConfig:

@@ -14,6 +14,7 @@ import pytest
 from gyre.v1 import proxy_pb2
 from services.scheduler.departure import DrainFailed, LeaveRefused, check_leave, give_notice
 from services.scheduler.driver import Driver
+from services.scheduler.executor import ActionExecutor
 from services.scheduler.persist import ShellState
 from services.scheduler.policy import Role
 from tests.support.eventually import eventually
@@ -25,6 +26,16 @@ def _started() -> Scenario:
     sc = Scenario(num_cells=3, cell_capacity=2, group_size=1, batch_groups=2, phi=1.0, mu=2)
     sc.start()  # 6 executions fill C_R = 6: g0.0 and g1.0 run on cell 2
     return sc
+
+
+async def _scheduler(sc: Scenario, proxy: FakeProxy) -> tuple[ActionExecutor, Driver, list[dict[str, str]]]:
+    """The scheduler's executor and driver over `sc`'s policy, talking to `proxy`, its engine table published:
+    (executor, driver, the routes each UpdateRoutes carried). The caller runs the driver."""
+    executor, _ = _executor(3, list(sc.policy.state.roles))
+    executor._peers.proxy = proxy  # type: ignore[assignment]
+    driver, routes = _routed_driver(sc.policy, executor, proxy)
+    await executor.publish_engine_table()
+    return executor, driver, routes
 
 
 def test_only_a_satellite_serving_with_somewhere_to_move_or_training_may_leave() -> None:
@@ -69,11 +80,8 @@ class DrainingProxy(FakeProxy):
 
 async def test_a_rollout_satellite_given_notice_is_drained_with_its_kv_and_leaves() -> None:
     sc = _started()
-    executor, _ = _executor(3, list(sc.policy.state.roles))
     proxy = DrainingProxy()
-    executor._peers.proxy = proxy  # type: ignore[assignment]
-    driver, routes = _routed_driver(sc.policy, executor, proxy)
-    await executor.publish_engine_table()
+    executor, driver, routes = await _scheduler(sc, proxy)
     run = asyncio.create_task(driver.run())
     try:
         for refused, error in ((0, LeaveRefused), (7, ValueError)):
@@ -157,11 +165,8 @@ async def test_a_drain_the_proxy_fails_leaves_the_cell_out_and_the_scheduler_run
     the pool and of the proxy's table, nothing stays departing, and the scheduler goes on (its task
     supervisor saw no failure, the driver still applies events)."""
     sc = _started()
-    executor, _ = _executor(3, list(sc.policy.state.roles))
     proxy = RefusingProxy()
-    executor._peers.proxy = proxy  # type: ignore[assignment]
-    driver, _ = _routed_driver(sc.policy, executor, proxy)
-    await executor.publish_engine_table()
+    executor, driver, _ = await _scheduler(sc, proxy)
     run = asyncio.create_task(driver.run())
     try:
         with pytest.raises(
@@ -190,11 +195,8 @@ async def test_a_training_satellite_given_notice_leaves_at_once_with_nothing_to_
     sc.transitioned(0, Role.TRAINING)
     sc.transitioned(1, Role.TRAINING)
     assert sc.policy.state.roles == [Role.TRAINING, Role.TRAINING, Role.DRAINING]
-    executor, _ = _executor(3, list(sc.policy.state.roles))
     proxy = DrainingProxy()  # never released: a Drain sent would hang the notice
-    executor._peers.proxy = proxy  # type: ignore[assignment]
-    driver, _ = _routed_driver(sc.policy, executor, proxy)
-    await executor.publish_engine_table()
+    executor, driver, _ = await _scheduler(sc, proxy)
     run = asyncio.create_task(driver.run())
     try:
         outcome = await asyncio.wait_for(
