@@ -31,8 +31,8 @@ CONVERSIONS: dict[str, str] = {
     "subpath-files": "podman 4.3 ignores `subPath`: a ConfigMap/Secret file mounted by subPath becomes a "
     "hostPath file holding that key, as the kubelet bind-mounts it",
     "secret-dirs": "podman 4.3 writes a Secret volume's data as base64 text and finds no Kubernetes Secret: a "
-    "Secret volume becomes a hostPath directory of its files, root-owned, group fsGroup, mode defaultMode, "
-    "as the kubelet writes them",
+    "Secret volume (or a projected volume of Secrets, from its `subPathExpr` down) becomes a hostPath "
+    "directory of its files, root-owned, group fsGroup, mode defaultMode, as the kubelet writes them",
     "volumes-per-pod": "podman 4.3 turns an emptyDir into a named volume called after the pod's volume name, "
     "shared by every pod using that name, copies the image's directory into a claim's volume and ignores "
     "fsGroup: each emptyDir and claim becomes a host directory of its own, group fsGroup with the setgid "
@@ -173,6 +173,18 @@ def _secret_files(secrets: dict[str, Path], name: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(secrets[name].iterdir()) if p.is_file()}
 
 
+def _projected_files(secrets: dict[str, Path], projected: Manifest) -> dict[str, bytes]:
+    """A projected volume of Secrets: each source's keys (or its `items`, at their paths)."""
+    files: dict[str, bytes] = {}
+    for source in projected.get("sources") or []:
+        if set(source) != {"secret"}:
+            raise ValueError(f"a projected volume source this bench does not play: {sorted(source)}")
+        data = _secret_files(secrets, source["secret"]["name"])
+        items = source["secret"].get("items")
+        files |= {i["path"]: data[i["key"]] for i in items} if items else data
+    return files
+
+
 def _convert_volumes(
     pod_name: str,
     pod: Manifest,
@@ -192,10 +204,32 @@ def _convert_volumes(
             files[name] = _config_files(manifests, namespace, v["configMap"]["name"])
         elif "secret" in v:
             files[name] = _secret_files(secrets, v["secret"]["secretName"])
+        elif "projected" in v:
+            files[name] = _projected_files(secrets, v["projected"])
     new_volumes: dict[str, Manifest] = {}
     for container in spec["containers"]:
+        env = _env_values(container, pod)
         for mount in container.get("volumeMounts") or []:
             v, sub_path = volumes[mount["name"]], mount.pop("subPath", None)
+            sub_path_expr = mount.pop("subPathExpr", None)
+            if "projected" in v:  # Secrets only (what the manifests project): a directory of its files
+                under = _expand(str(sub_path_expr), env).rstrip("/") + "/" if sub_path_expr else ""
+                host = work_dir / "secrets" / pod_name / (mount["name"] + (f"-{under[:-1]}" if under else ""))
+                mode = int(v["projected"].get("defaultMode", 0o644))
+                chosen = {
+                    k[len(under) :]: data for k, data in files[mount["name"]].items() if k.startswith(under)
+                }
+                if not chosen:
+                    raise ValueError(f"Pod/{pod_name}: {mount['name']} holds nothing under {under!r}")
+                for key, data in chosen.items():
+                    _write(host / key, data, mode, gid)
+                new_volumes[host.name] = {
+                    "name": host.name,
+                    "hostPath": {"path": str(host), "type": "Directory"},
+                }
+                mount["name"] = host.name
+                out.note("secret-dirs", f"Pod/{pod_name}")
+                continue
             if sub_path is not None and mount["name"] in files:
                 volume_name = f"{mount['name']}-{sub_path.replace('.', '-').replace('/', '-')}"
                 host = work_dir / "files" / pod_name / mount["name"] / sub_path

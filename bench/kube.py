@@ -67,7 +67,8 @@ NOT_EXERCISED = [
 ]
 """What only a cluster shows (README, "A cluster")."""
 SATELLITE, CORE = "cell-agent-2.cell-agent", "cell-agent-0.cell-agent"
-IDENTITIES = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent", "nats", "redis")
+IDENTITIES = ("scheduler", "proxy", "runner", "evaluator", "packer", "nats", "redis")
+"""The identities with one secret each, `gyre-tls-<identity>`; each cell has its own, `gyre-tls-cell-agent-K`."""
 
 
 def main(argv: list[str]) -> None:
@@ -180,7 +181,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _log(f"images built in {images.build_s}")
     set_images(manifests, images.gyre, images.nats, images.redis)
     model_dir = REPO_ROOT / "harness" / "demo_model" / "checkpoints" / "warmstart"
-    secrets = {f"gyre-tls-{i.replace('_', '-')}": tls_dir / i for i in IDENTITIES}
+    cells = sorted(p.name for p in tls_dir.glob("cell_agent-*"))  # gyre tls init: one per cell
+    secrets = {f"gyre-tls-{i.replace('_', '-')}": tls_dir / i for i in (*IDENTITIES, *cells)}
     playable = convert(manifests, run_dir / "kube", prefix, secrets, {"model": model_dir})
     play = KubePlay(prefix, run_dir / "kube", run_dir / "logs")
     phases: dict[str, float] = {}

@@ -59,7 +59,7 @@ def _worker(
     if name == "torch":
         backend = "gloo" if certs is None else "tls"
         if certs is not None:
-            tls.configure(tls.TlsFiles.under(Path(certs), "cell_agent"))
+            tls.configure(tls.TlsFiles.under(Path(certs), tls.cell_directory(rank)))  # each cell its own
         if rank == 0:
             hosted = host_rendezvous(
                 backend, bind_host="127.0.0.1", port=0, world_size=2, generation=1, timeout_s=60
@@ -155,7 +155,7 @@ def main(argv: list[str]) -> None:
     mooncake = numel * 4 / _pull_seconds("mooncake", [numel], args.repeats)[0] / 2**30
     broadcast = numel * 4 / _pull_seconds("torch", [numel], args.repeats)[0] / 2**30
     with tempfile.TemporaryDirectory(prefix="gyre-bench-tls-") as certs:
-        tls.issue(Path(certs), {"cell_agent": []})
+        tls.issue(Path(certs), {tls.cell_directory(0): [], tls.cell_directory(1): []})
         star = numel * 4 / _pull_seconds("torch", [numel], args.repeats, certs)[0] / 2**30
     print(
         json.dumps(

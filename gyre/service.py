@@ -102,7 +102,9 @@ class GyreService:
                 self.config.nats.login_for(self.name),
                 self.config.redis.login_for(self.name),
             )
-            tls.configure(tls_files(self.config.tls, self.name))  # every server and client from here on
+            # every server and client from here on; a cell agent's certificate must be its own cell's
+            cell = (self.instance or 0) if self.name == tls.CELL_AGENT else None
+            tls.configure(tls_files(self.config.tls, self.name, cell))
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.supervisor = TaskSupervisor(self.instance_name)

@@ -4,7 +4,7 @@
     configure(files)                                  # this process's identity, set once at its start
     current()                                         # what gyre.rpc, gyre.http_host, the engine client,
                                                       # the NATS and Redis clients use (None: plaintext)
-    issue(Path("tls"), {"scheduler": ["scheduler"], "cell_agent": ["cell-agent-0", ...]})   # gyre tls init
+    issue(Path("tls"), {"scheduler": ["scheduler"], "cell_agent-0": ["cell-agent-0"], ...})  # gyre tls init
 
 Layout, as `gyre tls init` writes it and as a cert-manager `Certificate`'s secret holds it (keys `tls.crt`,
 `tls.key`, `ca.crt`), so a Kubernetes secret mounted at `<tls.dir>/<identity>/` works unchanged:
@@ -13,20 +13,30 @@ Layout, as `gyre tls init` writes it and as a cert-manager `Certificate`'s secre
     <tls.dir>/<identity>/tls.key     its private key (mode 0600)
     <tls.dir>/<identity>/ca.crt      the deployment's CA, which every peer's certificate must chain to
 
+A cell agent's certificate is its cell's own: subject `CN=cell_agent` (the role the authorization table,
+NATS and Redis know) and the URI `urn:gyre:cell:<k>` (`cell_uri`), in `<tls.dir>/cell_agent-<k>/`
+(`cell_directory`; a container mounts it at `<tls.dir>/cell_agent/`). The star admits a member claiming
+cell k only with cell k's certificate, and a cell may give notice for itself alone (gyre.authz), so one
+cell's key cannot pose as the core or as another cell. A cell agent refuses to start on a certificate that
+names another cell, or none.
+
 Every server asks for a client certificate and refuses a client without one the CA signed (gRPC, NATS,
 Redis, the engines' HTTP); the proxy's harness-facing HTTP is TLS too but asks for none (a harness
 authenticates with its per-execution key, as before). Clients check the server's name against its
 certificate. Identities are the services (`scheduler`, `proxy`, `runner`, `evaluator`, `packer`,
-`cell_agent`: one for every cell), the servers `nats` and `redis`, and `cli` for tools outside the
+and `cell_agent` for the cells, each cell with its own certificate), the servers `nats` and `redis`, and `cli` for tools outside the
 deployment (`gyre status`, `gyre bench cluster`).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import ipaddress
 import os
+import re
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,9 +49,44 @@ LOCAL_NAMES = ("localhost",)
 LOCAL_ADDRESSES = ("127.0.0.1", "::1")
 """Every certificate also names the loopback: a container's health check and a relay inside a sandbox
 dial the service at 127.0.0.1."""
+CELL_AGENT = "cell_agent"
+"""The cell agents' role: the subject CN of every cell's certificate (`gyre.authz.CELL_AGENT`)."""
+CELL_URI_PREFIX = "urn:gyre:cell:"
+_CELL_DIRECTORY = re.compile(r"cell_agent-(0|[1-9][0-9]*)")
 
 
-@dataclass(frozen=True, slots=True)
+def cell_uri(cell: int) -> str:
+    """The URI a certificate of cell `cell` names (its subjectAltName): `urn:gyre:cell:<cell>`."""
+    return f"{CELL_URI_PREFIX}{cell}"
+
+
+def cell_directory(cell: int) -> str:
+    """The directory `gyre tls init` writes cell `cell`'s identity to, under tls.dir: `cell_agent-<cell>`."""
+    return f"{CELL_AGENT}-{cell}"
+
+
+def common_name(identity: str) -> str:
+    """The subject CN `issue` gives `identity`: `cell_agent` for a cell's own (`cell_agent-<k>`), else itself."""
+    return CELL_AGENT if _CELL_DIRECTORY.fullmatch(identity) else identity
+
+
+def cell_of_uris(uris: Iterable[str]) -> int | None:
+    """The cell a certificate's URIs name, or None: none, or more than one (then it names no one cell)."""
+    cells = {uri[len(CELL_URI_PREFIX) :] for uri in uris if uri.startswith(CELL_URI_PREFIX)}
+    if len(cells) != 1:
+        return None
+    (cell,) = cells
+    return int(cell) if cell.isdigit() and (cell == "0" or not cell.startswith("0")) else None
+
+
+def certificate_cell(cert: object) -> int | None:
+    """The cell a peer certificate names, as `ssl.SSLSocket.getpeercert()` decodes it (None: no one cell)."""
+    if not isinstance(cert, dict):
+        return None
+    return cell_of_uris(value for kind, value in cert.get("subjectAltName", ()) if kind == "URI")
+
+
+@dataclass(frozen=True)
 class TlsFiles:
     """One identity's certificate, key and the CA its peers chain to."""
 
@@ -55,6 +100,18 @@ class TlsFiles:
         """`identity`'s files in `directory/<identity>/`, as `gyre tls init --out directory` writes them."""
         base = Path(directory) / identity
         return cls(identity, base / CERT_FILE, base / KEY_FILE, base / CA_FILE)
+
+    @functools.cached_property
+    def cell(self) -> int | None:
+        """The cell this certificate names (`cell_uri`), or None: not a cell's certificate."""
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(self.cert.read_bytes())
+        try:
+            names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            return None
+        return cell_of_uris(names.get_values_for_type(x509.UniformResourceIdentifier))
 
     def read(self) -> tuple[bytes, bytes, bytes]:
         """(certificate chain, private key, CA) as PEM bytes."""
@@ -76,18 +133,30 @@ class TlsFiles:
         return context
 
 
-def tls_files(section: TlsSection, identity: str) -> TlsFiles | None:
+def tls_files(section: TlsSection, identity: str, cell: int | None = None) -> TlsFiles | None:
     """The files of `identity` under `section.dir` (None when TLS is off); missing ones raise ValueError
-    naming the file and the command that writes it."""
+    naming the file and the command that writes it. A cell agent (`cell` given) takes `cell_agent-<cell>/`
+    where it exists (one directory holds every cell's: the local stack), else `cell_agent/` (a container's
+    mount of its own cell's), and its certificate must name `cell` (ValueError otherwise)."""
     if not section.enabled:
         return None
-    files = TlsFiles.under(section.dir, identity)
+    base = Path(section.dir)
+    if cell is not None and (base / cell_directory(cell)).is_dir():
+        files = TlsFiles(identity, *(base / cell_directory(cell) / f for f in (CERT_FILE, KEY_FILE, CA_FILE)))
+    else:
+        files = TlsFiles.under(base, identity)
     for path in (files.cert, files.key, files.ca):
         if not path.is_file():
             raise ValueError(
                 f"tls: {path} not found (`gyre tls init --out {section.dir}` writes a CA and every "
                 "identity's certificate; or mount the identity's secret there)"
             )
+    if cell is not None and files.cell != cell:
+        named = "no cell" if files.cell is None else f"cell {files.cell}"
+        raise ValueError(
+            f"tls: {files.cert} names {named}, not cell {cell}: each cell agent needs its own cell's certificate "
+            f"(`gyre tls init` writes {base / cell_directory(cell)}; mount it at {base / identity})"
+        )
     return files
 
 
@@ -114,7 +183,8 @@ def http_scheme() -> str:
 
 def issue(out: Path, identities: dict[str, list[str]], days: int = 365) -> dict[str, Path]:
     """A new CA and, for each identity, a key and a certificate for its DNS names (plus the loopback),
-    usable as server and as client; returns each identity's directory. The CA's key stays in
+    usable as server and as client; returns each identity's directory. An identity named
+    `cell_agent-<k>` (`cell_directory`) is cell k's: subject CN `cell_agent` and the URI `cell_uri(k)`. The CA's key stays in
     `out/ca/ca.key` (0600) and signs nothing else."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -160,9 +230,12 @@ def issue(out: Path, identities: dict[str, list[str]], days: int = 365) -> dict[
         dns = list(dict.fromkeys([*names, *LOCAL_NAMES]))
         alt: list[x509.GeneralName] = [x509.DNSName(n) for n in dns]
         alt += [x509.IPAddress(ipaddress.ip_address(a)) for a in LOCAL_ADDRESSES]
+        cell = _CELL_DIRECTORY.fullmatch(identity)
+        if cell is not None:  # a cell's own identity: the cell agents' CN, its cell in a URI
+            alt.append(x509.UniformResourceIdentifier(cell_uri(int(cell.group(1)))))
         cert = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity)]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name(identity))]))
             .issuer_name(ca_name)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

@@ -2,7 +2,8 @@
 
     gyre tls init --config deploy/compose/gyre.yaml --out deploy/compose/tls --group 10001
 
-Each identity's names come from the config: a service's peer host (every cell's for `cell_agent`), the
+Each identity's names come from the config: a service's peer host (each cell's for its own identity,
+`cell_agent-<k>`: CN `cell_agent` and the URI `urn:gyre:cell:<k>`, gyre.tls), the
 hosts of `nats.url` and `redis.url`, plus `--dns IDENTITY=NAME` (a Kubernetes FQDN, say); every
 certificate also names localhost and 127.0.0.1. `--group` makes the keys readable by that group (0640):
 the containers' user (10001 in deploy/docker/Dockerfile) is not the user who runs this. The files are laid
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 import typer
 
 from gyre.config import GyreConfig
+from gyre.tls import cell_directory
 
 tls_app = typer.Typer(help="Transport security between hosts (tls.enabled).", no_args_is_help=True)
 
@@ -36,7 +38,8 @@ def identities(config: GyreConfig, extra: list[str]) -> dict[str, list[str]]:
     names: dict[str, list[str]] = {}
     for service in ("scheduler", "proxy", "runner", "evaluator", "packer"):
         names[service] = [run.peer_host(service)]
-    names["cell_agent"] = [run.peer_host("cell_agent", c) for c in range(config.scheduler.num_cells)]
+    for cell in range(config.scheduler.num_cells):  # one certificate per cell: none can pose as another
+        names[cell_directory(cell)] = [run.peer_host("cell_agent", cell)]
     for server, url in (("nats", config.nats.url), ("redis", config.redis.url)):
         host = urlsplit(url).hostname if url else None
         names[server] = [host] if host else []
@@ -69,7 +72,8 @@ def init(
     # The config as the deployment will run it; its certificates are what this writes, so none is read.
     loaded = config_or_exit(load=lambda: load_config(config, environ={}), identity=None)
     written = issue(out, identities(loaded, dns), days=days)
-    access = write_access(out, loaded.run.id)  # Redis passwords and ACL file, NATS permissions: its run id
+    # Redis passwords and ACL file, NATS permissions: its run id (every cell's directory gets the cells' login)
+    access = write_access(out, loaded.run.id, cells=loaded.scheduler.num_cells)
     if group is not None:
         try:
             for directory in written.values():

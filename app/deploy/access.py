@@ -28,6 +28,7 @@ from pathlib import Path
 
 from app.stack.credentials import REDIS_RULES, redis_acl_line
 from gyre.bus.permissions import BUS_USERS, permissions
+from gyre.tls import CELL_AGENT, cell_directory
 
 DEPLOY_NATS_USERS: tuple[str, ...] = tuple(user for user in BUS_USERS if user != "supervisor")
 """Identities with a NATS user in the deploy shape: the services and `cli` (the embedded default's
@@ -93,15 +94,19 @@ def _write_private(path: Path, text: str, group: int | None) -> None:
         path.chmod(0o640)
 
 
-def write_access(out: Path, run_id: str, group: int | None = None) -> dict[str, Path]:
+def write_access(out: Path, run_id: str, group: int | None = None, cells: int = 0) -> dict[str, Path]:
     """Fresh Redis passwords of every deploy identity and the servers' files, under `out` as `gyre tls init`
-    lays it out: `<identity>/redis.json`, `redis/users.acl`, `nats/permissions.conf`. Returns the files."""
+    lays it out: `<identity>/redis.json`, `redis/users.acl`, `nats/permissions.conf`. Returns the files.
+    The cell agents' login goes into each of `cells` cells' own directories too (`cell_agent-<k>/`: what a
+    cell's container mounts); NATS and Redis know the cells by their role, `cell_agent`."""
     passwords = {user: secrets.token_urlsafe(24) for user in DEPLOY_REDIS_RULES}
     written: dict[str, Path] = {}
     for user, password in passwords.items():
-        path = out / user / REDIS_LOGIN_FILE
-        _write_private(path, json.dumps({"user": user, "password": password}), group)
-        written[f"{user}/{REDIS_LOGIN_FILE}"] = path
+        directories = [user] + ([cell_directory(c) for c in range(cells)] if user == CELL_AGENT else [])
+        for directory in directories:
+            path = out / directory / REDIS_LOGIN_FILE
+            _write_private(path, json.dumps({"user": user, "password": password}), group)
+            written[f"{directory}/{REDIS_LOGIN_FILE}"] = path
     acl = out / "redis" / REDIS_ACL_FILE
     _write_private(acl, redis_acl(run_id, passwords), group)
     conf = out / "nats" / PERMISSIONS_FILE

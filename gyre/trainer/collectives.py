@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]
 
+from gyre.tls import TlsFiles
 from gyre.trainer.star import StarCellGroups, StarHub, StarLink
 
 
@@ -89,20 +90,41 @@ def connect_store(*, host: str, port: int, world_size: int, timeout_s: float) ->
 
 
 def host_rendezvous(
-    backend: str, *, bind_host: str, port: int, world_size: int, generation: int, timeout_s: float
+    backend: str,
+    *,
+    bind_host: str,
+    port: int,
+    world_size: int,
+    generation: int,
+    timeout_s: float,
+    identity: TlsFiles | None = None,
 ) -> HostedStore | StarHub:
-    """The core's rendezvous of world `generation`: the TCPStore (gloo, NCCL) or the TLS star's hub."""
+    """The core's rendezvous of world `generation`: the TCPStore (gloo, NCCL) or the TLS star's hub
+    (`identity`: the core's certificate, else this process's)."""
     if backend == "tls":
-        return StarHub.open(bind_host=bind_host, port=port, generation=generation, timeout_s=timeout_s)
+        return StarHub.open(
+            bind_host=bind_host, port=port, generation=generation, timeout_s=timeout_s, identity=identity
+        )
     return host_store(bind_host=bind_host, port=port, world_size=world_size, timeout_s=timeout_s)
 
 
 def join_rendezvous(
-    backend: str, *, host: str, port: int, world_size: int, cell: int, generation: int, timeout_s: float
+    backend: str,
+    *,
+    host: str,
+    port: int,
+    world_size: int,
+    cell: int,
+    generation: int,
+    timeout_s: float,
+    identity: TlsFiles | None = None,
 ) -> TCPStore | StarLink:
-    """A satellite's side of the core's rendezvous (raises RuntimeError while the core is not there yet)."""
+    """A satellite's side of the core's rendezvous (raises RuntimeError while the core is not there yet;
+    `identity`: the star's certificate of this cell, else this process's)."""
     if backend == "tls":
-        return StarLink.connect(host=host, port=port, cell=cell, generation=generation, timeout_s=timeout_s)
+        return StarLink.connect(
+            host=host, port=port, cell=cell, generation=generation, timeout_s=timeout_s, identity=identity
+        )
     return connect_store(host=host, port=port, world_size=world_size, timeout_s=timeout_s)
 
 

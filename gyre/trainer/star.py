@@ -4,11 +4,13 @@ gloo and NCCL have no transport security in the torch wheels (gloo's TCP_TLS tra
 them; the rendezvous TCPStore is plaintext), so a deployment whose cells' network is not private either
 puts encryption below Gyre or uses this backend: Gyre's own star of TLS connections from every satellite
 to the core, with the deployment's certificates (`gyre.tls`: the core asks for a client certificate the
-CA signed and admits only the cell agents' identity, `CELL_IDENTITY`, so another service's certificate
-cannot join; satellites check the core's name). The core handshakes incoming connections concurrently and
-bounded (`MAX_HANDSHAKES`, `HANDSHAKE_S` each), so clients that connect and stay silent cannot hold up the
-world's formation, and a connection claiming a place a live member holds is refused. One certificate
-serves every cell (a StatefulSet mounts one secret), so the star does not tell one cell from another. The three collectives the cells need are all rooted at the
+CA signed and admits a connection that says it is cell k only with cell k's own certificate: the cell
+agents' identity, `CELL_IDENTITY`, naming cell k (`gyre.tls.cell_uri`), so another service's certificate
+cannot join and one cell cannot take another's place; satellites check the core's name and that its
+certificate is cell 0's, `CORE_CELL`, so no other cell can pose as the core). The core handshakes incoming
+connections concurrently and bounded (`MAX_HANDSHAKES`, `HANDSHAKE_S` each), so clients that connect and
+stay silent cannot hold up the world's formation, and a connection claiming a place a live member holds is
+refused. The three collectives the cells need are all rooted at the
 core (`gyre.trainer.collectives`), so a star carries them with one hop each:
 
     reduce_to_core        each satellite of the prefix sends its tensor; the core adds them in cell
@@ -70,17 +72,21 @@ MAX_HANDSHAKES = 32
 """Incoming connections the core handshakes at once, each on its own thread: a client that connects and
 stays silent holds one of them for at most HANDSHAKE_S and delays no other; past this many, a new
 connection is closed at once (and a real satellite's retry comes later)."""
-CELL_IDENTITY = "cell_agent"
+CELL_IDENTITY = tls.CELL_AGENT
 """The identity (certificate subject CN) a member of the star must have: `gyre.authz.CELL_AGENT`. Another
-service's certificate of the same CA (a runner's, the proxy's) is refused."""
+service's certificate of the same CA (a runner's, the proxy's) is refused, and so is a cell's certificate
+for any place but its own cell's (`gyre.tls.certificate_cell`)."""
+CORE_CELL = 0
+"""The cell whose certificate the hub must show: the core, rank 0 of every world."""
 
 
 class StarError(RuntimeError):
     """A collective or the world's formation failed: a peer died, was silent too long, or disagreed."""
 
 
-def _context(server: bool) -> ssl.SSLContext:
-    files = tls.current()
+def _context(server: bool, identity: tls.TlsFiles | None = None) -> ssl.SSLContext:
+    """This cell's TLS context: `identity`, else this process's (`gyre.tls.current`)."""
+    files = identity or tls.current()
     if files is None:
         raise StarError(
             "dist_backend tls needs this process's TLS identity (tls.enabled and `gyre tls init`)"
@@ -121,8 +127,16 @@ class StarHub:
     context: ssl.SSLContext
 
     @classmethod
-    def open(cls, *, bind_host: str, port: int, generation: int, timeout_s: float) -> StarHub:
-        context = _context(server=True)
+    def open(
+        cls,
+        *,
+        bind_host: str,
+        port: int,
+        generation: int,
+        timeout_s: float,
+        identity: tls.TlsFiles | None = None,
+    ) -> StarHub:
+        context = _context(server=True, identity=identity)
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -260,6 +274,11 @@ class StarHub:
                 "star_hello_refused", peer=str(address), generation=generation, cell=cell, channel=channel
             )
             return None
+        certified = tls.certificate_cell(conn.getpeercert())
+        if certified != cell:  # another cell's key (or a cell-less one) claiming this place
+            conn.close()
+            log.warning("star_cell_refused", peer=str(address), cell=cell, certificate_cell=certified)
+            return None
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return (cell, channel), conn
 
@@ -290,8 +309,17 @@ class StarLink:
     channels: dict[int, ssl.SSLSocket] = field(default_factory=dict)
 
     @classmethod
-    def connect(cls, *, host: str, port: int, cell: int, generation: int, timeout_s: float) -> StarLink:
-        context = _context(server=False)
+    def connect(
+        cls,
+        *,
+        host: str,
+        port: int,
+        cell: int,
+        generation: int,
+        timeout_s: float,
+        identity: tls.TlsFiles | None = None,
+    ) -> StarLink:
+        context = _context(server=False, identity=identity)
         link = cls(cell, generation)
         try:
             for channel in CHANNELS:
@@ -303,6 +331,12 @@ class StarLink:
                     raw.close()
                     raise
                 link.channels[channel] = conn
+                hub_cell = tls.certificate_cell(conn.getpeercert())
+                if hub_cell != CORE_CELL:
+                    raise ssl.SSLError(
+                        f"the hub's certificate names {'no cell' if hub_cell is None else f'cell {hub_cell}'}, "
+                        f"not the core's (cell {CORE_CELL})"
+                    )
                 conn.sendall(HELLO.pack(HELLO_MAGIC, generation, cell, channel))
         except OSError as e:
             link.close()

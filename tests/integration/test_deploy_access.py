@@ -38,7 +38,8 @@ from tests.support.eventually import eventually, eventually_sync
 
 RUN = "deploytest"
 REPO = Path(__file__).resolve().parents[2]
-IDENTITIES = ("scheduler", "runner", "evaluator", "cli", "nats", "redis")
+IDENTITIES = ("scheduler", "runner", "evaluator", "cli", "nats", "redis", "cell_agent-1")
+"""`cell_agent-1`: cell 1's own certificate (CN=cell_agent and its cell's URI), as `gyre tls init` issues it."""
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +135,11 @@ async def test_each_identity_publishes_its_own_events_through_its_certificate(
         ("scheduler", ev.GroupDispatched()),
         ("runner", ev.ExecutionStarted()),
         ("evaluator", ev.EvaluationDone()),
+        ("cell_agent-1", ev.MicroStepDone()),  # a cell's own certificate is the cell agents' user
     ):
-        tls.configure(tls.TlsFiles.under(certs, identity))
-        assert nats_auth(None)["inbox_prefix"] == inbox_prefix(identity)
+        files = tls.TlsFiles.under(certs, identity)
+        tls.configure(tls.TlsFiles(tls.common_name(identity), files.cert, files.key, files.ca))
+        assert nats_auth(None)["inbox_prefix"] == inbox_prefix(tls.common_name(identity))
         bus = await EventBus.connect(nats_url, RUN, identity)
         try:
             assert await bus.publish(event, event_id=f"{identity}-1")

@@ -4,8 +4,9 @@ three cells as threads of this process on loopback, with certificates from `gyre
 The core's sum is the cells' tensors added in cell order (what the audit replays, bit for bit), over
 buffers larger than the core's receive chunk; broadcasts and the pair broadcast reach exactly their
 cells; a dead satellite fails the collective it was part of and not a smaller prefix's; a client without
-a certificate, with one of another CA, with another service's of the same CA, in plaintext or of another
-world generation is refused while the world still forms; connections that stay silent do not hold it up;
+a certificate, with one of another CA, with another service's of the same CA, with another cell's, in
+plaintext or of another world generation is refused while the world still forms; a satellite refuses a hub
+whose certificate is not the core's (another CA's, or another cell's posing as the core); connections that stay silent do not hold it up;
 a live member is never displaced; ranks that disagree on the collective fail instead of mixing bytes."""
 
 from __future__ import annotations
@@ -43,16 +44,25 @@ TIMEOUT_S = 20.0
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tls")
-    tls.issue(out, {"cell_agent": ["cell-agent-0"], "cli": []})
-    tls.issue(out / "other", {"cell_agent": ["cell-agent-0"]})  # a CA the deployment does not trust
+    tls.issue(out, {"cell_agent-0": ["cell-agent-0"], "cell_agent-1": [], "cell_agent-2": [], "cli": []})
+    tls.issue(out / "other", {"cell_agent-0": ["cell-agent-0"], "cell_agent-1": []})  # a CA not trusted
     return out
 
 
 @pytest.fixture
 def as_cell_agent(certs: Path) -> Iterator[None]:
-    tls.configure(tls.TlsFiles.under(certs, "cell_agent"))
+    tls.configure(_cell(0, certs))  # the core's; each satellite joins with its own cell's (`_cell`)
     yield
     tls.configure(None)
+
+
+def _cell(cell: int, certs: Path | None = None) -> tls.TlsFiles:
+    """Cell `cell`'s own certificate (`certs`: the deployment's directory, else the one in use)."""
+    if certs is None:
+        current = tls.current()
+        assert current is not None
+        certs = current.cert.parent.parent
+    return tls.TlsFiles.under(certs, tls.cell_directory(cell))
 
 
 def _in_threads(fns: dict[int, Callable[[], Any]], timeout_s: float = 60.0) -> dict[int, Any]:
@@ -94,6 +104,7 @@ def _world(num_cells: int = 3) -> dict[int, StarCellGroups]:
                 cell=cell,
                 generation=GENERATION,
                 timeout_s=5.0,
+                identity=_cell(cell),
             )
             return initialize_groups(link, cell=cell, num_cells=num_cells, backend="tls", timeout_s=TIMEOUT_S)
 
@@ -205,7 +216,14 @@ def _refused(client: Callable[[int], None], hub: StarHub) -> None:
 def _satellite_of_two(hub: StarHub) -> StarCellGroups:
     """Cell 1 of a world of two, joining `hub`."""
     link = join_rendezvous(
-        "tls", host="127.0.0.1", port=hub.port, world_size=2, cell=1, generation=GENERATION, timeout_s=5.0
+        "tls",
+        host="127.0.0.1",
+        port=hub.port,
+        world_size=2,
+        cell=1,
+        generation=GENERATION,
+        timeout_s=5.0,
+        identity=_cell(1),
     )
     assert isinstance(link, StarLink)
     return StarCellGroups.initialize(link, cell=1, num_cells=2, timeout_s=TIMEOUT_S)
@@ -217,7 +235,8 @@ def _tls_client(context: ssl.SSLContext, port: int) -> ssl.SSLSocket:
 
 
 @pytest.mark.parametrize(
-    "who", ["no certificate", "another CA", "plaintext", "another generation", "another service"]
+    "who",
+    ["no certificate", "another CA", "plaintext", "another generation", "another service", "another cell"],
 )
 def test_the_hub_refuses_clients_without_the_deployments_certificate(
     who: str, certs: Path, as_cell_agent: None
@@ -232,8 +251,9 @@ def test_the_hub_refuses_clients_without_the_deployments_certificate(
                     answer = b""
                 assert answer in (b"", b"\x15"), "no READY for a plaintext client"  # closed or a TLS alert
             return
-        if who in ("another generation", "another service"):
-            identity = "cli" if who == "another service" else "cell_agent"  # cli: the same CA's, not a cell's
+        if who in ("another generation", "another service", "another cell"):
+            # cli: the same CA's, not a cell's; cell 2's certificate saying it is cell 1; cell 1's own
+            identity = {"another service": "cli", "another cell": "cell_agent-2"}.get(who, "cell_agent-1")
             conn = _tls_client(tls.TlsFiles.under(certs, identity).client_context(), port)
             conn.sendall(HELLO.pack(HELLO_MAGIC, GENERATION - (who == "another generation"), 1, PREFIX))
             try:
@@ -244,9 +264,9 @@ def test_the_hub_refuses_clients_without_the_deployments_certificate(
             conn.close()
             return
         if who == "no certificate":
-            context = ssl.create_default_context(cafile=str(certs / "cell_agent" / tls.CA_FILE))
+            context = ssl.create_default_context(cafile=str(certs / "cell_agent-1" / tls.CA_FILE))
         else:
-            context = tls.TlsFiles.under(certs / "other", "cell_agent").client_context()
+            context = tls.TlsFiles.under(certs / "other", "cell_agent-1").client_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
@@ -314,10 +334,12 @@ def test_a_live_member_is_not_displaced_by_a_second_hello_for_its_cell() -> None
         sock.close()
 
 
-def test_a_satellite_refuses_a_core_of_another_ca(certs: Path, as_cell_agent: None) -> None:
-    tls.configure(tls.TlsFiles.under(certs / "other", "cell_agent"))
-    hub = StarHub.open(bind_host="127.0.0.1", port=0, generation=GENERATION, timeout_s=3.0)
-    tls.configure(tls.TlsFiles.under(certs, "cell_agent"))
+@pytest.mark.parametrize("core", ["another CA", "another cell"])
+def test_a_satellite_refuses_a_hub_that_is_not_the_cores(core: str, certs: Path, as_cell_agent: None) -> None:
+    """The hub's certificate must be cell 0's of the deployment's CA: another CA's is refused by the
+    handshake, and a cell of the same CA posing as the core (cell 2's key) by its cell."""
+    impostor = _cell(0, certs / "other") if core == "another CA" else _cell(2, certs)
+    hub = StarHub.open(bind_host="127.0.0.1", port=0, generation=GENERATION, timeout_s=3.0, identity=impostor)
     try:
         results = _in_threads(
             {
@@ -330,12 +352,14 @@ def test_a_satellite_refuses_a_core_of_another_ca(certs: Path, as_cell_agent: No
                     cell=1,
                     generation=GENERATION,
                     timeout_s=3.0,
+                    identity=_cell(1, certs),
                 ),
             }
         )
     finally:
         hub.close()
-    assert isinstance(results[1], StarError) and "certificate" in str(results[1]).lower(), results
+    why = "certificate" if core == "another CA" else "names cell 2, not the core's"
+    assert isinstance(results[1], StarError) and why in str(results[1]).lower(), results
     assert isinstance(results[0], StarError) and "no connection" in str(results[0]), results
 
 

@@ -64,12 +64,13 @@ def test_the_certificates_subjects_are_the_nats_users(tmp_path: Path) -> None:
     certificates and cert-manager's (commonName alone) map to the users of permissions.conf."""
     from cryptography import x509
 
-    from gyre.tls import issue
+    from gyre.tls import CELL_AGENT, cell_directory, cell_uri, common_name, issue
 
-    issue(tmp_path, {identity: [] for identity in DEPLOY_NATS_USERS})
-    for identity in DEPLOY_NATS_USERS:
+    issued = [cell_directory(c) if i == CELL_AGENT else i for i in DEPLOY_NATS_USERS for c in range(2)]
+    issue(tmp_path, {identity: [] for identity in issued})  # cells' own: cell_agent-0, cell_agent-1
+    for identity in issued:
         cert = x509.load_pem_x509_certificate((tmp_path / identity / "tls.crt").read_bytes())
-        assert cert.subject.rfc4514_string() == nats_user(identity)
+        assert cert.subject.rfc4514_string() == nats_user(common_name(identity)), identity
     certificates = {
         doc["spec"]["secretName"]: doc["spec"]
         for doc in yaml.safe_load_all((K8S / "components" / "cert-manager" / "certificates.yaml").read_text())
@@ -78,8 +79,13 @@ def test_the_certificates_subjects_are_the_nats_users(tmp_path: Path) -> None:
     for identity in DEPLOY_NATS_USERS:
         if identity == "cli":
             continue  # a tool outside the cluster: `gyre tls init`'s
-        spec = certificates[f"gyre-tls-{identity.replace('_', '-')}"]
-        assert spec["commonName"] == identity and "subject" not in spec, identity
+        secrets = [f"gyre-tls-{identity.replace('_', '-')}"]
+        if identity == CELL_AGENT:  # one per cell, its cell in a URI
+            secrets = [f"gyre-tls-cell-agent-{c}" for c in range(3)]
+            assert [certificates[s]["uris"] for s in secrets] == [[cell_uri(c)] for c in range(3)]
+        for secret in secrets:
+            spec = certificates[secret]
+            assert spec["commonName"] == identity and "subject" not in spec, identity
 
 
 def test_write_access_gives_every_identity_a_redis_user_of_the_embedded_rules(tmp_path: Path) -> None:

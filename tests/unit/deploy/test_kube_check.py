@@ -74,7 +74,7 @@ def test_the_prerequisites_are_the_documented_tls_secrets() -> None:
     manifests = render_kustomization(K8S / "overlays" / "cpu")
     missing = check_manifests(manifests)
     assert {f.rule for f in missing} == {"reference"}
-    assert len(missing) == 8, "one TLS secret per pod template without the prerequisites"
+    assert len(missing) == 10, "one TLS secret per pod template (one per cell) without the prerequisites"
 
 
 @pytest.mark.parametrize("volume_type", ["configMap", "secret", "projected", "downwardAPI"])

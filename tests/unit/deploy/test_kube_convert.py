@@ -13,7 +13,9 @@ import pytest
 from bench._kube_convert import CONVERSIONS, PlayablePods, convert
 from tests.unit.deploy.support import DEPLOY, Manifest, find
 
-IDENTITIES = ("scheduler", "proxy", "runner", "evaluator", "packer", "cell_agent", "nats", "redis")
+CELLS = tuple(f"cell_agent-{k}" for k in range(3))
+"""Each cell's own identity (`gyre tls init`), a secret each."""
+IDENTITIES = ("scheduler", "proxy", "runner", "evaluator", "packer", "nats", "redis", *CELLS)
 UNCHANGED = ("image", "env", "securityContext", "resources", "name")
 
 
@@ -26,7 +28,7 @@ def converted(
     tls = tmp_path / "tls"
     for identity in IDENTITIES:
         (tls / identity).mkdir(parents=True)
-        for name in ("ca.crt", "tls.crt", "tls.key"):
+        for name in ("ca.crt", "tls.crt", "tls.key", "redis.json"):
             (tls / identity / name).write_text(f"{identity} {name}")
     manifests = copy.deepcopy(rendered["cpu"])
     secrets = {f"gyre-tls-{i.replace('_', '-')}": tls / i for i in IDENTITIES}
@@ -88,6 +90,17 @@ def test_files_hold_what_the_kubelet_would_mount(
     assert config.read_text() == (DEPLOY / "nats" / "nats.conf").read_text()
     key = Path(volumes["tls"]["hostPath"]["path"]) / "tls.key"
     assert key.read_text() == "nats tls.key" and stat.S_IMODE(key.stat().st_mode) == 0o440
+    for k in range(3):  # a cell's container sees its own cell's identity only, where a cell agent looks
+        pod = playable.pods[f"cell-agent-{k}.cell-agent"]
+        (mount,) = [
+            m
+            for m in pod["spec"]["containers"][0]["volumeMounts"]
+            if m["mountPath"].startswith("/etc/gyre/tls")
+        ]
+        assert mount["mountPath"] == "/etc/gyre/tls/cell_agent", mount
+        directory = Path({v["name"]: v for v in pod["spec"]["volumes"]}[mount["name"]]["hostPath"]["path"])
+        assert sorted(p.name for p in directory.iterdir()) == ["ca.crt", "redis.json", "tls.crt", "tls.key"]
+        assert (directory / "tls.key").read_text() == f"cell_agent-{k} tls.key"
     mounts = {m["mountPath"]: m for m in playable.pods["scheduler"]["spec"]["containers"][0]["volumeMounts"]}
     assert mounts["/etc/gyre/gyre.yaml"]["readOnly"] is True
     homes = [

@@ -173,11 +173,16 @@ def _default(source: str) -> str:
     return match.group(1) if match else source
 
 
-TLS_SOURCE = re.compile(r"\$\{GYRE_TLS_DIR:-\./tls\}/([a-z_]+)(/[a-z_]+\.[a-z]+)?")
+TLS_SOURCE = re.compile(r"\$\{GYRE_TLS_DIR:-\./tls\}/([a-z_]+(?:-[0-9]+)?)(/[a-z_]+\.[a-z]+)?")
 """A TLS identity's directory, or a file of it, written by `gyre tls init --out deploy/compose/tls` (not in
 the repository): NATS mounts its `permissions.conf` beside nats.conf as well."""
 
-TLS_IDENTITY = {"cell-agent-0": "cell_agent", "cell-agent-1": "cell_agent", "cell-agent-2": "cell_agent"}
+TLS_IDENTITY = {
+    "cell-agent-0": "cell_agent-0",
+    "cell-agent-1": "cell_agent-1",
+    "cell-agent-2": "cell_agent-2",
+}
+"""Each cell's container mounts its own cell's identity (at /etc/gyre/tls/cell_agent, where a cell agent looks)."""
 
 
 def test_compose_mounts_the_deploy_configs(compose: dict[str, Any]) -> None:
@@ -484,6 +489,31 @@ def test_manifests_parse_as_plain_yaml() -> None:
         assert docs and all(doc is not None for doc in docs), path
 
 
+def test_each_cell_pod_sees_only_its_own_cells_identity(
+    rendered: dict[str, list[Manifest]], k8s_config: GyreConfig
+) -> None:
+    """The cell agents' StatefulSet projects one secret per cell (K = replicas = scheduler.num_cells), each
+    under its own `cell_agent-K/`, and the container mounts only its cell's directory (`subPathExpr` on the
+    pod-index's CELL_INDEX) where a cell agent looks for its identity."""
+    (cells,) = [w for w in workloads(rendered["cpu"]) if w["metadata"]["name"] == "cell-agent"]
+    spec = cells["spec"]["template"]["spec"]
+    assert cells["spec"]["replicas"] == k8s_config.scheduler.num_cells
+    (tls,) = [v for v in spec["volumes"] if v["name"] == "tls"]
+    sources = tls["projected"]["sources"]
+    assert [s["secret"]["name"] for s in sources] == [
+        f"gyre-tls-cell-agent-{k}" for k in range(k8s_config.scheduler.num_cells)
+    ]
+    for k, source in enumerate(sources):
+        assert {i["path"].split("/")[0] for i in source["secret"]["items"]} == {f"cell_agent-{k}"}
+    (container,) = spec["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
+    assert (mount["mountPath"], mount["subPathExpr"]) == (
+        "/etc/gyre/tls/cell_agent",
+        "cell_agent-$(CELL_INDEX)",
+    )
+    assert "CELL_INDEX" in {e["name"] for e in container["env"]}
+
+
 def test_the_cert_manager_component_issues_every_secret_the_pods_mount(
     rendered: dict[str, list[Manifest]], k8s_config: GyreConfig, tmp_path: Path
 ) -> None:
@@ -503,16 +533,22 @@ def test_the_cert_manager_component_issues_every_secret_the_pods_mount(
     certificates = {
         c["spec"]["secretName"]: c for c in render_kustomization(tmp_path) if c["kind"] == "Certificate"
     }
-    mounted = {
-        volume["secret"]["secretName"]
+    volumes = [
+        volume
         for workload in workloads(rendered["cpu"])
         for volume in workload["spec"]["template"]["spec"].get("volumes", [])
-        if "secret" in volume and volume["secret"]["secretName"].startswith("gyre-tls-")
+    ]
+    mounted = {v["secret"]["secretName"] for v in volumes if "secret" in v} | {
+        source["secret"]["name"] for v in volumes if "projected" in v for source in v["projected"]["sources"]
     }
-    assert len(mounted) == 8 and mounted <= set(certificates), mounted - set(certificates)
+    mounted = {secret for secret in mounted if secret.startswith("gyre-tls-")}
+    assert len(mounted) == 10 and mounted <= set(certificates), mounted - set(certificates)
     for secret in mounted:
         spec = certificates[secret]["spec"]
         assert spec["issuerRef"]["name"] == "gyre-ca" and "client auth" in spec["usages"], secret
     cells = {k8s_config.run.peer_host("cell_agent", c) for c in range(k8s_config.scheduler.num_cells)}
-    assert cells <= set(certificates["gyre-tls-cell-agent"]["spec"]["dnsNames"])
+    for cell, host in enumerate(sorted(cells)):  # each cell's own: its host, its cell
+        spec = certificates[f"gyre-tls-cell-agent-{cell}"]["spec"]
+        assert host in spec["dnsNames"] and not (cells - {host}) & set(spec["dnsNames"])
+        assert spec["uris"] == [f"urn:gyre:cell:{cell}"]
     assert "redis" in certificates["gyre-tls-redis"]["spec"]["dnsNames"]

@@ -67,7 +67,9 @@ def test_every_method_of_every_service_has_an_entry() -> None:
 def test_every_identity_named_is_issued_under_that_common_name() -> None:
     for method, allowed in authz.METHODS.items():
         assert allowed <= authz.IDENTITIES, method
-    assert set(identities(load_config(None, environ={}), [])) == authz.IDENTITIES  # gyre tls init
+    issued = identities(load_config(None, environ={}), [])  # gyre tls init: one per service, one per cell
+    assert {tls.common_name(identity) for identity in issued} == authz.IDENTITIES
+    assert {"cell_agent-0", "cell_agent-1", "cell_agent-2"} <= set(issued) and "cell_agent" not in issued
     manifests = REPO_ROOT / "deploy" / "k8s" / "components" / "cert-manager" / "certificates.yaml"
     names = {
         doc["spec"]["commonName"]

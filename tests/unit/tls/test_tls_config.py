@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from gyre import tls
 from gyre.config import ConfigError, load_config
 from gyre.paths import REPO_ROOT
 from gyre.tls import tls_files
@@ -71,7 +73,9 @@ def test_tls_init_writes_every_identity_for_the_names_its_peers_dial(tmp_path: P
         "runner",
         "evaluator",
         "packer",
-        "cell_agent",
+        "cell_agent-0",
+        "cell_agent-1",
+        "cell_agent-2",
         "nats",
         "redis",
         "cli",
@@ -84,7 +88,13 @@ def test_tls_init_writes_every_identity_for_the_names_its_peers_dial(tmp_path: P
             str(a) for a in alt.get_values_for_type(x509.IPAddress)
         }
 
-    assert {"cell-agent-0", "cell-agent-1", "cell-agent-2", "127.0.0.1"} <= names("cell_agent")
+    for cell in range(3):  # each cell its own certificate: its own host only, and its cell's URI
+        assert names(f"cell_agent-{cell}") == {f"cell-agent-{cell}", "localhost", "127.0.0.1", "::1"}
+        files = tls.TlsFiles.under(out, f"cell_agent-{cell}")
+        assert files.cell == cell and _common_name(files) == "cell_agent"
+        assert (out / f"cell_agent-{cell}" / "redis.json").read_bytes() == (
+            out / "cell_agent" / "redis.json"
+        ).read_bytes()
     assert "redis" in names("redis") and "nats" in names("nats") and "scheduler" in names("scheduler")
     key = out / "scheduler" / "tls.key"
     assert key.stat().st_mode & 0o777 == 0o640 and key.stat().st_gid == os.getgid()
@@ -92,8 +102,15 @@ def test_tls_init_writes_every_identity_for_the_names_its_peers_dial(tmp_path: P
     ca = (out / "ca" / "ca.crt").read_bytes()
     assert all((out / identity / "ca.crt").read_bytes() == ca for identity in written)
     config = load_config(COMPOSE_CONFIG, environ={}, overrides=_with_tls(out))
-    files = tls_files(config.tls, "cell_agent")
-    assert files is not None and files.client_context() is not None
+    files = tls_files(config.tls, "cell_agent", cell=1)
+    assert files is not None and files.cell == 1 and files.client_context() is not None
+    mounted = tmp_path / "mounted"  # a container's view: its own cell's directory mounted as cell_agent/
+    shutil.copytree(out / "cell_agent-1", mounted / "cell_agent")
+    tls_config = load_config(COMPOSE_CONFIG, environ={}, overrides=_with_tls(mounted)).tls
+    files = tls_files(tls_config, "cell_agent", cell=1)
+    assert files is not None and files.cert == mounted / "cell_agent" / "tls.crt"
+    with pytest.raises(ValueError, match=r"names cell 1, not cell 2: each cell agent needs its own"):
+        tls_files(tls_config, "cell_agent", cell=2)  # cell 1's key mounted into cell 2's container
 
 
 def test_tls_init_for_a_group_it_cannot_give_the_keys_to_is_one_line(
@@ -122,3 +139,9 @@ def test_tls_init_for_a_group_it_cannot_give_the_keys_to_is_one_line(
     assert result.exit_code == 2, result.output
     (line,) = result.output.strip().splitlines()
     assert line.startswith("error: --group 10001: only root or a member of group 10001"), line
+
+
+def _common_name(files: tls.TlsFiles) -> str:
+    cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    (name,) = cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    return str(name.value)
