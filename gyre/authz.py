@@ -11,8 +11,9 @@ its certificate: `gyre tls init` (`gyre.tls.issue`) and the cert-manager Certifi
 identities). A method is accepted from the identities that call it in the tree (the comments name the
 call sites), plus `cli` on the read-only status methods (an operator's tool); every service's own identity
 and `cli` may ask grpc.health.v1 (a container's health check dials as the service's own identity, the
-benches as `cli`). A method missing from the table is refused to every identity, so a new
-RPC is refused until it is added (tests/unit/tls/test_authz.py checks every method of every service in
+benches as `cli`). A cell's certificate also names its cell (gyre.tls): the methods of `OWN_CELL` it
+may call for that cell alone (a notice that it leaves). A method missing from the table is refused to every
+identity, so a new RPC is refused until it is added (tests/unit/tls/test_authz.py checks every method of every service in
 gyre/v1 has an entry). Refusals answer PERMISSION_DENIED naming the caller's identity and the method, and
 are logged (`rpc_refused`).
 
@@ -29,6 +30,7 @@ from typing import Any
 import grpc
 
 from gyre.log import get_logger
+from gyre.tls import cell_of_uris
 
 log = get_logger("gyre.authz")
 
@@ -56,7 +58,8 @@ METHODS: Mapping[str, frozenset[str]] = {
     "/gyre.v1.Scheduler/GetState": _only(CLI),  # gyre status, gyre demo, bench/_cluster_run.py, _kube_run.py
     "/gyre.v1.Scheduler/RegisterTrainingCell": _only(CELL_AGENT),  # a satellite (the proto's; no caller yet)
     "/gyre.v1.Scheduler/Shutdown": _only(CLI),  # gyre demo, the end of bench/_cluster_run.py, _kube_run.py
-    "/gyre.v1.Scheduler/DrainCell": _only(CLI),  # gyre cell drain (app/cli/cell.py)
+    # gyre cell drain (app/cli/cell.py); a cell for itself alone: `gyre cell notice`, its pod's preStop
+    "/gyre.v1.Scheduler/DrainCell": _only(CLI, CELL_AGENT),
     # CellAgent: driven by the scheduler (services/scheduler/executor.py, service.py)
     "/gyre.v1.CellAgent/SwitchRole": _only(SCHEDULER),
     "/gyre.v1.CellAgent/GetStatus": _only(SCHEDULER, CLI),
@@ -82,6 +85,27 @@ METHODS: Mapping[str, frozenset[str]] = {
 }
 """Full method name → the identities that may call it. Not here: refused to everyone."""
 
+OWN_CELL: Mapping[str, str] = {"/gyre.v1.Scheduler/DrainCell": "cell"}
+"""Methods a cell agent may call for its own cell only → the request field naming the cell: the caller's
+certificate must name that cell (`gyre.tls.cell_uri`). Other identities the table allows are not limited."""
+
+
+def own_cell_refusal(
+    method: str, identity: str | None, caller_cell: int | None, request: object
+) -> str | None:
+    """Why a cell agent may not make this call of an `OWN_CELL` method (None: it may, or the rule does not
+    apply): the request's cell must be the one its certificate names."""
+    field = OWN_CELL.get(method)
+    if field is None or identity != CELL_AGENT:
+        return None
+    if request is None:  # a stream of requests: no one cell to check
+        return f"{method} takes one request: an OWN_CELL method cannot stream"
+    asked = getattr(request, field)
+    if caller_cell != asked:
+        named = "names no cell" if caller_cell is None else f"is cell {caller_cell}'s"
+        return f"a cell agent may call {method} for its own cell only: its certificate {named}, not cell {asked}'s"
+    return None
+
 
 def refusal(method: str, identity: str | None, table: Mapping[str, frozenset[str]] = METHODS) -> str | None:
     """Why `identity` may not call `method` (the PERMISSION_DENIED details), or None when it may."""
@@ -95,6 +119,14 @@ def refusal(method: str, identity: str | None, table: Mapping[str, frozenset[str
     return None
 
 
+def peer_cell(context: grpc.aio.ServicerContext[Any, Any]) -> int | None:
+    """The cell the caller's certificate names (its `urn:gyre:cell:K` URI), or None."""
+    auth = context.auth_context()
+    if auth.get("transport_security_type") != [b"ssl"]:
+        return None
+    return cell_of_uris(uri.decode() for uri in auth.get("peer_uri") or [])
+
+
 def peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     """The caller's identity: the subject common name of its certificate (None without TLS or a CN)."""
     auth = context.auth_context()
@@ -104,8 +136,9 @@ def peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     return names[0].decode() if len(names) == 1 else None
 
 
-Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
-"""Awaited before a handler runs; aborts the call when the caller may not make it."""
+Check = Callable[[grpc.aio.ServicerContext[Any, Any], Any], Awaitable[None]]
+"""Awaited with the request (None for a stream of requests) before a handler runs; aborts the call when the
+caller may not make it."""
 
 
 class AuthorizationInterceptor(grpc.aio.ServerInterceptor):
@@ -126,9 +159,11 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method: str = handler_call_details.method
 
-        async def check(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        async def check(context: grpc.aio.ServicerContext[Any, Any], request: Any) -> None:
             identity = peer_identity(context)
             why = refusal(method, identity, self.table)
+            if why is None and method in OWN_CELL:
+                why = own_cell_refusal(method, identity, peer_cell(context), request)
             if why is not None:
                 log.warning("rpc_refused", method=method, identity=identity)
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
@@ -143,35 +178,37 @@ def _guarded(handler: grpc.RpcMethodHandler, check: Check) -> grpc.RpcMethodHand
         "response_serializer": handler.response_serializer,
     }
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(_one_response(handler.unary_unary, check), **codecs)
+        return grpc.unary_unary_rpc_method_handler(_one_response(handler.unary_unary, check, True), **codecs)
     if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(_one_response(handler.stream_unary, check), **codecs)
+        return grpc.stream_unary_rpc_method_handler(
+            _one_response(handler.stream_unary, check, False), **codecs
+        )
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(_responses(handler.unary_stream, check), **codecs)
-    return grpc.stream_stream_rpc_method_handler(_responses(handler.stream_stream, check), **codecs)
+        return grpc.unary_stream_rpc_method_handler(_responses(handler.unary_stream, check, True), **codecs)
+    return grpc.stream_stream_rpc_method_handler(_responses(handler.stream_stream, check, False), **codecs)
 
 
-def _one_response(inner: Callable[..., Any], check: Check) -> Callable[..., Any]:
+def _one_response(inner: Callable[..., Any], check: Check, unary: bool) -> Callable[..., Any]:
     async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await check(context)
+        await check(context, request if unary else None)
         result = inner(request, context)
         return await result if inspect.isawaitable(result) else result
 
     return guarded
 
 
-def _responses(inner: Callable[..., Any], check: Check) -> Callable[..., Any]:
+def _responses(inner: Callable[..., Any], check: Check, unary: bool) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(inner):
 
         async def generated(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            await check(context)
+            await check(context, request if unary else None)
             async for response in inner(request, context):
                 yield response
 
         return generated
 
     async def written(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await check(context)  # a handler that writes with context.write and returns None
+        await check(context, request if unary else None)  # a handler that writes with context.write
         await inner(request, context)
 
     return written

@@ -1,4 +1,6 @@
 """A cell leaves the pool with notice: `gyre cell drain ID` → the scheduler's `DrainCell` → `CellLeaving`.
+A deployed cell may send its own (`gyre cell notice`, a cell pod's preStop), for its own cell only: the caller's
+certificate must name the cell (gyre.authz `OWN_CELL`).
 
 The notice is checked inside the driver's serialized apply (against the roles as they are when it applies),
 then fed to the policy, which answers a rollout satellite with its executions rerouted and `RemoveCell`.

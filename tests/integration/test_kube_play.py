@@ -54,7 +54,7 @@ def test_reduced_kube_play_trains_through_a_cell_pod_deletion(tmp_path: Path) ->
     assert len(pods) == 10 and all(p.get("healthy_s") is not None for p in pods.values()), pods
     assert len({p["ip"] for p in pods.values()}) == len(pods), f"every pod has its own address: {pods}"
     assert set(result["conversions"]) == EXPECTED_CONVERSIONS, result["conversions"]
-    assert len(result["not_exercised"]) == 5
+    assert len(result["not_exercised"]) == 6
     assert_sandboxes_checked(result["sandbox_check"])
     audit = result["audit"]
     assert audit["ok"] and audit["defects"] == [], audit["defects"]

@@ -85,7 +85,7 @@ def test_every_identity_named_is_issued_under_that_common_name() -> None:
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tls")
-    tls.issue(out, {identity: [] for identity in authz.IDENTITIES})
+    tls.issue(out, {identity: [] for identity in [*authz.IDENTITIES, "cell_agent-1"]})  # and cell 1's own
     return out
 
 
@@ -121,6 +121,11 @@ class _Scheduler(scheduler_grpc.SchedulerServicer):
     ) -> scheduler_pb.ShutdownResponse:
         return scheduler_pb.ShutdownResponse(cancelled=3)
 
+    async def DrainCell(
+        self, request: scheduler_pb.DrainCellRequest, context: Any
+    ) -> scheduler_pb.DrainCellResponse:
+        return scheduler_pb.DrainCellResponse(cell=request.cell)
+
 
 async def _echo(request: bytes, context: Any) -> bytes:
     return request
@@ -146,7 +151,7 @@ async def test_only_the_allowed_identities_get_through(certs: Path, as_identity:
     port = bind(server, "127.0.0.1:0")
     await server.start()
     channels: dict[str, grpc.aio.Channel] = {}
-    for identity in sorted(authz.IDENTITIES):
+    for identity in [*sorted(authz.IDENTITIES), "cell_agent-1"]:
         tls.configure(tls.TlsFiles.under(certs, identity))
         channels[identity] = aio_channel(f"127.0.0.1:{port}")
     try:
@@ -199,6 +204,19 @@ async def _check_calls(channels: dict[str, grpc.aio.Channel], cell: _Cell) -> No
     )
     assert "'nats'" in details and WATCH in details
 
+    def notice(identity: str, cell: int) -> Any:
+        return scheduler_grpc.SchedulerStub(channels[identity]).DrainCell(
+            scheduler_pb.DrainCellRequest(cell=cell), timeout=10
+        )
+
+    assert (await notice("cli", 2)).cell == 2, "an operator gives any cell notice"
+    assert (await notice("cell_agent-1", 1)).cell == 1, "a cell gives its own"
+    details = await _denied(notice("cell_agent-1", 2))  # cell 1's key sending cell 2 away
+    assert "its own cell only" in details and "is cell 1's, not cell 2's" in details
+    details = await _denied(notice("cell_agent", 1))  # a cell agent's certificate that names no cell
+    assert "names no cell" in details
+    assert "'runner'" in await _denied(notice("runner", 1))
+
     for identity in ("cli", "scheduler"):
         details = await _denied(channels[identity].unary_unary(UNLISTED)(b"hi", timeout=10))
         assert f"'{identity}'" in details and UNLISTED in details and "no entry" in details
@@ -215,3 +233,51 @@ async def test_a_tls_port_needs_a_server_built_with_the_identity_configured(
     tls.configure(tls.TlsFiles.under(certs, "scheduler"))
     with pytest.raises(RuntimeError, match="before the TLS identity was configured"):
         bind(server, "127.0.0.1:0")
+
+
+async def test_a_cell_gives_its_own_notice_as_itself(certs: Path, tmp_path: Path, as_identity: None) -> None:
+    """`gyre cell notice` (a cell pod's preStop) dials the config's scheduler as the cell's own identity, mounted
+    where a cell agent looks, and asks for the cell its certificate names; `--cell` of another cell is refused
+    before anything is sent (that certificate is not its)."""
+    import asyncio
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    tls.configure(tls.TlsFiles.under(certs, "scheduler"))
+    server, scheduler = new_server(), _Scheduler()
+    asked: list[int] = []
+    drain = scheduler.DrainCell
+
+    async def recorded(
+        request: scheduler_pb.DrainCellRequest, context: Any
+    ) -> scheduler_pb.DrainCellResponse:
+        asked.append(request.cell)
+        return await drain(request, context)
+
+    scheduler.DrainCell = recorded  # type: ignore[method-assign]
+    scheduler_grpc.add_SchedulerServicer_to_server(scheduler, server)
+    port = bind(server, "127.0.0.1:0")
+    await server.start()
+    mounted = tmp_path / "tls"  # the pod's view: its own cell's secret at <tls.dir>/cell_agent
+    shutil.copytree(certs / "cell_agent-1", mounted / "cell_agent")
+    deployed = yaml.safe_load((REPO_ROOT / "deploy" / "compose" / "gyre.yaml").read_text())
+    deployed["run"]["peer_hosts"]["scheduler"] = "127.0.0.1"
+    deployed["scheduler"]["port"] = port
+    deployed["tls"] = {"enabled": True, "dir": str(mounted)}
+    config = tmp_path / "gyre.yaml"
+    config.write_text(yaml.safe_dump(deployed))
+
+    def notice(*extra: str) -> Any:
+        return CliRunner().invoke(app, ["cell", "notice", "--config", str(config), "--timeout", "10", *extra])
+
+    try:
+        done = await asyncio.to_thread(notice)
+        assert done.exit_code == 0 and "cell 1 left the pool" in done.output, done.output
+        refused = await asyncio.to_thread(notice, "--cell", "2")
+        assert refused.exit_code == 2 and "names cell 1, not cell 2" in refused.output, refused.output
+        assert asked == [1], "one notice, for the cell the certificate names"
+    finally:
+        await server.stop(None)
