@@ -212,10 +212,22 @@ def _convert_volumes(
         for mount in container.get("volumeMounts") or []:
             v, sub_path = volumes[mount["name"]], mount.pop("subPath", None)
             sub_path_expr = mount.pop("subPathExpr", None)
-            if "projected" in v:  # Secrets only (what the manifests project): a directory of its files
+            if sub_path is not None and mount["name"] in files:
+                volume_name = f"{mount['name']}-{sub_path.replace('.', '-').replace('/', '-')}"
+                host = work_dir / "files" / pod_name / mount["name"] / sub_path
+                mode = int((v.get("configMap") or v.get("secret") or {}).get("defaultMode", 0o644))
+                _write(host, files[mount["name"]][sub_path], mode, gid)
+                new_volumes[volume_name] = {
+                    "name": volume_name,
+                    "hostPath": {"path": str(host), "type": "File"},
+                }
+                mount["name"] = volume_name
+                out.note("subpath-files", f"Pod/{pod_name}")
+            elif "secret" in v or "projected" in v:  # projected: Secrets only (what the manifests project)
+                # the directory of its files, or of those under `subPathExpr` (a cell's own identity)
                 under = _expand(str(sub_path_expr), env).rstrip("/") + "/" if sub_path_expr else ""
                 host = work_dir / "secrets" / pod_name / (mount["name"] + (f"-{under[:-1]}" if under else ""))
-                mode = int(v["projected"].get("defaultMode", 0o644))
+                mode = int((v.get("secret") or v["projected"]).get("defaultMode", 0o644))
                 chosen = {
                     k[len(under) :]: data for k, data in files[mount["name"]].items() if k.startswith(under)
                 }
@@ -228,28 +240,6 @@ def _convert_volumes(
                     "hostPath": {"path": str(host), "type": "Directory"},
                 }
                 mount["name"] = host.name
-                out.note("secret-dirs", f"Pod/{pod_name}")
-                continue
-            if sub_path is not None and mount["name"] in files:
-                volume_name = f"{mount['name']}-{sub_path.replace('.', '-').replace('/', '-')}"
-                host = work_dir / "files" / pod_name / mount["name"] / sub_path
-                mode = int((v.get("configMap") or v.get("secret") or {}).get("defaultMode", 0o644))
-                _write(host, files[mount["name"]][sub_path], mode, gid)
-                new_volumes[volume_name] = {
-                    "name": volume_name,
-                    "hostPath": {"path": str(host), "type": "File"},
-                }
-                mount["name"] = volume_name
-                out.note("subpath-files", f"Pod/{pod_name}")
-            elif "secret" in v:
-                host = work_dir / "secrets" / pod_name / mount["name"]
-                mode = int(v["secret"].get("defaultMode", 0o644))
-                for key, data in files[mount["name"]].items():
-                    _write(host / key, data, mode, gid)
-                new_volumes[mount["name"]] = {
-                    "name": mount["name"],
-                    "hostPath": {"path": str(host), "type": "Directory"},
-                }
                 out.note("secret-dirs", f"Pod/{pod_name}")
             elif "persistentVolumeClaim" in v and v["persistentVolumeClaim"]["claimName"] in claims:
                 host = claims[v["persistentVolumeClaim"]["claimName"]]

@@ -96,16 +96,7 @@ def _world(num_cells: int = 3) -> dict[int, StarCellGroups]:
                 return initialize_groups(
                     hub.rendezvous, cell=0, num_cells=num_cells, backend="tls", timeout_s=TIMEOUT_S
                 )
-            link = join_rendezvous(
-                "tls",
-                host="127.0.0.1",
-                port=hub.port,
-                world_size=num_cells,
-                cell=cell,
-                generation=GENERATION,
-                timeout_s=5.0,
-                identity=_cell(cell),
-            )
+            link = _join(hub.port, cell=cell, num_cells=num_cells, identity=_cell(cell))
             return initialize_groups(link, cell=cell, num_cells=num_cells, backend="tls", timeout_s=TIMEOUT_S)
 
         return run
@@ -215,18 +206,25 @@ def _refused(client: Callable[[int], None], hub: StarHub) -> None:
 
 def _satellite_of_two(hub: StarHub) -> StarCellGroups:
     """Cell 1 of a world of two, joining `hub`."""
-    link = join_rendezvous(
-        "tls",
-        host="127.0.0.1",
-        port=hub.port,
-        world_size=2,
-        cell=1,
-        generation=GENERATION,
-        timeout_s=5.0,
-        identity=_cell(1),
-    )
+    link = _join(hub.port, cell=1, num_cells=2, identity=_cell(1))
     assert isinstance(link, StarLink)
     return StarCellGroups.initialize(link, cell=1, num_cells=2, timeout_s=TIMEOUT_S)
+
+
+def _join(
+    port: int, *, cell: int, num_cells: int, identity: tls.TlsFiles, timeout_s: float = 5.0
+) -> StarLink | Any:
+    """Cell `cell`'s side of the hub's rendezvous on `port`, with `identity`'s certificate."""
+    return join_rendezvous(
+        "tls",
+        host="127.0.0.1",
+        port=port,
+        world_size=num_cells,
+        cell=cell,
+        generation=GENERATION,
+        timeout_s=timeout_s,
+        identity=identity,
+    )
 
 
 def _tls_client(context: ssl.SSLContext, port: int) -> ssl.SSLSocket:
@@ -344,16 +342,7 @@ def test_a_satellite_refuses_a_hub_that_is_not_the_cores(core: str, certs: Path,
         results = _in_threads(
             {
                 0: lambda: StarCellGroups.initialize(hub, cell=0, num_cells=2, timeout_s=3.0),
-                1: lambda: join_rendezvous(
-                    "tls",
-                    host="127.0.0.1",
-                    port=hub.port,
-                    world_size=2,
-                    cell=1,
-                    generation=GENERATION,
-                    timeout_s=3.0,
-                    identity=_cell(1, certs),
-                ),
+                1: lambda: _join(hub.port, cell=1, num_cells=2, identity=_cell(1, certs), timeout_s=3.0),
             }
         )
     finally:
